@@ -1,0 +1,30 @@
+// Every difference between the torch versions memfit builds against lives
+// here: Debian's torch 1.13 (development, CI) and torch 2.x (users, GPUs).
+#pragma once
+
+#include <c10/core/Allocator.h>
+#include <torch/version.h>
+
+#define MEMFIT_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||         \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+// torch 2.3 made c10::Allocator::allocate non-const and added the pure
+// virtual copy_data; before, allocate was const and there was no copy_data.
+#if MEMFIT_TORCH_AT_LEAST(2, 3)
+#define MEMFIT_ALLOCATE_CONST
+#define MEMFIT_HAS_COPY_DATA 1
+#else
+#define MEMFIT_ALLOCATE_CONST const
+#define MEMFIT_HAS_COPY_DATA 0
+#endif
+
+namespace memfit::compat {
+
+// c10::Allocator::allocate through a pointer whose constness differs between
+// versions.
+inline c10::DataPtr allocate(c10::Allocator* allocator, size_t n) {
+  return allocator->allocate(n);
+}
+
+}  // namespace memfit::compat

@@ -1,0 +1,42 @@
+// Runs training iterations of a model under the recorder and explains them;
+// predicts the peak at batches that were not run.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "memfit/core/peak_model.h"
+#include "memfit/core/report.h"
+#include "memfit/core/timeline.h"
+#include "memfit/torch/models.h"
+
+namespace memfit {
+
+struct ProfileOptions {
+  int64_t batch = 64;
+  std::string optimizer = "adam";  // adam | sgd | momentum | none
+  std::string mode = "cpu";        // cpu | meta (meta falls back to cpu)
+  int iterations = 2;
+  uint64_t seed = 0;
+  double lr = 1e-3;
+};
+
+struct Profile {
+  Report report;
+  Timeline timeline;
+};
+
+// Throws std::invalid_argument for a batch < 1, iterations < 1, an unknown
+// optimizer or mode; c10::OutOfMemoryError if a simulated device is in force
+// and the step does not fit.
+Profile profile_model(TrainableModel& model, const ProfileOptions& options);
+
+// Profiles the model at `probe_batches` (three distinct batches check the
+// fit; two only make it) and fits each phase.
+// See Note [Predicting the peak at any batch].
+PeakModel probe_peak_model(TrainableModel& model, const ProfileOptions& options,
+                         const std::vector<int64_t>& probe_batches = {4, 8, 16});
+
+}  // namespace memfit

@@ -1,0 +1,90 @@
+// A recording session: every tracked allocation and free while it lives,
+// stamped with the phase, module path and op it happened in.
+#pragma once
+
+#include <chrono>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <unordered_set>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "memfit/core/timeline.h"
+#include "memfit/torch/tracking.h"
+
+namespace memfit {
+
+// The category an allocation gets from the phase it is made in, until
+// something more precise is known (see Recorder::classify).
+Category default_category(std::string_view phase);
+
+class Recorder final : private AllocationObserver {
+ public:
+  // Starts recording: installs the tracking allocators (see TrackingScope).
+  Recorder();
+  ~Recorder() override;
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  // Stops receiving events; the timeline stays readable. Idempotent.
+  void stop();
+  bool recording() const;
+
+  // Phases do not nest; beginning one ends the one open.
+  void begin_phase(std::string_view name, int iteration = 0);
+  void end_phase();
+
+  // Module scopes nest: push("encoder"), push("0") -> "encoder.0". An
+  // absolute push replaces the path (Python hooks know full paths).
+  void push_module(std::string_view name, bool absolute = false);
+  void pop_module();
+  std::string module_path() const;
+
+  // Reclassifies the allocation behind t's storage. False if this recorder
+  // did not see it allocated.
+  bool classify(const at::Tensor& t, Category c);
+
+  // Bytes recorded live now / at most, since the recording started.
+  int64_t live_bytes() const;
+  int64_t peak_bytes() const;
+
+  // The recorded events. Read it after stop(), or while no other thread runs
+  // torch ops.
+  const Timeline& timeline() const { return timeline_; }
+
+ private:
+  void on_alloc(const Allocation& a) override;
+  void on_free(const Allocation& a, bool temporary) override;
+
+  TrackingScope tracking_;
+  mutable std::mutex mu_;
+  Timeline timeline_;
+  std::chrono::steady_clock::time_point start_;
+  bool recording_ = true;
+  std::vector<std::string> module_stack_;
+  uint32_t module_index_ = 0;  // interned module_stack_.back()
+  Category phase_category_ = Category::kOther;
+  // Allocations of a phase whose leftovers are state, not outputs: what such
+  // a phase allocates and frees again is a temporary (Adam's sqrt buffers).
+  bool phase_frees_are_temporary_ = false;
+  std::unordered_set<uint64_t> phase_allocations_;
+  int64_t live_ = 0;
+  int64_t peak_ = 0;
+};
+
+// Module scope on every active recorder, for C++ models:
+// `ModuleScope scope("fc1");` around a submodule's forward.
+class ModuleScope {
+ public:
+  explicit ModuleScope(std::string_view name);
+  ~ModuleScope();
+  ModuleScope(const ModuleScope&) = delete;
+  ModuleScope& operator=(const ModuleScope&) = delete;
+
+ private:
+  std::vector<Recorder*> recorders_;
+};
+
+}  // namespace memfit

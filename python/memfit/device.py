@@ -1,0 +1,46 @@
+"""The simulated device: a memory budget enforced on CPU allocations."""
+
+import contextlib
+
+from . import _memfit
+
+
+def to_bytes(size, what="size"):
+    """Bytes in `size`: an int of bytes, or a string like "16GiB" or "512MiB".
+
+    Raises ValueError naming the accepted forms for anything else.
+    """
+    if isinstance(size, bool) or not isinstance(size, (int, str)):
+        raise ValueError(
+            f"[{what}] expected an int of bytes or a string like '16GiB', "
+            f"got {type(size).__name__} {size!r}"
+        )
+    if isinstance(size, str):
+        return _memfit.parse_size(size)
+    if size < 0:
+        raise ValueError(
+            f"[{what}] cannot use {size} as a size: it must be >= 0 bytes "
+            f"(an int of bytes, or a string like '16GiB')"
+        )
+    return size
+
+
+@contextlib.contextmanager
+def simulated_device(budget, device="cpu"):
+    """Cap tracked memory on `device` ("cpu" or "meta") at `budget`.
+
+    Inside the block, an allocation that would take the memory allocated since
+    tracking began past the budget raises torch.cuda.OutOfMemoryError, exactly
+    as a full GPU does, so "does this fit a 16 GiB card?" can be rehearsed on
+    a laptop. `budget` is an int of bytes or a string: "16GiB", "512MiB",
+    "1.5GiB", "1048576" (binary units only: "16GB" is ambiguous and refused).
+
+    Only memory allocated while memfit tracks is counted: create the model and
+    data inside the block (or inside memfit.track()) to have them count.
+    Nested blocks apply the smallest budget.
+    """
+    handle = _memfit.SimulatedDevice(to_bytes(budget, "simulated_device"), device)
+    try:
+        yield handle
+    finally:
+        del handle  # destroys the C++ budget now (CPython refcounting)

@@ -1,0 +1,78 @@
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "memfit/core/allocator_model.h"
+#include "memfit/core/peak_model.h"
+#include "memfit/core/report.h"
+
+namespace py = pybind11;
+
+namespace memfit::python {
+
+void init_report(py::module_& m) {
+  py::class_<PhaseRow>(m, "PhaseRow")
+      .def_readonly("name", &PhaseRow::name)
+      .def_readonly("iteration", &PhaseRow::iteration)
+      .def_readonly("live_bytes_after", &PhaseRow::live_after)
+      .def_readonly("delta_bytes", &PhaseRow::delta_bytes)
+      .def_readonly("peak_bytes", &PhaseRow::peak_bytes)
+      .def_readonly("note", &PhaseRow::note);
+
+  py::class_<Report>(m, "Report")
+      .def_readonly("model", &Report::model)
+      .def_readonly("batch", &Report::batch)
+      .def_readonly("optimizer", &Report::optimizer)
+      .def_readonly("mode", &Report::mode)
+      .def_readonly("peak_bytes", &Report::peak_bytes)
+      .def_readonly("peak_phase", &Report::peak_phase)
+      .def_readonly("peak_iteration", &Report::peak_iteration)
+      .def_readonly("peak_op", &Report::peak_op)
+      .def_readonly("parameter_bytes", &Report::parameter_bytes)
+      .def_readonly("phases", &Report::phases)
+      .def_property_readonly("categories_at_peak", [](const Report& r) {
+        py::dict d;
+        for (int c = 0; c < kNumCategories; ++c) {
+          d[py::str(std::string(to_string(static_cast<Category>(c))))] =
+              r.categories_at_peak[c];
+        }
+        return d;
+      })
+      .def_property_readonly("modules", [](const Report& r) {
+        py::list l;
+        for (const auto& mrow : r.modules) {
+          l.append(py::make_tuple(mrow.path, mrow.activation_bytes));
+        }
+        return l;
+      })
+      .def_readwrite("notes", &Report::notes)
+      .def("table", &Report::table, py::arg("max_modules") = 10)
+      .def("to_json", &Report::to_json, py::arg("pretty") = true)
+      .def("set_cuda_estimate", [](Report& r, const Timeline& t, int64_t workspace) {
+        CudaReplay c = replay_cuda(t, std::nullopt, workspace);
+        r.cuda = CudaEstimate{c.peak_allocated, c.peak_reserved, workspace};
+      }, py::arg("timeline"), py::arg("workspace_bytes"));
+
+  m.def("make_report", [](const Timeline& t, const std::string& model,
+                          int64_t batch, const std::string& optimizer,
+                          const std::string& mode) {
+    return make_report(t, ReportInputs{model, batch, optimizer, mode});
+  }, py::arg("timeline"), py::arg("model"), py::arg("batch"),
+     py::arg("optimizer"), py::arg("mode"));
+
+  py::class_<PeakModel>(m, "PeakModel")
+      .def_readonly("mode", &PeakModel::mode)
+      .def_readonly("probe_batches", &PeakModel::probe_batches)
+      .def_readonly("probe_peaks", &PeakModel::probe_peaks)
+      .def("predict", &PeakModel::predict, py::arg("batch"))
+      .def("peak_phase", [](const PeakModel& pm, int64_t b) {
+        const PhaseFit& f = pm.peak_phase(b);
+        return py::make_tuple(f.phase, f.iteration);
+      }, py::arg("batch"))
+      .def("max_rel_residual", &PeakModel::max_rel_residual)
+      .def("max_batch_under", &PeakModel::max_batch_under, py::arg("budget"));
+
+  m.def("fit_peak_model", &fit_peak_model, py::arg("batches"), py::arg("reports"));
+}
+
+}  // namespace memfit::python

@@ -1,0 +1,85 @@
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "memfit/core/event.h"
+#include "memfit/core/svg_plot.h"
+#include "memfit/core/timeline.h"
+
+namespace py = pybind11;
+
+namespace memfit::python {
+namespace {
+
+py::dict breakdown_dict(const Timeline::Breakdown& b) {
+  py::dict categories;
+  for (int c = 0; c < kNumCategories; ++c) {
+    categories[py::str(std::string(to_string(static_cast<Category>(c))))] =
+        b.by_category[c];
+  }
+  py::dict out;
+  out["total"] = b.total;
+  out["categories"] = categories;
+  out["phases"] = b.by_phase;
+  out["modules"] = b.by_module;
+  return out;
+}
+
+}  // namespace
+
+void init_timeline(py::module_& m) {
+  py::class_<Timeline::Peak>(m, "Peak")
+      .def_readonly("bytes", &Timeline::Peak::bytes)
+      .def_readonly("event_index", &Timeline::Peak::event_index)
+      .def_readonly("time_ns", &Timeline::Peak::time_ns);
+
+  py::class_<Timeline::PhaseSummary>(m, "PhaseSummary")
+      .def_readonly("name", &Timeline::PhaseSummary::name)
+      .def_readonly("iteration", &Timeline::PhaseSummary::iteration)
+      .def_readonly("live_before", &Timeline::PhaseSummary::live_before)
+      .def_readonly("live_after", &Timeline::PhaseSummary::live_after)
+      .def_readonly("delta", &Timeline::PhaseSummary::delta)
+      .def_readonly("peak", &Timeline::PhaseSummary::peak);
+
+  py::class_<Timeline>(m, "Timeline")
+      .def("__len__", &Timeline::size)
+      .def_property_readonly("live_bytes", &Timeline::live_bytes)
+      .def("peak", &Timeline::peak)
+      .def("peak_phase", [](const Timeline& t) {
+        return t.phase_name(t.peak().phase);
+      })
+      .def("peak_op", [](const Timeline& t) { return t.op_name(t.peak().op); })
+      .def("peak_module", [](const Timeline& t) {
+        return t.module_name(t.peak().module);
+      })
+      .def("live_after", &Timeline::live_after, py::arg("event_index"))
+      .def("breakdown_after", [](const Timeline& t, size_t i) {
+        return breakdown_dict(t.breakdown_after(i));
+      }, py::arg("event_index"))
+      .def("breakdown_at_peak", [](const Timeline& t) {
+        return breakdown_dict(t.breakdown_after(t.peak().event_index));
+      })
+      .def("phase_summaries", &Timeline::phase_summaries)
+      .def("curve", [](const Timeline& t, size_t max_points) {
+        return max_points ? t.curve(max_points) : t.curve();
+      }, py::arg("max_points") = 0)
+      .def("events", [](const Timeline& t) {
+        // (kind, bytes, id, device, category, phase, module, op) per event.
+        py::list out;
+        for (const Event& e : t.events()) {
+          out.append(py::make_tuple(
+              e.kind == EventKind::kAlloc ? "alloc" : "free", e.bytes, e.id,
+              std::string(to_string(e.device)),
+              std::string(to_string(t.category_of(e.id))),
+              t.phase_name(e.phase), t.module_name(e.module), t.op_name(e.op)));
+        }
+        return out;
+      })
+      .def("svg", [](const Timeline& t, const std::string& title) {
+        SvgOptions o;
+        o.title = title;
+        return memory_svg(t, o);
+      }, py::arg("title") = "memfit");
+}
+
+}  // namespace memfit::python

@@ -1,0 +1,64 @@
+// Simulated device and recorder, held by small Python-side handles whose
+// enter/exit create and destroy the C++ RAII objects.
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+
+#include "bindings.h"
+#include "memfit/torch/recorder.h"
+#include "memfit/torch/tracking.h"
+
+namespace py = pybind11;
+
+namespace memfit::python {
+namespace {
+
+Device device_from(const std::string& name) {
+  if (name == "cpu") return Device::kCPU;
+  if (name == "meta") return Device::kMeta;
+  throw std::invalid_argument("[simulated_device] device must be 'cpu' or "
+                              "'meta', got '" + name + "'");
+}
+
+}  // namespace
+
+void init_tracking(py::module_& m) {
+  py::class_<SimulatedDevice>(m, "SimulatedDevice")
+      .def(py::init([](int64_t budget, const std::string& device) {
+             return std::make_unique<SimulatedDevice>(budget, device_from(device));
+           }),
+           py::arg("budget_bytes"), py::arg("device") = "cpu")
+      .def_property_readonly("budget_bytes", &SimulatedDevice::budget_bytes);
+
+  py::class_<Recorder>(m, "Recorder")
+      .def(py::init<>())
+      .def("stop", &Recorder::stop)
+      .def_property_readonly("recording", &Recorder::recording)
+      .def("begin_phase", &Recorder::begin_phase, py::arg("name"),
+           py::arg("iteration") = 0)
+      .def("end_phase", &Recorder::end_phase)
+      .def("push_module", &Recorder::push_module, py::arg("name"),
+           py::arg("absolute") = false)
+      .def("pop_module", &Recorder::pop_module)
+      .def("classify", [](Recorder& r, const at::Tensor& t, const std::string& c) {
+        return r.classify(t, category_from_string(c));
+      }, py::arg("tensor"), py::arg("category"))
+      .def_property_readonly("live_bytes", &Recorder::live_bytes)
+      .def_property_readonly("peak_bytes", &Recorder::peak_bytes)
+      .def_property_readonly("timeline", &Recorder::timeline,
+                             py::return_value_policy::reference_internal);
+
+  m.def("tracked_live_bytes", [](const std::string& device) {
+    return tracking::live_bytes(device == "meta" ? Device::kMeta : Device::kCPU);
+  }, py::arg("device") = "cpu");
+  m.def("tracking_installed", &tracking::installed);
+  m.def("allocation_id", [](const at::Tensor& t) -> py::object {
+    auto a = tracking::allocation_of(t);
+    return a ? py::cast(a->id) : py::none();
+  }, py::arg("tensor"));
+  m.def("fail_allocation_after", [](int64_t n, const std::string& device) {
+    tracking::fail_allocation_after(device_from(device), n);
+  }, py::arg("n"), py::arg("device") = "cpu");
+}
+
+}  // namespace memfit::python

@@ -1,0 +1,13 @@
+// The _memfit extension: one init_<part> per core or torch header, glue only.
+#include <pybind11/pybind11.h>
+
+#include "bindings.h"
+
+PYBIND11_MODULE(_memfit, m) {
+  m.doc() = "memfit's C++ core; use the `memfit` package, not this module.";
+  memfit::python::init_errors(m);
+  memfit::python::init_units(m);
+  memfit::python::init_timeline(m);
+  memfit::python::init_tracking(m);
+  memfit::python::init_report(m);
+}

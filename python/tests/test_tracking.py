@@ -1,0 +1,87 @@
+import pytest
+import torch
+
+import memfit
+
+MiB = 1 << 20
+
+
+def test_float_tensor_of_a_million_is_four_million_bytes_then_zero():
+    with memfit.track() as t:
+        x = torch.empty(1000, 1000)
+        assert t.live_bytes == 4_000_000
+        del x
+        assert t.live_bytes == 0
+    assert t.peak_bytes == 4_000_000
+
+
+def test_meta_tensor_counts_real_size_without_memory():
+    with memfit.track() as t:
+        x = torch.empty(10**9, device="meta")
+        assert t.live_bytes == 4 * 10**9
+        assert memfit._memfit.tracked_live_bytes("meta") == 4 * 10**9
+        assert memfit._memfit.tracked_live_bytes("cpu") == 0
+        del x
+
+
+def test_budget_lets_9_mib_through_and_raises_at_2_more():
+    with memfit.simulated_device("10MiB"):
+        a = torch.empty(9 * MiB, dtype=torch.uint8)
+        with pytest.raises(torch.cuda.OutOfMemoryError) as err:
+            torch.empty(2 * MiB, dtype=torch.uint8)
+        assert "Tried to allocate 2.00 MiB" in str(err.value)
+        assert "budget 10.00 MiB" in str(err.value)
+        del a
+    # the budget ends with the block
+    b = torch.empty(20 * MiB, dtype=torch.uint8)
+    del b
+
+
+def test_budget_accepts_int_bytes():
+    with memfit.simulated_device(10 * MiB) as dev:
+        assert dev.budget_bytes == 10 * MiB
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(11 * MiB, dtype=torch.uint8)
+
+
+@pytest.mark.parametrize("bad", ["16 GB", "-1", "abc", "16GB", -1, 1.5, None])
+def test_bad_budget_says_which_forms_are_accepted(bad):
+    with pytest.raises(ValueError) as err:
+        with memfit.simulated_device(bad):
+            pass
+    msg = str(err.value)
+    assert "GiB" in msg, msg
+
+
+def test_allocator_restored_after_tracking():
+    assert not memfit._memfit.tracking_installed()
+    with memfit.track():
+        assert memfit._memfit.tracking_installed()
+    assert not memfit._memfit.tracking_installed()
+
+
+def test_live_bytes_return_to_start_after_forward_backward():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4)
+    )
+    with memfit.track(model) as t:
+        for _ in range(2):
+            x = torch.randn(16, 32)
+            y = torch.randint(0, 4, (16,))
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+            del x, y, loss
+        assert t.live_bytes == 0
+        assert t.peak_bytes > 0
+
+
+def test_module_paths_are_attributed():
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU())
+    with memfit.track(model) as t:
+        t.phase("forward")
+        out = model(torch.ones(4, 8))
+    modules = {m for (_, _, _, _, _, _, m, _) in t.timeline.events()}
+    assert "0" in modules and "1" in modules
+    del out

@@ -1,0 +1,75 @@
+#include "args.h"
+
+#include <stdexcept>
+
+#include "memfit/core/units.h"
+
+namespace memfit::cli {
+
+Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& known,
+           const std::set<std::string>& switches) {
+  for (size_t i = 0; i < argv.size(); ++i) {
+    const std::string& a = argv[i];
+    if (a.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + a + "'");
+    const std::string name = a.substr(2);
+    if (!known.count(name) && !switches.count(name)) {
+      throw UsageError("unknown option --" + name);
+    }
+    present_.insert(name);
+    if (switches.count(name)) continue;
+    if (i + 1 >= argv.size()) throw UsageError("--" + name + " needs a value");
+    values_[name] = argv[++i];
+  }
+}
+
+bool Args::has(const std::string& name) const { return present_.count(name) > 0; }
+
+std::string Args::get(const std::string& name, const std::string& fallback) const {
+  auto it = values_.find(name);
+  return it == values_.end() ? fallback : it->second;
+}
+
+std::string Args::require(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) throw UsageError("--" + name + " is required");
+  return it->second;
+}
+
+int64_t Args::get_int(const std::string& name, int64_t fallback) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return fallback;
+  size_t used = 0;
+  int64_t v = 0;
+  try {
+    v = std::stoll(it->second, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != it->second.size()) {
+    throw UsageError("--" + name + " expects a whole number, got '" +
+                     it->second + "'");
+  }
+  return v;
+}
+
+int64_t Args::get_size(const std::string& name) const {
+  const std::string text = require(name);
+  try {
+    return parse_size(text);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError("--" + name + ": " + e.what());
+  }
+}
+
+std::string Args::choice(const std::string& name, const std::string& fallback,
+                         const std::vector<std::string>& allowed) const {
+  const std::string v = get(name, fallback);
+  for (const auto& a : allowed) {
+    if (a == v) return v;
+  }
+  std::string list;
+  for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+  throw UsageError("--" + name + " must be one of " + list + ", got '" + v + "'");
+}
+
+}  // namespace memfit::cli

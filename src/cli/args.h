@@ -1,0 +1,39 @@
+// A small command-line parser: --flag VALUE and --switch, with errors that
+// name the flag and the accepted values.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace memfit::cli {
+
+class Args {
+ public:
+  // `switches` take no value; every other --name takes one.
+  Args(const std::vector<std::string>& argv, const std::set<std::string>& known,
+       const std::set<std::string>& switches);
+
+  bool has(const std::string& name) const;
+  std::string get(const std::string& name, const std::string& fallback) const;
+  std::string require(const std::string& name) const;
+  int64_t get_int(const std::string& name, int64_t fallback) const;
+  // A size: bytes or 16GiB-style (see parse_size).
+  int64_t get_size(const std::string& name) const;
+  std::string choice(const std::string& name, const std::string& fallback,
+                     const std::vector<std::string>& allowed) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+  std::set<std::string> present_;
+};
+
+// Thrown for a command line we cannot run; main prints it with the usage.
+struct UsageError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+}  // namespace memfit::cli

@@ -1,0 +1,45 @@
+// memfit: profile | fit | train. See `memfit --help`.
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "args.h"
+#include "commands.h"
+
+namespace {
+
+const char* kUsage = R"(usage: memfit COMMAND [options]
+
+commands:
+  profile   where a training step's memory goes, phase by phase and module
+            by module; predicts the peak at batches not run
+            memfit profile --model mlp|cnn|gpt|lstm --batch N
+                           [--optimizer adam|sgd|momentum|none]
+                           [--mode cpu|meta] [--target cpu|cuda]
+                           [--iterations K] [--json] [--svg FILE]
+                           [--predict] [--probes 4,8,16]
+                           [--cuda-workspace SIZE]
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    return args.empty() ? 1 : 0;
+  }
+  const std::string command = args[0];
+  args.erase(args.begin());
+  try {
+    if (command == "profile") return memfit::cli::profile_command(args);
+    std::cerr << "memfit: unknown command '" << command << "'\n\n" << kUsage;
+    return 1;
+  } catch (const memfit::cli::UsageError& e) {
+    std::cerr << "memfit " << command << ": " << e.what() << "\n\n" << kUsage;
+    return 1;
+  } catch (const std::invalid_argument& e) {
+    std::cerr << "memfit " << command << ": " << e.what() << "\n";
+    return 1;
+  }
+}

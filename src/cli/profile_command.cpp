@@ -1,0 +1,149 @@
+#include <c10/util/Exception.h>
+
+#include <fstream>
+#include <iostream>
+#include <sstream>
+
+#include "args.h"
+#include "commands.h"
+#include "memfit/core/allocator_model.h"
+#include "memfit/core/json_writer.h"
+#include "memfit/core/svg_plot.h"
+#include "memfit/core/units.h"
+#include "memfit/torch/models.h"
+#include "memfit/torch/profile.h"
+
+namespace memfit::cli {
+namespace {
+
+// cuBLAS workspace on most GPUs (8 MiB + 128 KiB per handle); Hopper uses
+// 32 MiB. Both go through the caching allocator.
+constexpr int64_t kDefaultCudaWorkspace = (8 << 20) + (128 << 10);
+
+std::vector<int64_t> parse_probes(const std::string& text) {
+  std::vector<int64_t> out;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      size_t used = 0;
+      const int64_t b = std::stoll(item, &used);
+      if (used != item.size() || b < 1) throw std::invalid_argument(item);
+      out.push_back(b);
+    } catch (const std::exception&) {
+      throw UsageError("--probes expects batches >= 1 separated by commas, "
+                       "like 4,8,16; got '" + text + "'");
+    }
+  }
+  if (out.size() < 2) throw UsageError("--probes needs at least two batches");
+  return out;
+}
+
+std::string prediction_json(const PeakModel& pm, int64_t batch) {
+  JsonWriter w(true);
+  w.begin_object();
+  w.member("batch", batch);
+  w.member("predicted_peak_bytes", pm.predict(batch));
+  const PhaseFit& at = pm.peak_phase(batch);
+  w.member("peak_phase", at.phase);
+  w.member("peak_iteration", at.iteration);
+  w.member("mode", pm.mode);
+  w.key("probe_batches").begin_array();
+  for (auto b : pm.probe_batches) w.value(b);
+  w.end_array();
+  w.key("probe_peak_bytes").begin_array();
+  for (auto b : pm.probe_peaks) w.value(b);
+  w.end_array();
+  w.member("max_rel_residual", pm.max_rel_residual());
+  w.member("bytes_per_sample", at.fit.per_sample);
+  w.member("fixed_bytes", at.fit.m0);
+  w.key("notes").begin_array();
+  for (const auto& n : pm.notes) w.value(n);
+  w.end_array();
+  w.end_object();
+  return w.str();
+}
+
+std::string prediction_text(const PeakModel& pm, int64_t batch) {
+  std::ostringstream out;
+  const PhaseFit& at = pm.peak_phase(batch);
+  out << "predicted peak at batch " << batch << ": "
+      << format_bytes(pm.predict(batch)) << " in " << at.phase << " (iteration "
+      << at.iteration << ")\n";
+  out << "  from " << pm.mode << " probes at batches";
+  for (size_t i = 0; i < pm.probe_batches.size(); ++i) {
+    out << (i ? ", " : " ") << pm.probe_batches[i] << " ("
+        << format_bytes(pm.probe_peaks[i]) << ")";
+  }
+  out << "\n  that phase: " << format_bytes(static_cast<int64_t>(at.fit.m0))
+      << " fixed + " << format_bytes(static_cast<int64_t>(at.fit.per_sample))
+      << " per sample; largest fit residual "
+      << pm.max_rel_residual() * 100.0 << "%\n";
+  for (const auto& n : pm.notes) out << "note: " << n << "\n";
+  return out.str();
+}
+
+}  // namespace
+
+int profile_command(const std::vector<std::string>& argv) {
+  Args args(argv,
+            {"model", "batch", "optimizer", "mode", "target", "iterations", "svg",
+             "probes", "cuda-workspace", "layers", "width", "heads", "context"},
+            {"json", "predict"});
+  const std::string name = args.require("model");
+  ProfileOptions o;
+  o.batch = args.get_int("batch", 64);
+  o.optimizer = args.choice("optimizer", "adam", {"adam", "sgd", "momentum", "none"});
+  o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
+  o.iterations = static_cast<int>(args.get_int("iterations", 2));
+  const std::string target = args.choice("target", "cpu", {"cpu", "cuda"});
+  ModelOptions mo;
+  mo.layers = args.get_int("layers", mo.layers);
+  mo.width = args.get_int("width", mo.width);
+  mo.heads = args.get_int("heads", mo.heads);
+  mo.context = args.get_int("context", mo.context);
+  auto model = make_model(name, mo);
+
+  if (args.has("predict")) {
+    const auto probes = parse_probes(args.get("probes", "4,8,16"));
+    PeakModel pm = probe_peak_model(*model, o, probes);
+    std::cout << (args.has("json") ? prediction_json(pm, o.batch) + "\n"
+                                   : prediction_text(pm, o.batch));
+    return 0;
+  }
+
+  Profile p;
+  try {
+    p = profile_model(*model, o);
+  } catch (const c10::OutOfMemoryError& e) {
+    std::cerr << "memfit profile: out of memory: " << e.what_without_backtrace()
+              << "\n";
+    return 2;
+  }
+  if (target == "cuda") {
+    const int64_t workspace = args.has("cuda-workspace")
+                                  ? args.get_size("cuda-workspace")
+                                  : kDefaultCudaWorkspace;
+    CudaReplay replay = replay_cuda(p.timeline, std::nullopt, workspace);
+    p.report.cuda = CudaEstimate{replay.peak_allocated, replay.peak_reserved,
+                                 workspace};
+  }
+  if (args.has("svg")) {
+    const std::string path = args.get("svg", "");
+    std::ofstream f(path);
+    if (!f) throw UsageError("cannot write --svg file '" + path + "'");
+    SvgOptions so;
+    so.title = "memfit profile: " + name + ", batch " + std::to_string(o.batch) +
+               ", " + o.optimizer;
+    f << memory_svg(p.timeline, so);
+  }
+  if (args.has("json")) {
+    std::cout << p.report.to_json(true) << "\n";
+  } else {
+    std::cout << p.report.table();
+    if (args.has("svg")) std::cout << "\ntimeline written to " << args.get("svg", "") << "\n";
+  }
+  return 0;
+}
+
+}  // namespace memfit::cli

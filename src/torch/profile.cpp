@@ -1,0 +1,176 @@
+#include "memfit/torch/profile.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <stdexcept>
+
+#include "memfit/torch/recorder.h"
+
+namespace memfit {
+namespace {
+
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(
+    const std::string& name, std::vector<at::Tensor> params, double lr) {
+  if (name == "adam") {
+    return std::make_unique<torch::optim::Adam>(params,
+                                                torch::optim::AdamOptions(lr));
+  }
+  if (name == "sgd") {
+    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(lr));
+  }
+  if (name == "momentum") {
+    return std::make_unique<torch::optim::SGD>(
+        params, torch::optim::SGDOptions(lr).momentum(0.9));
+  }
+  if (name == "none") return nullptr;
+  throw std::invalid_argument("[profile] unknown optimizer '" + name +
+                              "': choose adam, sgd, momentum or none");
+}
+
+void check(const ProfileOptions& o) {
+  if (o.batch < 1) {
+    throw std::invalid_argument("[profile] batch must be >= 1, got " +
+                                std::to_string(o.batch));
+  }
+  if (o.iterations < 1) {
+    throw std::invalid_argument("[profile] iterations must be >= 1, got " +
+                                std::to_string(o.iterations));
+  }
+  if (o.mode != "cpu" && o.mode != "meta") {
+    throw std::invalid_argument("[profile] unknown mode '" + o.mode +
+                                "': choose cpu or meta");
+  }
+}
+
+void drop_gradients(torch::nn::Module& m) {
+  for (auto& p : m.parameters()) p.mutable_grad() = at::Tensor();
+}
+
+// Gives every parameter and buffer fresh storage on `device`, allocated now
+// (so under the recorder): the "model.to(device)" of the step.
+void materialize(torch::nn::Module& m, const at::Device& device, Recorder& r) {
+  torch::NoGradGuard no_grad;
+  for (auto& p : m.parameters()) {
+    p.set_data(p.detach().to(device, /*non_blocking=*/false, /*copy=*/true));
+    r.classify(p, Category::kParameter);
+  }
+  for (auto& b : m.buffers()) {
+    b.set_data(b.detach().to(device, false, true));
+    r.classify(b, Category::kBuffer);
+  }
+}
+
+// One recorded run of `iterations` training iterations on `device`.
+Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
+                      const at::Device& device) {
+  auto& module = model.module();
+  module.train();
+  drop_gradients(module);
+  // Data is made on the CPU outside the recording (meta cannot draw random
+  // numbers); moving it to the device is the recorded "inputs" phase.
+  Batch cpu_batch = model.make_batch(o.batch, at::TensorOptions(), o.seed);
+  Recorder r;
+  r.begin_phase(kPhaseParameters, 1);
+  materialize(module, device, r);
+  auto optimizer = make_optimizer(o.optimizer, module.parameters(), o.lr);
+  for (int it = 1; it <= o.iterations; ++it) {
+    r.begin_phase(kPhaseInputs, it);
+    Batch b{cpu_batch.inputs.to(device, false, /*copy=*/true),
+            cpu_batch.target.to(device, false, /*copy=*/true)};
+    r.begin_phase(kPhaseForward, it);
+    auto out = model.forward(b.inputs);
+    r.begin_phase(kPhaseLoss, it);
+    auto loss = model.loss(out, b.target);
+    if (loss.dim() != 0) {
+      throw std::invalid_argument("[profile] the loss must be a scalar, got "
+                                  "shape " + c10::str(loss.sizes()));
+    }
+    r.begin_phase(kPhaseZeroGrad, it);
+    drop_gradients(module);
+    r.begin_phase(kPhaseBackward, it);
+    loss.backward();
+    if (optimizer) {
+      r.begin_phase(kPhaseOptimizerStep, it);
+      optimizer->step();
+    }
+    r.end_phase();
+  }
+  r.stop();
+  drop_gradients(module);
+  return r.timeline();
+}
+
+// Parameter and buffer values, put back on destruction.
+class ModelSnapshot {
+ public:
+  explicit ModelSnapshot(torch::nn::Module& m)
+      : params_(m.parameters()), buffers_(m.buffers()) {
+    torch::NoGradGuard no_grad;
+    for (auto& p : params_) param_values_.push_back(p.detach().clone());
+    for (auto& b : buffers_) buffer_values_.push_back(b.detach().clone());
+  }
+  ~ModelSnapshot() { restore(); }
+  void restore() {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      params_[i].mutable_grad() = at::Tensor();
+      params_[i].set_data(param_values_[i].clone());
+    }
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      buffers_[i].set_data(buffer_values_[i].clone());
+    }
+  }
+
+ private:
+  std::vector<at::Tensor> params_, buffers_;
+  std::vector<at::Tensor> param_values_, buffer_values_;
+};
+
+}  // namespace
+
+Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
+  check(options);
+  std::vector<std::string> notes;
+  std::string mode = options.mode;
+  Timeline timeline;
+  // Profiling trains (and meta mode empties the weights): the model is given
+  // back as it came, whatever happens.
+  ModelSnapshot snapshot(model.module());
+  if (mode == "meta") {
+    try {
+      timeline = run_recorded(model, options, at::Device(at::kMeta));
+    } catch (const c10::OutOfMemoryError&) {
+      throw;
+    } catch (const c10::Error& e) {
+      std::string what = e.what_without_backtrace();
+      what = what.substr(0, what.find('\n'));
+      notes.push_back("meta mode unavailable in this torch for " + model.name() +
+                      " (" + what + "); fell back to cpu mode");
+      mode = "cpu";
+      snapshot.restore();
+    }
+  }
+  if (mode == "cpu") {
+    timeline = run_recorded(model, options, at::Device(at::kCPU));
+  }
+  Profile p;
+  p.report = make_report(timeline, {model.name(), options.batch,
+                                    options.optimizer, mode});
+  p.report.notes = std::move(notes);
+  p.timeline = std::move(timeline);
+  return p;
+}
+
+PeakModel probe_peak_model(TrainableModel& model, const ProfileOptions& options,
+                           const std::vector<int64_t>& probe_batches) {
+  std::vector<Report> reports;
+  for (int64_t b : probe_batches) {
+    ProfileOptions o = options;
+    o.batch = b;
+    reports.push_back(profile_model(model, o).report);
+  }
+  return fit_peak_model(probe_batches, reports);
+}
+
+}  // namespace memfit

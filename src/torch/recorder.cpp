@@ -1,0 +1,174 @@
+#include "memfit/torch/recorder.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+
+#include "memfit/torch/op_frames.h"
+
+namespace memfit {
+namespace {
+
+// Recorders alive now, for ModuleScope.
+std::mutex g_active_mu;
+std::vector<Recorder*>& active_recorders() {
+  static auto* v = new std::vector<Recorder*>;
+  return *v;
+}
+
+}  // namespace
+
+Category default_category(std::string_view phase) {
+  if (phase == "parameters") return Category::kParameter;
+  if (phase == "inputs") return Category::kInput;
+  if (phase == "forward" || phase == "loss") return Category::kActivation;
+  if (phase == "backward") return Category::kGradient;
+  if (phase == "optimizer_step") return Category::kOptimizerState;
+  return Category::kOther;
+}
+
+Recorder::Recorder() : start_(std::chrono::steady_clock::now()) {
+  tracking::add_observer(this);
+  std::lock_guard<std::mutex> lock(g_active_mu);
+  active_recorders().push_back(this);
+}
+
+Recorder::~Recorder() { stop(); }
+
+void Recorder::stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!recording_) return;
+    recording_ = false;
+    timeline_.end_phase();
+  }
+  tracking::remove_observer(this);
+  std::lock_guard<std::mutex> lock(g_active_mu);
+  auto& v = active_recorders();
+  v.erase(std::remove(v.begin(), v.end(), this), v.end());
+}
+
+bool Recorder::recording() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return recording_;
+}
+
+void Recorder::begin_phase(std::string_view name, int iteration) {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeline_.begin_phase(name, iteration);
+  phase_category_ = default_category(name);
+  phase_frees_are_temporary_ = name == "optimizer_step" || name == "zero_grad";
+  phase_allocations_.clear();
+}
+
+void Recorder::end_phase() {
+  std::lock_guard<std::mutex> lock(mu_);
+  timeline_.end_phase();
+  phase_category_ = Category::kOther;
+  phase_frees_are_temporary_ = false;
+  phase_allocations_.clear();
+}
+
+void Recorder::push_module(std::string_view name, bool absolute) {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::string path(name);
+  if (!absolute && !module_stack_.empty() && !module_stack_.back().empty()) {
+    path = module_stack_.back() + "." + path;
+  }
+  module_index_ = timeline_.module_index(path);
+  module_stack_.push_back(std::move(path));
+}
+
+void Recorder::pop_module() {
+  std::lock_guard<std::mutex> lock(mu_);
+  TORCH_CHECK(!module_stack_.empty(),
+              "[Recorder::pop_module] no module scope is open");
+  module_stack_.pop_back();
+  module_index_ = module_stack_.empty()
+                      ? 0
+                      : timeline_.module_index(module_stack_.back());
+}
+
+std::string Recorder::module_path() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return module_stack_.empty() ? std::string() : module_stack_.back();
+}
+
+bool Recorder::classify(const at::Tensor& t, Category c) {
+  auto a = tracking::allocation_of(t);
+  if (!a) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  return timeline_.set_category(a->id, c);
+}
+
+int64_t Recorder::live_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return live_;
+}
+
+int64_t Recorder::peak_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+void Recorder::on_alloc(const Allocation& a) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!recording_) return;
+  Event e;
+  e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - start_)
+                  .count();
+  e.bytes = a.bytes;
+  e.id = a.id;
+  e.module = module_index_;
+  const char* op = impl::innermost_op_name();
+  e.op = op ? timeline_.op_index(op) : 0;
+  e.phase = timeline_.current_phase();
+  e.kind = EventKind::kAlloc;
+  e.device = a.device;
+  e.category = phase_category_;
+  timeline_.record(e);
+  if (phase_frees_are_temporary_) phase_allocations_.insert(a.id);
+  live_ += a.bytes;
+  peak_ = std::max(peak_, live_);
+}
+
+void Recorder::on_free(const Allocation& a, bool temporary) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!recording_ || !timeline_.is_live(a.id)) return;
+  if (temporary || phase_allocations_.erase(a.id) > 0) {
+    timeline_.set_category(a.id, Category::kTemporary);
+  }
+  Event e;
+  e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - start_)
+                  .count();
+  e.bytes = a.bytes;
+  e.id = a.id;
+  e.module = module_index_;
+  e.phase = timeline_.current_phase();
+  e.kind = EventKind::kFree;
+  e.device = a.device;
+  timeline_.record(e);
+  live_ -= a.bytes;
+}
+
+ModuleScope::ModuleScope(std::string_view name) {
+  std::lock_guard<std::mutex> lock(g_active_mu);
+  recorders_ = active_recorders();
+  for (Recorder* r : recorders_) r->push_module(name);
+}
+
+ModuleScope::~ModuleScope() {
+  // A recorder stopped inside the scope has left active_recorders(); only
+  // pop those still there.
+  std::lock_guard<std::mutex> lock(g_active_mu);
+  const auto& active = active_recorders();
+  for (Recorder* r : recorders_) {
+    if (std::find(active.begin(), active.end(), r) != active.end()) {
+      r->pop_module();
+    }
+  }
+}
+
+}  // namespace memfit

@@ -1,0 +1,310 @@
+#include "memfit/torch/tracking.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <climits>
+#include <mutex>
+#include <sstream>
+#include <unordered_map>
+#include <vector>
+
+#include "memfit/core/units.h"
+#include "memfit/torch/compat.h"
+#include "memfit/torch/op_frames.h"
+
+namespace memfit {
+namespace {
+
+constexpr int kNumDevices = 3;
+// Installed above anything registered with REGISTER_ALLOCATOR (priority 0),
+// and the previous allocator is put back with the same priority.
+constexpr uint8_t kPriority = UINT8_MAX;
+
+int index_of(Device d) { return static_cast<int>(d); }
+
+struct Entry {
+  Allocation allocation;
+  c10::DeleterFnPtr inner_deleter = nullptr;
+  void* inner_context = nullptr;
+};
+
+struct Budget {
+  uint64_t handle;
+  Device device;
+  int64_t bytes;
+};
+
+// Note [Tracker state outlives everything]
+// A tensor allocated under tracking may die after main() returns, and its
+// deleter runs our free path. The state is therefore created on first use
+// and never destroyed.
+struct State {
+  std::mutex mu;
+  int scopes = 0;
+  uint64_t record_function_handle = 0;
+  // Keyed by the DataPtr's context: the data pointer on CPU (allocators must
+  // keep data == context, see raw_deleter), a tagged id on Meta.
+  std::unordered_map<void*, Entry> live;
+  std::array<int64_t, kNumDevices> live_bytes{};
+  std::array<int64_t, kNumDevices> count{};
+  std::array<int64_t, kNumDevices> fail_after{};
+  std::vector<AllocationObserver*> observers;
+  std::vector<Budget> budgets;
+  uint64_t next_id = 1;
+  uint64_t next_budget = 1;
+};
+
+State& state() {
+  static State* s = new State;  // See Note [Tracker state outlives everything]
+  return *s;
+}
+
+std::optional<int64_t> budget_locked(const State& s, Device d) {
+  std::optional<int64_t> b;
+  for (const auto& budget : s.budgets) {
+    if (budget.device == d) b = b ? std::min(*b, budget.bytes) : budget.bytes;
+  }
+  return b;
+}
+
+void free_tracked(void* context);
+
+class TrackingAllocator final : public c10::Allocator {
+ public:
+  TrackingAllocator(Device device, c10::DeviceType type)
+      : device_(device), type_(type) {}
+
+  c10::DataPtr allocate(size_t n) MEMFIT_ALLOCATE_CONST override {
+    State& s = state();
+    const auto bytes = static_cast<int64_t>(n);
+    uint64_t id = 0;
+    {
+      std::unique_lock<std::mutex> lock(s.mu);
+      // Zero-byte storages carry no memory; a storage created under tracking
+      // keeps this allocator after tracking ends (resize calls it): both go
+      // straight to the allocator we wrap.
+      if (n == 0 || s.scopes == 0) {
+        lock.unlock();
+        return compat::allocate(inner_, n);
+      }
+      const int d = index_of(device_);
+      if (s.fail_after[d] > 0 && --s.fail_after[d] == 0) {
+        lock.unlock();
+        throw_oom(bytes, "forced by fail_allocation_after");
+      }
+      if (auto b = budget_locked(s, device_);
+          b && s.live_bytes[d] + bytes > *b) {
+        const int64_t used = s.live_bytes[d];
+        lock.unlock();
+        throw_budget_oom(bytes, used, *b);
+      }
+      id = s.next_id++;
+      // Counted before the inner allocation so concurrent allocations cannot
+      // both slip under the budget.
+      s.live_bytes[d] += bytes;
+      ++s.count[d];
+    }
+    c10::DataPtr inner;
+    try {
+      inner = compat::allocate(inner_, n);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.live_bytes[index_of(device_)] -= bytes;
+      throw;
+    }
+    Entry entry;
+    entry.allocation = Allocation{id, bytes, device_, impl::outermost_op_frame()};
+    void* data = inner.get();
+    void* context = data;
+    if (device_ == Device::kMeta) {
+      // Meta storages have no data; an odd tag never equals a real pointer.
+      context = reinterpret_cast<void*>(static_cast<uintptr_t>(id << 1 | 1));
+    } else {
+      TORCH_INTERNAL_ASSERT(inner.get_context() == data,
+                            "the wrapped CPU allocator must keep data == "
+                            "context");
+      entry.inner_deleter = inner.get_deleter();
+      entry.inner_context = inner.release_context();
+    }
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.live.emplace(context, entry);
+      for (auto* o : s.observers) o->on_alloc(entry.allocation);
+    }
+    return c10::DataPtr(data, context, &free_tracked, c10::Device(type_));
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    // raw_allocate needs data == context, true on CPU only.
+    return device_ == Device::kCPU ? &free_tracked : nullptr;
+  }
+
+#if MEMFIT_HAS_COPY_DATA
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    inner_->copy_data(dest, src, count);
+  }
+#endif
+
+  void set_inner(c10::Allocator* a) { inner_ = a; }
+  c10::Allocator* inner() const { return inner_; }
+  c10::DeviceType type() const { return type_; }
+
+ private:
+  [[noreturn]] void throw_budget_oom(int64_t bytes, int64_t used,
+                                     int64_t budget) const {
+    std::ostringstream msg;
+    msg << "memfit simulated " << to_string(device_)
+        << " device out of memory. Tried to allocate " << format_bytes(bytes)
+        << " (budget " << format_bytes(budget) << "; " << format_bytes(used)
+        << " already allocated; " << format_bytes(std::max<int64_t>(0, budget - used))
+        << " free). Use a smaller batch, or let memfit find one that fits "
+           "(`memfit fit`, memfit.find_batch_size).";
+    C10_THROW_ERROR(OutOfMemoryError, msg.str());
+  }
+  [[noreturn]] void throw_oom(int64_t bytes, const char* why) const {
+    std::ostringstream msg;
+    msg << "memfit simulated " << to_string(device_)
+        << " device out of memory. Tried to allocate " << format_bytes(bytes)
+        << " (" << why << ").";
+    C10_THROW_ERROR(OutOfMemoryError, msg.str());
+  }
+
+  Device device_;
+  c10::DeviceType type_;
+  c10::Allocator* inner_ = nullptr;
+};
+
+TrackingAllocator& cpu_allocator() {
+  static auto* a = new TrackingAllocator(Device::kCPU, c10::DeviceType::CPU);
+  return *a;
+}
+TrackingAllocator& meta_allocator() {
+  static auto* a = new TrackingAllocator(Device::kMeta, c10::DeviceType::Meta);
+  return *a;
+}
+
+void free_tracked(void* context) {
+  State& s = state();
+  Entry entry;
+  {
+    std::lock_guard<std::mutex> lock(s.mu);
+    auto it = s.live.find(context);
+    TORCH_INTERNAL_ASSERT(it != s.live.end(), "memfit freed an unknown block");
+    entry = it->second;
+    s.live.erase(it);
+    s.live_bytes[index_of(entry.allocation.device)] -= entry.allocation.bytes;
+    const bool temporary = entry.allocation.op_frame != 0 &&
+                           impl::is_open_op_frame(entry.allocation.op_frame);
+    for (auto* o : s.observers) o->on_free(entry.allocation, temporary);
+  }
+  if (entry.inner_deleter) entry.inner_deleter(entry.inner_context);
+}
+
+}  // namespace
+
+TrackingScope::TrackingScope() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (s.scopes++ > 0) return;
+  for (TrackingAllocator* a : {&cpu_allocator(), &meta_allocator()}) {
+    c10::Allocator* current = c10::GetAllocator(a->type());
+    if (current != a) a->set_inner(current);
+    c10::SetAllocator(a->type(), a, kPriority);
+  }
+  s.record_function_handle = impl::add_op_frame_callback();
+}
+
+TrackingScope::~TrackingScope() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  if (--s.scopes > 0) return;
+  for (TrackingAllocator* a : {&cpu_allocator(), &meta_allocator()}) {
+    c10::SetAllocator(a->type(), a->inner(), kPriority);
+  }
+  impl::remove_op_frame_callback(s.record_function_handle);
+  s.record_function_handle = 0;
+}
+
+namespace tracking {
+
+bool installed() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.scopes > 0;
+}
+
+int64_t live_bytes(Device d) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.live_bytes[index_of(d)];
+}
+
+int64_t allocation_count(Device d) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return s.count[index_of(d)];
+}
+
+void add_observer(AllocationObserver* o) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.observers.push_back(o);
+}
+
+void remove_observer(AllocationObserver* o) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.observers.erase(std::remove(s.observers.begin(), s.observers.end(), o),
+                    s.observers.end());
+}
+
+std::optional<Allocation> allocation_of(const at::Tensor& t) {
+  if (!t.defined() || !t.has_storage()) return std::nullopt;
+  const c10::DataPtr& dp = t.storage().data_ptr();
+  if (dp.get_deleter() != &free_tracked) return std::nullopt;
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  auto it = s.live.find(dp.get_context());
+  if (it == s.live.end()) return std::nullopt;
+  return it->second.allocation;
+}
+
+std::optional<int64_t> budget(Device d) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  return budget_locked(s, d);
+}
+
+void fail_allocation_after(Device d, int64_t n) {
+  TORCH_CHECK(n >= 0, "[fail_allocation_after] expected n >= 0, got ", n);
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.fail_after[index_of(d)] = n;
+}
+
+}  // namespace tracking
+
+SimulatedDevice::SimulatedDevice(int64_t budget_bytes, Device device)
+    : budget_(budget_bytes), device_(device) {
+  TORCH_CHECK(budget_bytes >= 0, "[simulated_device] the budget must be >= 0 "
+              "bytes, got ", budget_bytes);
+  TORCH_CHECK(device != Device::kCUDA, "[simulated_device] simulates a device "
+              "on cpu or meta; on CUDA the real card sets the limit");
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  handle_ = s.next_budget++;
+  s.budgets.push_back(Budget{handle_, device_, budget_});
+}
+
+SimulatedDevice::~SimulatedDevice() {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.budgets.erase(std::remove_if(s.budgets.begin(), s.budgets.end(),
+                                 [&](const Budget& b) { return b.handle == handle_; }),
+                  s.budgets.end());
+}
+
+}  // namespace memfit

@@ -37,7 +37,7 @@ Category category_from_string(std::string_view name);
 
 struct Event {
   int64_t time_ns = 0;  // since the recording started
-  int64_t bytes = 0;
+  int64_t bytes = 0;    // Timeline::record() sets a free's from its alloc
   uint64_t id = 0;      // shared by an allocation and its free
   uint32_t module = 0;  // index into Timeline::module_name(); 0 is "" (none)
   uint32_t op = 0;      // index into Timeline::op_name(); 0 is "" (none)

@@ -10,11 +10,14 @@
 
 from ._memfit import format_bytes, parse_size
 from .device import simulated_device, to_bytes
+from .profile import Report, profile
 from .tracking import Tracking, track
 
 __all__ = [
     "format_bytes",
     "parse_size",
+    "profile",
+    "Report",
     "simulated_device",
     "to_bytes",
     "track",

@@ -70,7 +70,7 @@ void init_timeline(py::module_& m) {
           out.append(py::make_tuple(
               e.kind == EventKind::kAlloc ? "alloc" : "free", e.bytes, e.id,
               std::string(to_string(e.device)),
-              std::string(to_string(t.category_of(e.id))),
+              std::string(to_string(e.category)),
               t.phase_name(e.phase), t.module_name(e.module), t.op_name(e.op)));
         }
         return out;

@@ -174,9 +174,9 @@ class Gpt final : public TrainableModel {
     }
     tok_ = root_.register_module("tok", torch::nn::Embedding(o.vocab, o.width));
     pos_ = root_.register_module("pos", torch::nn::Embedding(o.context, o.width));
+    blocks_ = root_.register_module("blocks", torch::nn::ModuleList());
     for (int64_t i = 0; i < o.layers; ++i) {
-      blocks_.push_back(root_.register_module("blocks." + std::to_string(i),
-                                              GptBlock(o.width, o.heads)));
+      blocks_->push_back(GptBlock(o.width, o.heads));
     }
     ln_ = root_.register_module("ln", torch::nn::LayerNorm(
         torch::nn::LayerNormOptions({o.width})));
@@ -197,9 +197,9 @@ class Gpt final : public TrainableModel {
       ModuleScope s("pos");
       h = h + pos_->forward(positions);
     }
-    for (size_t i = 0; i < blocks_.size(); ++i) {
+    for (size_t i = 0; i < blocks_->size(); ++i) {
       ModuleScope s("blocks." + std::to_string(i));
-      h = blocks_[i]->forward(h);
+      h = blocks_->ptr<GptBlockImpl>(i)->forward(h);
     }
     return scoped("head", head_, scoped("ln", ln_, h));
   }
@@ -222,7 +222,7 @@ class Gpt final : public TrainableModel {
   ModelOptions o_;
   torch::nn::Module root_;
   torch::nn::Embedding tok_{nullptr}, pos_{nullptr};
-  std::vector<GptBlock> blocks_;
+  torch::nn::ModuleList blocks_{nullptr};
   torch::nn::LayerNorm ln_{nullptr};
   torch::nn::Linear head_{nullptr};
 };

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <stdexcept>
 
+#include "memfit/torch/compat.h"
 #include "memfit/torch/recorder.h"
 
 namespace memfit {
@@ -52,11 +53,12 @@ void drop_gradients(torch::nn::Module& m) {
 void materialize(torch::nn::Module& m, const at::Device& device, Recorder& r) {
   torch::NoGradGuard no_grad;
   for (auto& p : m.parameters()) {
-    p.set_data(p.detach().to(device, /*non_blocking=*/false, /*copy=*/true));
+    compat::set_data_any_device(p, p.detach().to(device, /*non_blocking=*/false,
+                                                /*copy=*/true));
     r.classify(p, Category::kParameter);
   }
   for (auto& b : m.buffers()) {
-    b.set_data(b.detach().to(device, false, true));
+    compat::set_data_any_device(b, b.detach().to(device, false, true));
     r.classify(b, Category::kBuffer);
   }
 }
@@ -115,10 +117,10 @@ class ModelSnapshot {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       params_[i].mutable_grad() = at::Tensor();
-      params_[i].set_data(param_values_[i].clone());
+      compat::set_data_any_device(params_[i], param_values_[i].clone());
     }
     for (size_t i = 0; i < buffers_.size(); ++i) {
-      buffers_[i].set_data(buffer_values_[i].clone());
+      compat::set_data_any_device(buffers_[i], buffer_values_[i].clone());
     }
   }
 

@@ -131,7 +131,16 @@ class TrackingAllocator final : public c10::Allocator {
     }
     {
       std::lock_guard<std::mutex> lock(s.mu);
-      s.live.emplace(context, entry);
+      auto [it, inserted] = s.live.try_emplace(context, entry);
+      if (!inserted) {
+        // A block we tracked was raw-freed after tracking ended, straight to
+        // the wrapped allocator, which handed the address out again: the old
+        // entry died unseen. Count it freed now.
+        const Allocation stale = it->second.allocation;
+        s.live_bytes[index_of(stale.device)] -= stale.bytes;
+        for (auto* o : s.observers) o->on_free(stale, false);
+        it->second = entry;
+      }
       for (auto* o : s.observers) o->on_alloc(entry.allocation);
     }
     return c10::DataPtr(data, context, &free_tracked, c10::Device(type_));
@@ -188,19 +197,32 @@ TrackingAllocator& meta_allocator() {
 
 void free_tracked(void* context) {
   State& s = state();
-  Entry entry;
+  c10::DeleterFnPtr deleter = nullptr;
+  void* inner_context = nullptr;
   {
     std::lock_guard<std::mutex> lock(s.mu);
     auto it = s.live.find(context);
-    TORCH_INTERNAL_ASSERT(it != s.live.end(), "memfit freed an unknown block");
-    entry = it->second;
-    s.live.erase(it);
-    s.live_bytes[index_of(entry.allocation.device)] -= entry.allocation.bytes;
-    const bool temporary = entry.allocation.op_frame != 0 &&
-                           impl::is_open_op_frame(entry.allocation.op_frame);
-    for (auto* o : s.observers) o->on_free(entry.allocation, temporary);
+    if (it == s.live.end()) {
+      // Note [Raw frees of blocks we did not track]
+      // raw_deallocate frees through whatever CPU allocator is installed
+      // now. A block from raw_allocate(0), or one allocated while tracking
+      // was off, came from the wrapped allocator: it goes back there.
+      // oneDNN's convolutions do both.
+      deleter = cpu_allocator().inner()->raw_deleter();
+      TORCH_INTERNAL_ASSERT(deleter != nullptr, "memfit freed an unknown block");
+      inner_context = context;
+    } else {
+      const Allocation a = it->second.allocation;
+      deleter = it->second.inner_deleter;
+      inner_context = it->second.inner_context;
+      s.live.erase(it);
+      s.live_bytes[index_of(a.device)] -= a.bytes;
+      const bool temporary =
+          a.op_frame != 0 && impl::is_open_op_frame(a.op_frame);
+      for (auto* o : s.observers) o->on_free(a, temporary);
+    }
   }
-  if (entry.inner_deleter) entry.inner_deleter(entry.inner_context);
+  if (deleter) deleter(inner_context);
 }
 
 }  // namespace

@@ -2,6 +2,7 @@
 // here: Debian's torch 1.13 (development, CI) and torch 2.x (users, GPUs).
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
 #include <torch/version.h>
 
@@ -20,6 +21,15 @@
 #endif
 
 namespace memfit::compat {
+
+// Note [Moving a parameter across devices in place]
+// Variable::set_data refuses data of another tensor type (CPU -> Meta), and
+// Python's `p.data = ...` goes through the same check. Module.to() in Python
+// gets round it by replacing the Parameter, which would cut the optimizer's
+// references. memfit needs the same Parameter object on another device for
+// a meta-mode profile, so it does what set_data does after its check: a
+// shallow copy of the new tensor's metadata and storage into the variable.
+void set_data_any_device(const at::Tensor& variable, const at::Tensor& data);
 
 // c10::Allocator::allocate through a pointer whose constness differs between
 // versions.

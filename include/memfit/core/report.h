@@ -1,0 +1,83 @@
+// The answer to "where did my step's memory go?": phases with their deltas
+// explained, categories at the peak, activations per module. Built from a
+// Timeline recorded with the phase names of memfit's training step.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "memfit/core/event.h"
+#include "memfit/core/timeline.h"
+
+namespace memfit {
+
+// The phases of one training iteration, in the order memfit runs them.
+// "parameters" only in the first iteration.
+inline constexpr const char* kPhaseParameters = "parameters";
+inline constexpr const char* kPhaseInputs = "inputs";
+inline constexpr const char* kPhaseForward = "forward";
+inline constexpr const char* kPhaseLoss = "loss";
+inline constexpr const char* kPhaseZeroGrad = "zero_grad";
+inline constexpr const char* kPhaseBackward = "backward";
+inline constexpr const char* kPhaseOptimizerStep = "optimizer_step";
+
+struct PhaseRow {
+  std::string name;
+  int iteration = 0;
+  int64_t live_after = 0;
+  int64_t delta_bytes = 0;
+  int64_t peak_bytes = 0;
+  std::string note;  // one line explaining the delta (and a transient peak)
+};
+
+struct ModuleRow {
+  std::string path;
+  int64_t activation_bytes = 0;  // saved for backward, at the end of forward
+};
+
+// What the CUDA caching allocator would make of the same step.
+struct CudaEstimate {
+  int64_t peak_allocated = 0;  // requests rounded as the allocator does
+  int64_t peak_reserved = 0;   // segments held from the device
+  int64_t workspace_bytes = 0; // fixed per-device extra counted in reserved
+};
+
+struct Report {
+  std::string model;
+  int64_t batch = 0;
+  std::string optimizer;  // adam | sgd | momentum | none | a Python class name
+  std::string mode;       // cpu | meta (the mode used, after any fallback)
+  int64_t peak_bytes = 0;
+  std::string peak_phase;
+  int peak_iteration = 0;
+  std::string peak_op;
+  int64_t parameter_bytes = 0;
+  std::vector<PhaseRow> phases;
+  std::array<int64_t, kNumCategories> categories_at_peak{};
+  std::vector<ModuleRow> modules;  // largest first
+  std::vector<std::string> notes;  // e.g. "meta mode unavailable: ..."
+  std::optional<CudaEstimate> cuda;
+
+  // The table people read: phases, then categories at the peak, then the
+  // largest modules.
+  std::string table(size_t max_modules = 10) const;
+  // Top-level keys: model, batch, optimizer, mode, peak_bytes, phases,
+  // categories_at_peak, modules (and cuda when estimated).
+  std::string to_json(bool pretty = true) const;
+};
+
+struct ReportInputs {
+  std::string model;
+  int64_t batch = 0;
+  std::string optimizer;
+  std::string mode;
+};
+
+// Reads a timeline whose phases are named as above. Throws
+// std::invalid_argument if it holds no events.
+Report make_report(const Timeline& timeline, const ReportInputs& inputs);
+
+}  // namespace memfit

@@ -1,0 +1,297 @@
+"""memfit.profile: where a training step's memory goes, and what a bigger
+batch would need."""
+
+import copy
+
+import torch
+
+from . import _memfit
+from .batching import batch_size, map_tensors, resize_batch, tensors_in
+from .tracking import Tracking
+
+_OPTIMIZERS = {
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
+    "momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+}
+
+# cuBLAS workspace on most GPUs (8 MiB + 128 KiB); 32 MiB on Hopper.
+DEFAULT_CUDA_WORKSPACE = (8 << 20) + (128 << 10)
+
+
+def _default_loss(output, target):
+    if target is None:
+        if output.dim() != 0:
+            raise ValueError(
+                f"[profile] the model returned a tensor of shape {tuple(output.shape)} "
+                f"and there is no target or loss_fn: pass loss_fn=, or a target"
+            )
+        return output
+    if target.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        return torch.nn.functional.cross_entropy(output, target)
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def _compute_loss(output, target, loss_fn):
+    if loss_fn is None:
+        if not isinstance(output, torch.Tensor):
+            raise ValueError(
+                f"[profile] the model returned a {type(output).__name__}, not a "
+                f"tensor: pass loss_fn= taking (output, target) and returning "
+                f"a scalar tensor"
+            )
+        loss = _default_loss(output, target)
+    else:
+        loss = loss_fn(output, target) if target is not None else loss_fn(output)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(
+            f"[profile] the loss must be a scalar tensor, got {shape}: reduce it "
+            f"(e.g. .mean()) in loss_fn"
+        )
+    return loss
+
+
+def _call(model, inputs):
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(inputs)
+
+
+def _optimizer_name(optimizer):
+    if optimizer is None:
+        return "none"
+    if isinstance(optimizer, str):
+        return optimizer
+    return type(optimizer).__name__
+
+
+def _record_step(model, inputs, target, loss_fn, optimizer, iterations, device):
+    """Runs `iterations` training iterations under a recorder; returns it."""
+    params = list(model.parameters())
+    buffers = list(model.buffers())
+    t = Tracking()
+    t.watch_modules(model)
+    try:
+        t.phase("parameters", 1)
+        with torch.no_grad():
+            for p in params:
+                _memfit.set_data(p, p.data.to(device, copy=True))
+                t.classify(p, "parameter")
+            for b in buffers:
+                _memfit.set_data(b, b.data.to(device, copy=True))
+                t.classify(b, "buffer")
+        if isinstance(optimizer, str):
+            optimizer = _OPTIMIZERS[optimizer](params)
+        for it in range(1, iterations + 1):
+            t.phase("inputs", it)
+            x = map_tensors(inputs, lambda v: v.to(device, copy=True))
+            y = None if target is None else map_tensors(target, lambda v: v.to(device, copy=True))
+            t.phase("forward", it)
+            out = _call(model, x)
+            t.phase("loss", it)
+            loss = _compute_loss(out, y, loss_fn)
+            t.phase("zero_grad", it)
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                model.zero_grad(set_to_none=True)
+            t.phase("backward", it)
+            loss.backward()
+            if optimizer is not None:
+                t.phase("optimizer_step", it)
+                optimizer.step()
+                for state in optimizer.state.values():
+                    for v in state.values():
+                        if isinstance(v, torch.Tensor):
+                            t.classify(v, "optimizer_state")
+            t._recorder.end_phase()
+            del x, y, out, loss
+    finally:
+        t.stop()
+    return t
+
+
+class Report:
+    """One profiled step: phases, categories at the peak, modules, timeline."""
+
+    def __init__(self, native, timeline, prober=None):
+        self._native = native
+        self.timeline = timeline
+        self._prober = prober
+        self._peak_model = None
+
+    peak_bytes = property(lambda self: self._native.peak_bytes)
+    peak_phase = property(lambda self: self._native.peak_phase)
+    mode = property(lambda self: self._native.mode)
+    batch = property(lambda self: self._native.batch)
+    parameter_bytes = property(lambda self: self._native.parameter_bytes)
+    categories_at_peak = property(lambda self: self._native.categories_at_peak)
+    modules = property(lambda self: self._native.modules)
+    notes = property(lambda self: self._native.notes)
+
+    @property
+    def phases(self):
+        """Per phase and iteration: name, iteration, live_bytes_after,
+        delta_bytes, peak_bytes, note."""
+        return [
+            dict(
+                name=p.name,
+                iteration=p.iteration,
+                live_bytes_after=p.live_bytes_after,
+                delta_bytes=p.delta_bytes,
+                peak_bytes=p.peak_bytes,
+                note=p.note,
+            )
+            for p in self._native.phases
+        ]
+
+    def table(self, max_modules=10):
+        """The report as a text table."""
+        return self._native.table(max_modules)
+
+    def to_json(self, pretty=True):
+        """The report as JSON (keys as `memfit profile --json`)."""
+        return self._native.to_json(pretty)
+
+    def save_svg(self, path, title=None):
+        """Write the memory timeline as an SVG to `path`."""
+        with open(path, "w") as f:
+            f.write(self.timeline.svg(title or f"memfit profile: {self._native.model}"))
+
+    def peak_model(self):
+        """The fitted peak-vs-batch model (probes run on first use)."""
+        if self._peak_model is None:
+            if self._prober is None:
+                raise ValueError("[predict_peak_bytes] this report cannot probe other batches")
+            self._peak_model = self._prober()
+        return self._peak_model
+
+    def predict_peak_bytes(self, batch):
+        """Predicted peak bytes of the same step at `batch`, from probes at
+        small batches (each phase fitted as M0 + m*batch; the largest wins)."""
+        if batch < 1:
+            raise ValueError(f"[predict_peak_bytes] batch must be >= 1, got {batch}")
+        return self.peak_model().predict(batch)
+
+    def __repr__(self):
+        return self.table()
+
+
+def _probe_batches(b):
+    if b >= 4:
+        return sorted({max(1, b // 4), max(2, b // 2), b})
+    return [b, 2 * b, 3 * b]
+
+
+def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations=2,
+            batch_dim=0, mode="cpu", target_device="cpu", cuda_workspace=DEFAULT_CUDA_WORKSPACE):
+    """Profile `iterations` training iterations of `model` on `inputs`.
+
+    Each iteration runs the phases inputs, forward, loss, zero_grad,
+    backward, optimizer_step (after a first "parameters" phase that puts a
+    copy of the weights on the device) under memfit's recorder, and the
+    report explains each phase's delta, the categories at the peak and the
+    activations each module saves.
+
+    - inputs: a tensor, or a tuple/list (passed as positional arguments) or
+      dict (keyword arguments) of tensors; batch along `batch_dim`.
+    - target: passed to the loss; loss_fn(output, target) must return a
+      scalar. Without loss_fn: cross-entropy for integer targets, MSE for
+      float targets, or the output itself when it is a scalar.
+    - optimizer: a torch.optim.Optimizer over model.parameters(), or "adam",
+      "sgd", "momentum", or None (no optimizer step).
+    - mode: "cpu" runs the step for real on the CPU; "meta" runs it on meta
+      tensors (exact sizes, no memory, no time) and falls back to "cpu",
+      saying so in the report's notes, where this torch lacks a meta kernel.
+    - target_device="cuda" adds the CUDA caching allocator's view (rounding,
+      segments, `cuda_workspace` bytes of cuBLAS workspace).
+
+    The model, its gradients and the optimizer are left as they were.
+    Returns a Report: peak_bytes, phases, categories_at_peak, modules,
+    table(), to_json(), save_svg(path), predict_peak_bytes(batch).
+    """
+    if isinstance(optimizer, str) and optimizer not in _OPTIMIZERS:
+        raise ValueError(
+            f"[profile] unknown optimizer {optimizer!r}: pass a torch.optim "
+            f"optimizer, or one of {sorted(_OPTIMIZERS)}, or None"
+        )
+    if mode not in ("cpu", "meta"):
+        raise ValueError(f"[profile] mode must be 'cpu' or 'meta', got {mode!r}")
+    if iterations < 1:
+        raise ValueError(f"[profile] iterations must be >= 1, got {iterations}")
+    b = batch_size(inputs, batch_dim, "profile")
+    if target is not None:
+        tb = batch_size(target, batch_dim, "profile target")
+        if tb != b:
+            raise ValueError(
+                f"[profile] inputs hold {b} samples but target holds {tb}: "
+                f"they must hold the same samples"
+            )
+
+    def run(inputs, target, mode):
+        # The step trains: save and restore weights, gradients, optimizer.
+        state = copy.deepcopy(model.state_dict())
+        grads = [p.grad for p in model.parameters()]
+        opt_state = (
+            copy.deepcopy(optimizer.state_dict())
+            if isinstance(optimizer, torch.optim.Optimizer)
+            else None
+        )
+        notes = []
+        rec = None
+        try:
+            try:
+                rec = _record_step(model, inputs, target, loss_fn, optimizer, iterations,
+                                   torch.device(mode))
+            except (NotImplementedError, RuntimeError) as e:
+                if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
+                    raise
+                first = str(e).splitlines()[0][:160]
+                notes.append(f"meta mode unavailable in this torch ({first}); fell back to cpu mode")
+            if rec is None:  # outside the except: its traceback holds the meta graph
+                _restore_device(model, state)
+                for p in model.parameters():
+                    p.grad = None
+                mode = "cpu"
+                rec = _record_step(model, inputs, target, loss_fn, optimizer, iterations,
+                                   torch.device("cpu"))
+        finally:
+            _restore_device(model, state)
+            for p, g in zip(model.parameters(), grads):
+                p.grad = g
+            if opt_state is not None:
+                optimizer.load_state_dict(opt_state)
+        n = batch_size(inputs, batch_dim, "profile")
+        native = _memfit.make_report(rec.timeline, type(model).__name__, n,
+                                     _optimizer_name(optimizer), mode)
+        native.notes = notes
+        return native, rec.timeline
+
+    native, timeline = run(inputs, target, mode)
+    if target_device == "cuda":
+        native.set_cuda_estimate(timeline, cuda_workspace)
+
+    def prober():
+        batches = _probe_batches(b)
+        reports = []
+        for n in batches:
+            x = resize_batch(inputs, n, batch_dim)
+            y = None if target is None else resize_batch(target, n, batch_dim)
+            reports.append(run(x, y, mode)[0])
+        return _memfit.fit_peak_model(batches, reports)
+
+    return Report(native, timeline, prober)
+
+
+def _restore_device(model, state):
+    """Put the saved weights back (off the meta device if the step went
+    there), keeping the Parameter objects the optimizer knows."""
+    with torch.no_grad():
+        named = dict(model.named_parameters())
+        named.update(dict(model.named_buffers()))
+        for name, value in state.items():
+            if name in named:
+                _memfit.set_data(named[name], value.clone())

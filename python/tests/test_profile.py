@@ -1,0 +1,184 @@
+import collections
+import json
+
+import pytest
+import torch
+import torchvision
+
+import memfit
+
+PARAMS_MLP = 669_706
+
+
+def mlp():
+    return torch.nn.Sequential(
+        torch.nn.Flatten(),
+        torch.nn.Linear(784, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 512),
+        torch.nn.ReLU(),
+        torch.nn.Linear(512, 10),
+    )
+
+
+def batch(n, shape=(28, 28), classes=10):
+    g = torch.Generator().manual_seed(n)
+    return torch.randn(n, *shape, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+def test_mlp_adam_parameters_gradients_and_state_are_exact():
+    x, y = batch(64)
+    r = memfit.profile(mlp(), x, y, optimizer="adam")
+    cats = r.categories_at_peak
+    assert r.parameter_bytes == 4 * PARAMS_MLP
+    assert cats["parameter"] == 4 * PARAMS_MLP
+    assert cats["gradient"] == 4 * PARAMS_MLP
+    assert sum(cats.values()) == r.peak_bytes
+    step1 = [p for p in r.phases if p["name"] == "optimizer_step" and p["iteration"] == 1][0]
+    # Adam's exp_avg and exp_avg_sq, plus one 4-byte `step` tensor per parameter
+    assert step1["delta_bytes"] == 2 * 4 * PARAMS_MLP + 6 * 4
+    assert "Adam" in step1["note"]
+
+
+def test_json_has_exactly_the_documented_keys():
+    x, y = batch(8)
+    doc = json.loads(memfit.profile(mlp(), x, y, optimizer="sgd").to_json())
+    assert set(doc) == {
+        "model", "batch", "optimizer", "mode", "peak_bytes", "phases",
+        "categories_at_peak", "modules",
+    }
+    assert doc["batch"] == 8
+    assert set(doc["phases"][0]) == {
+        "name", "iteration", "live_bytes_after", "delta_bytes", "peak_bytes", "note",
+    }
+    # ReLU outputs are what the MLP saves (the Linear outputs die in forward)
+    assert {m["path"] for m in doc["modules"]} >= {"2", "4"}
+
+
+def test_profile_leaves_model_gradients_and_optimizer_as_they_were():
+    model = mlp()
+    opt = torch.optim.Adam(model.parameters())
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    x, y = batch(4)
+    memfit.profile(model, x, y, optimizer=opt)
+    memfit.profile(model, x, y, optimizer=opt, mode="meta")
+    for k, v in model.state_dict().items():
+        assert v.device.type == "cpu"
+        assert torch.equal(v, before[k])
+    assert all(p.grad is None for p in model.parameters())
+    assert len(opt.state) == 0
+
+
+def test_svg_is_written(tmp_path):
+    x, y = batch(4)
+    r = memfit.profile(mlp(), x, y, optimizer="adam")
+    path = tmp_path / "t.svg"
+    r.save_svg(str(path))
+    text = path.read_text()
+    assert text.startswith("<svg") and text.rstrip().endswith("</svg>")
+    assert "peak" in text
+
+
+def _outputs(report):
+    """Sizes of allocations that outlive their op, per phase and iteration."""
+    out = collections.defaultdict(collections.Counter)
+    for kind, size, _, _, cat, phase, _, _ in report.timeline.events():
+        if kind == "alloc" and cat != "temporary":
+            out[phase][size] += 1
+    return out
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        mlp,
+        lambda: torch.nn.TransformerEncoder(
+            torch.nn.TransformerEncoderLayer(32, 4, 64, batch_first=True), 2
+        ),
+    ],
+    ids=["mlp", "transformer"],
+)
+def test_meta_and_cpu_agree_on_every_output_byte(make):
+    torch.manual_seed(0)
+    model = make()
+    if isinstance(model, torch.nn.Sequential):
+        x, y = batch(4)
+        loss = None
+    else:
+        x, y = torch.randn(4, 6, 32), torch.randn(4, 6, 32)
+        loss = torch.nn.functional.mse_loss
+    cpu = memfit.profile(model, x, y, loss_fn=loss, optimizer="adam")
+    meta = memfit.profile(model, x, y, loss_fn=loss, optimizer="adam", mode="meta")
+    assert meta.mode == "meta", meta.notes
+    assert _outputs(meta) == _outputs(cpu)
+
+
+def test_meta_falls_back_to_cpu_and_says_so():
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.Flatten(), torch.nn.Linear(4 * 6 * 6, 2))
+    x, y = torch.randn(2, 3, 8, 8), torch.randint(0, 2, (2,))
+    r = memfit.profile(model, x, y, mode="meta")
+    if torch.__version__.startswith("1."):
+        assert r.mode == "cpu"
+        assert "fell back to cpu" in r.notes[0]
+    assert r.peak_bytes > 0
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["resnet18", "mobilenet_v2"],
+)
+def test_torchvision_peak_at_256_predicted_within_2_percent(name):
+    torch.manual_seed(0)
+    model = getattr(torchvision.models, name)(num_classes=10)
+    # 64x64 images keep the measured run at 256 quick on two CPU cores.
+    small = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
+    predicted = memfit.profile(model, *small, optimizer="adam").predict_peak_bytes(256)
+    big = torch.randn(256, 3, 64, 64), torch.randint(0, 10, (256,))
+    measured = memfit.profile(model, *big, optimizer="adam").peak_bytes
+    assert abs(predicted - measured) / measured < 0.02, (predicted, measured)
+
+
+def test_model_returning_a_dict_needs_a_loss_fn():
+    class DictModel(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(4, 2)
+
+        def forward(self, x):
+            return {"logits": self.fc(x)}
+
+    x, y = torch.randn(3, 4), torch.randint(0, 2, (3,))
+    with pytest.raises(ValueError, match="returned a dict"):
+        memfit.profile(DictModel(), x, y)
+    r = memfit.profile(
+        DictModel(), x, y,
+        loss_fn=lambda out, t: torch.nn.functional.cross_entropy(out["logits"], t),
+    )
+    assert r.peak_bytes > 0
+
+
+def test_loss_that_is_not_a_scalar_is_refused():
+    x, y = batch(4)
+    with pytest.raises(ValueError, match="scalar"):
+        memfit.profile(mlp(), x, y, loss_fn=lambda o, t: o)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(batch_dim=3), "out of range"),
+        (dict(optimizer="adagrad"), "unknown optimizer"),
+        (dict(mode="gpu"), "mode must be"),
+    ],
+)
+def test_bad_arguments_are_explained(kwargs, message):
+    x, y = batch(4)
+    with pytest.raises(ValueError, match=message):
+        memfit.profile(mlp(), x, y, **kwargs)
+
+
+def test_empty_batch_and_mismatched_target_are_refused():
+    with pytest.raises(ValueError, match="empty"):
+        memfit.profile(mlp(), torch.randn(0, 28, 28))
+    with pytest.raises(ValueError, match="same samples"):
+        memfit.profile(mlp(), torch.randn(4, 28, 28), torch.randint(0, 10, (3,)))

@@ -57,6 +57,11 @@ void init_tracking(py::module_& m) {
         "variable.data = data, also across devices (CPU <-> meta), keeping "
         "the variable object.");
   m.def("tracking_installed", &tracking::installed);
+  m.def("budget", [](const std::string& device) -> py::object {
+    auto b = tracking::budget(device_from(device));
+    return b ? py::cast(*b) : py::none();
+  }, py::arg("device") = "cpu",
+     "The simulated device's budget in bytes, or None when none is in force.");
   m.def("allocation_id", [](const at::Tensor& t) -> py::object {
     auto a = tracking::allocation_of(t);
     return a ? py::cast(a->id) : py::none();

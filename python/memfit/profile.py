@@ -93,11 +93,7 @@ def _record_step(model, inputs, target, loss_fn, optimizer, iterations, device):
             out = _call(model, x)
             t.phase("loss", it)
             loss = _compute_loss(out, y, loss_fn)
-            t.phase("zero_grad", it)
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
-            else:
-                model.zero_grad(set_to_none=True)
+            out = None  # See Note [The order of a training iteration] (report.h).
             t.phase("backward", it)
             loss.backward()
             if optimizer is not None:
@@ -107,6 +103,12 @@ def _record_step(model, inputs, target, loss_fn, optimizer, iterations, device):
                     for v in state.values():
                         if isinstance(v, torch.Tensor):
                             t.classify(v, "optimizer_state")
+            # See Note [The order of a training iteration] (report.h).
+            t.phase("zero_grad", it)
+            if optimizer is not None:
+                optimizer.zero_grad(set_to_none=True)
+            else:
+                model.zero_grad(set_to_none=True)
             t._recorder.end_phase()
             del x, y, out, loss
     finally:
@@ -125,6 +127,7 @@ class Report:
 
     peak_bytes = property(lambda self: self._native.peak_bytes)
     peak_phase = property(lambda self: self._native.peak_phase)
+    peak_iteration = property(lambda self: self._native.peak_iteration)
     mode = property(lambda self: self._native.mode)
     batch = property(lambda self: self._native.batch)
     parameter_bytes = property(lambda self: self._native.parameter_bytes)
@@ -190,8 +193,8 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
             batch_dim=0, mode="cpu", target_device="cpu", cuda_workspace=DEFAULT_CUDA_WORKSPACE):
     """Profile `iterations` training iterations of `model` on `inputs`.
 
-    Each iteration runs the phases inputs, forward, loss, zero_grad,
-    backward, optimizer_step (after a first "parameters" phase that puts a
+    Each iteration runs the phases inputs, forward, loss, backward,
+    optimizer_step, zero_grad (set_to_none; after a first "parameters" phase that puts a
     copy of the weights on the device) under memfit's recorder, and the
     report explains each phase's delta, the categories at the peak and the
     activations each module saves.
@@ -217,6 +220,10 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         raise ValueError(
             f"[profile] unknown optimizer {optimizer!r}: pass a torch.optim "
             f"optimizer, or one of {sorted(_OPTIMIZERS)}, or None"
+        )
+    if target_device not in ("cpu", "cuda"):
+        raise ValueError(
+            f"[profile] target_device must be 'cpu' or 'cuda', got {target_device!r}"
         )
     if mode not in ("cpu", "meta"):
         raise ValueError(f"[profile] mode must be 'cpu' or 'meta', got {mode!r}")
@@ -276,12 +283,14 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
 
     def prober():
         batches = _probe_batches(b)
-        reports = []
+        reports, timelines = [], []
         for n in batches:
             x = resize_batch(inputs, n, batch_dim)
             y = None if target is None else resize_batch(target, n, batch_dim)
-            reports.append(run(x, y, mode)[0])
-        return _memfit.fit_peak_model(batches, reports)
+            report, timeline = run(x, y, mode)
+            reports.append(report)
+            timelines.append(timeline)
+        return _memfit.fit_peak_model(batches, reports, timelines)
 
     return Report(native, timeline, prober)
 

@@ -50,7 +50,7 @@ void init_report(py::module_& m) {
       .def("to_json", &Report::to_json, py::arg("pretty") = true)
       .def("set_cuda_estimate", [](Report& r, const Timeline& t, int64_t workspace) {
         CudaReplay c = replay_cuda(t, std::nullopt, workspace);
-        r.cuda = CudaEstimate{c.peak_allocated, c.peak_reserved, workspace};
+        r.cuda = CudaEstimate{c.peak_allocated + workspace, c.peak_reserved, workspace};
       }, py::arg("timeline"), py::arg("workspace_bytes"));
 
   m.def("make_report", [](const Timeline& t, const std::string& model,
@@ -64,6 +64,7 @@ void init_report(py::module_& m) {
       .def_readonly("mode", &PeakModel::mode)
       .def_readonly("probe_batches", &PeakModel::probe_batches)
       .def_readonly("probe_peaks", &PeakModel::probe_peaks)
+      .def_readonly("notes", &PeakModel::notes)
       .def("predict", &PeakModel::predict, py::arg("batch"))
       .def("peak_phase", [](const PeakModel& pm, int64_t b) {
         const PhaseFit& f = pm.peak_phase(b);
@@ -72,7 +73,11 @@ void init_report(py::module_& m) {
       .def("max_rel_residual", &PeakModel::max_rel_residual)
       .def("max_batch_under", &PeakModel::max_batch_under, py::arg("budget"));
 
-  m.def("fit_peak_model", &fit_peak_model, py::arg("batches"), py::arg("reports"));
+  m.def("fit_peak_model", [](const std::vector<int64_t>& batches,
+                             const std::vector<Report>& reports,
+                             const std::vector<const Timeline*>& timelines) {
+    return fit_peak_model(batches, reports, timelines);
+  }, py::arg("batches"), py::arg("reports"), py::arg("timelines"));
 }
 
 }  // namespace memfit::python

@@ -97,12 +97,7 @@ int profile_command(const std::vector<std::string>& argv) {
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   o.iterations = static_cast<int>(args.get_int("iterations", 2));
   const std::string target = args.choice("target", "cpu", {"cpu", "cuda"});
-  ModelOptions mo;
-  mo.layers = args.get_int("layers", mo.layers);
-  mo.width = args.get_int("width", mo.width);
-  mo.heads = args.get_int("heads", mo.heads);
-  mo.context = args.get_int("context", mo.context);
-  auto model = make_model(name, mo);
+  auto model = make_model(name, model_options(args));
 
   if (args.has("predict")) {
     const auto probes = parse_probes(args.get("probes", "4,8,16"));
@@ -125,7 +120,7 @@ int profile_command(const std::vector<std::string>& argv) {
                                   ? args.get_size("cuda-workspace")
                                   : kDefaultCudaWorkspace;
     CudaReplay replay = replay_cuda(p.timeline, std::nullopt, workspace);
-    p.report.cuda = CudaEstimate{replay.peak_allocated, replay.peak_reserved,
+    p.report.cuda = CudaEstimate{replay.peak_allocated + workspace, replay.peak_reserved,
                                  workspace};
   }
   if (args.has("svg")) {

@@ -60,7 +60,7 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
   } else if (n == kPhaseLoss) {
     note = signed_bytes(d) + ": the loss and what its backward needs";
   } else if (n == kPhaseZeroGrad) {
-    note = d < 0 ? signed_bytes(d) + ": last step's gradients freed (set_to_none)"
+    note = d < 0 ? signed_bytes(d) + ": gradients freed (set_to_none)"
                  : "nothing to free";
   } else if (n == kPhaseBackward) {
     const int64_t grads = at(after, Category::kGradient) - at(before, Category::kGradient);

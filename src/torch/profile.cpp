@@ -84,18 +84,20 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
     auto out = model.forward(b.inputs);
     r.begin_phase(kPhaseLoss, it);
     auto loss = model.loss(out, b.target);
+    out.reset();  // See Note [The order of a training iteration].
     if (loss.dim() != 0) {
       throw std::invalid_argument("[profile] the loss must be a scalar, got "
                                   "shape " + c10::str(loss.sizes()));
     }
-    r.begin_phase(kPhaseZeroGrad, it);
-    drop_gradients(module);
     r.begin_phase(kPhaseBackward, it);
     loss.backward();
     if (optimizer) {
       r.begin_phase(kPhaseOptimizerStep, it);
       optimizer->step();
     }
+    // See Note [The order of a training iteration].
+    r.begin_phase(kPhaseZeroGrad, it);
+    drop_gradients(module);
     r.end_phase();
   }
   r.stop();
@@ -166,13 +168,24 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
 
 PeakModel probe_peak_model(TrainableModel& model, const ProfileOptions& options,
                            const std::vector<int64_t>& probe_batches) {
-  std::vector<Report> reports;
+  std::vector<Profile> profiles;
   for (int64_t b : probe_batches) {
     ProfileOptions o = options;
     o.batch = b;
-    reports.push_back(profile_model(model, o).report);
+    profiles.push_back(profile_model(model, o));
   }
-  return fit_peak_model(probe_batches, reports);
+  return fit_peak_model(probe_batches, profiles);
+}
+
+PeakModel fit_peak_model(const std::vector<int64_t>& batches,
+                         const std::vector<Profile>& profiles) {
+  std::vector<Report> reports;
+  std::vector<const Timeline*> timelines;
+  for (const auto& p : profiles) {
+    reports.push_back(p.report);
+    timelines.push_back(&p.timeline);
+  }
+  return fit_peak_model(batches, reports, timelines);
 }
 
 }  // namespace memfit

@@ -14,8 +14,16 @@
 
 namespace memfit {
 
-// The phases of one training iteration, in the order memfit runs them.
-// "parameters" only in the first iteration.
+// Note [The order of a training iteration]
+// memfit runs inputs, forward, loss, backward, optimizer_step, zero_grad
+// (set_to_none): PyTorch's quickstart order. Gradients die before the next
+// forward, so they never sit beside activations; a loop that zeroes them
+// just before backward instead holds them through the next forward, and
+// peaks higher. The model's output is dropped once the loss exists (the
+// loss's backward keeps what it needs): a loop that keeps `out` alive through
+// backward holds that many bytes more. The Trainer runs the same step, which
+// is what lets `fit` predict the steps `train` runs. "parameters" comes once,
+// first.
 inline constexpr const char* kPhaseParameters = "parameters";
 inline constexpr const char* kPhaseInputs = "inputs";
 inline constexpr const char* kPhaseForward = "forward";
@@ -39,6 +47,8 @@ struct ModuleRow {
 };
 
 // What the CUDA caching allocator would make of the same step.
+// The cuBLAS workspace goes through the caching allocator (torch 2.x), so it
+// is counted in both allocated and reserved; not yet checked on a GPU.
 struct CudaEstimate {
   int64_t peak_allocated = 0;  // requests rounded as the allocator does
   int64_t peak_reserved = 0;   // segments held from the device

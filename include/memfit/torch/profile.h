@@ -39,4 +39,8 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options);
 PeakModel probe_peak_model(TrainableModel& model, const ProfileOptions& options,
                          const std::vector<int64_t>& probe_batches = {4, 8, 16});
 
+// The peak model of profiles already run, one per batch.
+PeakModel fit_peak_model(const std::vector<int64_t>& batches,
+                         const std::vector<Profile>& profiles);
+
 }  // namespace memfit

@@ -2,6 +2,7 @@
 
 #include <stdexcept>
 
+#include "commands.h"
 #include "memfit/core/units.h"
 
 namespace memfit::cli {
@@ -70,6 +71,15 @@ std::string Args::choice(const std::string& name, const std::string& fallback,
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
   throw UsageError("--" + name + " must be one of " + list + ", got '" + v + "'");
+}
+
+ModelOptions model_options(const Args& args) {
+  ModelOptions mo;
+  mo.layers = args.get_int("layers", mo.layers);
+  mo.width = args.get_int("width", mo.width);
+  mo.heads = args.get_int("heads", mo.heads);
+  mo.context = args.get_int("context", mo.context);
+  return mo;
 }
 
 }  // namespace memfit::cli

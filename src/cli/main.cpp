@@ -19,6 +19,18 @@ commands:
                            [--iterations K] [--json] [--svg FILE]
                            [--predict] [--probes 4,8,16]
                            [--cuda-workspace SIZE]
+  fit       the largest batch whose whole step fits a budget, from probes
+            at small batches: no trial-and-error crashes
+            memfit fit --model NAME --budget SIZE [--optimizer ...]
+                       [--mode cpu|meta] [--margin SIZE] [--json]
+  train     real training steps on the simulated device (CPU); the batch is
+            split into micro-batches that fit, OOMs recovered
+            memfit train --model NAME --batch B --budget SIZE [--steps N]
+                         [--optimizer ...] [--no-split] [--coupled error|allow]
+                         [--json]
+
+SIZE is a byte count or a number with KiB, MiB, GiB, TiB: 16GiB, 512MiB.
+Exit status: 0 done, 1 bad command line or input, 2 out of memory.
 )";
 
 }  // namespace
@@ -33,6 +45,8 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (command == "profile") return memfit::cli::profile_command(args);
+    if (command == "fit") return memfit::cli::fit_command(args);
+    if (command == "train") return memfit::cli::train_command(args);
     std::cerr << "memfit: unknown command '" << command << "'\n\n" << kUsage;
     return 1;
   } catch (const memfit::cli::UsageError& e) {

@@ -1,0 +1,52 @@
+// The largest batch whose whole training step stays under a budget, from the
+// peak model of a few probes: no trial-and-error crashes.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "memfit/core/peak_model.h"
+#include "memfit/core/report.h"
+
+namespace memfit {
+
+// The step does not fit the budget even at batch 1. The message says what
+// the model needs, with the numbers, and what to try.
+class DoesNotFit : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct BatchFit {
+  int64_t max_batch = 0;
+  int64_t recommended_batch = 0;  // largest multiple of 8 <= max_batch (if >= 8)
+  int64_t predicted_peak_bytes = 0;  // at max_batch
+  int64_t budget_bytes = 0;
+  int64_t margin_bytes = 0;  // kept free below the budget, see Note [Fit margin]
+  int trials = 0;            // real steps run at full size to find it
+  std::string mode;          // the mode the probes ran in
+  std::string peak_phase;    // where the peak is at max_batch
+  int peak_iteration = 0;
+  double bytes_per_sample = 0;  // of the phase holding the peak
+  int64_t fixed_bytes = 0;      // that phase at batch 0
+
+  // Keys: max_batch, recommended_batch, predicted_peak_bytes, budget_bytes,
+  // margin_bytes, trials, mode.
+  std::string to_json(bool pretty = true) const;
+  std::string text() const;
+};
+
+// Note [Fit margin]
+// The margin is what the prediction may be off by, not a hidden haircut: the
+// largest residual of the probes' fits (0 when the step is exactly affine, as
+// on the simulated device) plus `extra_margin_bytes` (e.g. for a real GPU's
+// allocator). The peak must stay at or below budget - margin.
+//
+// `reference` is one probe's report, for the numbers in the error when even
+// batch 1 does not fit. Throws DoesNotFit then; std::invalid_argument for a
+// negative budget or margin.
+BatchFit fit_batch(const PeakModel& model, const Report& reference,
+                   int64_t budget_bytes, int64_t extra_margin_bytes = 0);
+
+}  // namespace memfit

@@ -1,0 +1,115 @@
+#include <c10/util/Exception.h>
+#include <torch/torch.h>
+
+#include <iostream>
+#include <memory>
+
+#include "args.h"
+#include "commands.h"
+#include "memfit/core/json_writer.h"
+#include "memfit/core/units.h"
+#include "memfit/torch/models.h"
+#include "memfit/torch/tracking.h"
+#include "memfit/torch/trainer.h"
+
+namespace memfit::cli {
+namespace {
+
+std::unique_ptr<torch::optim::Optimizer> optimizer_for(const std::string& name,
+                                                       torch::nn::Module& m) {
+  if (name == "adam") return std::make_unique<torch::optim::Adam>(m.parameters());
+  if (name == "momentum") {
+    return std::make_unique<torch::optim::SGD>(
+        m.parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
+  }
+  if (name == "sgd") return std::make_unique<torch::optim::SGD>(m.parameters(), 1e-3);
+  return nullptr;
+}
+
+}  // namespace
+
+int train_command(const std::vector<std::string>& argv) {
+  Args args(argv, {"model", "batch", "budget", "steps", "optimizer", "coupled",
+                   "layers", "width", "heads", "context"},
+            {"no-split", "json"});
+  const std::string name = args.require("model");
+  const int64_t batch = args.get_int("batch", 64);
+  const int64_t steps = args.get_int("steps", 3);
+  if (batch < 1) throw UsageError("--batch must be >= 1");
+  if (steps < 1) throw UsageError("--steps must be >= 1");
+  const int64_t budget = args.get_size("budget");
+  const std::string opt_name =
+      args.choice("optimizer", "adam", {"adam", "sgd", "momentum", "none"});
+  TrainerOptions o;
+  o.split = !args.has("no-split");
+  o.coupled = args.choice("coupled", "error", {"error", "allow"}) == "allow"
+                  ? CoupledLayers::kAllow
+                  : CoupledLayers::kError;
+  const bool json = args.has("json");
+
+  // The simulated device holds everything: the model, its optimizer state,
+  // every batch.
+  SimulatedDevice device(budget);
+  std::unique_ptr<TrainableModel> model;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  try {
+    model = make_model(name, model_options(args));
+    optimizer = optimizer_for(opt_name, model->module());
+  } catch (const c10::OutOfMemoryError& e) {
+    std::cerr << "memfit train: out of memory: the model alone does not fit the "
+                 "budget of " << format_bytes(budget) << ": "
+              << e.what_without_backtrace() << "\n";
+    return 2;
+  }
+  Trainer trainer(model->module().parameters(),
+                  [&] { if (optimizer) optimizer->step(); }, o,
+                  coupled_layers_of(model->module()));
+  auto forward = [&](const at::Tensor& x) { return model->forward(x); };
+  auto loss = [&](const at::Tensor& out, const at::Tensor& y) {
+    return model->loss(out, y);
+  };
+  JsonWriter w(true);
+  if (json) w.begin_object().member("model", name).member("batch", batch)
+                .member("budget_bytes", budget).key("steps").begin_array();
+  for (int64_t s = 0; s < steps; ++s) {
+    StepReport r;
+    try {
+      Batch b = model->make_batch(batch, at::TensorOptions(), static_cast<uint64_t>(s));
+      r = trainer.step(b.inputs, b.target, forward, loss);
+    } catch (const c10::OutOfMemoryError& e) {
+      std::cerr << "memfit train: out of memory at step " << s + 1 << " with batch "
+                << batch << ": " << e.what_without_backtrace() << "\n"
+                << (o.split ? "Even one sample does not fit: see memfit advise.\n"
+                            : "Run `memfit fit --model " + name + " --budget " +
+                                  args.get("budget", "") +
+                                  "` for the largest batch that fits, or drop "
+                                  "--no-split to split this one into micro-batches.\n");
+      return 2;
+    }
+    if (json) {
+      w.begin_object()
+          .member("step", s + 1)
+          .member("micro_batch", r.micro_batch)
+          .member("micro_batches", r.micro_batches)
+          .member("ooms_recovered", r.ooms_recovered)
+          .member("samples", r.samples)
+          .member("loss", r.loss)
+          .member("peak_bytes", r.peak_bytes)
+          .member("live_bytes", tracking::live_bytes(Device::kCPU))
+          .end_object();
+    } else {
+      std::cout << "step " << s + 1 << ": batch " << batch << " as " << r.micro_batches
+                << " x " << r.micro_batch << ", " << r.ooms_recovered
+                << " OOMs recovered, loss " << r.loss << ", peak "
+                << format_bytes(r.peak_bytes) << ", live "
+                << format_bytes(tracking::live_bytes(Device::kCPU)) << "\n";
+    }
+  }
+  if (json) {
+    w.end_array().end_object();
+    std::cout << w.str() << "\n";
+  }
+  return 0;
+}
+
+}  // namespace memfit::cli

@@ -1,0 +1,112 @@
+#include "memfit/core/batch_fit.h"
+
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+
+#include "memfit/core/json_writer.h"
+#include "memfit/core/units.h"
+
+namespace memfit {
+namespace {
+
+int64_t optimizer_state_bytes(const Report& r) {
+  for (const auto& p : r.phases) {
+    if (p.name == kPhaseOptimizerStep && p.iteration == 1) return p.delta_bytes;
+  }
+  return 0;
+}
+
+std::string advice(const Report& r) {
+  std::string a = "Try a bigger budget";
+  const std::string& opt = r.optimizer;
+  if (opt == "adam" || opt.find("Adam") != std::string::npos) {
+    a += ", --optimizer momentum (1x parameters of state instead of Adam's 2x) "
+         "or sgd (none)";
+  }
+  a += ", mixed precision, or activation checkpointing (memfit advise plans "
+       "and measures these)";
+  return a + ".";
+}
+
+}  // namespace
+
+BatchFit fit_batch(const PeakModel& model, const Report& reference,
+                   int64_t budget_bytes, int64_t extra_margin_bytes) {
+  if (budget_bytes < 0 || extra_margin_bytes < 0) {
+    throw std::invalid_argument("[fit_batch] budget and margin must be >= 0");
+  }
+  int64_t residual = 0;
+  for (const auto& p : model.phases) {
+    residual = std::max(residual,
+                        static_cast<int64_t>(std::ceil(p.fit.max_abs_residual)));
+  }
+  BatchFit f;
+  f.budget_bytes = budget_bytes;
+  f.margin_bytes = residual + extra_margin_bytes;
+  f.mode = model.mode;
+  const int64_t usable = budget_bytes - f.margin_bytes;
+  const int64_t one = model.predict(1);
+  if (usable < one) {
+    const PhaseFit& at = model.peak_phase(1);
+    const int64_t fixed = model.predict(0);
+    std::ostringstream msg;
+    const int64_t params = reference.parameter_bytes;
+    const int64_t state = optimizer_state_bytes(reference);
+    if (usable < fixed) {
+      msg << "[fit_batch] budget " << format_bytes(budget_bytes)
+          << " is below what the model needs before any sample: "
+          << format_bytes(fixed) << " at the peak of " << at.phase
+          << " (parameters " << format_bytes(params) << ", gradients up to "
+          << format_bytes(params) << ", optimizer state " << format_bytes(state)
+          << ", and the step's temporaries)";
+    } else {
+      msg << "[fit_batch] even one sample does not fit: batch 1 needs "
+          << format_bytes(one) << " at the peak of " << at.phase
+          << " (iteration " << at.iteration << "), budget "
+          << format_bytes(budget_bytes);
+    }
+    if (f.margin_bytes > 0) msg << " less a margin of " << format_bytes(f.margin_bytes);
+    msg << ". " << advice(reference);
+    throw DoesNotFit(msg.str());
+  }
+  f.max_batch = model.max_batch_under(usable);
+  f.recommended_batch = f.max_batch >= 8 ? f.max_batch / 8 * 8 : f.max_batch;
+  f.predicted_peak_bytes = model.predict(f.max_batch);
+  const PhaseFit& at = model.peak_phase(f.max_batch);
+  f.peak_phase = at.phase;
+  f.peak_iteration = at.iteration;
+  f.bytes_per_sample = at.fit.per_sample;
+  f.fixed_bytes = at.fit.predict(0);
+  return f;
+}
+
+std::string BatchFit::to_json(bool pretty) const {
+  JsonWriter w(pretty);
+  w.begin_object()
+      .member("max_batch", max_batch)
+      .member("recommended_batch", recommended_batch)
+      .member("predicted_peak_bytes", predicted_peak_bytes)
+      .member("budget_bytes", budget_bytes)
+      .member("margin_bytes", margin_bytes)
+      .member("trials", trials)
+      .member("mode", mode)
+      .end_object();
+  return w.str();
+}
+
+std::string BatchFit::text() const {
+  std::ostringstream out;
+  out << "largest batch under " << format_bytes(budget_bytes) << ": " << max_batch
+      << " (recommended " << recommended_batch << ")\n"
+      << "  predicted peak " << format_bytes(predicted_peak_bytes) << " in "
+      << peak_phase << " (iteration " << peak_iteration << "): "
+      << format_bytes(fixed_bytes) << " fixed + "
+      << format_bytes(static_cast<int64_t>(bytes_per_sample)) << " per sample\n"
+      << "  margin " << format_bytes(margin_bytes) << ", " << trials
+      << " full-size trial step" << (trials == 1 ? "" : "s") << ", probes in "
+      << mode << " mode\n";
+  return out.str();
+}
+
+}  // namespace memfit

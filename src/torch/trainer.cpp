@@ -1,0 +1,281 @@
+#include "memfit/torch/trainer.h"
+
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <mutex>
+#include <sstream>
+
+#include "memfit/core/units.h"
+#include "memfit/torch/tracking.h"
+
+namespace memfit {
+namespace {
+
+// Live and peak tracked bytes since it was created; cheap enough for every
+// step (no timeline).
+class PeakWatcher final : public AllocationObserver {
+ public:
+  // Starts from what is live on the simulated device (CPU) already.
+  PeakWatcher() : live_(tracking::live_bytes(Device::kCPU)), peak_(live_) {
+    tracking::add_observer(this);
+  }
+  ~PeakWatcher() override { tracking::remove_observer(this); }
+  void on_alloc(const Allocation& a) override {
+    live_ += a.bytes;
+    peak_ = std::max(peak_, live_);
+  }
+  void on_free(const Allocation& a, bool) override { live_ -= a.bytes; }
+  int64_t peak() const { return peak_; }  // read after the step: no race
+
+ private:
+  int64_t live_;
+  int64_t peak_;
+};
+
+std::string join(const std::vector<std::string>& v) {
+  std::string out;
+  for (const auto& s : v) out += (out.empty() ? "" : ", ") + s;
+  return out;
+}
+
+}  // namespace
+
+Trainer::Trainer(std::vector<at::Tensor> params, std::function<void()> optimizer_step,
+                 TrainerOptions options, std::vector<std::string> coupled_layers)
+    : optimizer_step_(std::move(optimizer_step)),
+      options_(options),
+      coupled_(std::move(coupled_layers)),
+      micro_(options.micro_batch) {
+  for (auto& p : params) {
+    if (p.requires_grad()) params_.push_back(p);
+  }
+  TORCH_CHECK(options.micro_batch >= 0, "[Trainer] micro_batch must be >= 0, got ",
+              options.micro_batch);
+  TORCH_CHECK(!options.budget || *options.budget >= 0,
+              "[Trainer] the budget must be >= 0 bytes");
+}
+
+void Trainer::set_budget(std::optional<int64_t> budget) {
+  TORCH_CHECK(!budget || *budget >= 0, "[Trainer] the budget must be >= 0 bytes");
+  // More room: try the whole batch again; less: the OOMs will say.
+  if (!budget || (options_.budget && *budget > *options_.budget)) micro_ = 0;
+  options_.budget = budget;
+}
+
+void Trainer::drop_gradients() {
+  for (auto& p : params_) p.mutable_grad() = at::Tensor();
+}
+
+int64_t Trainer::untracked_parameter_bytes() const {
+  // Parameters made before memfit tracked them still occupy the device.
+  int64_t bytes = 0;
+  for (const auto& p : params_) {
+    if (!tracking::allocation_of(p)) bytes += p.storage().nbytes();
+  }
+  return bytes;
+}
+
+// Note [Why a retried micro-batch never counts twice]
+// An OOM can strike in the middle of a micro-batch's backward, after some
+// parameters have accumulated their share of it. Each parameter therefore
+// carries how far along the batch its gradient is complete
+// (`covered_until`). A micro-batch [a, a+n) is computed for the parameters
+// covered exactly up to a: all of them normally, with a plain backward that
+// accumulates in place and costs no extra memory; a hook on each parameter
+// notes which ones received their share before an OOM, and those are marked
+// covered through a+n. The retry, in halves, asks autograd::grad for the
+// others only, and micro-batches never straddle a parameter's coverage
+// boundary. Gradients that were accumulated stay; none is added twice.
+namespace impl {
+
+// Hooks noting which parameters received a gradient in the current backward;
+// removed when the step ends, however it ends.
+class TouchHooks {
+ public:
+  explicit TouchHooks(std::vector<at::Tensor>& params)
+      : params_(params), touched_(params.size(), 0) {
+    for (size_t i = 0; i < params.size(); ++i) {
+      char* flag = &touched_[i];
+      handles_.push_back(params[i].register_hook([flag](const at::Tensor&) {
+        *flag = 1;
+      }));
+    }
+  }
+  ~TouchHooks() {
+    for (size_t i = 0; i < params_.size(); ++i) params_[i].remove_hook(handles_[i]);
+  }
+  void reset() { std::fill(touched_.begin(), touched_.end(), 0); }
+  bool touched(size_t i) const { return touched_[i] != 0; }
+
+ private:
+  std::vector<at::Tensor>& params_;
+  std::vector<char> touched_;
+  std::vector<unsigned> handles_;
+};
+
+}  // namespace impl
+
+void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
+                        std::vector<int64_t>& covered_until, impl::TouchHooks& hooks,
+                        const ChunkLoss& chunk_loss, StepReport& report) {
+  std::vector<size_t> needed;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (covered_until[i] == start) needed.push_back(i);
+  }
+  std::vector<char> had_grad(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) had_grad[i] = params_[i].grad().defined();
+  at::Tensor loss = chunk_loss(start, count);
+  if (!loss.defined() || loss.dim() != 0) {
+    throw std::invalid_argument(
+        "[Trainer::step] the loss must be a scalar tensor, got " +
+        (loss.defined() ? "shape " + c10::str(loss.sizes()) : std::string("none")) +
+        ": reduce it (mean or sum) in the loss function");
+  }
+  const double weight = options_.mean_loss
+                            ? static_cast<double>(count) / static_cast<double>(batch)
+                            : 1.0;
+  // Unsplit, the loss is used as it is: not one byte more than a plain step.
+  at::Tensor weighted = weight == 1.0 ? loss : loss * weight;
+  if (needed.size() == params_.size()) {
+    hooks.reset();
+    try {
+      weighted.backward();
+    } catch (const c10::OutOfMemoryError&) {
+      // A parameter whose gradient did not exist got one only if its
+      // accumulation finished; one that existed is updated in place right
+      // after its hook.
+      for (size_t i = 0; i < params_.size(); ++i) {
+        const bool got = had_grad[i] ? hooks.touched(i) : params_[i].grad().defined();
+        if (got) covered_until[i] = start + count;
+      }
+      throw;
+    }
+  } else {
+    std::vector<at::Tensor> inputs;
+    for (size_t i : needed) inputs.push_back(params_[i]);
+    auto grads = torch::autograd::grad({weighted}, inputs, /*grad_outputs=*/{},
+                                       /*retain_graph=*/false,
+                                       /*create_graph=*/false, /*allow_unused=*/true);
+    torch::NoGradGuard no_grad;
+    for (size_t k = 0; k < needed.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      at::Tensor& g = params_[needed[k]].mutable_grad();
+      if (g.defined()) {
+        g.add_(grads[k]);
+      } else {
+        g = grads[k];
+      }
+      grads[k].reset();
+    }
+  }
+  for (size_t i : needed) covered_until[i] = start + count;
+  report.loss += loss.item<double>() * weight;
+}
+
+StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
+  if (batch < 1) {
+    throw std::invalid_argument("[Trainer::step] the batch is empty (" +
+                                std::to_string(batch) +
+                                " samples): pass at least one sample");
+  }
+  StepReport report;
+  report.batch = batch;
+  TrackingScope tracking;
+  PeakWatcher watcher;
+  std::optional<SimulatedDevice> device;
+  if (options_.budget) {
+    device.emplace(std::max<int64_t>(0, *options_.budget - untracked_parameter_bytes()));
+  }
+  drop_gradients();
+  impl::TouchHooks hooks(params_);
+  std::vector<int64_t> covered_until(params_.size(), 0);
+  int64_t c = options_.split && micro_ > 0 ? std::min(micro_, batch) : batch;
+  int64_t pos = 0;
+  while (pos < batch) {
+    // Never straddle a parameter's coverage boundary.
+    int64_t end = std::min(batch, pos + c);
+    for (int64_t u : covered_until) {
+      if (u > pos) end = std::min(end, u);
+    }
+    const int64_t n = end - pos;
+    if (n < batch && !coupled_.empty() && options_.coupled == CoupledLayers::kError) {
+      throw std::invalid_argument(
+          "[Trainer::step] the batch of " + std::to_string(batch) +
+          " does not fit whole and must be split, but these layers mix the "
+          "samples of a batch (BatchNorm in training mode): " + join(coupled_) +
+          ". Split anyway (each micro-batch gets its own statistics: "
+          "coupled=allow), put them in eval mode, replace them (GroupNorm, "
+          "LayerNorm), or give the step more memory.");
+    }
+    try {
+      run_chunk(pos, n, batch, covered_until, hooks, chunk_loss, report);
+    } catch (const c10::OutOfMemoryError& e) {
+      // Whatever the micro-batch held died with the stack. See Note [Why a
+      // retried micro-batch never counts twice].
+      if (!options_.split) {
+        drop_gradients();
+        throw;
+      }
+      if (n == 1) {
+        std::ostringstream msg;
+        msg << "[Trainer::step] even one sample does not fit";
+        if (options_.budget) msg << " in the budget of " << format_bytes(*options_.budget);
+        msg << ": " << e.what_without_backtrace()
+            << " Reduce the model's memory (memfit advise: checkpointing, "
+               "mixed precision, a lighter optimizer) or give it more.";
+        drop_gradients();
+        C10_THROW_ERROR(OutOfMemoryError, msg.str());
+      }
+      ++report.ooms_recovered;
+      c = std::max<int64_t>(1, n / 2);
+      continue;
+    }
+    pos += n;
+    report.chunks.push_back(n);
+    report.micro_batch = std::max(report.micro_batch, n);
+  }
+  report.micro_batches = static_cast<int64_t>(report.chunks.size());
+  report.samples = pos;
+  optimizer_step_();
+  drop_gradients();  // See Note [The order of a training iteration].
+  if (report.ooms_recovered > 0 || c < batch) micro_ = c;
+  report.peak_bytes = watcher.peak();
+  return report;
+}
+
+StepReport Trainer::step(
+    const at::Tensor& inputs, const at::Tensor& target,
+    const std::function<at::Tensor(const at::Tensor&)>& forward,
+    const std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>& loss,
+    int64_t batch_dim) {
+  TORCH_CHECK(batch_dim >= 0 && batch_dim < inputs.dim(),
+              "[Trainer::step] batch dimension ", batch_dim,
+              " is out of range for inputs of shape ", inputs.sizes(),
+              ": pass the dimension that indexes samples");
+  const int64_t batch = inputs.size(batch_dim);
+  TORCH_CHECK(target.dim() >= 1 && target.size(0) == batch,
+              "[Trainer::step] inputs hold ", batch, " samples along dimension ",
+              batch_dim, " but the target holds ",
+              target.dim() >= 1 ? target.size(0) : 0,
+              ": they must hold the same samples");
+  return step(batch, [&](int64_t start, int64_t count) {
+    return loss(forward(inputs.narrow(batch_dim, start, count)),
+                target.narrow(0, start, count));
+  });
+}
+
+std::vector<std::string> coupled_layers_of(const torch::nn::Module& module) {
+  auto coupled = [](const torch::nn::Module& m) {
+    return m.name().find("BatchNorm") != std::string::npos && m.is_training();
+  };
+  std::vector<std::string> out;
+  if (coupled(module)) out.push_back(module.name());
+  // include_self=false: the root may live on the stack, not in a shared_ptr.
+  for (const auto& item : module.named_modules("", /*include_self=*/false)) {
+    if (coupled(*item.value())) out.push_back(item.key());
+  }
+  return out;
+}
+
+}  // namespace memfit

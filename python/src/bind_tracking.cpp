@@ -57,6 +57,10 @@ void init_tracking(py::module_& m) {
         "variable.data = data, also across devices (CPU <-> meta), keeping "
         "the variable object.");
   m.def("tracking_installed", &tracking::installed);
+  m.def("allocation_count", [](const std::string& device) {
+    return tracking::allocation_count(device_from(device));
+  }, py::arg("device") = "cpu",
+     "Tracked allocations made on the device since the process started.");
   m.def("budget", [](const std::string& device) -> py::object {
     auto b = tracking::budget(device_from(device));
     return b ? py::cast(*b) : py::none();

@@ -10,4 +10,5 @@ PYBIND11_MODULE(_memfit, m) {
   memfit::python::init_timeline(m);
   memfit::python::init_tracking(m);
   memfit::python::init_report(m);
+  memfit::python::init_trainer(m);
 }

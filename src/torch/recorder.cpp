@@ -28,6 +28,7 @@ Category default_category(std::string_view phase) {
 }
 
 Recorder::Recorder() : start_(std::chrono::steady_clock::now()) {
+  tracking_.emplace();
   tracking::add_observer(this);
   std::lock_guard<std::mutex> lock(g_active_mu);
   active_recorders().push_back(this);
@@ -43,6 +44,7 @@ void Recorder::stop() {
     timeline_.end_phase();
   }
   tracking::remove_observer(this);
+  tracking_.reset();
   std::lock_guard<std::mutex> lock(g_active_mu);
   auto& v = active_recorders();
   v.erase(std::remove(v.begin(), v.end(), this), v.end());

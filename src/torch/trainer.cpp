@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "memfit/core/units.h"
+#include "memfit/torch/compat.h"
 #include "memfit/torch/tracking.h"
 
 namespace memfit {
@@ -125,7 +126,12 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
   }
   std::vector<char> had_grad(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) had_grad[i] = params_[i].grad().defined();
-  at::Tensor loss = chunk_loss(start, count);
+  at::Tensor loss;
+  {
+    std::optional<compat::CpuAutocast> autocast;
+    if (options_.autocast_bf16) autocast.emplace(true);
+    loss = chunk_loss(start, count);
+  }
   if (!loss.defined() || loss.dim() != 0) {
     throw std::invalid_argument(
         "[Trainer::step] the loss must be a scalar tensor, got " +
@@ -237,7 +243,19 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
   }
   report.micro_batches = static_cast<int64_t>(report.chunks.size());
   report.samples = pos;
-  optimizer_step_();
+  try {
+    optimizer_step_();
+  } catch (const c10::OutOfMemoryError& e) {
+    drop_gradients();
+    C10_THROW_ERROR(
+        OutOfMemoryError,
+        std::string("[Trainer::step] the optimizer step does not fit: parameters, "
+                    "gradients and optimizer state outgrow the memory whatever the "
+                    "micro-batch. ") +
+            e.what_without_backtrace() +
+            " A lighter optimizer (momentum: 1x parameters of state, sgd: none), "
+            "mixed precision, or more memory (memfit advise).");
+  }
   drop_gradients();  // See Note [The order of a training iteration].
   if (report.ooms_recovered > 0 || c < batch) micro_ = c;
   report.peak_bytes = watcher.peak();

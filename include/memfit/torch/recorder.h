@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_set>
@@ -58,7 +59,9 @@ class Recorder final : private AllocationObserver {
   void on_alloc(const Allocation& a) override;
   void on_free(const Allocation& a, bool temporary) override;
 
-  TrackingScope tracking_;
+  // Released by stop(): a stopped recorder whose timeline is still read must
+  // not keep every later allocation tracked.
+  std::optional<TrackingScope> tracking_;
   mutable std::mutex mu_;
   Timeline timeline_;
   std::chrono::steady_clock::time_point start_;

@@ -1,0 +1,98 @@
+"""memfit.find_batch_size and @memfit.auto_batch_size: the largest batch
+that fits, from probes at small batches, without trial-and-error crashes."""
+
+import functools
+import inspect
+
+import torch
+
+from . import _memfit
+from .device import to_bytes
+from .profile import profile
+
+DoesNotFit = _memfit.DoesNotFit
+
+
+def _available_bytes(budget):
+    if budget is not None:
+        return to_bytes(budget, "find_batch_size")
+    simulated = _memfit.budget("cpu")
+    if simulated is not None:
+        return simulated
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        # What the caching allocator holds but does not use is free to us.
+        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+    raise ValueError(
+        "[find_batch_size] no budget: pass budget= ('16GiB' or bytes), run inside "
+        "memfit.simulated_device(...), or run on a CUDA device"
+    )
+
+
+def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, budget=None,
+                    batch_dim=0, mode="cpu", margin=0):
+    """The largest batch whose whole training step fits `budget`.
+
+    `inputs`/`target` are an example batch of any size: memfit profiles the
+    step (forward, loss, backward, optimizer step, two iterations) at a few
+    small batches made from them, fits each event's memory as M0 + m*batch,
+    and solves for the budget. No step runs at full size (trials == 0).
+
+    budget: bytes or "16GiB"; default: the simulated device's budget, else
+    the free CUDA memory. margin: extra bytes to keep free (e.g. for a real
+    GPU's allocator), on top of the fit's own residual.
+
+    Returns a BatchFit: max_batch, recommended_batch (largest multiple of 8
+    not above max_batch, when max_batch >= 8), predicted_peak_bytes,
+    budget_bytes, margin_bytes, trials, mode. Raises memfit.DoesNotFit (a
+    ValueError) with the numbers when even batch 1 does not fit.
+    """
+    available = _available_bytes(budget)
+    report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
+                     batch_dim=batch_dim, mode=mode)
+    peak_model = report.peak_model()
+    return _memfit.fit_batch(peak_model, report._native, available, to_bytes(margin, "margin"))
+
+
+def auto_batch_size(starting_batch_size=128, *, model, inputs, target=None, loss_fn=None,
+                    optimizer=None, budget=None, batch_dim=0):
+    """Decorator for people coming from accelerate's find_executable_batch_size.
+
+        @memfit.auto_batch_size(starting_batch_size=256, model=model,
+                                inputs=x_example, target=y_example)
+        def train(batch_size, accumulation_steps):
+            ...   # batch_size * accumulation_steps == 256, always
+
+    The function gets the largest micro-batch that fits (found from probes,
+    no crash) that divides `starting_batch_size`, and the accumulation steps
+    that keep the effective batch exactly `starting_batch_size`. A function
+    taking one argument gets only the batch size. If a step still runs out of
+    memory, the next smaller divisor is tried.
+    """
+
+    def decorate(fn):
+        takes_two = len(inspect.signature(fn).parameters) >= 2
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            fit = find_batch_size(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
+                                  budget=budget, batch_dim=batch_dim)
+            divisors = [d for d in range(starting_batch_size, 0, -1)
+                        if starting_batch_size % d == 0 and d <= max(1, fit.max_batch)]
+            last = None
+            for micro in divisors:
+                steps = starting_batch_size // micro
+                try:
+                    if takes_two:
+                        return fn(micro, steps, *args, **kwargs)
+                    return fn(micro, *args, **kwargs)
+                except torch.cuda.OutOfMemoryError as e:
+                    last = str(e)
+                    continue
+            raise torch.cuda.OutOfMemoryError(
+                f"[auto_batch_size] even a batch of 1 ran out of memory: {last}"
+            )
+
+        return run
+
+    return decorate

@@ -1,0 +1,108 @@
+// Trainer and batch fitting. Python callables become the C++ callbacks; the
+// step runs without the GIL (autograd's device threads may need it for
+// Python functions) and each callback takes it back.
+#include <torch/csrc/utils/pybind.h>
+
+#include "bindings.h"
+#include "memfit/core/batch_fit.h"
+#include "memfit/torch/trainer.h"
+
+namespace py = pybind11;
+
+namespace memfit::python {
+namespace {
+
+// A Python OOM raised inside a callback, as the C++ OOM the Trainer
+// recovers from. Leaving this scope drops the Python exception, and with it
+// its traceback and every tensor the failed micro-batch's frames held.
+[[noreturn]] void rethrow_as_cpp(py::error_already_set& e) {
+  py::object oom = py::module_::import("torch.cuda").attr("OutOfMemoryError");
+  if (e.matches(oom)) {
+    const std::string msg = e.what();
+    C10_THROW_ERROR(OutOfMemoryError, msg);
+  }
+  throw;
+}
+
+}  // namespace
+
+void init_trainer(py::module_& m) {
+  py::class_<StepReport>(m, "StepReport")
+      .def_readonly("batch", &StepReport::batch)
+      .def_readonly("micro_batch", &StepReport::micro_batch)
+      .def_readonly("micro_batches", &StepReport::micro_batches)
+      .def_readonly("ooms_recovered", &StepReport::ooms_recovered)
+      .def_readonly("samples", &StepReport::samples)
+      .def_readonly("loss", &StepReport::loss)
+      .def_readonly("peak_bytes", &StepReport::peak_bytes)
+      .def_readonly("chunks", &StepReport::chunks)
+      .def("__repr__", [](const StepReport& r) {
+        return "StepReport(batch=" + std::to_string(r.batch) + ", micro_batch=" +
+               std::to_string(r.micro_batch) + ", micro_batches=" +
+               std::to_string(r.micro_batches) + ", ooms_recovered=" +
+               std::to_string(r.ooms_recovered) + ", loss=" + std::to_string(r.loss) +
+               ", peak_bytes=" + std::to_string(r.peak_bytes) + ")";
+      });
+
+  py::class_<Trainer>(m, "Trainer")
+      .def(py::init([](std::vector<at::Tensor> params, py::function optimizer_step,
+                       std::optional<int64_t> budget, bool split, bool allow_coupled,
+                       bool mean_loss, int64_t micro_batch,
+                       std::vector<std::string> coupled_layers) {
+             TrainerOptions o;
+             o.budget = budget;
+             o.split = split;
+             o.coupled = allow_coupled ? CoupledLayers::kAllow : CoupledLayers::kError;
+             o.mean_loss = mean_loss;
+             o.micro_batch = micro_batch;
+             // The callable lives as long as the Trainer (kept by the Python
+             // wrapper too); called with the GIL taken back.
+             auto step = std::make_shared<py::function>(optimizer_step);
+             return std::make_unique<Trainer>(
+                 std::move(params),
+                 [step] {
+                   py::gil_scoped_acquire gil;
+                   try {
+                     (*step)();
+                   } catch (py::error_already_set& e) {
+                     rethrow_as_cpp(e);
+                   }
+                 },
+                 o, std::move(coupled_layers));
+           }),
+           py::arg("params"), py::arg("optimizer_step"), py::arg("budget"),
+           py::arg("split"), py::arg("allow_coupled"), py::arg("mean_loss"),
+           py::arg("micro_batch"), py::arg("coupled_layers"))
+      .def("step", [](Trainer& t, int64_t batch, py::function& chunk_loss) {
+        Trainer::ChunkLoss cb = [&chunk_loss](int64_t start, int64_t count) {
+          py::gil_scoped_acquire gil;
+          try {
+            return chunk_loss(start, count).cast<at::Tensor>();
+          } catch (py::error_already_set& e) {
+            rethrow_as_cpp(e);
+          }
+        };
+        py::gil_scoped_release release;
+        return t.step(batch, cb);
+      }, py::arg("batch"), py::arg("chunk_loss"))
+      .def("set_budget", &Trainer::set_budget, py::arg("budget"))
+      .def_property_readonly("budget", &Trainer::budget)
+      .def_property_readonly("micro_batch", &Trainer::micro_batch);
+
+  py::register_exception<DoesNotFit>(m, "DoesNotFit", PyExc_ValueError);
+  py::class_<BatchFit>(m, "BatchFit")
+      .def_readonly("max_batch", &BatchFit::max_batch)
+      .def_readonly("recommended_batch", &BatchFit::recommended_batch)
+      .def_readonly("predicted_peak_bytes", &BatchFit::predicted_peak_bytes)
+      .def_readonly("budget_bytes", &BatchFit::budget_bytes)
+      .def_readonly("margin_bytes", &BatchFit::margin_bytes)
+      .def_readwrite("trials", &BatchFit::trials)
+      .def_readonly("mode", &BatchFit::mode)
+      .def_readonly("peak_phase", &BatchFit::peak_phase)
+      .def("to_json", &BatchFit::to_json, py::arg("pretty") = true)
+      .def("text", &BatchFit::text);
+  m.def("fit_batch", &fit_batch, py::arg("model"), py::arg("reference"),
+        py::arg("budget_bytes"), py::arg("extra_margin_bytes") = 0);
+}
+
+}  // namespace memfit::python

@@ -1,0 +1,215 @@
+import pytest
+import torch
+
+import memfit
+
+B = 21
+
+
+def small_model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+
+
+def data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(B, 8, generator=g), torch.randint(0, 3, (B,), generator=g)
+
+
+class Capture(torch.optim.SGD):
+    """An optimizer whose step records the accumulated gradients."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+        self.grads = None
+
+    def step(self, closure=None):
+        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
+
+
+def reference_gradients(model, x, y, loss_fn):
+    model.zero_grad(set_to_none=True)
+    loss_fn(model(x), y).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def assert_close(got, want):
+    for g, w in zip(got, want):
+        assert ((g - w).norm() / w.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("chunks", [1, 2, 3, 7])
+def test_split_step_gradients_equal_full_batch(reduction, chunks):
+    model = small_model()
+    x, y = data()
+    loss_fn = torch.nn.CrossEntropyLoss(reduction=reduction)
+    want = reference_gradients(model, x, y, loss_fn)
+    opt = Capture(model.parameters())
+    t = memfit.Trainer(model, opt, loss_fn, micro_batch=-(-B // chunks))
+    r = t.step(x, y)
+    assert r.micro_batches == chunks
+    assert r.samples == B
+    assert_close(opt.grads, want)
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_oom_forced_at_every_allocation_is_recovered_exactly():
+    model = small_model()
+    x, y = data()
+    loss_fn = torch.nn.CrossEntropyLoss()
+    want = reference_gradients(model, x, y, loss_fn)
+    opt = Capture(model.parameters())
+    count = memfit._memfit.allocation_count
+    # How many tracked allocations the micro-batches make, up to the step.
+    at_step = []
+    step = opt.step
+    opt.step = lambda: (at_step.append(count()), step())
+    counting = memfit.Trainer(model, opt, loss_fn, micro_batch=7)
+    opt.step = step
+    with memfit.track():
+        start = count()
+        counting.step(x, y)
+    n = at_step[0] - start
+    assert n > 20
+    for k in range(1, n + 1):
+        t = memfit.Trainer(model, opt, loss_fn, micro_batch=7)
+        with memfit.track():
+            memfit._memfit.fail_allocation_after(k)
+            r = t.step(x, y)
+            memfit._memfit.fail_allocation_after(0)
+        assert r.ooms_recovered == 1, k
+        assert sum(r.chunks) == B, k
+        assert_close(opt.grads, want)
+
+
+class PerSample(torch.nn.Module):
+    """Each sample id owns one weight: with a sum loss, that weight's gradient
+    is exactly how many times the sample was counted."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.count = torch.nn.Parameter(torch.zeros(n))
+        self.body = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                        torch.nn.Linear(512, 1))
+
+    def forward(self, ids, x):
+        return self.count[ids] + self.body(x).squeeze(1)
+
+
+def test_budget_splits_and_counts_every_sample_exactly_once():
+    n = 2048
+    ids, x = torch.arange(n), torch.randn(n, 256)
+    loss_fn = lambda out, _: out.sum()  # noqa: E731
+    with memfit.simulated_device("1GiB"):
+        model = PerSample(n)
+        opt = Capture(model.parameters())
+        # What the whole batch needs, then a budget well below it.
+        with memfit.track() as t:
+            start = t.live_bytes
+            memfit.Trainer(model, opt, loss_fn, reduction="sum").step((ids, x), ids)
+        base = memfit._memfit.tracked_live_bytes()
+        budget = base + (t.peak_bytes - start) // 3
+        trainer = memfit.Trainer(model, opt, loss_fn, reduction="sum", budget=budget)
+        r = trainer.step((ids, x), ids)
+    assert r.ooms_recovered > 0 and r.micro_batches > 1
+    assert r.samples == n and sum(r.chunks) == n
+    assert torch.equal(opt.grads[0], torch.ones(n))  # each sample once
+
+
+def test_batchnorm_is_not_split_unless_allowed():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), micro_batch=4)
+    with pytest.raises(ValueError, match=r"\b1\b.*coupled=allow|coupled=allow"):
+        t.step(x, y)
+    t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), micro_batch=4, coupled="allow")
+    assert t.step(x, y).micro_batches == 2
+
+
+def test_optimizer_step_that_cannot_fit_says_so():
+    with memfit.simulated_device("1GiB"):
+        model = small_model()
+    opt = torch.optim.Adam(model.parameters())
+    x, y = data()
+    t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), budget=3000)
+    with pytest.raises(torch.cuda.OutOfMemoryError, match="does not fit"):
+        t.step(x, y)
+
+
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda t, x, y: t.step(x[:0], y[:0]), "empty"),
+        (lambda t, x, y: t.step(x, y[:5]), "same samples"),
+        (lambda t, x, y: t.step(3, y), "expected a tensor"),
+    ],
+)
+def test_bad_input_is_explained(call, message):
+    model = small_model()
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), torch.nn.CrossEntropyLoss())
+    x, y = data()
+    with pytest.raises(ValueError, match=message):
+        call(t, x, y)
+
+
+def test_batch_dim_out_of_range_is_explained():
+    model = small_model()
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                       torch.nn.CrossEntropyLoss(), batch_dim=2)
+    x, y = data()
+    with pytest.raises(ValueError, match="out of range"):
+        t.step(x, y)
+
+
+def mlp():
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+
+
+def test_find_batch_size_is_tight_and_safe_on_the_simulated_device():
+    torch.manual_seed(0)
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(8, 28, 28), torch.randint(0, 10, (8,))
+    fit = memfit.find_batch_size(model, x, y, optimizer=opt, budget="48MiB")
+    assert fit.trials == 0 and fit.margin_bytes == 0
+    assert fit.recommended_batch == fit.max_batch // 8 * 8
+
+    def run(batch, steps=2):
+        with memfit.simulated_device("48MiB"):
+            m = mlp()
+            o = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9)
+            for s in range(steps):
+                xb, yb = torch.randn(batch, 28, 28), torch.randint(0, 10, (batch,))
+                t = memfit.Trainer(m, o, torch.nn.CrossEntropyLoss(), split=False)
+                t.step(xb, yb)
+                del xb, yb
+
+    run(fit.max_batch)
+    with pytest.raises(torch.cuda.OutOfMemoryError):
+        run(fit.max_batch + max(1, fit.max_batch // 20))
+
+
+def test_budget_below_the_model_says_so_with_numbers():
+    x, y = torch.randn(4, 28, 28), torch.randint(0, 10, (4,))
+    with pytest.raises(memfit.DoesNotFit, match=r"before any sample.*parameters 2\.55 MiB.*momentum"):
+        memfit.find_batch_size(mlp(), x, y, optimizer="adam", budget="4MiB")
+
+
+def test_auto_batch_size_keeps_the_effective_batch_exact():
+    model = mlp()
+    x, y = torch.randn(4, 28, 28), torch.randint(0, 10, (4,))
+    calls = []
+
+    @memfit.auto_batch_size(256, model=model, inputs=x, target=y, optimizer="sgd", budget="6MiB")
+    def train(batch_size, accumulation_steps):
+        calls.append((batch_size, accumulation_steps))
+        return batch_size * accumulation_steps
+
+    assert train() == 256
+    (micro, steps), = calls
+    assert 256 % micro == 0 and micro < 256

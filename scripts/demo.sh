@@ -7,9 +7,16 @@ build=${1:-build}
 out=${MEMFIT_DEMO_OUT:-$build/demo}
 mkdir -p "$out"
 
-echo "== memfit profile: a GPT-style model, batch 8, Adam =="
-"$build/memfit" profile --model gpt --batch 8 --optimizer adam --target cuda \
+gpt=(--model gpt --layers 2 --width 128 --context 64)
+echo "== memfit profile: a GPT-style model, batch 16, Adam =="
+"$build/memfit" profile "${gpt[@]}" --batch 16 --optimizer adam --target cuda \
   --svg "$out/gpt_profile.svg"
 echo
 echo "== memfit profile --predict: batch 256, from probes at 4, 8 and 16 =="
-"$build/memfit" profile --model gpt --batch 256 --optimizer adam --predict
+"$build/memfit" profile "${gpt[@]}" --batch 256 --optimizer adam --predict
+echo
+echo "== memfit fit: the largest batch under 256 MiB =="
+"$build/memfit" fit "${gpt[@]}" --budget 256MiB
+echo
+echo "== memfit train: batch 512 under 256 MiB, split into micro-batches that fit =="
+"$build/memfit" train "${gpt[@]}" --batch 512 --budget 256MiB --steps 2

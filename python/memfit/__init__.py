@@ -10,10 +10,15 @@
 
 from ._memfit import format_bytes, parse_size
 from .device import simulated_device, to_bytes
+from .fit import DoesNotFit, auto_batch_size, find_batch_size
 from .profile import Report, profile
+from .trainer import Trainer
 from .tracking import Tracking, track
 
 __all__ = [
+    "auto_batch_size",
+    "DoesNotFit",
+    "find_batch_size",
     "format_bytes",
     "parse_size",
     "profile",
@@ -22,4 +27,10 @@ __all__ = [
     "to_bytes",
     "track",
     "Tracking",
+    "Trainer",
 ]
+
+# memfit.lazy: record a computation on a batch, run it in chunks that fit.
+from .lazy import LazyError, LazyRun, LazyTensor, eager, last_lazy_run, lazy  # noqa: E402
+
+__all__ += ["eager", "last_lazy_run", "lazy", "LazyError", "LazyRun", "LazyTensor"]

@@ -1,0 +1,25 @@
+"""Errors of memfit.lazy: LazyError, and the message for a computation that
+mixes samples.
+"""
+
+import torch
+
+
+OutOfMemoryError = torch.cuda.OutOfMemoryError
+
+
+class LazyError(RuntimeError):
+    """A computation on lazy tensors that memfit.lazy cannot run as asked."""
+
+
+def _mix_error(what, node_desc, fix=None):
+    msg = (
+        f"memfit.lazy: {what}{' (' + node_desc + ')' if node_desc else ''}: this mixes "
+        f"samples across the batch dimension, so running it in chunks would give a "
+        f"different result than on the whole batch. "
+    )
+    msg += fix or (
+        "Pass allow_mixing=True to memfit.lazy() to run this computation whole (one "
+        "chunk, as eager PyTorch would), or restructure it."
+    )
+    return LazyError(msg)

@@ -1,0 +1,289 @@
+"""record(): an operation on lazy tensors becomes a Node, checked for mixing,
+run on the probes (or filled from the probe cache) and described; and the
+leaves that memfit.lazy() makes. See the lazy_graph package docstring.
+"""
+
+import torch
+
+from .autocast import _grad_autocast
+from .errors import LazyError, OutOfMemoryError, _mix_error
+from .losses import _root_kind
+from .mixing import _bdim_set, _check_mixing, _getitem_analysis
+from .names import _INPLACE_DUNDERS, _where, display_name, op_name
+from .node import Node, probe_sizes
+from .op_tables import _DATA_DEPENDENT, _DATA_VALUED, _INPLACE_ARG, _inplace_positional
+from .plain_tensors import _plain_rules
+from .probe import (
+    _Info,
+    _apply_info,
+    _describe,
+    _has_tensor,
+    _make_seq,
+    _rebuild,
+    _rebuild_skel,
+    ensure_probe,
+)
+from .probe_cache import _probe_cache_get, _probe_cache_put, _probe_key
+from .template import (
+    ProbeCtx,
+    _EagerCtx,
+    _flat,
+    _materialize_args,
+    _pluck,
+    _replace,
+    _scan,
+    subst,
+)
+from .tensor import LazyTensor, _inplace_error
+
+
+def record(fn, args, kwargs, name=None, module=None):
+    """Record fn(*args, **kwargs) where some args are lazy tensors; returns
+    the lazy result (or, for operations returning plain Python values,
+    the value)."""
+    op = op_name(fn)
+    if module is None:
+        if (op.endswith("_") and not op.startswith("__") and op not in ("__", "_")) \
+                or op in _INPLACE_DUNDERS:
+            raise _inplace_error(f"{display_name(fn)}()",
+                                 args[0] if args and isinstance(args[0], LazyTensor) else None)
+        if kwargs.get("out") is not None:
+            raise _inplace_error(f"{display_name(fn)}(..., out=...)")
+        if kwargs.get("inplace") or (op in _INPLACE_ARG and _inplace_positional(fn, args, kwargs)):
+            raise _inplace_error(f"{display_name(fn)}(..., inplace=True)",
+                                 args[0] if args and isinstance(args[0], LazyTensor) else None)
+    where = _where()
+    name = name or display_name(fn)
+    nodes, plains, bints, eager = [], [], [], []
+    targs = _scan(args, nodes, plains, bints, eager)
+    tkw = _scan(kwargs, nodes, plains, bints, eager)
+
+    Bs = {n.B for n in nodes + eager if n.B is not None} | {b.batch for b in bints}
+    if len(Bs) > 1:
+        raise LazyError(
+            f"memfit.lazy: {name} at {where} combines lazy tensors with different batch "
+            f"sizes {sorted(Bs)}; lazy tensors used together must hold the same samples"
+        )
+    B = Bs.pop() if Bs else None
+    allow = any(n.allow for n in nodes)
+    parents = tuple(dict.fromkeys(nodes))
+    mixes = next((n.mixes for n in parents if n.mixes), None)
+    first = None
+    for a in list(args) + list(kwargs.values()):
+        if isinstance(a, LazyTensor):
+            first = a._node
+            break
+    first_arg_lazy = bool(args) and isinstance(args[0], LazyTensor)
+    batched_parents = [n for n in parents if n.state == "batched"]
+
+    if B is not None and B >= 2:
+        # A value reduced over the batch must not meet per-sample values again.
+        reduced = [n for n in parents if n.state == "reduced"]
+        if reduced and (batched_parents or bints):
+            r = reduced[0]
+            msg = _mix_error(
+                f"{r.name} at {r.where} reduces over the batch dimension and its result "
+                f"is combined with per-sample values in {name}", f"at {where}")
+            if not allow:
+                raise msg
+            mixes = mixes or str(msg)
+        if module is None:
+            try:
+                _check_mixing(fn, op, args, kwargs,
+                              first if first_arg_lazy or op == "batch_norm" else first,
+                              batched_parents, where)
+            except LazyError as e:
+                if not allow:
+                    raise
+                mixes = mixes or str(e)
+            if op == "getitem" and first_arg_lazy and first.state == "batched":
+                try:
+                    targs = (targs[0], _getitem_analysis(first, targs[1], where)) + tuple(targs[2:])
+                except LazyError as e:
+                    if not allow:
+                        raise
+                    mixes = mixes or str(e)
+        if op == "squeeze" and first_arg_lazy and first.state == "batched" and \
+                len(args) == 1 and "dim" not in kwargs:
+            # squeeze() would drop the batch dimension of a one-sample chunk:
+            # squeeze exactly the dimensions that are 1 for the full batch.
+            fn = _squeeze_dims
+            bd = _bdim_set(first)
+            targs = (targs[0], tuple(d for d, n in enumerate(first.shape)
+                                     if n == 1 and d not in bd))
+        constants = {id(n.value) for n in eager}
+        plains = [t for t in plains if id(t) not in constants]
+        mapping = _plain_rules(fn, op, targs, tkw, args, kwargs, plains,
+                               first if first is not None and first.state == "batched"
+                               else (batched_parents[0] if batched_parents else None),
+                               B, where, module)
+        if mapping:
+            targs = _replace(targs, mapping)
+            tkw = _replace(tkw, mapping)
+
+    sizes = probe_sizes(B)
+    grad, autocast = _grad_autocast()
+    if not sizes:
+        # Nothing to split (no batch, or one sample): run now, keep the value.
+        real_args = subst(targs, _EagerCtx())
+        real_kw = subst(tkw, _EagerCtx())
+        out = fn(*real_args, **real_kw)
+        return _wrap_eager(out, B, allow, name, where)
+
+    data_dep = op in _DATA_DEPENDENT or (op == "getitem" and _has_bool_lazy_index(targs))
+    derived = bool(batched_parents or bints or any(p.state == "reduced" for p in parents))
+    # See Note [Probe cache].
+    key = None if data_dep else _probe_key(fn, module, targs, tkw, B, grad, autocast)
+    desc = _probe_cache_get(key)
+    probes = None
+    if desc is None:
+        for p in parents:
+            ensure_probe(p)
+        outs = []
+        for i, p in enumerate(sizes):
+            ctx = ProbeCtx(i, p)
+            a = subst(targs, ctx)
+            kw = subst(tkw, ctx)
+            try:
+                outs.append(fn(*a, **kw))
+            except OutOfMemoryError:
+                raise
+            except LazyError:
+                raise
+            except Exception as e:
+                hint = ""
+                if any(type(v) is int and v in (B, 2 * B) for v in _flat(args)):
+                    hint = (" A shape argument equal to the batch size must come from "
+                            "x.size(d) or x.shape[d], so that it follows the chunk.")
+                raise LazyError(
+                    f"memfit.lazy: {name} at {where} failed when tried on the first {p} "
+                    f"samples (memfit runs each recorded operation on a few samples to learn "
+                    f"its shapes): {type(e).__name__}: {e}.{hint}"
+                ) from e
+        o1, o2 = outs
+        if not _has_tensor(o1):
+            # A Python value. Metadata (is_floating_point, is_contiguous, a
+            # size) is the probes'; a value of the data (torch.equal,
+            # allclose) is computed on the full batch now.
+            if op not in _DATA_VALUED:
+                try:
+                    return _rebuild(o1, o2, sizes, B, fn, (), None)
+                except LazyError:
+                    pass
+            from ..lazy_run.values import read
+
+            full_args = _materialize_args(targs, read)
+            full_kw = _materialize_args(tkw, read)
+            return fn(*full_args, **full_kw)
+        desc = _describe(o1, o2, sizes, B, op, name, data_dep, derived, fn)
+        if key is not None:
+            _probe_cache_put(key, desc)
+        probes = (o1, o2)
+
+    node = Node("op")
+    node.fn, node.args, node.kwargs = fn, targs, tkw
+    node.parents = parents
+    node.name, node.op, node.where = name, op, where
+    node.B, node.allow = B, allow
+    node.grad, node.autocast = grad, autocast
+    node.module = module
+    node.mixes = mixes
+    node.cached = probes is None
+
+    def finish(n, info):
+        _apply_info(n, info)
+        if info.why:
+            if not allow:
+                raise _mix_error(info.why, f"at {where}")
+            n.mixes = n.mixes or info.why
+        if n.state == "reduced" and batched_parents:
+            _root_kind(n, fn, op, args, kwargs, targs, tkw, first)
+
+    if type(desc) is _Info:
+        finish(node, desc)
+        node.probe = probes or ()
+        return LazyTensor(node)
+
+    node.state = "struct"
+    node.probe = probes or ()
+
+    def make(path, info):
+        item = Node("item")
+        item.parent = node
+        item.parents = (node,)
+        item.path = path
+        item.name = f"{name}{''.join(f'[{p!r}]' for p in path)}"
+        item.op = "item"
+        item.where, item.B, item.allow, item.mixes = where, B, allow, mixes
+        item.grad, item.autocast = grad, autocast
+        item.cached = node.cached
+        finish(item, info)
+        if probes is not None:
+            item.probe = tuple(_pluck(o, path) for o in probes)
+        return LazyTensor(item)
+
+    return _rebuild_skel(desc, make, ())
+
+
+def _squeeze_dims(t, dims):
+    for d in sorted(dims, reverse=True):
+        t = t.squeeze(d)
+    return t
+
+
+_squeeze_dims._memfit_op = "squeeze"
+_squeeze_dims._memfit_display = "Tensor.squeeze"
+
+
+def _has_bool_lazy_index(targs):
+    if len(targs) < 2:
+        return False
+    idx = targs[1] if type(targs[1]) is tuple else (targs[1],)
+    return any(type(e) is Node and e.dtype == torch.bool for e in idx)
+
+
+def _wrap_eager(out, B, allow, name, where):
+    """Results computed at once (no batch to split): lazy tensors that hold
+    their value."""
+
+    def wrap(o):
+        if isinstance(o, torch.Tensor):
+            n = Node("leaf")
+            n.value = o
+            n.state = "eager"
+            n.B, n.allow, n.name, n.where = B, allow, name, where
+            n.shape = tuple(o.shape)
+            n.dtype, n.device, n.requires_grad = o.dtype, o.device, o.requires_grad
+            return LazyTensor(n)
+        if isinstance(o, (tuple, list)):
+            return _make_seq(type(o), [wrap(x) for x in o])
+        if isinstance(o, dict):
+            return type(o)({k: wrap(v) for k, v in o.items()})
+        return o
+
+    return wrap(out)
+
+
+def make_leaf(tensor, batch, allow):
+    """The lazy tensor for a tensor given to memfit.lazy()."""
+    n = Node("leaf")
+    n.value = tensor
+    n.where = _where()
+    n.allow = allow
+    n.name = "memfit.lazy input"
+    n.dtype, n.device, n.requires_grad = tensor.dtype, tensor.device, tensor.requires_grad
+    n.shape = tuple(tensor.shape)
+    if batch is None:
+        n.state = "eager"
+        return LazyTensor(n)
+    B = tensor.shape[batch]
+    n.B = B
+    n.leaf_dim = batch
+    sizes = probe_sizes(B)
+    if not sizes:
+        n.state = "eager"
+        return LazyTensor(n)
+    n.state = "batched"
+    n.bdims = ((batch, 1),)
+    n.probe = tuple(tensor.narrow(batch, 0, p) for p in sizes)
+    return LazyTensor(n)

@@ -1,0 +1,137 @@
+"""Templates: a recorded call's arguments with Nodes in place of lazy tensors
+and placeholders for batch-sized values, made real for a probe, a chunk or
+the whole batch.
+"""
+
+import torch
+
+from .errors import LazyError
+from .node import Arange, BatchInt, Node, Sliced
+from .tensor import LazyTensor
+
+
+def _scan(obj, nodes, plains, bints, eager):
+    """Template of obj: LazyTensor -> its Node (or its value, when already
+    computed); collects nodes, plain tensors, BatchInts, computed nodes."""
+    t = type(obj)
+    if t is LazyTensor:
+        n = obj._node
+        if n.state == "eager":
+            eager.append(n)
+            return n.value
+        nodes.append(n)
+        return n
+    if t is tuple or t is list:
+        out = [_scan(o, nodes, plains, bints, eager) for o in obj]
+        return out if t is list else tuple(out)
+    if t is dict:
+        return {k: _scan(v, nodes, plains, bints, eager) for k, v in obj.items()}
+    if t is BatchInt:
+        bints.append(obj)
+        return obj
+    if isinstance(obj, torch.Tensor):
+        plains.append(obj)
+        return obj
+    if isinstance(obj, torch.Size):
+        if any(type(o) is BatchInt for o in obj):
+            return tuple(_scan(o, nodes, plains, bints, eager) for o in obj)
+        return obj
+    return obj
+
+
+def _replace(obj, mapping):
+    """obj with the plain tensors in `mapping` (by id) replaced."""
+    t = type(obj)
+    if t is tuple or t is list:
+        out = [_replace(o, mapping) for o in obj]
+        return out if t is list else tuple(out)
+    if t is dict:
+        return {k: _replace(v, mapping) for k, v in obj.items()}
+    if isinstance(obj, torch.Tensor):
+        return mapping.get(id(obj), obj)
+    return obj
+
+
+class ProbeCtx:
+    """Where subst() finds values when running on the i-th probe."""
+
+    __slots__ = ("i", "start", "size")
+
+    def __init__(self, i, size):
+        self.i, self.start, self.size = i, 0, size
+
+    def value(self, node):
+        return node.probe_at(self.i)
+
+
+class _ChunkCtx:
+    __slots__ = ("env", "start", "size")
+
+    def __init__(self, env, start, size):
+        self.env, self.start, self.size = env, start, size
+
+    def value(self, node):
+        return self.env[node]
+
+
+class _EagerCtx:
+    i = 0
+    start = 0
+    size = 1
+
+    def value(self, node):
+        return node.value if node.state == "eager" else node.probe_at(0)
+
+
+def subst(obj, ctx):
+    """The template `obj` made real for a probe or a chunk."""
+    t = type(obj)
+    if t is Node:
+        return ctx.value(obj)
+    if t is tuple:
+        return tuple([subst(o, ctx) for o in obj])
+    if t is list:
+        return [subst(o, ctx) for o in obj]
+    if t is dict:
+        return {k: subst(v, ctx) for k, v in obj.items()}
+    if t is BatchInt:
+        return obj.k * ctx.size
+    if t is Sliced:
+        return obj.tensor.narrow(obj.dim, obj.k * ctx.start, obj.k * ctx.size)
+    if t is Arange:
+        return torch.arange(ctx.start, ctx.start + ctx.size, device=obj.device,
+                            dtype=obj.dtype) - ctx.start
+    return obj
+
+
+def _materialize_args(obj, read):
+    t = type(obj)
+    if t is Node:
+        return read(obj)
+    if t is tuple or t is list:
+        out = [_materialize_args(o, read) for o in obj]
+        return out if t is list else tuple(out)
+    if t is dict:
+        return {k: _materialize_args(v, read) for k, v in obj.items()}
+    if t is Sliced:
+        return obj.tensor
+    if t is Arange:
+        raise LazyError("memfit.lazy: internal: arange index in a Python-valued op")
+    return obj
+
+
+def _flat(obj):
+    if isinstance(obj, (tuple, list)):
+        for o in obj:
+            yield from _flat(o)
+    elif isinstance(obj, dict):
+        for o in obj.values():
+            yield from _flat(o)
+    else:
+        yield obj
+
+
+def _pluck(value, path):
+    for p in path:
+        value = value[p]
+    return value

@@ -1,0 +1,70 @@
+"""The chunk loop: samples [0, B) in balanced chunks, an out-of-memory chunk
+halved and redone.
+"""
+
+import collections
+import traceback
+
+import torch
+
+from ..lazy_graph.errors import OutOfMemoryError
+from .grad_bookkeeping import _snapshot, _unchanged
+
+
+def _balanced(remaining, c):
+    n = -(-remaining // c)
+    return -(-remaining // n)
+
+
+def _oom(e_text, size, what):
+    err = OutOfMemoryError(
+        f"memfit.lazy: {what} does not fit even {size} sample(s) at a time: {e_text}"
+    )
+    return err
+
+
+def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="the step"):
+    """Run samples [0, B) in chunks of at most `limit`, halving on OOM.
+
+    attempt(start, size, only) -> result; only is None (all gradients) or the
+    list of tensors whose gradients are still owed for these samples.
+    commit(start, size, result) keeps a completed chunk's values."""
+    pending = collections.deque()
+    pos = 0
+    c = B if limit is None else max(1, min(limit, B))
+    while pending or pos < B:
+        if pending:
+            start, size, only = pending.popleft()
+        else:
+            size = _balanced(B - pos, c)
+            start, only = pos, None
+            pos += size
+        snap = _snapshot(cands) if cands is not None else None
+        failed = None
+        try:
+            result = attempt(start, size, only)
+        except OutOfMemoryError as e:
+            # Drop every reference the failed chunk held: the frames in the
+            # traceback keep its tensors alive until cleared.
+            failed = str(e).splitlines()[0] if str(e) else "out of memory"
+            traceback.clear_frames(e.__traceback__)
+            e.__traceback__ = None
+        if failed is None:
+            commit(start, size, result)
+            result = None
+            info.chunks.append((start, size))
+            continue
+        info.ooms += 1
+        if size <= 1 or not can_split:
+            raise _oom(failed, size, what)
+        if snap is not None:
+            owed = _unchanged(cands, snap, only if only is not None else cands)
+        else:
+            owed = only
+        half = size // 2
+        pending.appendleft((start + half, size - half, owed))
+        pending.appendleft((start, half, owed))
+        c = max(1, min(c, half))
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return c

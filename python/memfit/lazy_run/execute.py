@@ -1,0 +1,141 @@
+"""Running the recorded graph on one chunk of samples: the nodes to run, where
+their inputs come from, and checking shapes taken from the probe cache.
+"""
+
+import collections
+
+import torch
+
+from ..lazy_graph.autocast import _autocast_ctx
+from ..lazy_graph.errors import LazyError
+from ..lazy_graph.probe_cache import forget_probe
+from ..lazy_graph.template import _ChunkCtx, _pluck, subst
+
+
+def _usable_cache(n, train):
+    """A node whose computed value can stand in for its subgraph."""
+    if n.value is None:
+        return False
+    if train and n.requires_grad:
+        return False  # gradients must flow through it: recompute
+    if n.state == "batched":
+        return n.single_bdim() is not None
+    return True
+
+
+def _is_source(n, train, overrides):
+    return (
+        n.kind == "leaf"
+        or n.state == "eager"
+        or (overrides is not None and n in overrides)
+        or _usable_cache(n, train)
+    )
+
+
+def _collect(targets, train, overrides=None):
+    """Nodes needed to compute `targets`, in recording order, and sources."""
+    seen = set()
+    order = []
+    sources = set()
+    stack = list(targets)
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        order.append(n)
+        if _is_source(n, train, overrides):
+            sources.add(n)
+            continue
+        stack.extend(n.parents)
+    order.sort(key=lambda n: n.id)
+    counts = collections.Counter()
+    for n in order:
+        if n not in sources:
+            for p in n.parents:
+                counts[p] += 1
+    return order, sources, counts
+
+
+def _source_value(n, start, size, B, overrides):
+    if overrides is not None and n in overrides:
+        v = overrides[n]
+        if n.state != "batched":
+            return v
+        d, k = n.single_bdim()
+    elif n.kind == "leaf" and n.state != "eager":
+        v, d, k = n.value, n.leaf_dim, 1
+    elif n.state != "batched":
+        return n.value
+    else:
+        v = n.value
+        d, k = n.single_bdim()
+    if start == 0 and size == B:
+        return v
+    return v.narrow(d, k * start, k * size)
+
+
+def _execute(order, sources, counts, keep, start, size, B, train, overrides=None):
+    """Run `order` on samples [start, start+size); returns the values of
+    the nodes in `keep`. Values are dropped as soon as no later node needs
+    them."""
+    env = {}
+    ctx = _ChunkCtx(env, start, size)
+    left = dict(counts)
+    outer = torch.is_grad_enabled()
+    now = outer
+    try:
+        for n in order:
+            if n in sources:
+                env[n] = _source_value(n, start, size, B, overrides)
+                continue
+            if n.kind == "item":
+                env[n] = _pluck(env[n.parent], n.path)
+                if n.cached:
+                    _check_cached(n, env[n], size)
+            else:
+                want = n.grad if train else False
+                if want != now:
+                    torch.set_grad_enabled(want)
+                    now = want
+                a = subst(n.args, ctx)
+                kw = subst(n.kwargs, ctx)
+                if n.autocast:
+                    with _autocast_ctx(n.autocast):
+                        env[n] = n.fn(*a, **kw)
+                else:
+                    env[n] = n.fn(*a, **kw)
+                a = kw = None
+                if n.cached and n.state != "struct":
+                    _check_cached(n, env[n], size)
+            for p in n.parents:
+                c = left[p] - 1
+                left[p] = c
+                if c == 0 and p not in keep:
+                    env.pop(p, None)
+    finally:
+        if now != outer:
+            torch.set_grad_enabled(outer)
+    out = {n: env[n] for n in keep if n in env}
+    env.clear()
+    return out
+
+
+def _check_cached(n, v, size):
+    """A node whose shapes came from the probe cache: check them once
+    against a real result (see Note [Probe cache] in lazy_graph/probe_cache.py)."""
+    n.cached = False
+    if not isinstance(v, torch.Tensor):
+        return
+    want = list(n.shape)
+    for d, k in n.bdims:
+        want[d] = k * size
+    got = tuple(v.shape)
+    if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
+        forget_probe(n)
+        raise LazyError(
+            f"memfit.lazy: {n.describe()} returned shape {got} for {size} samples where "
+            f"{tuple(want)} was expected from an earlier call with the same inputs; its "
+            f"shapes depend on something memfit does not see (a module attribute?). The "
+            f"cache of shapes is cleared: record the computation again."
+        )

@@ -17,5 +17,6 @@ ModelOptions model_options(const Args& args);
 int profile_command(const std::vector<std::string>& args);
 int fit_command(const std::vector<std::string>& args);
 int train_command(const std::vector<std::string>& args);
+int advise_command(const std::vector<std::string>& args);
 
 }  // namespace memfit::cli

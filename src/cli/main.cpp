@@ -1,4 +1,4 @@
-// memfit: profile | fit | train. See `memfit --help`.
+// memfit: profile | fit | train | advise. See `memfit --help`.
 #include <iostream>
 #include <string>
 #include <vector>
@@ -27,7 +27,17 @@ commands:
             split into micro-batches that fit, OOMs recovered
             memfit train --model NAME --batch B --budget SIZE [--steps N]
                          [--optimizer ...] [--no-split] [--coupled error|allow]
+                         [--plan auto [--allow-approximate]] [--seed S]
                          [--json]
+            --plan auto: when even one sample does not fit, train with the
+            plan `memfit advise` measures (checkpointing, micro-batches)
+  advise    when even one sample does not fit: each strategy measured on the
+            model (peak, saving, time against the plain step, fits or not),
+            the checkpointing rules compared, and the cheapest combination
+            that fits the budget
+            memfit advise --model NAME --batch B --budget SIZE
+                          [--optimizer ...] [--allow-approximate]
+                          [--repeats K] [--json]
 
 SIZE is a byte count or a number with KiB, MiB, GiB, TiB: 16GiB, 512MiB.
 Exit status: 0 done, 1 bad command line or input, 2 out of memory.
@@ -47,6 +57,7 @@ int main(int argc, char** argv) {
     if (command == "profile") return memfit::cli::profile_command(args);
     if (command == "fit") return memfit::cli::fit_command(args);
     if (command == "train") return memfit::cli::train_command(args);
+    if (command == "advise") return memfit::cli::advise_command(args);
     std::cerr << "memfit: unknown command '" << command << "'\n\n" << kUsage;
     return 1;
   } catch (const memfit::cli::UsageError& e) {

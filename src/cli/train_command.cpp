@@ -3,12 +3,14 @@
 
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include "args.h"
 #include "commands.h"
 #include "memfit/core/json_writer.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/models.h"
+#include "memfit/torch/strategies.h"
 #include "memfit/torch/tracking.h"
 #include "memfit/torch/trainer.h"
 
@@ -30,8 +32,8 @@ std::unique_ptr<torch::optim::Optimizer> optimizer_for(const std::string& name,
 
 int train_command(const std::vector<std::string>& argv) {
   Args args(argv, {"model", "batch", "budget", "steps", "optimizer", "coupled",
-                   "layers", "width", "heads", "context"},
-            {"no-split", "json"});
+                   "layers", "width", "heads", "context", "plan", "seed"},
+            {"no-split", "json", "allow-approximate"});
   const std::string name = args.require("model");
   const int64_t batch = args.get_int("batch", 64);
   const int64_t steps = args.get_int("steps", 3);
@@ -46,7 +48,34 @@ int train_command(const std::vector<std::string>& argv) {
                   ? CoupledLayers::kAllow
                   : CoupledLayers::kError;
   const bool json = args.has("json");
+  std::optional<Plan> plan;
+  std::string opt_used = opt_name;
+  if (args.choice("plan", "none", {"none", "auto"}) == "auto") {
+    // Measured on a model of the same shape, before the budget is in force.
+    AdviseOptions ao;
+    ao.batch = batch;
+    ao.budget = budget;
+    ao.optimizer = opt_name;
+    ao.allow_approximate = args.has("allow-approximate");
+    // Advising must not move the weights the run starts from (the probe's
+    // initialisation draws from the default generator): the same command
+    // with and without --plan trains the same model.
+    auto generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor rng_state = generator.get_state();
+    auto probe = make_model(name, model_options(args));
+    const Advice advice = advise(*probe, ao);
+    generator.set_state(rng_state);
+    plan = advice.plan;
+    opt_used = plan->optimizer.empty() ? opt_name : plan->optimizer;
+    if (!json) {
+      std::cout << "plan: " << plan->summary
+                << (plan->found ? "" : " (nothing measured fits the budget)") << "\n";
+    }
+  }
 
+  // --seed: the same initial weights in every run (torch seeds its default
+  // generator at random per process).
+  if (args.has("seed")) torch::manual_seed(static_cast<uint64_t>(args.get_int("seed", 0)));
   // The simulated device holds everything: the model, its optimizer state,
   // every batch.
   SimulatedDevice device(budget);
@@ -54,7 +83,8 @@ int train_command(const std::vector<std::string>& argv) {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   try {
     model = make_model(name, model_options(args));
-    optimizer = optimizer_for(opt_name, model->module());
+    optimizer = optimizer_for(opt_used, model->module());
+    if (plan) o = apply_plan(*plan, *model, o);
   } catch (const c10::OutOfMemoryError& e) {
     std::cerr << "memfit train: out of memory: the model alone does not fit the "
                  "budget of " << format_bytes(budget) << ": "
@@ -69,8 +99,11 @@ int train_command(const std::vector<std::string>& argv) {
     return model->loss(out, y);
   };
   JsonWriter w(true);
-  if (json) w.begin_object().member("model", name).member("batch", batch)
-                .member("budget_bytes", budget).key("steps").begin_array();
+  if (json) {
+    w.begin_object().member("model", name).member("batch", batch).member("budget_bytes", budget);
+    if (plan) w.member("plan", plan->summary).member("plan_found", plan->found);
+    w.key("steps").begin_array();
+  }
   for (int64_t s = 0; s < steps; ++s) {
     StepReport r;
     try {

@@ -1,5 +1,6 @@
 #include "memfit/torch/compat.h"
 
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/variable.h>
@@ -20,6 +21,45 @@ void set_data_any_device(const at::Tensor& variable, const at::Tensor& data) {
     std::lock_guard<std::mutex> lock(meta->mutex_);
     meta->grad_accumulator_.reset();
   }
+}
+
+bool cpu_autocast_enabled() {
+#if MEMFIT_TORCH_AT_LEAST(2, 4)
+  return at::autocast::is_autocast_enabled(at::kCPU);
+#else
+  return at::autocast::is_cpu_enabled();
+#endif
+}
+
+at::ScalarType cpu_autocast_dtype() {
+#if MEMFIT_TORCH_AT_LEAST(2, 4)
+  return at::autocast::get_autocast_dtype(at::kCPU);
+#else
+  return at::autocast::get_autocast_cpu_dtype();
+#endif
+}
+
+namespace {
+void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
+#if MEMFIT_TORCH_AT_LEAST(2, 4)
+  at::autocast::set_autocast_enabled(at::kCPU, enabled);
+  at::autocast::set_autocast_dtype(at::kCPU, dtype);
+#else
+  at::autocast::set_cpu_enabled(enabled);
+  at::autocast::set_autocast_cpu_dtype(dtype);
+#endif
+}
+}  // namespace
+
+CpuAutocast::CpuAutocast(bool enabled, at::ScalarType dtype)
+    : prev_enabled_(cpu_autocast_enabled()), prev_dtype_(cpu_autocast_dtype()) {
+  set_cpu_autocast(enabled, enabled ? dtype : prev_dtype_);
+  at::autocast::increment_nesting();
+}
+
+CpuAutocast::~CpuAutocast() {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  set_cpu_autocast(prev_enabled_, prev_dtype_);
 }
 
 }  // namespace memfit::compat

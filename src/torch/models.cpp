@@ -4,6 +4,7 @@
 
 #include <stdexcept>
 
+#include "memfit/torch/checkpoint.h"
 #include "memfit/torch/recorder.h"
 
 namespace memfit {
@@ -198,8 +199,14 @@ class Gpt final : public TrainableModel {
       h = h + pos_->forward(positions);
     }
     for (size_t i = 0; i < blocks_->size(); ++i) {
-      ModuleScope s("blocks." + std::to_string(i));
-      h = blocks_->ptr<GptBlockImpl>(i)->forward(h);
+      auto block = blocks_->ptr<GptBlockImpl>(i);
+      auto run = [block, name = "blocks." + std::to_string(i)](const at::Tensor& x) {
+        ModuleScope s(name);
+        return block->forward(x);
+      };
+      h = i < checkpoint_.size() && checkpoint_[i]
+              ? checkpoint(run, h, block->parameters())
+              : run(h);
     }
     return scoped("head", head_, scoped("ln", ln_, h));
   }
@@ -217,9 +224,21 @@ class Gpt final : public TrainableModel {
     // all samples have the same number of tokens.
     return classification_loss(out.flatten(0, 1), t.flatten(), mean);
   }
+  std::vector<std::string> chain() const override {
+    std::vector<std::string> names;
+    for (size_t i = 0; i < blocks_->size(); ++i) names.push_back("blocks." + std::to_string(i));
+    return names;
+  }
+  bool set_checkpointing(const std::vector<bool>& blocks) override {
+    if (!blocks.empty() && blocks.size() != blocks_->size()) return false;
+    checkpoint_ = blocks;
+    return true;
+  }
+  std::vector<bool> checkpointing() const override { return checkpoint_; }
 
  private:
   ModelOptions o_;
+  std::vector<bool> checkpoint_;  // per block; empty: none
   torch::nn::Module root_;
   torch::nn::Embedding tok_{nullptr}, pos_{nullptr};
   torch::nn::ModuleList blocks_{nullptr};

@@ -3,13 +3,13 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <optional>
 #include <stdexcept>
 
 #include "memfit/torch/compat.h"
 #include "memfit/torch/recorder.h"
 
 namespace memfit {
-namespace {
 
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const std::string& name, std::vector<at::Tensor> params, double lr) {
@@ -28,6 +28,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
   throw std::invalid_argument("[profile] unknown optimizer '" + name +
                               "': choose adam, sgd, momentum or none");
 }
+
+namespace {
 
 void check(const ProfileOptions& o) {
   if (o.batch < 1) {
@@ -67,8 +69,25 @@ void materialize(torch::nn::Module& m, const at::Device& device, Recorder& r) {
 Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
                       const at::Device& device) {
   auto& module = model.module();
-  module.train();
+  const StepStrategies& st = o.strategies;
+  const bool train = st.step == StepStrategies::Step::kTrain;
+  module.train(train);
   drop_gradients(module);
+  const std::vector<bool> was_checkpointing = model.checkpointing();
+  if (!st.checkpoint.empty() && !model.set_checkpointing(st.checkpoint)) {
+    throw std::invalid_argument(
+        "[profile] cannot checkpoint " + std::to_string(st.checkpoint.size()) +
+        " blocks of " + model.name() + ": it has " +
+        std::to_string(model.chain().size()) + " in its chain");
+  }
+  struct Restore {
+    TrainableModel& m;
+    const std::vector<bool>& flags;
+    ~Restore() {
+      m.set_checkpointing(flags);
+      m.module().train();
+    }
+  } restore{model, was_checkpointing};
   // Data is made on the CPU outside the recording (meta cannot draw random
   // numbers); moving it to the device is the recorded "inputs" phase.
   Batch cpu_batch = model.make_batch(o.batch, at::TensorOptions(), o.seed);
@@ -80,14 +99,28 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
     r.begin_phase(kPhaseInputs, it);
     Batch b{cpu_batch.inputs.to(device, false, /*copy=*/true),
             cpu_batch.target.to(device, false, /*copy=*/true)};
-    r.begin_phase(kPhaseForward, it);
-    auto out = model.forward(b.inputs);
-    r.begin_phase(kPhaseLoss, it);
-    auto loss = model.loss(out, b.target);
-    out.reset();  // See Note [The order of a training iteration].
+    at::Tensor loss;
+    {
+      std::optional<torch::NoGradGuard> no_grad;
+      std::optional<c10::InferenceMode> inference;
+      if (st.step == StepStrategies::Step::kEvalNoGrad) no_grad.emplace();
+      if (st.step == StepStrategies::Step::kEvalInference) inference.emplace();
+      std::optional<compat::CpuAutocast> autocast;
+      if (st.autocast_bf16) autocast.emplace(true);
+      r.begin_phase(kPhaseForward, it);
+      auto out = model.forward(b.inputs);
+      r.begin_phase(kPhaseLoss, it);
+      loss = model.loss(out, b.target);
+      out.reset();  // See Note [The order of a training iteration].
+    }
     if (loss.dim() != 0) {
       throw std::invalid_argument("[profile] the loss must be a scalar, got "
                                   "shape " + c10::str(loss.sizes()));
+    }
+    if (!train) {
+      loss.reset();
+      r.end_phase();
+      continue;
     }
     r.begin_phase(kPhaseBackward, it);
     loss.backward();
@@ -97,7 +130,14 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
     }
     // See Note [The order of a training iteration].
     r.begin_phase(kPhaseZeroGrad, it);
-    drop_gradients(module);
+    if (st.zero_grad_set_to_none) {
+      drop_gradients(module);
+    } else {
+      torch::NoGradGuard no_grad;
+      for (auto& p : module.parameters()) {
+        if (p.grad().defined()) p.mutable_grad().zero_();
+      }
+    }
     r.end_phase();
   }
   r.stop();

@@ -31,6 +31,24 @@ namespace memfit::compat {
 // shallow copy of the new tensor's metadata and storage into the variable.
 void set_data_any_device(const at::Tensor& variable, const at::Tensor& data);
 
+// CPU autocast on (in `dtype`) or off while alive, restoring what it found;
+// nested regions share the cast-weight cache, cleared when the outermost
+// ends, as torch.autocast does. torch 2.4 replaced set_cpu_enabled and
+// set_autocast_cpu_dtype with set_autocast_enabled/_dtype(device, ...).
+class CpuAutocast {
+ public:
+  explicit CpuAutocast(bool enabled, at::ScalarType dtype = at::kBFloat16);
+  ~CpuAutocast();
+  CpuAutocast(const CpuAutocast&) = delete;
+  CpuAutocast& operator=(const CpuAutocast&) = delete;
+
+ private:
+  bool prev_enabled_;
+  at::ScalarType prev_dtype_;
+};
+bool cpu_autocast_enabled();
+at::ScalarType cpu_autocast_dtype();
+
 // c10::Allocator::allocate through a pointer whose constness differs between
 // versions.
 inline c10::DataPtr allocate(c10::Allocator* allocator, size_t n) {

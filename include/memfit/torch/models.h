@@ -42,6 +42,17 @@ class TrainableModel {
                           bool mean = true) const = 0;
   // Whether a layer couples the samples of a batch (BatchNorm in training).
   virtual bool couples_batch() const { return false; }
+  // The model's chain of blocks that activation checkpointing works on
+  // ("blocks.0", ...); empty for a model without one.
+  virtual std::vector<std::string> chain() const { return {}; }
+  // Which blocks of chain() the forward checkpoints (See Note [How a
+  // checkpointed segment runs]): one flag per block, or empty for none.
+  // False, and nothing changes, for a model without a chain or flags of the
+  // wrong length.
+  virtual bool set_checkpointing(const std::vector<bool>& blocks) {
+    return blocks.empty();
+  }
+  virtual std::vector<bool> checkpointing() const { return {}; }
 };
 
 // "mlp", "cnn", "gpt", "lstm"; throws std::invalid_argument naming them for

@@ -12,7 +12,30 @@
 #include "memfit/core/timeline.h"
 #include "memfit/torch/models.h"
 
+namespace torch::optim {
+class Optimizer;
+}
+
 namespace memfit {
+
+// How a step runs: each choice is a strategy `memfit advise` measures.
+struct StepStrategies {
+  enum class Step {
+    kTrain,          // forward, loss, backward, optimizer step, zero_grad
+    kEvalNoGrad,     // forward and loss under no_grad
+    kEvalInference,  // forward and loss under inference mode
+  };
+  Step step = Step::kTrain;
+  // Blocks of the model's chain to checkpoint; empty: none.
+  std::vector<bool> checkpoint;
+  // Forward and loss under CPU autocast in bfloat16 (backward outside it,
+  // as torch.autocast does).
+  bool autocast_bf16 = false;
+  // zero_grad(set_to_none=True) (the default), or zeroing in place: the
+  // gradients then stay through the next forward, as they do between the
+  // micro-batches of an accumulated step.
+  bool zero_grad_set_to_none = true;
+};
 
 struct ProfileOptions {
   int64_t batch = 64;
@@ -21,12 +44,19 @@ struct ProfileOptions {
   int iterations = 2;
   uint64_t seed = 0;
   double lr = 1e-3;
+  StepStrategies strategies;
 };
 
 struct Profile {
   Report report;
   Timeline timeline;
 };
+
+// adam | sgd | momentum (0.9) | none (nullptr) over `params`, with learning
+// rate `lr`: the optimizers profile_model runs. Throws std::invalid_argument
+// for another name.
+std::unique_ptr<torch::optim::Optimizer> make_optimizer(
+    const std::string& name, std::vector<at::Tensor> params, double lr);
 
 // Throws std::invalid_argument for a batch < 1, iterations < 1, an unknown
 // optimizer or mode; c10::OutOfMemoryError if a simulated device is in force

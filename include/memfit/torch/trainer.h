@@ -39,6 +39,8 @@ struct TrainerOptions {
   bool mean_loss = true;
   // First micro-batch size to try; 0: the whole batch.
   int64_t micro_batch = 0;
+  // Run the forward and loss (chunk_loss) under CPU autocast in bfloat16.
+  bool autocast_bf16 = false;
 };
 
 struct StepReport {

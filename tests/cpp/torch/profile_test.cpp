@@ -74,6 +74,18 @@ TEST(ProfileTest, ProfilingLeavesTheModelAsItWas) {
   }
 }
 
+// Small gpt and lstm configurations: seconds on two cores.
+ModelOptions small_options(int64_t context, int64_t steps) {
+  ModelOptions mo;
+  mo.layers = 2;
+  mo.width = 64;
+  mo.context = context;
+  mo.vocab = 8 * context;
+  mo.lstm_steps = steps;
+  mo.lstm_hidden = 4 * steps;
+  return mo;
+}
+
 // Allocation sizes that outlive their op, per (phase, iteration), sorted.
 std::map<std::string, std::vector<int64_t>> outputs_by_phase(const Timeline& t) {
   std::map<std::string, std::vector<int64_t>> out;
@@ -95,14 +107,7 @@ std::map<std::string, std::vector<int64_t>> outputs_by_phase(const Timeline& t) 
 class MetaAgreesWithCpu : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(MetaAgreesWithCpu, OnEveryOutputByte) {
-  ModelOptions mo;
-  mo.layers = 2;
-  mo.width = 64;
-  mo.context = 16;
-  mo.vocab = 128;
-  mo.lstm_steps = 8;
-  mo.lstm_hidden = 32;
-  auto model = make_model(GetParam(), mo);
+  auto model = make_model(GetParam(), small_options(16, 8));
   ProfileOptions o;
   o.batch = 4;
   Profile cpu = profile_model(*model, o);
@@ -154,14 +159,7 @@ class PredictionTest : public ::testing::TestWithParam<std::string> {};
 // See Note [Predicting the peak at any batch]: probes at 4, 8 and 16 predict
 // the peak at 256 within 2% (the README's benchmark runs full-size models).
 TEST_P(PredictionTest, PeakAt256FromSmallProbesIsWithinTwoPercent) {
-  ModelOptions mo;
-  mo.layers = 2;
-  mo.width = 64;
-  mo.context = 32;
-  mo.vocab = 256;
-  mo.lstm_steps = 16;
-  mo.lstm_hidden = 64;
-  auto model = make_model(GetParam(), mo);
+  auto model = make_model(GetParam(), small_options(32, 16));
   ProfileOptions o;
   PeakModel pm = probe_peak_model(*model, o, {4, 8, 16});
   o.batch = 256;

@@ -1,0 +1,33 @@
+#include <c10/util/Exception.h>
+
+#include <iostream>
+
+#include "args.h"
+#include "commands.h"
+#include "memfit/torch/strategies.h"
+
+namespace memfit::cli {
+
+int advise_command(const std::vector<std::string>& argv) {
+  Args args(argv,
+            {"model", "batch", "budget", "optimizer", "repeats", "seed",
+             "layers", "width", "heads", "context"},
+            {"json", "allow-approximate"});
+  const std::string name = args.require("model");
+  AdviseOptions o;
+  o.batch = args.get_int("batch", 8);
+  if (o.batch < 1) throw UsageError("--batch must be >= 1");
+  o.budget = args.get_size("budget");
+  o.optimizer =
+      args.choice("optimizer", "adam", {"adam", "sgd", "momentum", "none"});
+  o.timing_repeats = static_cast<int>(args.get_int("repeats", 3));
+  if (o.timing_repeats < 1) throw UsageError("--repeats must be >= 1");
+  o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
+  o.allow_approximate = args.has("allow-approximate");
+  auto model = make_model(name, model_options(args));
+  const Advice a = advise(*model, o);
+  std::cout << (args.has("json") ? a.to_json(true) + "\n" : a.table());
+  return a.plan.found ? 0 : 2;
+}
+
+}  // namespace memfit::cli

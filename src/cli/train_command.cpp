@@ -10,26 +10,12 @@
 #include "memfit/core/json_writer.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/models.h"
+#include "memfit/torch/profile.h"
 #include "memfit/torch/strategies.h"
 #include "memfit/torch/tracking.h"
 #include "memfit/torch/trainer.h"
 
 namespace memfit::cli {
-namespace {
-
-std::unique_ptr<torch::optim::Optimizer> optimizer_for(const std::string& name,
-                                                       torch::nn::Module& m) {
-  if (name == "adam") return std::make_unique<torch::optim::Adam>(m.parameters());
-  if (name == "momentum") {
-    return std::make_unique<torch::optim::SGD>(
-        m.parameters(), torch::optim::SGDOptions(1e-3).momentum(0.9));
-  }
-  if (name == "sgd") return std::make_unique<torch::optim::SGD>(m.parameters(), 1e-3);
-  return nullptr;
-}
-
-}  // namespace
-
 int train_command(const std::vector<std::string>& argv) {
   Args args(argv, {"model", "batch", "budget", "steps", "optimizer", "coupled",
                    "layers", "width", "heads", "context", "plan", "seed"},
@@ -83,7 +69,7 @@ int train_command(const std::vector<std::string>& argv) {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   try {
     model = make_model(name, model_options(args));
-    optimizer = optimizer_for(opt_used, model->module());
+    optimizer = make_optimizer(opt_used, model->module().parameters(), 1e-3);
     if (plan) o = apply_plan(*plan, *model, o);
   } catch (const c10::OutOfMemoryError& e) {
     std::cerr << "memfit train: out of memory: the model alone does not fit the "

@@ -113,9 +113,7 @@ int64_t Recorder::peak_bytes() const {
   return peak_;
 }
 
-void Recorder::on_alloc(const Allocation& a) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (!recording_) return;
+Event Recorder::stamped(const Allocation& a, EventKind kind) const {
   Event e;
   e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                   std::chrono::steady_clock::now() - start_)
@@ -123,11 +121,18 @@ void Recorder::on_alloc(const Allocation& a) {
   e.bytes = a.bytes;
   e.id = a.id;
   e.module = module_index_;
+  e.phase = timeline_.current_phase();
+  e.kind = kind;
+  e.device = a.device;
+  return e;
+}
+
+void Recorder::on_alloc(const Allocation& a) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!recording_) return;
+  Event e = stamped(a, EventKind::kAlloc);
   const char* op = impl::innermost_op_name();
   e.op = op ? timeline_.op_index(op) : 0;
-  e.phase = timeline_.current_phase();
-  e.kind = EventKind::kAlloc;
-  e.device = a.device;
   e.category = phase_category_;
   timeline_.record(e);
   if (phase_frees_are_temporary_) phase_allocations_.insert(a.id);
@@ -141,17 +146,7 @@ void Recorder::on_free(const Allocation& a, bool temporary) {
   if (temporary || phase_allocations_.erase(a.id) > 0) {
     timeline_.set_category(a.id, Category::kTemporary);
   }
-  Event e;
-  e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                  std::chrono::steady_clock::now() - start_)
-                  .count();
-  e.bytes = a.bytes;
-  e.id = a.id;
-  e.module = module_index_;
-  e.phase = timeline_.current_phase();
-  e.kind = EventKind::kFree;
-  e.device = a.device;
-  timeline_.record(e);
+  timeline_.record(stamped(a, EventKind::kFree));
   live_ -= a.bytes;
 }
 

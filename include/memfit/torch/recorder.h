@@ -56,6 +56,8 @@ class Recorder final : private AllocationObserver {
   const Timeline& timeline() const { return timeline_; }
 
  private:
+  // An event for `a` stamped with the time, phase and module now (mu_ held).
+  Event stamped(const Allocation& a, EventKind kind) const;
   void on_alloc(const Allocation& a) override;
   void on_free(const Allocation& a, bool temporary) override;
 

@@ -208,6 +208,21 @@ std::string Report::table(size_t max_modules) const {
     }
     out << ")\n";
   }
+  if (data_parallel) {
+    const DataParallelSetup& d = data_parallel->setup;
+    out << "\nPer rank on " << d.world_size << " ranks (buckets "
+        << format_bytes(d.gradient_bytes) << "; largest unit "
+        << format_bytes(d.largest_unit_bytes) << "):\n";
+    TextTable dp({"sharding", "peak", "vs 1 process", "where", "rule"},
+                 {Align::kLeft, Align::kRight, Align::kRight, Align::kLeft, Align::kLeft});
+    for (const RankPeak& r : data_parallel->per_rank) {
+      dp.add_row({std::string(to_string(r.sharding)), format_bytes(r.peak_bytes),
+                  ratio(r.peak_bytes, std::max<int64_t>(peak_bytes, 1)),
+                  r.phase + (r.iteration > 0 ? " " + std::to_string(r.iteration) : ""),
+                  r.formula});
+    }
+    out << dp.str();
+  }
   for (const auto& n : notes) out << "note: " << n << "\n";
   return out.str();
 }
@@ -251,6 +266,26 @@ std::string Report::to_json(bool pretty) const {
         .member("peak_reserved_bytes", cuda->peak_reserved)
         .member("workspace_bytes", cuda->workspace_bytes)
         .end_object();
+  }
+  if (data_parallel) {
+    const DataParallelSetup& d = data_parallel->setup;
+    w.key("data_parallel").begin_object()
+        .member("world_size", d.world_size)
+        .member("gradient_bytes", d.gradient_bytes)
+        .member("gradient_as_bucket_view", d.gradient_as_bucket_view)
+        .member("bucket_cap_bytes", d.bucket_cap_bytes)
+        .member("largest_unit_bytes", d.largest_unit_bytes);
+    w.key("per_rank").begin_array();
+    for (const RankPeak& r : data_parallel->per_rank) {
+      w.begin_object()
+          .member("sharding", to_string(r.sharding))
+          .member("peak_bytes", r.peak_bytes)
+          .member("phase", r.phase)
+          .member("iteration", r.iteration)
+          .member("formula", r.formula)
+          .end_object();
+    }
+    w.end_array().end_object();
   }
   w.end_object();
   return w.str();

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "memfit/core/data_parallel.h"
 #include "memfit/core/event.h"
 #include "memfit/core/timeline.h"
 
@@ -55,6 +56,13 @@ struct CudaEstimate {
   int64_t workspace_bytes = 0; // fixed per-device extra counted in reserved
 };
 
+// The same step on each of world_size ranks (Note [One rank's memory under
+// data parallelism], data_parallel.cpp).
+struct DataParallelEstimate {
+  DataParallelSetup setup;
+  std::vector<RankPeak> per_rank;  // one per Sharding, in enum order
+};
+
 struct Report {
   std::string model;
   int64_t batch = 0;
@@ -70,12 +78,13 @@ struct Report {
   std::vector<ModuleRow> modules;  // largest first
   std::vector<std::string> notes;  // e.g. "meta mode unavailable: ..."
   std::optional<CudaEstimate> cuda;
+  std::optional<DataParallelEstimate> data_parallel;
 
   // The table people read: phases, then categories at the peak, then the
   // largest modules.
   std::string table(size_t max_modules = 10) const;
   // Top-level keys: model, batch, optimizer, mode, peak_bytes, phases,
-  // categories_at_peak, modules (and cuda when estimated).
+  // categories_at_peak, modules (and cuda, data_parallel when estimated).
   std::string to_json(bool pretty = true) const;
 };
 

@@ -1,0 +1,73 @@
+// The peak memory of one rank under data parallelism (DDP, ZeRO stages 1-3,
+// FSDP), predicted from the timeline of the same step run on one process.
+// See Note [One rank's memory under data parallelism].
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "memfit/core/timeline.h"
+
+namespace memfit {
+
+enum class Sharding : uint8_t {
+  kDdp,    // DistributedDataParallel: everything replicated, plus buckets
+  kZero1,  // DDP + optimizer state sharded (ZeroRedundancyOptimizer)
+  kZero2,  // + gradients sharded (reduce-scatter per bucket)
+  kZero3,  // + parameters sharded, one unit gathered at a time (FSDP)
+};
+inline constexpr int kNumShardings = 4;
+
+// "ddp", "zero1", "zero2", "zero3".
+std::string_view to_string(Sharding s);
+// Inverse of to_string(); "fsdp" is accepted for zero3. Throws
+// std::invalid_argument naming the accepted names.
+Sharding sharding_from_string(std::string_view name);
+
+struct DataParallelSetup {
+  int world_size = 2;
+  // Bytes of the trainable parameters: DDP's buckets hold one copy of their
+  // gradients for the whole run.
+  int64_t gradient_bytes = 0;
+  // DDP's gradient_as_bucket_view=True: .grad are views into the buckets,
+  // so the separate gradients disappear.
+  bool gradient_as_bucket_view = false;
+  int64_t bucket_cap_bytes = int64_t{25} << 20;       // DDP's bucket_cap_mb
+  int64_t broadcast_bucket_bytes = int64_t{250} << 20;  // DDP's construction
+  // Parameter bytes of the largest unit FSDP gathers at once (the largest
+  // wrapped submodule); 0 if unknown: then zero3 gathers nothing extra and
+  // the formula says so.
+  int64_t largest_unit_bytes = 0;
+  // The share of the optimizer state the fullest rank holds: 0 means 1/W
+  // (flat even shards: DeepSpeed, FSDP); torch's ZeroRedundancyOptimizer
+  // shards whole parameters: see largest_partition_fraction().
+  double optimizer_shard_fraction = 0;
+};
+
+// The share of `param_bytes` the fullest of `world_size` ranks gets when
+// whole parameters are dealt largest first to the least-loaded rank (torch's
+// ZeroRedundancyOptimizer). 1/W at best; 1 for a single parameter. Throws
+// std::invalid_argument for world_size < 1 or a negative size.
+double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_size);
+
+struct RankPeak {
+  Sharding sharding = Sharding::kDdp;
+  int64_t peak_bytes = 0;
+  std::string phase;      // where it is reached; "ddp_construction" for the
+  int iteration = 0;      // broadcast and bucket allocation of DDP(model)
+  std::string formula;    // the rule applied, in words
+};
+
+// The per-rank peak of `single_step` (a profile's timeline: phases
+// "parameters", "forward", "loss", "backward", "optimizer_step", ...) under
+// `sharding`. Throws std::invalid_argument for world_size < 1 or negative
+// byte counts.
+RankPeak per_rank_peak(const Timeline& single_step, const DataParallelSetup& setup,
+                       Sharding sharding);
+// All four, in enum order.
+std::vector<RankPeak> per_rank_peaks(const Timeline& single_step,
+                                     const DataParallelSetup& setup);
+
+}  // namespace memfit

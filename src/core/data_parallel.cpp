@@ -1,0 +1,275 @@
+#include "memfit/core/data_parallel.h"
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <functional>
+#include <stdexcept>
+#include <unordered_map>
+
+namespace memfit {
+
+// Note [One rank's memory under data parallelism]
+// Each rank runs the single-process step on its local batch; what differs
+// is held on top of it or divided by the world size W. One pass over the
+// single-process timeline keeps, at every event, the live bytes of four
+// kinds, and applies per event (the peak is the largest value):
+//   P   parameters;
+//   G_t parameter gradients: allocated in backward and outliving it (what
+//       a backward allocates and frees inside itself is activations'
+//       gradients, which every rank has in full);
+//   S   optimizer state;
+//   T   optimizer-step temporaries: the step's other allocations. Kept
+//       whole: torch's default (for-loop) Adam needs them for one parameter
+//       at a time, and the largest parameter may be this rank's. With
+//       foreach=True they shrink with the shard: the estimate is then high
+//       by up to T(1 - 1/W).
+// G is the trainable parameters' bytes (given), B = min(bucket_cap, G).
+//   ddp   live + G. DDP allocates its buckets (one copy of the gradients)
+//         when wrapping and keeps them. Measured on torch 1.13 with gloo:
+//         exactly G more than one process at every phase. With
+//         gradient_as_bucket_view, .grad are views into the buckets:
+//         live - G_t + G, plus a new gradient for the instant between its
+//         op and the reducer's copy into the bucket.
+//   zero1 ddp - S(1 - f): the optimizer state sharded; f = 1/W for flat
+//         shards, the fullest rank's share for torch's
+//         ZeroRedundancyOptimizer, which deals whole parameters (measured:
+//         within 0.1% of its fullest rank on an MLP).
+//   zero2 live - S(1 - f) - G_t(1 - 1/W) + B: gradients reduce-scattered a
+//         bucket at a time as backward makes them, no DDP buckets.
+//   zero3 zero2 - P(1 - 1/W) + 2L in forward and loss (the unit computing
+//         and the one prefetched, L = largest_unit_bytes), 3L in backward
+//         (plus that unit's unsharded gradients before reduce-scatter).
+// Shards are rounded up (ceil(x / W)): frameworks pad to equal shards.
+// Wrapping a model in DDP also has its own peak, before the first step: its
+// parameters broadcast from rank 0 as flat copies of up to
+// broadcast_bucket_bytes, freed before the buckets are allocated:
+//   P_live + max(min(P, broadcast_bucket_bytes), G) at the end of
+//   "parameters" (ddp and zero1 only).
+// zero2 and zero3 are formulas for DeepSpeed/FSDP and were not measured on a
+// run here (torch 1.13's FSDP needs CUDA); ddp and zero1 are checked against
+// real runs (python/tests/test_data_parallel_memory.py).
+
+std::string_view to_string(Sharding s) {
+  switch (s) {
+    case Sharding::kDdp: return "ddp";
+    case Sharding::kZero1: return "zero1";
+    case Sharding::kZero2: return "zero2";
+    case Sharding::kZero3: return "zero3";
+  }
+  return "?";
+}
+
+Sharding sharding_from_string(std::string_view name) {
+  for (int i = 0; i < kNumShardings; ++i) {
+    const auto s = static_cast<Sharding>(i);
+    if (name == to_string(s)) return s;
+  }
+  if (name == "fsdp") return Sharding::kZero3;
+  throw std::invalid_argument("unknown sharding '" + std::string(name) +
+                              "': use ddp, zero1, zero2, zero3 (or fsdp)");
+}
+
+namespace {
+
+enum Kind : uint8_t { kParam, kParamGrad, kState, kRest, kNumKinds };
+
+int64_t ceil_div(int64_t x, int64_t w) { return (x + w - 1) / w; }
+int64_t sharded_away(int64_t x, int64_t w) { return x - ceil_div(x, w); }
+
+std::string share(const DataParallelSetup& d) {
+  if (d.optimizer_shard_fraction <= 0) return "1/W";
+  char buf[48];
+  std::snprintf(buf, sizeof buf, "%.3f (fullest rank's share)", d.optimizer_shard_fraction);
+  return buf;
+}
+
+std::string formula_of(Sharding s, const DataParallelSetup& d) {
+  switch (s) {
+    case Sharding::kDdp:
+      return d.gradient_as_bucket_view
+                 ? "live - gradients + G (gradients are views of DDP's buckets)"
+                 : "live + G (DDP's gradient buckets: one copy of the gradients)";
+    case Sharding::kZero1:
+      return "ddp - optimizer state x (1 - f), f = " + share(d);
+    case Sharding::kZero2:
+      return "live - optimizer state x (1 - f) - gradients x (1 - 1/W) + one bucket"
+             ", f = " + share(d);
+    case Sharding::kZero3:
+      return d.largest_unit_bytes > 0
+                 ? "zero2 - parameters x (1 - 1/W) + 2L forward, 3L backward"
+                   " (L: largest unit's parameters)"
+                 : "zero2 - parameters x (1 - 1/W) (largest unit unknown: no "
+                   "gathered unit counted)";
+  }
+  return "";
+}
+
+// Which kind each allocation event is; frees get their allocation's kind.
+std::vector<Kind> classify(const Timeline& t) {
+  const auto& ev = t.events();
+  const auto& spans = t.phase_spans();
+  std::vector<uint16_t> span_phase(ev.size(), 0);
+  std::vector<size_t> span_end(ev.size(), ev.size());
+  for (const PhaseSpan& s : spans) {
+    for (size_t i = s.first_event; i < s.end_event && i < ev.size(); ++i) {
+      span_phase[i] = s.phase;
+      span_end[i] = s.end_event;
+    }
+  }
+  std::vector<size_t> freed_at(ev.size(), ev.size());
+  {
+    std::unordered_map<uint64_t, size_t> live;
+    for (size_t i = 0; i < ev.size(); ++i) {
+      if (ev[i].kind == EventKind::kAlloc) {
+        live[ev[i].id] = i;
+      } else if (auto it = live.find(ev[i].id); it != live.end()) {
+        freed_at[it->second] = i;
+        live.erase(it);
+      }
+    }
+  }
+  auto phase_is = [&](size_t i, std::string_view name) {
+    return span_phase[i] != 0 && t.phase_name(span_phase[i]) == name;
+  };
+  std::vector<Kind> kind(ev.size(), kRest);
+  std::unordered_map<uint64_t, Kind> live_kind;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const Event& e = ev[i];
+    if (e.kind == EventKind::kFree) {
+      if (auto it = live_kind.find(e.id); it != live_kind.end()) {
+        kind[i] = it->second;
+        live_kind.erase(it);
+      }
+      continue;
+    }
+    Kind k = kRest;
+    if (e.category == Category::kParameter) {
+      k = kParam;
+    } else if (e.category == Category::kOptimizerState) {
+      k = kState;
+    } else if (e.category == Category::kGradient && phase_is(i, "backward") &&
+               freed_at[i] >= span_end[i]) {
+      k = kParamGrad;
+    }
+    kind[i] = k;
+    live_kind[e.id] = k;
+  }
+  return kind;
+}
+
+}  // namespace
+
+std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup& d) {
+  if (d.world_size < 1) {
+    throw std::invalid_argument("world_size must be >= 1, got " +
+                                std::to_string(d.world_size));
+  }
+  if (d.gradient_bytes < 0 || d.bucket_cap_bytes < 0 || d.broadcast_bucket_bytes < 0 ||
+      d.largest_unit_bytes < 0 || d.optimizer_shard_fraction < 0 ||
+      d.optimizer_shard_fraction > 1) {
+    throw std::invalid_argument(
+        "data parallel setup: byte counts (gradient_bytes, bucket_cap_bytes, "
+        "broadcast_bucket_bytes, largest_unit_bytes) must be >= 0 and "
+        "optimizer_shard_fraction in [0, 1]");
+  }
+  const int64_t W = d.world_size;
+  const int64_t G = d.gradient_bytes;
+  const int64_t L = d.largest_unit_bytes;
+  const int64_t bucket = std::min(d.bucket_cap_bytes, G);
+
+  std::vector<RankPeak> out(kNumShardings);
+  for (int s = 0; s < kNumShardings; ++s) {
+    out[s].sharding = static_cast<Sharding>(s);
+    out[s].formula = formula_of(out[s].sharding, d);
+  }
+  auto offer = [&](int s, int64_t bytes, const std::string& phase, int iteration) {
+    if (bytes > out[s].peak_bytes || out[s].phase.empty()) {
+      out[s].peak_bytes = bytes;
+      out[s].phase = phase;
+      out[s].iteration = iteration;
+    }
+  };
+
+  const auto& ev = t.events();
+  const std::vector<Kind> kind = classify(t);
+  std::array<int64_t, kNumKinds> live_by{};
+  int64_t live = 0;
+  // Phase name and iteration of each event, from the spans.
+  std::vector<const PhaseSpan*> span_of(ev.size(), nullptr);
+  for (const PhaseSpan& s : t.phase_spans()) {
+    for (size_t i = s.first_event; i < s.end_event && i < ev.size(); ++i) span_of[i] = &s;
+  }
+  const PhaseSpan* previous = nullptr;
+  auto close_span = [&](const PhaseSpan* s) {
+    // DDP(model) runs once the parameters are on the device.
+    if (s == nullptr || t.phase_name(s->phase) != "parameters") return;
+    const int64_t construction =
+        live + std::max(std::min(live_by[kParam], d.broadcast_bucket_bytes), G);
+    offer(static_cast<int>(Sharding::kDdp), construction, "ddp_construction", 0);
+    offer(static_cast<int>(Sharding::kZero1), construction, "ddp_construction", 0);
+  };
+
+  for (size_t i = 0; i < ev.size(); ++i) {
+    if (span_of[i] != previous) {
+      close_span(previous);
+      previous = span_of[i];
+    }
+    const Event& e = ev[i];
+    const int64_t signed_bytes = e.kind == EventKind::kAlloc ? e.bytes : -e.bytes;
+    live += signed_bytes;
+    live_by[kind[i]] += signed_bytes;
+
+    static const std::string kNone;
+    const std::string& phase = span_of[i] ? t.phase_name(span_of[i]->phase) : kNone;
+    const int iteration = span_of[i] ? span_of[i]->iteration : 0;
+    const int64_t grads = live_by[kParamGrad];
+    // A gradient the reducer has not yet moved into its bucket.
+    const int64_t arriving =
+        e.kind == EventKind::kAlloc && kind[i] == kParamGrad ? e.bytes : 0;
+    const int64_t state = live_by[kState];
+    const int64_t step_sharded =
+        d.optimizer_shard_fraction > 0
+            ? state - static_cast<int64_t>(std::ceil(state * d.optimizer_shard_fraction))
+            : sharded_away(state, W);
+
+    const int64_t ddp = d.gradient_as_bucket_view ? live - grads + arriving + G : live + G;
+    const int64_t zero1 = ddp - step_sharded;
+    const int64_t zero2 = live - step_sharded - grads + ceil_div(grads, W) + arriving + bucket;
+    int64_t gathered = 0;
+    if (phase == "forward" || phase == "loss") gathered = 2 * L;
+    if (phase == "backward") gathered = 3 * L;
+    const int64_t zero3 = zero2 - sharded_away(live_by[kParam], W) + gathered;
+
+    offer(0, ddp, phase, iteration);
+    offer(1, zero1, phase, iteration);
+    offer(2, zero2, phase, iteration);
+    offer(3, zero3, phase, iteration);
+  }
+  close_span(previous);
+  return out;
+}
+
+double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_size) {
+  if (world_size < 1) {
+    throw std::invalid_argument("world_size must be >= 1, got " + std::to_string(world_size));
+  }
+  int64_t total = 0;
+  for (int64_t b : param_bytes) {
+    if (b < 0) throw std::invalid_argument("parameter sizes must be >= 0");
+    total += b;
+  }
+  if (total == 0) return 1.0 / world_size;
+  std::sort(param_bytes.begin(), param_bytes.end(), std::greater<>());
+  std::vector<int64_t> load(static_cast<size_t>(world_size), 0);
+  for (int64_t b : param_bytes) *std::min_element(load.begin(), load.end()) += b;
+  return static_cast<double>(*std::max_element(load.begin(), load.end())) /
+         static_cast<double>(total);
+}
+
+RankPeak per_rank_peak(const Timeline& t, const DataParallelSetup& d, Sharding s) {
+  return per_rank_peaks(t, d)[static_cast<size_t>(s)];
+}
+
+}  // namespace memfit

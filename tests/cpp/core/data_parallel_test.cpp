@@ -1,0 +1,228 @@
+#include "memfit/core/data_parallel.h"
+
+#include "memfit/core/report.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+namespace memfit {
+namespace {
+
+class Step {
+ public:
+  void phase(const char* name, int iteration) { t.begin_phase(name, iteration); }
+  void alloc(uint64_t id, int64_t bytes, Category c) {
+    Event e;
+    e.kind = EventKind::kAlloc;
+    e.id = id;
+    e.bytes = bytes;
+    e.category = c;
+    e.phase = t.current_phase();
+    t.record(e);
+  }
+  void free(uint64_t id) {
+    Event e;
+    e.kind = EventKind::kFree;
+    e.id = id;
+    e.phase = t.current_phase();
+    t.record(e);
+  }
+  Timeline t;
+};
+
+// One iteration; live bytes after each event in the comments. The single
+// process peaks at 4500 inside the optimizer step.
+Timeline one_step() {
+  Step s;
+  s.phase("parameters", 0);
+  s.alloc(1, 600, Category::kParameter);        // 600
+  s.alloc(2, 400, Category::kParameter);        // 1000
+  s.phase("forward", 1);
+  s.alloc(3, 2000, Category::kActivation);      // 3000
+  s.alloc(4, 300, Category::kTemporary);        // 3300
+  s.free(4);                                    // 3000
+  s.phase("loss", 1);
+  s.alloc(5, 10, Category::kActivation);        // 3010
+  s.phase("backward", 1);
+  s.alloc(6, 500, Category::kGradient);         // 3510: an activation's gradient
+  s.alloc(7, 600, Category::kGradient);         // 4110: p1.grad
+  s.free(6);                                    // 3610
+  s.alloc(8, 400, Category::kGradient);         // 4010: p2.grad
+  s.free(3);                                    // 2010
+  s.free(5);                                    // 2000
+  s.phase("optimizer_step", 1);
+  s.alloc(9, 1200, Category::kOptimizerState);  // 3200
+  s.alloc(10, 800, Category::kOptimizerState);  // 4000
+  s.alloc(11, 500, Category::kTemporary);       // 4500
+  s.free(11);                                   // 4000
+  s.phase("zero_grad", 1);
+  s.free(7);                                    // 3400
+  s.free(8);                                    // 3000
+  s.t.end_phase();
+  return s.t;
+}
+
+DataParallelSetup two_ranks() {
+  DataParallelSetup d;
+  d.world_size = 2;
+  d.gradient_bytes = 1000;
+  d.bucket_cap_bytes = 300;
+  d.largest_unit_bytes = 100;
+  return d;
+}
+
+TEST(DataParallel, DdpAddsOneCopyOfTheGradientsEverywhere) {
+  const RankPeak p = per_rank_peak(one_step(), two_ranks(), Sharding::kDdp);
+  EXPECT_EQ(p.peak_bytes, 4500 + 1000);
+  EXPECT_EQ(p.phase, "optimizer_step");
+  EXPECT_EQ(p.iteration, 1);
+  EXPECT_NE(p.formula.find("buckets"), std::string::npos);
+}
+
+// With .grad as bucket views, each gradient lives in the bucket: only the
+// one being moved counts apart. The activation's gradient (freed inside
+// backward) is not a parameter gradient: counting it would give 4610.
+TEST(DataParallel, BucketViewsReplaceTheGradients) {
+  DataParallelSetup d = two_ranks();
+  d.gradient_as_bucket_view = true;
+  const RankPeak p = per_rank_peak(one_step(), d, Sharding::kDdp);
+  EXPECT_EQ(p.peak_bytes, 4110 - 600 + 600 + 1000);
+  EXPECT_EQ(p.phase, "backward");
+}
+
+// Sharding the optimizer state (2000 -> 1000) moves the peak from the step
+// (5500 -> 4500; its temporary is kept whole) to backward.
+TEST(DataParallel, Zero1ShardsStateAndStep) {
+  const RankPeak p = per_rank_peak(one_step(), two_ranks(), Sharding::kZero1);
+  EXPECT_EQ(p.peak_bytes, 4110 + 1000);
+  EXPECT_EQ(p.phase, "backward");
+}
+
+TEST(DataParallel, Zero2ShardsGradientsAndKeepsOneBucket) {
+  // At p1.grad's arrival: live 4110, gradients 600 -> 300 kept, plus the
+  // arriving 600 and one 300-byte bucket.
+  const RankPeak p = per_rank_peak(one_step(), two_ranks(), Sharding::kZero2);
+  EXPECT_EQ(p.peak_bytes, 4110 - 600 + 300 + 600 + 300);
+  EXPECT_EQ(p.phase, "backward");
+}
+
+TEST(DataParallel, Zero3ShardsParametersAndGathersUnits) {
+  // zero2's 4710, parameters 1000 -> 500, three units of 100 in backward.
+  const RankPeak p = per_rank_peak(one_step(), two_ranks(), Sharding::kZero3);
+  EXPECT_EQ(p.peak_bytes, 4710 - 500 + 300);
+  EXPECT_EQ(p.phase, "backward");
+}
+
+TEST(DataParallel, OneRankShardsNothing) {
+  DataParallelSetup d = two_ranks();
+  d.world_size = 1;
+  const auto peaks = per_rank_peaks(one_step(), d);
+  ASSERT_EQ(peaks.size(), 4u);
+  EXPECT_EQ(peaks[0].peak_bytes, 5500);
+  EXPECT_EQ(peaks[1].peak_bytes, 5500);
+}
+
+// Shards round up: 3 ranks hold ceil(2000 / 3) = 667 of the state.
+TEST(DataParallel, ShardsRoundUp) {
+  DataParallelSetup d = two_ranks();
+  d.world_size = 3;
+  d.gradient_bytes = 0;
+  const RankPeak p = per_rank_peak(one_step(), d, Sharding::kZero1);
+  // optimizer temp alloc: live 4500 - (2000 - 667) = 3167; backward's
+  // 4110 is higher.
+  EXPECT_EQ(p.peak_bytes, 4110);
+  d.gradient_bytes = 1000;
+  d.largest_unit_bytes = 0;
+  EXPECT_EQ(per_rank_peak(one_step(), d, Sharding::kZero1).peak_bytes, 5110);
+}
+
+// Wrapping in DDP broadcasts the parameters as one flat copy, then
+// allocates the buckets: 1000 + max(min(1000, cap), 1000) = 2000, lower than
+// the step here; with a huge gradient_bytes it is the peak.
+TEST(DataParallel, ConstructionPeak) {
+  DataParallelSetup d = two_ranks();
+  d.gradient_bytes = 100000;
+  const RankPeak p = per_rank_peak(one_step(), d, Sharding::kDdp);
+  EXPECT_EQ(p.peak_bytes, 4500 + 100000);
+  EXPECT_EQ(p.phase, "optimizer_step");
+  d.gradient_bytes = 1000;
+  d.broadcast_bucket_bytes = 400;
+  Step s;
+  s.phase("parameters", 0);
+  s.alloc(1, 100000, Category::kParameter);
+  s.t.end_phase();
+  const RankPeak c = per_rank_peak(s.t, d, Sharding::kDdp);
+  // The buckets (1000) outweigh the 400-byte broadcast chunk: equal to
+  // parameters + G, first reached in "parameters".
+  EXPECT_EQ(c.peak_bytes, 100000 + 1000);
+  EXPECT_EQ(c.phase, "parameters");
+  d.gradient_bytes = 10;
+  const RankPeak b = per_rank_peak(s.t, d, Sharding::kZero1);
+  EXPECT_EQ(b.peak_bytes, 100000 + 400);  // the broadcast chunk
+  EXPECT_EQ(b.phase, "ddp_construction");
+}
+
+// torch's ZeroRedundancyOptimizer deals whole parameters, largest first, to
+// the least-loaded rank: {1000, 500, 300, 200} on 2 ranks -> {1000} and
+// {500, 300, 200}; on 3 -> {1000}, {500}, {300, 200}.
+TEST(DataParallel, LargestPartition) {
+  EXPECT_DOUBLE_EQ(largest_partition_fraction({300, 1000, 200, 500}, 2), 0.5);
+  EXPECT_DOUBLE_EQ(largest_partition_fraction({300, 1000, 200, 500}, 3), 0.5);
+  EXPECT_DOUBLE_EQ(largest_partition_fraction({1000, 100}, 2), 1000.0 / 1100);
+  EXPECT_DOUBLE_EQ(largest_partition_fraction({7}, 4), 1.0);
+  EXPECT_DOUBLE_EQ(largest_partition_fraction({}, 4), 0.25);
+  EXPECT_THROW(largest_partition_fraction({1}, 0), std::invalid_argument);
+  EXPECT_THROW(largest_partition_fraction({-1}, 2), std::invalid_argument);
+}
+
+// A rank holding 90% of the state keeps 1800 of its 2000 bytes.
+TEST(DataParallel, UnevenOptimizerShards) {
+  DataParallelSetup d = two_ranks();
+  d.optimizer_shard_fraction = 0.9;
+  const RankPeak p = per_rank_peak(one_step(), d, Sharding::kZero1);
+  EXPECT_EQ(p.peak_bytes, 5500 - 200);  // in the step, above backward's 5110
+  EXPECT_EQ(p.phase, "optimizer_step");
+  EXPECT_NE(p.formula.find("0.900"), std::string::npos);
+  d.optimizer_shard_fraction = 1.5;
+  EXPECT_THROW(per_rank_peaks(one_step(), d), std::invalid_argument);
+}
+
+TEST(DataParallel, RejectsBadSetup) {
+  DataParallelSetup d = two_ranks();
+  d.world_size = 0;
+  EXPECT_THROW(per_rank_peaks(one_step(), d), std::invalid_argument);
+  d = two_ranks();
+  d.gradient_bytes = -1;
+  EXPECT_THROW(per_rank_peaks(one_step(), d), std::invalid_argument);
+}
+
+TEST(DataParallel, ShardingNames) {
+  EXPECT_EQ(sharding_from_string("zero2"), Sharding::kZero2);
+  EXPECT_EQ(sharding_from_string("fsdp"), Sharding::kZero3);
+  EXPECT_EQ(to_string(Sharding::kZero1), "zero1");
+  try {
+    sharding_from_string("zero4");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ddp, zero1, zero2, zero3"), std::string::npos);
+  }
+}
+
+// The profile report carries the estimate only when asked for one.
+TEST(DataParallel, ReportShowsPerRankPeaks) {
+  Report r = make_report(one_step(), {"toy", 4, "adam", "cpu"});
+  EXPECT_EQ(r.to_json(false).find("data_parallel"), std::string::npos);
+  r.data_parallel = DataParallelEstimate{two_ranks(), per_rank_peaks(one_step(), two_ranks())};
+  const std::string json = r.to_json(false);
+  EXPECT_NE(json.find("\"data_parallel\":{\"world_size\":2"), std::string::npos);
+  EXPECT_NE(json.find("{\"sharding\":\"ddp\",\"peak_bytes\":5500,"
+                      "\"phase\":\"optimizer_step\",\"iteration\":1"),
+            std::string::npos);
+  const std::string table = r.table();
+  EXPECT_NE(table.find("Per rank on 2 ranks"), std::string::npos);
+  EXPECT_NE(table.find("1.22x"), std::string::npos);  // ddp: 5500 / 4500
+}
+
+}  // namespace
+}  // namespace memfit

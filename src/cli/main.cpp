@@ -19,6 +19,8 @@ commands:
                            [--iterations K] [--json] [--svg FILE]
                            [--predict] [--probes 4,8,16]
                            [--cuda-workspace SIZE]
+                           [--world-size W [--bucket-view] [--bucket-cap SIZE]]
+            --world-size: each rank's peak under DDP, ZeRO-1/2/3 (FSDP)
   fit       the largest batch whose whole step fits a budget, from probes
             at small batches: no trial-and-error crashes
             memfit fit --model NAME --budget SIZE [--optimizer ...]

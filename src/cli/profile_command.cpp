@@ -10,6 +10,7 @@
 #include "memfit/core/json_writer.h"
 #include "memfit/core/svg_plot.h"
 #include "memfit/core/units.h"
+#include "memfit/torch/data_parallel.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
 
@@ -88,8 +89,9 @@ std::string prediction_text(const PeakModel& pm, int64_t batch) {
 int profile_command(const std::vector<std::string>& argv) {
   Args args(argv,
             {"model", "batch", "optimizer", "mode", "target", "iterations", "svg",
-             "probes", "cuda-workspace", "layers", "width", "heads", "context"},
-            {"json", "predict"});
+             "probes", "cuda-workspace", "layers", "width", "heads", "context",
+             "world-size", "bucket-cap"},
+            {"json", "predict", "bucket-view"});
   const std::string name = args.require("model");
   ProfileOptions o;
   o.batch = args.get_int("batch", 64);
@@ -122,6 +124,17 @@ int profile_command(const std::vector<std::string>& argv) {
     CudaReplay replay = replay_cuda(p.timeline, std::nullopt, workspace);
     p.report.cuda = CudaEstimate{replay.peak_allocated + workspace, replay.peak_reserved,
                                  workspace};
+  }
+  if (args.has("world-size")) {
+    const int64_t world = args.get_int("world-size", 2);
+    if (world < 1 || world > 1 << 20) {
+      throw UsageError("--world-size expects a number of ranks >= 1, got " +
+                       std::to_string(world));
+    }
+    DataParallelSetup d = data_parallel_setup(model->module(), static_cast<int>(world));
+    d.gradient_as_bucket_view = args.has("bucket-view");
+    if (args.has("bucket-cap")) d.bucket_cap_bytes = args.get_size("bucket-cap");
+    p.report.data_parallel = DataParallelEstimate{d, per_rank_peaks(p.timeline, d)};
   }
   if (args.has("svg")) {
     const std::string path = args.get("svg", "");

@@ -7,6 +7,7 @@ import inspect
 import torch
 
 from . import _memfit
+from .data_parallel import trainable_sizes
 from .device import to_bytes
 from .profile import profile
 
@@ -42,12 +43,29 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     the free CUDA memory. margin: extra bytes to keep free (e.g. for a real
     GPU's allocator), on top of the fit's own residual.
 
+    A model wrapped in DistributedDataParallel gets each rank's batch: the
+    budget first loses DDP's gradient buckets, one copy of the trainable
+    parameters (exactly what DDP adds to every phase when .grad are separate
+    from the buckets; an upper bound with gradient_as_bucket_view=True), and
+    budget_bytes says what is left for the step itself.
+
     Returns a BatchFit: max_batch, recommended_batch (largest multiple of 8
     not above max_batch, when max_batch >= 8), predicted_peak_bytes,
     budget_bytes, margin_bytes, trials, mode. Raises memfit.DoesNotFit (a
     ValueError) with the numbers when even batch 1 does not fit.
     """
     available = _available_bytes(budget)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+        buckets = sum(trainable_sizes(model))
+        if buckets >= available:
+            raise DoesNotFit(
+                f"[find_batch_size] DDP's gradient buckets alone take "
+                f"{_memfit.format_bytes(buckets)} of the "
+                f"{_memfit.format_bytes(available)} budget: use a bigger card, "
+                f"or shard (report.data_parallel() shows ZeRO/FSDP per rank)"
+            )
+        available -= buckets
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode)
     peak_model = report.peak_model()

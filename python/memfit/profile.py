@@ -6,6 +6,7 @@ import copy
 import torch
 
 from . import _memfit
+from . import data_parallel as _dp
 from .batching import batch_size, map_tensors, resize_batch, tensors_in
 from .tracking import Tracking
 
@@ -119,11 +120,12 @@ def _record_step(model, inputs, target, loss_fn, optimizer, iterations, device):
 class Report:
     """One profiled step: phases, categories at the peak, modules, timeline."""
 
-    def __init__(self, native, timeline, prober=None):
+    def __init__(self, native, timeline, prober=None, model_sizes=((), 0)):
         self._native = native
         self.timeline = timeline
         self._prober = prober
         self._peak_model = None
+        self._trainable_sizes, self._largest_unit_bytes = model_sizes
 
     peak_bytes = property(lambda self: self._native.peak_bytes)
     peak_phase = property(lambda self: self._native.peak_phase)
@@ -179,6 +181,29 @@ class Report:
             raise ValueError(f"[predict_peak_bytes] batch must be >= 1, got {batch}")
         return self.peak_model().predict(batch)
 
+    def data_parallel(self, world_size, gradient_as_bucket_view=False, bucket_cap_mb=25,
+                      largest_unit=None, optimizer_shards="flat"):
+        """Each rank's peak when this step runs on `world_size` ranks, each on
+        this report's batch: under DDP (its gradient buckets: one more copy of
+        the gradients, or none with gradient_as_bucket_view), ZeRO-1
+        (optimizer state sharded), ZeRO-2 (+ gradients) and ZeRO-3/FSDP
+        (+ parameters, the largest unit gathered). optimizer_shards="flat"
+        splits the optimizer state evenly (DeepSpeed, FSDP); "parameters"
+        deals whole parameters as torch's ZeroRedundancyOptimizer does, and
+        the fullest rank is predicted. Returns one RankPeak per sharding
+        (sharding, peak_bytes, phase, iteration, formula); table() and
+        to_json() show them from then on."""
+        _dp.check_world_size(world_size, "data_parallel")
+        if not bucket_cap_mb > 0:
+            raise ValueError(f"[data_parallel] bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+        unit = self._largest_unit_bytes if largest_unit is None else _dp.unit_bytes(largest_unit)
+        share = _dp.optimizer_shard_fraction(optimizer_shards, list(self._trainable_sizes),
+                                             world_size)
+        self._native.set_data_parallel(
+            self.timeline, world_size, sum(self._trainable_sizes), bool(gradient_as_bucket_view),
+            int(bucket_cap_mb * 1024 * 1024), unit, share)
+        return list(self._native.data_parallel)
+
     def __repr__(self):
         return self.table()
 
@@ -214,7 +239,8 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
 
     The model, its gradients and the optimizer are left as they were.
     Returns a Report: peak_bytes, phases, categories_at_peak, modules,
-    table(), to_json(), save_svg(path), predict_peak_bytes(batch).
+    table(), to_json(), save_svg(path), predict_peak_bytes(batch), and
+    data_parallel(world_size): each rank's peak under DDP, ZeRO-1/2/3.
     """
     if isinstance(optimizer, str) and optimizer not in _OPTIMIZERS:
         raise ValueError(
@@ -292,7 +318,8 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
             timelines.append(timeline)
         return _memfit.fit_peak_model(batches, reports, timelines)
 
-    return Report(native, timeline, prober)
+    sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
+    return Report(native, timeline, prober, sizes)
 
 
 def _restore_device(model, state):

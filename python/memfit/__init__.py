@@ -10,6 +10,7 @@
 
 from ._memfit import format_bytes, parse_size
 from .device import simulated_device, to_bytes
+from .distributed import DistributedError, DistributedStepReport
 from .fit import DoesNotFit, auto_batch_size, find_batch_size
 from .profile import Report, profile
 from .trainer import Trainer
@@ -17,6 +18,8 @@ from .tracking import Tracking, track
 
 __all__ = [
     "auto_batch_size",
+    "DistributedError",
+    "DistributedStepReport",
     "DoesNotFit",
     "find_batch_size",
     "format_bytes",

@@ -5,6 +5,7 @@ import torch
 from . import _memfit
 from .batching import batch_size, map_tensors
 from .device import to_bytes
+from .distributed import DistributedStep, batch_signature, is_distributed
 from .profile import _call, _compute_loss
 
 
@@ -54,6 +55,15 @@ class Trainer:
       micro-batch uses its own statistics).
     - reduction: "mean" or "sum"; read from loss_fn.reduction when omitted.
     - split=False runs the batch whole and lets an OOM out.
+
+    A DistributedDataParallel model runs distributed: each rank splits its own
+    batch, the ranks agree on the micro-batch to start from, and the gradients
+    are synced once, before the optimizer step: the mean of the ranks'
+    local-batch gradients, as DDP computes. step() then returns a
+    DistributedStepReport (rank, world_size, local_batches, global_batch,
+    start_micro_batch), and a failed collective or rank raises
+    memfit.DistributedError. See Note [Micro-batches under
+    DistributedDataParallel] (distributed.py).
     """
 
     def __init__(self, model, optimizer, loss_fn=None, budget=None, batch_dim=0,
@@ -67,15 +77,17 @@ class Trainer:
         self.batch_dim = batch_dim
         self.target_batch_dim = target_batch_dim
         budget = None if budget is None else to_bytes(budget, "Trainer")
+        self._dist = DistributedStep(model) if is_distributed(model) else None
+        self._module = model.module if self._dist else model
         self._native = _memfit.Trainer(
             [p for p in model.parameters() if p.requires_grad],
-            optimizer.step,
+            self._dist.optimizer_step(optimizer.step) if self._dist else optimizer.step,
             budget,
             split,
             coupled == "allow",
             _reduction(loss_fn, reduction) == "mean",
             micro_batch,
-            coupled_layers(model),
+            coupled_layers(self._module),
         )
 
     @property
@@ -91,6 +103,13 @@ class Trainer:
         """One optimizer step on the whole batch; returns a StepReport with
         batch, micro_batch, micro_batches, ooms_recovered, samples, loss,
         peak_bytes and chunks."""
+        if self._dist is not None:
+            return self._distributed_step(inputs, target)
+        # The native step sets the parameters' gradients to None before and
+        # after (see Note [The order of a training iteration]).
+        return self._native.step(self._batch(inputs, target), self._chunk_loss(inputs, target))
+
+    def _batch(self, inputs, target):
         n = batch_size(inputs, self.batch_dim, "Trainer.step")
         if target is not None:
             nt = batch_size(target, self.target_batch_dim, "Trainer.step target")
@@ -99,13 +118,22 @@ class Trainer:
                     f"[Trainer.step] inputs hold {n} samples but the target holds "
                     f"{nt}: they must hold the same samples"
                 )
-        model, loss_fn, bd, tbd = self.model, self.loss_fn, self.batch_dim, self.target_batch_dim
+        return n
+
+    def _chunk_loss(self, inputs, target):
+        model, loss_fn, bd, tbd = self._module, self.loss_fn, self.batch_dim, self.target_batch_dim
 
         def chunk_loss(start, count):
             x = map_tensors(inputs, lambda t: t.narrow(bd, start, count))
             y = None if target is None else map_tensors(target, lambda t: t.narrow(tbd, start, count))
             return _compute_loss(_call(model, x), y, loss_fn)
 
-        # The native step sets the parameters' gradients to None before and
-        # after (see Note [The order of a training iteration]).
-        return self._native.step(n, chunk_loss)
+        return chunk_loss
+
+    def _distributed_step(self, inputs, target):
+        try:
+            n = self._batch(inputs, target)
+        except ValueError as e:
+            n = e  # the other ranks must hear of it, not wait for this rank
+        return self._dist.step(self._native, n, batch_signature(inputs, target),
+                               self._chunk_loss(inputs, target))

@@ -87,7 +87,9 @@ void init_trainer(py::module_& m) {
       }, py::arg("batch"), py::arg("chunk_loss"))
       .def("set_budget", &Trainer::set_budget, py::arg("budget"))
       .def_property_readonly("budget", &Trainer::budget)
-      .def_property_readonly("micro_batch", &Trainer::micro_batch);
+      .def_property_readonly("micro_batch", &Trainer::micro_batch)
+      .def("set_micro_batch", &Trainer::set_micro_batch, py::arg("micro_batch"),
+           "Start the next step from this many samples (0: the whole batch).");
 
   py::register_exception<DoesNotFit>(m, "DoesNotFit", PyExc_ValueError);
   py::class_<BatchFit>(m, "BatchFit")

@@ -64,6 +64,12 @@ void Trainer::set_budget(std::optional<int64_t> budget) {
   options_.budget = budget;
 }
 
+void Trainer::set_micro_batch(int64_t micro_batch) {
+  TORCH_CHECK(micro_batch >= 0, "[Trainer::set_micro_batch] micro_batch must be >= 0, got ",
+              micro_batch);
+  micro_ = micro_batch;
+}
+
 void Trainer::drop_gradients() {
   for (auto& p : params_) p.mutable_grad() = at::Tensor();
 }

@@ -81,6 +81,9 @@ class Trainer {
   std::optional<int64_t> budget() const { return options_.budget; }
   // The micro-batch size the next step starts from (0: whole batch).
   int64_t micro_batch() const { return micro_; }
+  // Start the next step from `micro_batch` samples (0: the whole batch); a
+  // distributed run sets the size all ranks agreed on. Throws for < 0.
+  void set_micro_batch(int64_t micro_batch);
 
  private:
   void run_chunk(int64_t start, int64_t count, int64_t batch,

@@ -134,6 +134,22 @@ TEST(TrainerTest, BudgetSplitsTheBatchAndTheNextStepStartsFromWhatWorked) {
   EXPECT_EQ(second.micro_batch, t.micro_batch());
 }
 
+// What a distributed run does once the ranks agree: the next step starts
+// from the given size, and the gradients still equal the full batch's.
+TEST(TrainerTest, SetMicroBatchStartsTheNextStepThere) {
+  SmallClassifier c;
+  const auto full = c.full_batch_gradients();
+  std::vector<at::Tensor> got;
+  Trainer t = c.trainer(TrainerOptions{}, &got);
+  t.set_micro_batch(5);
+  EXPECT_EQ(t.micro_batch(), 5);
+  const StepReport r = c.step(t);
+  EXPECT_EQ(r.micro_batches, 5);  // 21 = 5 + 5 + 5 + 5 + 1
+  EXPECT_EQ(r.samples, kBatch);
+  expect_close(got, full);
+  EXPECT_THROW(t.set_micro_batch(-1), c10::Error);
+}
+
 TEST(TrainerTest, TwoHundredStepsUnderAChangingBudgetCountEverySampleOnce) {
   TrackingScope scope;
   torch::manual_seed(0);

@@ -42,8 +42,9 @@ def _rank(rank, world, init_file, out_dir):
     peaks = []
     for as_view, opt_name in RUNS:
         # The step memfit.profile runs: parameters onto the device, then two
-        # iterations of inputs, forward, loss, backward, step, zero_grad.
-        with memfit.track() as t:
+        # iterations of inputs, forward, loss, backward, step, zero_grad; on
+        # each rank's own simulated device.
+        with memfit.simulated_device("1GiB"), memfit.track() as t:
             ddp = torch.nn.parallel.DistributedDataParallel(
                 _model(), gradient_as_bucket_view=as_view)
             if opt_name == "zero1":

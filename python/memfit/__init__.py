@@ -9,6 +9,7 @@
 """
 
 from ._memfit import format_bytes, parse_size
+from .advise import Advice, advise
 from .device import simulated_device, to_bytes
 from .distributed import DistributedError, DistributedStepReport
 from .fit import DoesNotFit, auto_batch_size, find_batch_size
@@ -17,6 +18,8 @@ from .trainer import Trainer
 from .tracking import Tracking, track
 
 __all__ = [
+    "advise",
+    "Advice",
     "auto_batch_size",
     "DistributedError",
     "DistributedStepReport",

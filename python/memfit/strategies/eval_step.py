@@ -1,0 +1,73 @@
+"""Forward-only eval steps (no_grad, inference_mode), recorded the way
+memfit.profile records a training step: for comparison, never a plan."""
+
+import contextlib
+import copy
+
+import torch
+
+from .. import _memfit
+from ..batching import batch_size, map_tensors
+from ..profile import Report, _call, _compute_loss, _restore_device
+from ..tracking import Tracking
+
+GUARDS = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
+
+
+@contextlib.contextmanager
+def eval_mode(model):
+    """`model` in eval mode inside the block; each module's mode restored."""
+    modes = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def run_eval(model, inputs, target, loss_fn, step):
+    """Forward and loss under the `step` guard ("no_grad" or
+    "inference_mode"); returns the loss as a float."""
+    with GUARDS[step]():
+        out = _call(model, inputs)
+        loss = _compute_loss(out, target, loss_fn)
+        return float(loss)
+
+
+def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch_dim=0):
+    """A Report of one eval step: parameters and inputs copied onto the CPU
+    (as memfit.profile does), then forward and loss under the `step` guard, with the
+    model in eval mode. The model is left as it was."""
+    if step not in GUARDS:
+        raise ValueError(f"[profile_eval] step must be one of {sorted(GUARDS)}, got {step!r}")
+    state = copy.deepcopy(model.state_dict())
+    t = Tracking()
+    t.watch_modules(model)
+    try:
+        with eval_mode(model):
+            t.phase("parameters", 1)
+            with torch.no_grad():
+                for p in model.parameters():
+                    _memfit.set_data(p, p.data.to("cpu", copy=True))
+                    t.classify(p, "parameter")
+                for b in model.buffers():
+                    _memfit.set_data(b, b.data.to("cpu", copy=True))
+                    t.classify(b, "buffer")
+            t.phase("inputs", 1)
+            x = map_tensors(inputs, lambda v: v.to("cpu", copy=True))
+            y = None if target is None else map_tensors(target, lambda v: v.to("cpu", copy=True))
+            t.phase("forward", 1)
+            with GUARDS[step]():
+                out = _call(model, x)
+                t.phase("loss", 1)
+                loss = _compute_loss(out, y, loss_fn)
+                out = None
+            t._recorder.end_phase()
+            del x, y, out, loss
+    finally:
+        t.stop()
+        _restore_device(model, state)
+    n = batch_size(inputs, batch_dim, "profile_eval")
+    native = _memfit.make_report(t.timeline, type(model).__name__, n, "none", "cpu")
+    return Report(native, t.timeline)

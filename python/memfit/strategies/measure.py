@@ -1,0 +1,107 @@
+"""Measuring a strategy on the user's model: its peak from memfit.profile of
+the transformed step, its time from steps run in the same process."""
+
+import copy
+import statistics
+import time
+
+import torch
+
+from ..profile import _call, _compute_loss, profile
+from . import TRAIN, applied
+from .eval_step import eval_mode, profile_eval, run_eval
+from .optimizer import make_optimizer, optimizer_for
+
+
+def cuda_devices(model):
+    """Indices of the CUDA devices holding the model's parameters."""
+    return sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+
+
+def sync(devices):
+    """Wait for the devices' queued work, so a wall-clock time covers it."""
+    for d in devices:
+        torch.cuda.synchronize(d)
+
+
+class Bench:
+    """Profiles and times strategies on one model and batch; the model,
+    its gradients and the user's optimizer are left as they were."""
+
+    def __init__(self, model, inputs, target, loss_fn, optimizer, batch_dim, block_paths,
+                 repeats):
+        self.model = model
+        self.inputs = inputs
+        self.target = target
+        self.loss_fn = loss_fn
+        self.optimizer = optimizer
+        self.batch_dim = batch_dim
+        self.block_paths = block_paths
+        self.repeats = repeats
+        self.plain_ms = []  # every plain step timed, in milliseconds
+        self.devices = cuda_devices(model)
+
+    def profile(self, s):
+        """The memfit Report of the step transformed by strategy `s`."""
+        m = self.model
+        with applied(m, s, self.block_paths):
+            if s.step != TRAIN:
+                return profile_eval(m, self.inputs, self.target, self.loss_fn, s.step,
+                                    self.batch_dim)
+            opt = optimizer_for(m, self.optimizer, s.optimizer, s.zero_grad_in_place)
+            return profile(m, self.inputs, self.target, loss_fn=self.loss_fn, optimizer=opt,
+                           batch_dim=self.batch_dim)
+
+    def time_ratio(self, s):
+        """Median time of a step with strategy `s` over the plain step's:
+        `repeats` of each, interleaved (plain, then `s`) after one untimed
+        pair, so that both see the same machine. Eval strategies time
+        forward and loss. The plain times are kept in `plain_ms`."""
+        m = self.model
+        state = copy.deepcopy(m.state_dict())
+        grads = [p.grad for p in m.parameters()]
+        plain, ms = [], []
+        try:
+            for p in m.parameters():
+                p.grad = None
+            plain_opt = make_optimizer(m, self.optimizer)
+            opt = make_optimizer(m, self.optimizer, s.optimizer) if s.step == TRAIN else None
+            for r in range(self.repeats + 1):
+                sync(self.devices)
+                t0 = time.perf_counter()
+                self._train_step(plain_opt, False)
+                sync(self.devices)
+                t1 = time.perf_counter()
+                with applied(m, s, self.block_paths):
+                    if s.step == TRAIN:
+                        self._train_step(opt, s.zero_grad_in_place)
+                    else:
+                        with eval_mode(m):
+                            run_eval(m, self.inputs, self.target, self.loss_fn, s.step)
+                sync(self.devices)
+                t2 = time.perf_counter()
+                if r > 0:
+                    plain.append((t1 - t0) * 1e3)
+                    ms.append((t2 - t1) * 1e3)
+        finally:
+            with torch.no_grad():
+                m.load_state_dict(state)
+            for p, g in zip(m.parameters(), grads):
+                p.grad = g
+        self.plain_ms += plain
+        base = statistics.median(plain)
+        return statistics.median(ms) / base if base > 0 else 0.0
+
+    def _train_step(self, opt, in_place):
+        if not in_place:  # the other step of the pair may have left gradients
+            for p in self.model.parameters():
+                p.grad = None
+        out = _call(self.model, self.inputs)
+        loss = _compute_loss(out, self.target, self.loss_fn)
+        out = None
+        loss.backward()
+        if opt is not None:
+            opt.step()
+            opt.zero_grad(set_to_none=not in_place)
+        else:
+            self.model.zero_grad(set_to_none=not in_place)

@@ -1,0 +1,31 @@
+"""bf16 autocast on the CPU: the model's forward runs its matmuls and
+convolutions in bfloat16 (approximate: changes the numbers)."""
+
+import contextlib
+
+import torch
+
+from ..batching import map_tensors
+from .checkpoint import override_forward
+
+
+def _to_float32(t):
+    return t.float() if t.dtype == torch.bfloat16 else t
+
+
+def _autocast_forward(forward):
+    def run(*args, **kwargs):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            out = forward(*args, **kwargs)
+        # The loss runs outside autocast, as in the plain step.
+        return map_tensors(out, _to_float32)
+
+    return run
+
+
+@contextlib.contextmanager
+def autocast_bf16(model):
+    """`model`'s forward under torch.autocast("cpu", dtype=torch.bfloat16)
+    inside the block; bfloat16 outputs come back as float32."""
+    with override_forward(model, _autocast_forward):
+        yield model

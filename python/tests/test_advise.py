@@ -1,0 +1,286 @@
+import copy
+import json
+
+import pytest
+import torch
+
+import memfit
+from memfit.strategies.eval_step import profile_eval
+
+WIDTH = 64
+HIDDEN = (64, 256, 128, 512, 192, 96)  # uneven blocks
+
+
+def blocks_mlp():
+    torch.manual_seed(0)
+
+    def block(h):
+        return torch.nn.Sequential(
+            torch.nn.Linear(WIDTH, h), torch.nn.ReLU(), torch.nn.Linear(h, WIDTH), torch.nn.ReLU()
+        )
+
+    return torch.nn.Sequential(*[block(h) for h in HIDDEN])
+
+
+def mlp_batch(n=256):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, WIDTH, generator=g), torch.randn(n, WIDTH, generator=g)
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        layer = torch.nn.TransformerEncoderLayer(
+            d_model=32, nhead=4, dim_feedforward=128, dropout=0.1, batch_first=True
+        )
+        self.encoder = torch.nn.TransformerEncoder(layer, num_layers=3)
+        self.head = torch.nn.Linear(32, 8)
+
+    def forward(self, x):
+        return self.head(self.encoder(x)).mean(dim=1)
+
+
+def encoder_batch(n=16):
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(n, 32, 32, generator=g), torch.randint(0, 8, (n,), generator=g)
+
+
+def row(advice, prefix):
+    return next(r for r in advice.rows if r.name.startswith(prefix))
+
+
+@pytest.fixture(scope="module")
+def mlp_case():
+    model = blocks_mlp()
+    x, y = mlp_batch()
+    free = memfit.advise(model, x, y, repeats=1)
+    plain = row(free, "plain").peak_bytes
+    every = row(free, "checkpoint every").peak_bytes
+    budget = (plain + every) // 2
+    planned = memfit.advise(model, x, y, budget=budget, repeats=1)
+    return dict(model=model, x=x, y=y, free=free, budget=budget, planned=planned)
+
+
+@pytest.fixture(scope="module")
+def encoder_case():
+    model = Encoder()
+    x, y = encoder_batch()
+    return dict(model=model, x=x, y=y, advice=memfit.advise(model, x, y, repeats=1))
+
+
+def reprofile(advice, model, x, y, r):
+    """The row's strategy applied to the model and profiled again."""
+    s = r.strategy
+    with advice.apply(model, r):
+        if s.step != "train":
+            return profile_eval(model, x, y, step=s.step).peak_bytes
+        opt = s.optimizer or "adam"
+        if s.zero_grad_in_place:
+            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+            opt.zero_grad = lambda set_to_none=True: torch.optim.Optimizer.zero_grad(
+                opt, set_to_none=False
+            )
+        return memfit.profile(model, x, y, optimizer=opt).peak_bytes
+
+
+def plain_gradients(model, x, y, loss_fn, seed=0):
+    torch.manual_seed(seed)
+    model.zero_grad(set_to_none=True)
+    loss_fn(model(x), y).backward()
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+def test_every_row_reprofiled_with_its_strategy_gives_its_peak(mlp_case):
+    advice, model, x, y = mlp_case["planned"], mlp_case["model"], mlp_case["x"], mlp_case["y"]
+    kinds = {r.kind for r in advice.rows}
+    assert {"baseline", "memory", "checkpointing", "precision", "optimizer", "eval"} <= kinds
+    for r in advice.rows:
+        again = reprofile(advice, model, x, y, r)
+        assert abs(again - r.peak_bytes) <= 0.03 * r.peak_bytes, r.name
+        assert r.saving_bytes == advice.plain_peak_bytes - r.peak_bytes
+
+
+def test_rows_on_the_transformer_reprofile_to_their_peaks(encoder_case):
+    advice, model, x, y = (encoder_case[k] for k in ("advice", "model", "x", "y"))
+    for r in advice.rows:
+        if r.kind in ("checkpointing", "precision", "eval"):
+            again = reprofile(advice, model, x, y, r)
+            assert abs(again - r.peak_bytes) <= 0.03 * r.peak_bytes, r.name
+
+
+def test_checkpointing_lowers_the_peak_and_the_plan_recomputes_less(mlp_case):
+    free, advice, budget = mlp_case["free"], mlp_case["planned"], mlp_case["budget"]
+    plain = row(advice, "plain")
+    every = row(advice, "checkpoint every")
+    planned = row(advice, "checkpoint planned")
+    assert every.peak_bytes < plain.peak_bytes
+    assert not plain.fits and every.fits
+    assert planned.fits and planned.peak_bytes <= budget
+    assert 0 < planned.recompute_ns <= every.recompute_ns
+    assert len(planned.strategy.checkpoint) < len(HIDDEN)
+    # The rule table compares the core planner's choices on the same chain.
+    rules = {p.rule: p for p in advice.chain_plans}
+    assert rules["optimal"].recompute_ns <= rules["every layer"].recompute_ns
+    assert rules["none"].predicted_peak == plain.peak_bytes
+    # Without a budget there is no planned row and no plan.
+    assert not any(r.name.startswith("checkpoint planned") for r in free.rows)
+    assert not free.plan.found and all(r.fits is None for r in free.rows)
+
+
+@pytest.mark.parametrize("case", ["mlp", "encoder"])
+def test_checkpointed_gradients_equal_the_plain_step(case, mlp_case, encoder_case):
+    if case == "mlp":
+        model, x, y, advice = (mlp_case[k] for k in ("model", "x", "y", "planned"))
+        loss_fn = torch.nn.functional.mse_loss
+    else:
+        model, x, y, advice = (encoder_case[k] for k in ("model", "x", "y", "advice"))
+        loss_fn = torch.nn.functional.cross_entropy  # with dropout: the RNG replays
+    plain = plain_gradients(model, x, y, loss_fn)
+    for r in advice.rows:
+        if r.kind != "checkpointing":
+            continue
+        with advice.apply(model, r):
+            got = plain_gradients(model, x, y, loss_fn)
+        for g, want in zip(got, plain):
+            assert torch.allclose(g, want, rtol=1e-6, atol=1e-6), r.name
+    for m in model.modules():
+        assert "forward" not in m.__dict__  # the original forwards are back
+
+
+def test_plan_trains_under_the_budget_with_the_plain_losses(mlp_case):
+    advice, budget = mlp_case["planned"], mlp_case["budget"]
+    x, y = mlp_case["x"], mlp_case["y"]
+    assert advice.plan.found and advice.plan.exact
+    assert advice.plan.strategy.checkpoint and advice.plan.peak_bytes <= budget
+
+    def train(plan, budget):
+        model = blocks_mlp()
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        trainer = memfit.Trainer(model, opt, torch.nn.MSELoss(), budget=budget)
+        torch.manual_seed(3)
+        if plan is None:
+            return [trainer.step(x, y) for _ in range(3)]
+        with plan.apply(model):
+            return [trainer.step(x, y) for _ in range(3)]
+
+    plain = train(None, None)
+    planned = train(advice, budget)
+    for p, q in zip(plain, planned):
+        assert q.ooms_recovered == 0 and q.micro_batches == 1
+        assert abs(q.loss - p.loss) <= 1e-6 * abs(p.loss)
+    # The plain step alone does not fit: the Trainer has to split it.
+    split = train(None, budget)
+    assert any(r.ooms_recovered > 0 or r.micro_batches > 1 for r in split)
+
+
+def test_a_budget_nothing_exact_meets_names_the_smallest_peak(mlp_case):
+    model, x, y, free = (mlp_case[k] for k in ("model", "x", "y", "free"))
+    exact = [r for r in free.rows if r.kind != "eval" and r.exact]
+    approx = [r for r in free.rows if r.kind in ("precision", "optimizer")]
+    smallest = min(exact, key=lambda r: r.peak_bytes)
+    lightest = min(approx, key=lambda r: r.peak_bytes)
+    assert lightest.peak_bytes < smallest.peak_bytes
+    budget = (smallest.peak_bytes + lightest.peak_bytes) // 2
+    with pytest.raises(memfit.DoesNotFit) as e:
+        memfit.advise(model, x, y, budget=budget, repeats=1)
+    msg = str(e.value)
+    assert memfit.format_bytes(smallest.peak_bytes) in msg
+    assert smallest.name in msg and "allow_approximate=True" in msg
+    assert isinstance(e.value, ValueError) and e.value.advice.rows
+    # Allowed to change the numbers, the plan meets it.
+    ok = memfit.advise(model, x, y, budget=budget, allow_approximate=True, repeats=1)
+    assert ok.plan.found and not ok.plan.exact and ok.plan.peak_bytes <= budget
+
+
+def test_the_planner_binding_finds_the_cheapest_choice_that_fits():
+    import itertools
+
+    from memfit import _memfit
+
+    segs = [
+        _memfit.ChainSegment(name=str(i), activation_bytes=a, recompute_ns=t)
+        for i, (a, t) in enumerate([(400, 5.0), (100, 1.0), (900, 2.0), (300, 7.0), (500, 3.0)])
+    ]
+    mem = _memfit.ChainMemory(forward_fixed=1000, backward_fixed=1200, other_peak=1500)
+    for budget in (1500, 2000, 2600, 3000):
+        fitting = [
+            _memfit.chain_recompute_ns(segs, list(c))
+            for c in itertools.product([False, True], repeat=len(segs))
+            if _memfit.chain_peak(segs, mem, list(c)) <= budget
+        ]
+        plan = _memfit.chain_plan_optimal(segs, mem, budget)
+        assert plan.fits == bool(fitting)
+        if fitting:
+            assert plan.recompute_ns == min(fitting)
+            assert plan.predicted_peak <= budget
+    with pytest.raises(ValueError, match="3 flags for 5 segments"):
+        _memfit.chain_peak(segs, mem, [True] * 3)
+
+
+def test_a_budget_below_the_parameters_is_refused_before_measuring():
+    model = blocks_mlp()
+    x, y = mlp_batch()
+    params = sum(p.numel() * 4 for p in model.parameters())
+    with pytest.raises(memfit.DoesNotFit, match=r"below the model's own parameters"):
+        memfit.advise(model, x, y, budget=params - 1)
+
+
+def test_a_chain_outside_the_model_is_refused():
+    model = blocks_mlp()
+    x, y = mlp_batch(8)
+    with pytest.raises(ValueError, match="not inside the model"):
+        memfit.advise(model, x, y, chain=torch.nn.Sequential(torch.nn.Linear(2, 2)))
+    with pytest.raises(ValueError, match="block 1 .Linear. is not a module of the model"):
+        memfit.advise(model, x, y, chain=[model[0], torch.nn.Linear(2, 2)])
+
+
+def test_the_chain_is_found_in_a_transformer_encoder(encoder_case):
+    advice = encoder_case["advice"]
+    assert advice.chain.path == "encoder.layers" and advice.chain.found
+    assert advice.chain.block_paths == ["encoder.layers.0", "encoder.layers.1",
+                                        "encoder.layers.2"]
+    assert "encoder.layers (3 blocks, found)" in advice.table()
+    assert row(advice, "checkpoint every").saving_bytes > 0
+
+
+def test_a_chain_given_as_a_list_is_used(mlp_case):
+    model = blocks_mlp()
+    x, y = mlp_batch(32)
+    advice = memfit.advise(model, x, y, chain=[model[1], model[3]], repeats=1)
+    assert advice.chain.block_paths == ["1", "3"] and not advice.chain.found
+    assert row(advice, "checkpoint every").name == "checkpoint every block (2 of 2)"
+
+
+def test_table_and_json_carry_the_rows_and_the_plan(mlp_case):
+    advice = mlp_case["planned"]
+    text = advice.table()
+    for column in ("strategy", "peak", "saving", "time", "fits", "result"):
+        assert column in text.splitlines()[4]
+    assert "plan: checkpoint blocks" in text and "same result" in text
+    doc = json.loads(advice.to_json())
+    assert set(doc) == {
+        "model", "batch", "budget_bytes", "optimizer", "parameter_bytes", "plain_peak_bytes",
+        "plain_step_ms", "chain", "strategies", "checkpoint_rules", "plan", "notes",
+    }
+    assert doc["budget_bytes"] == mlp_case["budget"]
+    assert [s["name"] for s in doc["strategies"]] == [r.name for r in advice.rows]
+    assert doc["plan"]["strategy"]["checkpoint"] == list(advice.plan.strategy.checkpoint)
+
+
+def test_advise_leaves_the_model_and_the_rng_as_they_were():
+    model = blocks_mlp()
+    before = copy.deepcopy(model.state_dict())
+    x, y = mlp_batch(16)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    torch.manual_seed(5)
+    memfit.advise(model, x, y, optimizer=opt, repeats=1)
+    after_rng = torch.rand(1)
+    torch.manual_seed(5)
+    assert torch.equal(after_rng, torch.rand(1))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k])
+    assert all(p.grad is None for p in model.parameters()) and len(opt.state) == 0
+    assert all("forward" not in m.__dict__ for m in model.modules())

@@ -1,0 +1,123 @@
+#include "chain_calibration.h"
+
+#include <algorithm>
+
+#include "memfit/core/report.h"
+
+namespace memfit::detail {
+namespace {
+
+// The index of the last event of the last iteration's forward (the end of
+// forward, where saved activations are counted); kNoEvent if none.
+size_t forward_end(const Timeline& t) {
+  size_t end = kNoEvent;
+  for (const auto& span : t.phase_spans()) {
+    if (t.phase_name(span.phase) == kPhaseForward &&
+        span.end_event > span.first_event) {
+      end = span.end_event - 1;
+    }
+  }
+  return end;
+}
+
+// Which chain block a module path belongs to; -1 for none.
+int block_of(const std::string& path, const std::vector<std::string>& chain) {
+  for (size_t i = 0; i < chain.size(); ++i) {
+    const auto& c = chain[i];
+    if (path.compare(0, c.size(), c) == 0 &&
+        (path.size() == c.size() || path[c.size()] == '.')) {
+      return static_cast<int>(i);
+    }
+  }
+  return -1;
+}
+
+// Activation bytes each block holds at the end of forward.
+std::vector<int64_t> block_activations(const Timeline& t,
+                                       const std::vector<std::string>& chain) {
+  std::vector<int64_t> bytes(chain.size(), 0);
+  const size_t end = forward_end(t);
+  if (end == kNoEvent) return bytes;
+  for (const auto& [path, b] :
+       t.module_bytes_after(end, Category::kActivation)) {
+    const int i = block_of(path, chain);
+    if (i >= 0) bytes[static_cast<size_t>(i)] += b;
+  }
+  return bytes;
+}
+
+// Each block's forward time, from the last forward recorded: from its first
+// event to the first event after its last one. Only the proportions matter
+// to the plan (the sum it minimises scales with them).
+std::vector<double> block_forward_ns(const Timeline& t,
+                                     const std::vector<std::string>& chain) {
+  std::vector<double> ns(chain.size(), 1.0);
+  const PhaseSpan* fwd = nullptr;
+  for (const auto& span : t.phase_spans()) {
+    if (t.phase_name(span.phase) == kPhaseForward) fwd = &span;
+  }
+  if (!fwd) return ns;
+  const auto& ev = t.events();
+  std::vector<size_t> first(chain.size(), kNoEvent),
+      last(chain.size(), kNoEvent);
+  for (size_t e = fwd->first_event; e < fwd->end_event; ++e) {
+    const int i = block_of(t.module_name(ev[e].module), chain);
+    if (i < 0) continue;
+    if (first[static_cast<size_t>(i)] == kNoEvent)
+      first[static_cast<size_t>(i)] = e;
+    last[static_cast<size_t>(i)] = e;
+  }
+  for (size_t i = 0; i < chain.size(); ++i) {
+    if (first[i] == kNoEvent) continue;
+    const size_t after = std::min(last[i] + 1, ev.size() - 1);
+    ns[i] = std::max<double>(
+        1.0, static_cast<double>(ev[after].time_ns - ev[first[i]].time_ns));
+  }
+  return ns;
+}
+
+}  // namespace
+
+// Note [Calibrating the chain from two profiles]
+// The chain's model (See Note [The chain's memory model]) is filled from a
+// plain profile and one with every block checkpointed, at the same batch:
+// a block's activation_bytes are what it holds at the end of forward plainly
+// minus what it holds checkpointed (its output); its input is kept either
+// way in a residual chain (input_bytes 0). forward_fixed and backward_fixed
+// are the plain run's forward/loss and backward peaks minus the chain's
+// activations, other_peak the largest peak of the other phases. The
+// backward peak may sit before the chain's backward (the loss head's), so
+// the model errs high there; the plan is checked by profiling it, and the
+// budget it is planned for moved by what the profile missed or spared.
+void calibrate(const Profile& plain, const Profile& all,
+               const std::vector<std::string>& chain,
+               std::vector<ChainSegment>& segments, ChainMemory& memory) {
+  const auto kept = block_activations(plain.timeline, chain);
+  const auto outs = block_activations(all.timeline, chain);
+  const auto ns = block_forward_ns(plain.timeline, chain);
+  segments.clear();
+  int64_t sum = 0;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    ChainSegment s;
+    s.name = chain[i];
+    s.activation_bytes = std::max<int64_t>(0, kept[i] - outs[i]);
+    s.recompute_ns = ns[i];
+    sum += s.activation_bytes;
+    segments.push_back(s);
+  }
+  int64_t fwd = 0, bwd = 0, other = 0;
+  for (const auto& p : plain.report.phases) {
+    if (p.name == kPhaseForward || p.name == kPhaseLoss) {
+      fwd = std::max(fwd, p.peak_bytes);
+    } else if (p.name == kPhaseBackward) {
+      bwd = std::max(bwd, p.peak_bytes);
+    } else {
+      other = std::max(other, p.peak_bytes);
+    }
+  }
+  memory.forward_fixed = fwd - sum;
+  memory.backward_fixed = bwd - sum;
+  memory.other_peak = other;
+}
+
+}  // namespace memfit::detail

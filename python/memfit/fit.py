@@ -49,8 +49,9 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     from the buckets; an upper bound with gradient_as_bucket_view=True), and
     budget_bytes says what is left for the step itself.
 
-    Returns a BatchFit: max_batch, recommended_batch (largest multiple of 8
-    not above max_batch, when max_batch >= 8), predicted_peak_bytes,
+    Returns a BatchFit: max_batch, recommended_batch (the largest multiple of 8
+    not above max_batch when that gives up at most an eighth of it, else
+    max_batch), predicted_peak_bytes,
     budget_bytes, margin_bytes, trials, mode. Raises memfit.DoesNotFit (a
     ValueError) with the numbers when even batch 1 does not fit.
     """

@@ -31,6 +31,11 @@ std::string advice(const Report& r) {
 
 }  // namespace
 
+int64_t recommended_batch(int64_t max_batch) {
+  const int64_t multiple = max_batch / 8 * 8;
+  return multiple > 0 && (max_batch - multiple) * 8 <= max_batch ? multiple : max_batch;
+}
+
 BatchFit fit_batch(const PeakModel& model, const Report& reference,
                    int64_t budget_bytes, int64_t extra_margin_bytes) {
   if (budget_bytes < 0 || extra_margin_bytes < 0) {
@@ -71,7 +76,7 @@ BatchFit fit_batch(const PeakModel& model, const Report& reference,
     throw DoesNotFit(msg.str());
   }
   f.max_batch = model.max_batch_under(usable);
-  f.recommended_batch = f.max_batch >= 8 ? f.max_batch / 8 * 8 : f.max_batch;
+  f.recommended_batch = recommended_batch(f.max_batch);
   f.predicted_peak_bytes = model.predict(f.max_batch);
   const PhaseFit& at = model.peak_phase(f.max_batch);
   f.peak_phase = at.phase;

@@ -20,7 +20,7 @@ class DoesNotFit : public std::runtime_error {
 
 struct BatchFit {
   int64_t max_batch = 0;
-  int64_t recommended_batch = 0;  // largest multiple of 8 <= max_batch (if >= 8)
+  int64_t recommended_batch = 0;  // see recommended_batch()
   int64_t predicted_peak_bytes = 0;  // at max_batch
   int64_t budget_bytes = 0;
   int64_t margin_bytes = 0;  // kept free below the budget, see Note [Fit margin]
@@ -36,6 +36,12 @@ struct BatchFit {
   std::string to_json(bool pretty = true) const;
   std::string text() const;
 };
+
+// The batch to use of the largest that fits: the largest multiple of 8 at or
+// below it (friendlier to tensor cores and vectorised kernels) when that
+// gives up at most an eighth of max_batch, else max_batch itself: 63 -> 56,
+// 12 -> 12 (8 would lose a third), 9 -> 8, 0 -> 0.
+int64_t recommended_batch(int64_t max_batch);
 
 // Note [Fit margin]
 // The margin is what the prediction may be off by, not a hidden haircut: the

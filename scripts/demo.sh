@@ -8,8 +8,8 @@ out=${MEMFIT_DEMO_OUT:-$build/demo}
 mkdir -p "$out"
 
 gpt=(--model gpt --layers 2 --width 128 --context 64)
-echo "== memfit profile: a GPT-style model, batch 16, Adam =="
-"$build/memfit" profile "${gpt[@]}" --batch 16 --optimizer adam --target cuda \
+echo "== memfit profile: a GPT-style model, batch 16, Adam; and per rank on 8 ranks =="
+"$build/memfit" profile "${gpt[@]}" --batch 16 --optimizer adam --target cuda --world-size 8 \
   --svg "$out/gpt_profile.svg"
 echo
 echo "== memfit profile --predict: batch 256, from probes at 4, 8 and 16 =="

@@ -3,6 +3,7 @@ once per graph signature and cached.
 """
 
 import collections
+import gc
 import math
 
 import torch
@@ -100,11 +101,16 @@ def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0):
     computed (see _profile). `reserve`: bytes of .grad the first chunk
     will create; the first chunk must fit as measured, later ones with the
     gradients already allocated. Returns (limit, cache entry or None)."""
+    entry = _cache_get(sig) if sig is not None else None
+    if entry is None and device is not None and device.type in ("cpu", "meta"):
+        # Garbage not yet collected (cycles a finished step left) still holds
+        # tracked bytes: without this, the plan depended on when Python's GC
+        # last ran. Only before measuring: cached plans stay cheap.
+        gc.collect()
     avail = _available(device)
     info.available_bytes = avail
     if avail is None:
         return None, None
-    entry = _cache_get(sig) if sig is not None else None
     if entry is None:
         if B <= _MEASURE_SIZES[-1]:
             return B, None

@@ -168,3 +168,20 @@ def test_fit_under_ddp_reserves_the_buckets_and_holds(tmp_path):
                                    xs, ys, optimizer="adam", budget=grads)
     finally:
         dist.destroy_process_group()
+
+
+def test_cli_fit_ddp_reserves_the_buckets():
+    exe = os.path.join(os.path.dirname(__file__), "..", "..", "build", "memfit")
+    if not os.path.exists(exe):
+        pytest.skip("build/memfit not built")
+    fit = [exe, "fit", "--model", "mlp", "--budget", "64MiB", "--json"]
+    plain = json.loads(subprocess.run(fit, capture_output=True, text=True, check=True).stdout)
+    ddp = json.loads(subprocess.run(fit + ["--ddp"], capture_output=True, text=True,
+                                    check=True).stdout)
+    mlp_params = (784 * 512 + 512 + 512 * 512 + 512 + 512 * 10 + 10) * 4
+    assert ddp["budget_bytes"] == (64 << 20) - mlp_params
+    assert ddp["max_batch"] < plain["max_batch"]
+    small = subprocess.run([exe, "fit", "--model", "mlp", "--budget", "2MiB", "--ddp"],
+                           capture_output=True, text=True)
+    assert small.returncode == 2
+    assert "DDP's gradient buckets alone take 2.55 MiB" in small.stderr

@@ -24,7 +24,8 @@ commands:
   fit       the largest batch whose whole step fits a budget, from probes
             at small batches: no trial-and-error crashes
             memfit fit --model NAME --budget SIZE [--optimizer ...]
-                       [--mode cpu|meta] [--margin SIZE] [--json]
+                       [--mode cpu|meta] [--margin SIZE] [--ddp] [--json]
+            --ddp: each rank's batch, DDP's gradient buckets reserved
   train     real training steps on the simulated device (CPU); the batch is
             split into micro-batches that fit, OOMs recovered
             memfit train --model NAME --batch B --budget SIZE [--steps N]

@@ -106,55 +106,46 @@ std::string formula_of(Sharding s, const DataParallelSetup& d) {
   return "";
 }
 
+// Each event's phase span; nullptr for an event outside every span.
+std::vector<const PhaseSpan*> span_of_events(const Timeline& t) {
+  std::vector<const PhaseSpan*> span_of(t.size(), nullptr);
+  for (const PhaseSpan& s : t.phase_spans()) {
+    for (size_t i = s.first_event; i < s.end_event && i < t.size(); ++i) span_of[i] = &s;
+  }
+  return span_of;
+}
+
 // Which kind each allocation event is; frees get their allocation's kind.
-std::vector<Kind> classify(const Timeline& t) {
+std::vector<Kind> classify(const Timeline& t, const std::vector<const PhaseSpan*>& span_of) {
   const auto& ev = t.events();
-  const auto& spans = t.phase_spans();
-  std::vector<uint16_t> span_phase(ev.size(), 0);
-  std::vector<size_t> span_end(ev.size(), ev.size());
-  for (const PhaseSpan& s : spans) {
-    for (size_t i = s.first_event; i < s.end_event && i < ev.size(); ++i) {
-      span_phase[i] = s.phase;
-      span_end[i] = s.end_event;
+  // An allocation's free and a free's allocation (kNoEvent: none).
+  std::vector<size_t> partner(ev.size(), kNoEvent);
+  std::unordered_map<uint64_t, size_t> live;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    if (ev[i].kind == EventKind::kAlloc) {
+      live[ev[i].id] = i;
+    } else if (auto it = live.find(ev[i].id); it != live.end()) {
+      partner[i] = it->second;
+      partner[it->second] = i;
+      live.erase(it);
     }
   }
-  std::vector<size_t> freed_at(ev.size(), ev.size());
-  {
-    std::unordered_map<uint64_t, size_t> live;
-    for (size_t i = 0; i < ev.size(); ++i) {
-      if (ev[i].kind == EventKind::kAlloc) {
-        live[ev[i].id] = i;
-      } else if (auto it = live.find(ev[i].id); it != live.end()) {
-        freed_at[it->second] = i;
-        live.erase(it);
-      }
-    }
-  }
-  auto phase_is = [&](size_t i, std::string_view name) {
-    return span_phase[i] != 0 && t.phase_name(span_phase[i]) == name;
-  };
   std::vector<Kind> kind(ev.size(), kRest);
-  std::unordered_map<uint64_t, Kind> live_kind;
   for (size_t i = 0; i < ev.size(); ++i) {
     const Event& e = ev[i];
     if (e.kind == EventKind::kFree) {
-      if (auto it = live_kind.find(e.id); it != live_kind.end()) {
-        kind[i] = it->second;
-        live_kind.erase(it);
-      }
+      if (partner[i] != kNoEvent) kind[i] = kind[partner[i]];
       continue;
     }
-    Kind k = kRest;
     if (e.category == Category::kParameter) {
-      k = kParam;
+      kind[i] = kParam;
     } else if (e.category == Category::kOptimizerState) {
-      k = kState;
-    } else if (e.category == Category::kGradient && phase_is(i, "backward") &&
-               freed_at[i] >= span_end[i]) {
-      k = kParamGrad;
+      kind[i] = kState;
+    } else if (e.category == Category::kGradient && span_of[i] != nullptr &&
+               t.phase_name(span_of[i]->phase) == "backward" &&
+               (partner[i] == kNoEvent || partner[i] >= span_of[i]->end_event)) {
+      kind[i] = kParamGrad;  // outlives the backward that made it
     }
-    kind[i] = k;
-    live_kind[e.id] = k;
   }
   return kind;
 }
@@ -193,14 +184,10 @@ std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup&
   };
 
   const auto& ev = t.events();
-  const std::vector<Kind> kind = classify(t);
+  const std::vector<const PhaseSpan*> span_of = span_of_events(t);
+  const std::vector<Kind> kind = classify(t, span_of);
   std::array<int64_t, kNumKinds> live_by{};
   int64_t live = 0;
-  // Phase name and iteration of each event, from the spans.
-  std::vector<const PhaseSpan*> span_of(ev.size(), nullptr);
-  for (const PhaseSpan& s : t.phase_spans()) {
-    for (size_t i = s.first_event; i < s.end_event && i < ev.size(); ++i) span_of[i] = &s;
-  }
   const PhaseSpan* previous = nullptr;
   auto close_span = [&](const PhaseSpan* s) {
     // DDP(model) runs once the parameters are on the device.

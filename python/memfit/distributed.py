@@ -129,6 +129,11 @@ class DistributedStep:
         # NCCL reduces CUDA tensors only; gloo takes CPU ones.
         nccl = dist.get_backend(self.group) == "nccl"
         self._device = next(ddp.module.parameters()).device if nccl else torch.device("cpu")
+        # Found once; whether they train is read every step (train()/eval()).
+        self._sync_batch_norms = [
+            (path, m) for path, m in ddp.module.named_modules()
+            if isinstance(m, torch.nn.SyncBatchNorm)
+        ]
         self._steps = 0  # optimizer steps taken: equal on every rank, or replicas differ
         self._sync_pending = False
 
@@ -172,13 +177,22 @@ class DistributedStep:
                 f"rank probably died or hung (check its log). {_first_line(e)}"
             ) from e
 
+    def _all_async(self, doing, launches):
+        """Start every async collective of `launches`, then wait for all."""
+
+        def run():
+            for work in [launch() for launch in launches]:
+                work.wait()
+
+        self._collective(doing, run)
+
     # -- a step ---------------------------------------------------------------------
 
     def step(self, native, local_batch, signature, chunk_loss):
         """One distributed step of the native Trainer; `local_batch` is this
         rank's sample count or the ValueError its batch raised."""
-        for path, m in self.ddp.module.named_modules():
-            if isinstance(m, torch.nn.SyncBatchNorm) and m.training:
+        for path, m in self._sync_batch_norms:
+            if m.training:
                 # The same model on every rank: the same error, no collective.
                 raise ValueError(
                     f"[Trainer.step] {path or 'the model'} is a SyncBatchNorm in training "
@@ -242,15 +256,11 @@ class DistributedStep:
         if not buffers:
             return
 
-        def broadcast():
-            with torch.no_grad():
-                works = [
-                    dist.broadcast(b, self._root, group=self.group, async_op=True) for b in buffers
-                ]
-                for w in works:
-                    w.wait()
-
-        self._collective("broadcasting the buffers from rank 0", broadcast)
+        with torch.no_grad():
+            self._all_async("broadcasting the buffers from rank 0", [
+                lambda b=b: dist.broadcast(b, self._root, group=self.group, async_op=True)
+                for b in buffers
+            ])
 
     def optimizer_step(self, step):
         """`step` (optimizer.step) preceded by the gradient sync."""
@@ -274,12 +284,9 @@ class DistributedStep:
                         p.grad = torch.zeros_like(p)
                     grads.append(p.grad)
 
-            def all_reduce():
-                works = [dist.all_reduce(g, group=self.group, async_op=True) for g in grads]
-                for w in works:
-                    w.wait()
-
-            self._collective("syncing gradients", all_reduce)
+            self._all_async("syncing gradients", [
+                lambda g=g: dist.all_reduce(g, group=self.group, async_op=True) for g in grads
+            ])
             with torch.no_grad():
                 for g in grads:
                     g.div_(self.world_size)

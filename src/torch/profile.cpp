@@ -154,19 +154,27 @@ class ModelSnapshot {
     for (auto& p : params_) param_values_.push_back(p.detach().clone());
     for (auto& b : buffers_) buffer_values_.push_back(b.detach().clone());
   }
-  ~ModelSnapshot() { restore(); }
-  void restore() {
+  // Hands the saved values themselves back: a destructor that allocated
+  // could throw an OOM during the unwinding of another (a step that did not
+  // fit a simulated device) and end the process.
+  ~ModelSnapshot() { put_back(/*copy=*/false); }
+  // Puts copies back, keeping the snapshot for a later run.
+  void restore() { put_back(/*copy=*/true); }
+
+ private:
+  void put_back(bool copy) {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       params_[i].mutable_grad() = at::Tensor();
-      compat::set_data_any_device(params_[i], param_values_[i].clone());
+      compat::set_data_any_device(
+          params_[i], copy ? param_values_[i].clone() : param_values_[i]);
     }
     for (size_t i = 0; i < buffers_.size(); ++i) {
-      compat::set_data_any_device(buffers_[i], buffer_values_[i].clone());
+      compat::set_data_any_device(
+          buffers_[i], copy ? buffer_values_[i].clone() : buffer_values_[i]);
     }
   }
 
- private:
   std::vector<at::Tensor> params_, buffers_;
   std::vector<at::Tensor> param_values_, buffer_values_;
 };

@@ -7,6 +7,7 @@
 #include <map>
 
 #include "memfit/torch/models.h"
+#include "memfit/torch/tracking.h"
 
 namespace memfit {
 namespace {
@@ -71,6 +72,32 @@ TEST(ProfileTest, ProfilingLeavesTheModelAsItWas) {
     EXPECT_TRUE(after[i].device().is_cpu());
     EXPECT_TRUE(torch::equal(before[i], after[i]));
     EXPECT_FALSE(after[i].grad().defined());
+  }
+}
+
+// A step that does not fit a simulated device throws its OOM, and the model
+// comes back as it was: putting it back must not allocate (a second OOM
+// while the first unwinds would end the process).
+TEST(ProfileTest, AStepThatDoesNotFitThrowsAndGivesTheModelBack) {
+  torch::manual_seed(0);
+  auto model = make_model("mlp");
+  std::vector<at::Tensor> before;
+  int64_t params = 0;
+  for (auto& p : model->module().parameters()) {
+    before.push_back(p.detach().clone());
+    params += static_cast<int64_t>(p.nbytes());
+  }
+  ProfileOptions o;
+  o.batch = 4;
+  {
+    // Room for memfit's snapshot and the step's parameters, not for a
+    // third copy of them.
+    SimulatedDevice device(params * 5 / 2);
+    EXPECT_THROW(profile_model(*model, o), c10::OutOfMemoryError);
+  }
+  auto after = model->module().parameters();
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_TRUE(torch::equal(before[i], after[i]));
   }
 }
 

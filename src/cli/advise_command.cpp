@@ -19,7 +19,7 @@ int advise_command(const std::vector<std::string>& argv) {
   if (o.batch < 1) throw UsageError("--batch must be >= 1");
   o.budget = args.get_size("budget");
   o.optimizer =
-      args.choice("optimizer", "adam", {"adam", "sgd", "momentum", "none"});
+      args.choice("optimizer", "adam", optimizer_names());
   o.timing_repeats = static_cast<int>(args.get_int("repeats", 3));
   if (o.timing_repeats < 1) throw UsageError("--repeats must be >= 1");
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));

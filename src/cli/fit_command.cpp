@@ -15,7 +15,7 @@ int fit_command(const std::vector<std::string>& argv) {
   const std::string name = args.require("model");
   FitOptions o;
   o.budget = args.get_size("budget");
-  o.optimizer = args.choice("optimizer", "adam", {"adam", "sgd", "momentum", "none"});
+  o.optimizer = args.choice("optimizer", "adam", optimizer_names());
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   if (args.has("margin")) o.extra_margin = args.get_size("margin");
   auto model = make_model(name, model_options(args));

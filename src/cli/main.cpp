@@ -14,7 +14,7 @@ commands:
   profile   where a training step's memory goes, phase by phase and module
             by module; predicts the peak at batches not run
             memfit profile --model mlp|cnn|gpt|lstm --batch N
-                           [--optimizer adam|sgd|momentum|none]
+                           [--optimizer adam|adam-offload|momentum|sgd|none]
                            [--mode cpu|meta] [--target cpu|cuda]
                            [--iterations K] [--json] [--svg FILE]
                            [--predict] [--probes 4,8,16]
@@ -42,6 +42,8 @@ commands:
                           [--optimizer ...] [--allow-approximate]
                           [--repeats K] [--json]
 
+--optimizer adam-offload: Adam with its state and step on the host (CPU RAM
+beside a GPU); the device keeps parameters and gradients only.
 SIZE is a byte count or a number with KiB, MiB, GiB, TiB: 16GiB, 512MiB.
 Exit status: 0 done, 1 bad command line or input, 2 out of memory.
 )";

@@ -95,7 +95,7 @@ int profile_command(const std::vector<std::string>& argv) {
   const std::string name = args.require("model");
   ProfileOptions o;
   o.batch = args.get_int("batch", 64);
-  o.optimizer = args.choice("optimizer", "adam", {"adam", "sgd", "momentum", "none"});
+  o.optimizer = args.choice("optimizer", "adam", optimizer_names());
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   o.iterations = static_cast<int>(args.get_int("iterations", 2));
   const std::string target = args.choice("target", "cpu", {"cpu", "cuda"});

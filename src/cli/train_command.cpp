@@ -27,7 +27,7 @@ int train_command(const std::vector<std::string>& argv) {
   if (steps < 1) throw UsageError("--steps must be >= 1");
   const int64_t budget = args.get_size("budget");
   const std::string opt_name =
-      args.choice("optimizer", "adam", {"adam", "sgd", "momentum", "none"});
+      args.choice("optimizer", "adam", optimizer_names());
   TrainerOptions o;
   o.split = !args.has("no-split");
   o.coupled = args.choice("coupled", "error", {"error", "allow"}) == "allow"

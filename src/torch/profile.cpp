@@ -6,13 +6,22 @@
 #include <optional>
 #include <stdexcept>
 
+#include "memfit/core/units.h"
 #include "memfit/torch/compat.h"
+#include "memfit/torch/host_offload.h"
 #include "memfit/torch/recorder.h"
 
 namespace memfit {
 
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names = {"adam", "adam-offload", "momentum",
+                                                 "sgd", "none"};
+  return names;
+}
+
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const std::string& name, std::vector<at::Tensor> params, double lr) {
+  if (name == "adam-offload") return host_offload_adam(std::move(params), lr);
   if (name == "adam") {
     return std::make_unique<torch::optim::Adam>(params,
                                                 torch::optim::AdamOptions(lr));
@@ -25,8 +34,10 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
         params, torch::optim::SGDOptions(lr).momentum(0.9));
   }
   if (name == "none") return nullptr;
+  std::string names;
+  for (const auto& n : optimizer_names()) names += (names.empty() ? "" : ", ") + n;
   throw std::invalid_argument("[profile] unknown optimizer '" + name +
-                              "': choose adam, sgd, momentum or none");
+                              "': choose one of " + names);
 }
 
 namespace {
@@ -65,9 +76,10 @@ void materialize(torch::nn::Module& m, const at::Device& device, Recorder& r) {
   }
 }
 
-// One recorded run of `iterations` training iterations on `device`.
+// One recorded run of `iterations` training iterations on `device`;
+// `host_bytes`: what an offloading optimizer kept on the host (not recorded).
 Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
-                      const at::Device& device) {
+                      const at::Device& device, int64_t& host_bytes) {
   auto& module = model.module();
   const StepStrategies& st = o.strategies;
   const bool train = st.step == StepStrategies::Step::kTrain;
@@ -142,6 +154,9 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
   }
   r.stop();
   drop_gradients(module);
+  if (auto* offload = dynamic_cast<HostOffloadOptimizer*>(optimizer.get())) {
+    host_bytes = offload->host_bytes();
+  }
   return r.timeline();
 }
 
@@ -186,12 +201,13 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
   std::vector<std::string> notes;
   std::string mode = options.mode;
   Timeline timeline;
+  int64_t host_bytes = 0;
   // Profiling trains (and meta mode empties the weights): the model is given
   // back as it came, whatever happens.
   ModelSnapshot snapshot(model.module());
   if (mode == "meta") {
     try {
-      timeline = run_recorded(model, options, at::Device(at::kMeta));
+      timeline = run_recorded(model, options, at::Device(at::kMeta), host_bytes);
     } catch (const c10::OutOfMemoryError&) {
       throw;
     } catch (const c10::Error& e) {
@@ -204,11 +220,17 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
     }
   }
   if (mode == "cpu") {
-    timeline = run_recorded(model, options, at::Device(at::kCPU));
+    timeline = run_recorded(model, options, at::Device(at::kCPU), host_bytes);
   }
   Profile p;
   p.report = make_report(timeline, {model.name(), options.batch,
                                     options.optimizer, mode});
+  if (host_bytes > 0) {
+    notes.push_back("optimizer state and step on the host: " +
+                    format_bytes(host_bytes) +
+                    " of host memory (parameter copies, gradient buffers, "
+                    "state), not in the device's figures");
+  }
   p.report.notes = std::move(notes);
   p.timeline = std::move(timeline);
   return p;

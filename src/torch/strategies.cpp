@@ -189,12 +189,11 @@ Advice advise(TrainableModel& model, const AdviseOptions& o) {
     throw std::invalid_argument("[advise] the budget must be >= 0 bytes, got " +
                                 std::to_string(o.budget));
   }
-  const std::vector<std::string> optimizers = {"adam", "momentum", "sgd",
-                                               "none"};
+  const std::vector<std::string>& optimizers = optimizer_names();
   if (std::find(optimizers.begin(), optimizers.end(), o.optimizer) ==
       optimizers.end()) {
-    throw std::invalid_argument("[advise] unknown optimizer '" + o.optimizer +
-                                "': choose adam, momentum, sgd or none");
+    // make_optimizer's message names the choices.
+    make_optimizer(o.optimizer, {}, o.lr);
   }
   Restore restore(model);
   model.set_checkpointing({});
@@ -278,8 +277,13 @@ Advice advise(TrainableModel& model, const AdviseOptions& o) {
     s.autocast_bf16 = true;
     add_row("autocast bf16 (CPU)", "precision", s, o.optimizer, false);
   }
+  if (o.optimizer == "adam") {
+    add_row("Adam's state and step on the host (adam-offload)", "optimizer",
+            StepStrategies{}, "adam-offload", true);
+  }
   for (const std::string opt : {"adam", "momentum", "sgd"}) {
-    if (opt == o.optimizer) continue;
+    if (opt == o.optimizer || (opt == "adam" && o.optimizer == "adam-offload"))
+      continue;
     add_row("optimizer " + opt + " instead of " + o.optimizer, "optimizer",
             StepStrategies{}, opt, false);
   }
@@ -371,12 +375,32 @@ Advice advise(TrainableModel& model, const AdviseOptions& o) {
     consider(level_best, o.optimizer, c, level_peak, true);
     chains[c] = {segs, mem};
   }
+  if (candidates.empty() && o.optimizer == "adam") {
+    // Adam's state and step moved to the host: the same training, slower
+    // steps (two transfers of the parameters, a step on the CPU), so it
+    // comes only when nothing on the device alone fits.
+    for (int64_t c : levels) {
+      StepStrategies s;
+      s.zero_grad_set_to_none = c == o.batch;
+      if (consider(StepStrategies{}, "adam-offload", c,
+                   bench.profile(s, "adam-offload", c).report.peak_bytes, true))
+        break;
+      if (n == 0) continue;
+      s.checkpoint.assign(n, true);
+      StepStrategies every;
+      every.checkpoint = s.checkpoint;
+      if (consider(every, "adam-offload", c,
+                   bench.profile(s, "adam-offload", c).report.peak_bytes, true))
+        break;
+    }
+  }
   if (candidates.empty() && o.allow_approximate) {
     // Precision, then a lighter optimizer, then both, with every block
     // checkpointed, one sample at a time if need be.
     std::vector<std::pair<bool, std::string>> variants = {{true, o.optimizer}};
     std::vector<std::string> lighter;
-    if (o.optimizer == "adam") lighter = {"momentum", "sgd"};
+    if (o.optimizer == "adam" || o.optimizer == "adam-offload")
+      lighter = {"momentum", "sgd"};
     if (o.optimizer == "momentum") lighter = {"sgd"};
     for (const auto& opt : lighter) {
       variants.push_back({false, opt});

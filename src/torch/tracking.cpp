@@ -72,6 +72,9 @@ std::optional<int64_t> budget_locked(const State& s, Device d) {
 
 void free_tracked(void* context);
 
+// Depth of HostMemory scopes open on this thread.
+thread_local int host_memory_depth = 0;
+
 class TrackingAllocator final : public c10::Allocator {
  public:
   TrackingAllocator(Device device, c10::DeviceType type)
@@ -85,8 +88,8 @@ class TrackingAllocator final : public c10::Allocator {
       std::unique_lock<std::mutex> lock(s.mu);
       // Zero-byte storages carry no memory; a storage created under tracking
       // keeps this allocator after tracking ends (resize calls it): both go
-      // straight to the allocator we wrap.
-      if (n == 0 || s.scopes == 0) {
+      // straight to the allocator we wrap, as does host memory (HostMemory).
+      if (n == 0 || s.scopes == 0 || host_memory_depth > 0) {
         lock.unlock();
         return compat::allocate(inner_, n);
       }
@@ -308,6 +311,9 @@ void fail_allocation_after(Device d, int64_t n) {
 }
 
 }  // namespace tracking
+
+HostMemory::HostMemory() { ++host_memory_depth; }
+HostMemory::~HostMemory() { --host_memory_depth; }
 
 SimulatedDevice::SimulatedDevice(int64_t budget_bytes, Device device)
     : budget_(budget_bytes), device_(device) {

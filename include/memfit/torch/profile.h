@@ -39,7 +39,7 @@ struct StepStrategies {
 
 struct ProfileOptions {
   int64_t batch = 64;
-  std::string optimizer = "adam";  // adam | sgd | momentum | none
+  std::string optimizer = "adam";  // one of optimizer_names()
   std::string mode = "cpu";        // cpu | meta (meta falls back to cpu)
   int iterations = 2;
   uint64_t seed = 0;
@@ -52,9 +52,13 @@ struct Profile {
   Timeline timeline;
 };
 
-// adam | sgd | momentum (0.9) | none (nullptr) over `params`, with learning
-// rate `lr`: the optimizers profile_model runs. Throws std::invalid_argument
-// for another name.
+// The optimizers profile_model runs, by name: adam | adam-offload (Adam with
+// its state and step on the host, see host_offload.h) | momentum (SGD, 0.9) |
+// sgd | none.
+const std::vector<std::string>& optimizer_names();
+
+// The optimizer `name` over `params` with learning rate `lr` (nullptr for
+// "none"). Throws std::invalid_argument for a name not in optimizer_names().
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const std::string& name, std::vector<at::Tensor> params, double lr);
 

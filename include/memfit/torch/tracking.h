@@ -65,6 +65,20 @@ int64_t allocation_count(Device d);
 
 }  // namespace tracking
 
+// Host memory beside the simulated device. While alive on this thread,
+// allocations go straight to the allocators memfit wraps: they are in no
+// recording and count against no budget, as the host RAM beside a GPU is
+// not the GPU's. Memory a GPU run would keep on the host (optimizer state
+// offloaded to the CPU, see host_offload.h) is allocated under it, so that a
+// rehearsal on the CPU shows what the card would hold. Nestable.
+class HostMemory {
+ public:
+  HostMemory();
+  ~HostMemory();
+  HostMemory(const HostMemory&) = delete;
+  HostMemory& operator=(const HostMemory&) = delete;
+};
+
 // A simulated device: while alive, a tracked allocation on `device` that would
 // take live tracked bytes past `budget_bytes` throws c10::OutOfMemoryError
 // (torch.cuda.OutOfMemoryError in Python), like a full GPU. Nestable: the

@@ -10,9 +10,10 @@
 
 from ._memfit import format_bytes, parse_size
 from .advise import Advice, advise
-from .device import simulated_device, to_bytes
+from .device import host_memory, simulated_device, to_bytes
 from .distributed import DistributedError, DistributedStepReport
 from .fit import DoesNotFit, auto_batch_size, find_batch_size
+from .offload import OffloadedOptimizer, offload
 from .profile import Report, profile
 from .trainer import Trainer
 from .tracking import Tracking, track
@@ -26,6 +27,9 @@ __all__ = [
     "DoesNotFit",
     "find_batch_size",
     "format_bytes",
+    "host_memory",
+    "offload",
+    "OffloadedOptimizer",
     "parse_size",
     "profile",
     "Report",

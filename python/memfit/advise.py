@@ -15,7 +15,7 @@ from .strategies import INFERENCE_MODE, NO_GRAD, Strategy, resolve_chain
 from .strategies.advice import Advice, Plan, Row
 from .strategies.checkpoint import block_forward_ns, calibrate
 from .strategies.measure import Bench, cuda_devices, sync
-from .strategies.optimizer import LIGHTER, kind_of
+from .strategies.optimizer import LIGHTER, can_offload, kind_of
 
 _NO_BUDGET = 1 << 62
 # Measured times closer than this are the same to the plan (timing noise).
@@ -43,13 +43,17 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
       container found in the model; every block, sqrt(n), and the set the
       core's dynamic-programming planner picks from each block's measured
       activations and forward time;
+    - the optimizer's state and step on the host (memfit.offload): the same
+      training; planned only when nothing on the device alone fits, since
+      its copies and CPU step cost far more beside a GPU than on this CPU;
     - bf16 autocast on the CPU and a lighter optimizer (Adam -> SGD with
       momentum -> SGD): approximate, planned only with allow_approximate;
     - eval steps under no_grad and inference_mode: for comparison only.
 
     When no single strategy the plan may use fits, every block checkpointed
     is measured combined with the others (zero_grad in place when it saves;
-    bf16 and lighter optimizers with allow_approximate). The plan is the
+    the state on the host; bf16 and lighter optimizers with
+    allow_approximate). The plan is the
     plain step when it fits, else the strategy (or combination) with the
     least measured time that fits, exact ones first; within 5% of the
     fastest, the one recomputing least.
@@ -129,9 +133,12 @@ def _measure(model, inputs, bench, chain, optimizer, limit, allow_approximate):
                      "blocks with parameters): activation checkpointing does not apply; "
                      "pass chain=")
     add("autocast bf16 (CPU)", "precision", Strategy(autocast_bf16=True))
+    if can_offload(optimizer):
+        add(f"{user}'s state and step on the host (memfit.offload)", "optimizer",
+            Strategy(host_state=True))
     if optimizer is not None:
         for name in ("adam", "momentum", "sgd"):
-            if name != user:
+            if name != user and name != user.removesuffix("-offload"):
                 add(f"optimizer {name} instead of {user}", "optimizer", Strategy(optimizer=name))
     add("eval step under no_grad", "eval", Strategy(step=NO_GRAD))
     add("eval step under inference_mode", "eval", Strategy(step=INFERENCE_MODE))
@@ -142,6 +149,8 @@ def _measure(model, inputs, bench, chain, optimizer, limit, allow_approximate):
         every = tuple(range(len(chain))) if chain else ()
         in_place = any(r.kind == "memory" and r.saving_bytes > 0 for r in rows)
         combos = [Strategy(checkpoint=every, zero_grad_in_place=True)] if every and in_place else []
+        if every and can_offload(optimizer):
+            combos += [Strategy(checkpoint=every, host_state=True)]
         if allow_approximate:
             combos += [Strategy(checkpoint=every, autocast_bf16=True)] if every else []
             for name in LIGHTER.get(user, ["momentum", "sgd"]):
@@ -222,6 +231,8 @@ def _choose(state, limit, allow_approximate, n_blocks, user_opt):
 
     def plan_of(r, found):
         opt = r.strategy.optimizer or user_opt
+        if r.strategy.host_state:
+            opt += "-offload"
         return Plan(found, r.strategy, r.strategy.describe(n_blocks, user_opt), r.peak_bytes,
                     r.time_ratio, r.exact, opt)
 
@@ -234,6 +245,11 @@ def _choose(state, limit, allow_approximate, n_blocks, user_opt):
         return plan_of(min(allowed, key=lambda r: r.peak_bytes), False)
     exact = [r for r in usable if r.exact]
     pool = exact or usable
+    # The host's share is timed here with host and "device" in one memory;
+    # beside a GPU its copies and CPU step cost far more: only when nothing
+    # else fits.
+    on_device = [r for r in pool if not r.strategy.host_state]
+    pool = on_device or pool
     fastest = min(r.time_ratio for r in pool)
     # Within timing noise of the fastest, the least recomputation wins.
     close = [r for r in pool if r.time_ratio <= fastest * (1 + _SAME_TIME)]
@@ -252,6 +268,9 @@ def _does_not_fit(advice, state, allow_approximate):
     if lowest.peak_bytes < low.peak_bytes:
         msg += (f"; allow_approximate=True reaches {fb(lowest.peak_bytes)} with {lowest.name}, "
                 f"changing the numbers")
+    elif not allow_approximate and any(not r.exact for r in measured):
+        msg += ("; allow_approximate=True also tries bf16 autocast and lighter optimizers "
+                "combined with these, changing the numbers")
     outside = max(p["peak_bytes"] for p in state["plain"].phases
                   if p["name"] not in ("forward", "loss", "backward"))
     msg += (f". Whatever the batch, the plain step peaks at {fb(outside)} outside forward and "

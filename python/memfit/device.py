@@ -44,3 +44,16 @@ def simulated_device(budget, device="cpu"):
         yield handle
     finally:
         del handle  # destroys the C++ budget now (CPython refcounting)
+
+
+@contextlib.contextmanager
+def host_memory():
+    """Allocations made in the block on this thread are the host's, not the
+    simulated device's: untracked, in no profile, under no budget, as the
+    RAM beside a GPU is not the GPU's. memfit.offload keeps optimizer state
+    there; on a real GPU the same code keeps it in CPU RAM."""
+    handle = _memfit.HostMemory()
+    try:
+        yield
+    finally:
+        del handle  # ends the host scope now (CPython refcounting)

@@ -8,12 +8,15 @@ import torch
 from . import _memfit
 from . import data_parallel as _dp
 from .batching import batch_size, map_tensors, resize_batch, tensors_in
+from .offload import offload as _offload
 from .tracking import Tracking
 
 _OPTIMIZERS = {
     "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
     "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
     "momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+    # Adam with its state and step on the host (memfit.offload).
+    "adam-offload": lambda params: _offload(torch.optim.Adam(params, lr=1e-3)),
 }
 
 # cuBLAS workspace on most GPUs (8 MiB + 128 KiB); 32 MiB on Hopper.

@@ -31,6 +31,10 @@ void init_tracking(py::module_& m) {
            py::arg("budget_bytes"), py::arg("device") = "cpu")
       .def_property_readonly("budget_bytes", &SimulatedDevice::budget_bytes);
 
+  // Held by memfit.host_memory(): allocations on this thread are the host's
+  // (untracked, no budget) while the object lives.
+  py::class_<HostMemory>(m, "HostMemory").def(py::init<>());
+
   py::class_<Recorder>(m, "Recorder")
       .def(py::init<>())
       .def("stop", &Recorder::stop)

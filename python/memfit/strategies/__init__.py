@@ -1,7 +1,7 @@
 """The strategies memfit.advise measures, each a change to a training step
 that lowers its memory: activation checkpointing over a chain of blocks,
-bf16 autocast, a lighter optimizer, zero_grad in place, forward-only eval
-steps. One module per strategy; `Strategy` names a combination and
+bf16 autocast, a lighter optimizer, the optimizer's state on the host,
+zero_grad in place, forward-only eval steps. One module per strategy; `Strategy` names a combination and
 `applied()` puts its model-side parts on a model and takes them off."""
 
 import contextlib
@@ -21,6 +21,7 @@ class Strategy:
     autocast_bf16: bool = False
     zero_grad_in_place: bool = False  # zero_grad(set_to_none=False)
     optimizer: str = None  # None: the user's optimizer; else adam|momentum|sgd
+    host_state: bool = False  # the optimizer's state and step on the host (memfit.offload)
     step: str = TRAIN  # train | no_grad | inference_mode (forward and loss only)
 
     @property
@@ -41,6 +42,8 @@ class Strategy:
             parts.append("autocast bf16")
         if self.optimizer is not None:
             parts.append(f"optimizer {self.optimizer} instead of {user_optimizer}")
+        if self.host_state:
+            parts.append(f"{user_optimizer}'s state and step on the host (memfit.offload)")
         if self.zero_grad_in_place:
             parts.append("zero_grad in place")
         return "; ".join(parts) or "the plain step"

@@ -41,7 +41,9 @@ class Plan:
     peak_bytes: int
     time_ratio: float
     exact: bool
-    optimizer: str  # the optimizer to train with (adam, momentum, sgd, ...)
+    # the optimizer to train with (adam, momentum, sgd, ...); "-offload" after
+    # it: that optimizer wrapped in memfit.offload
+    optimizer: str
 
 
 class _Applied:

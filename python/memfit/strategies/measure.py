@@ -48,7 +48,8 @@ class Bench:
             if s.step != TRAIN:
                 return profile_eval(m, self.inputs, self.target, self.loss_fn, s.step,
                                     self.batch_dim)
-            opt = optimizer_for(m, self.optimizer, s.optimizer, s.zero_grad_in_place)
+            opt = optimizer_for(m, self.optimizer, s.optimizer, s.zero_grad_in_place,
+                                s.host_state)
             return profile(m, self.inputs, self.target, loss_fn=self.loss_fn, optimizer=opt,
                            batch_dim=self.batch_dim)
 
@@ -65,7 +66,8 @@ class Bench:
             for p in m.parameters():
                 p.grad = None
             plain_opt = make_optimizer(m, self.optimizer)
-            opt = make_optimizer(m, self.optimizer, s.optimizer) if s.step == TRAIN else None
+            opt = (make_optimizer(m, self.optimizer, s.optimizer, s.host_state)
+                   if s.step == TRAIN else None)
             for r in range(self.repeats + 1):
                 sync(self.devices)
                 t0 = time.perf_counter()

@@ -3,6 +3,7 @@ zero_grad frees the gradients (set_to_none) or zeroes them in place."""
 
 import torch
 
+from ..offload import OffloadedOptimizer, construct, offload
 from ..profile import _OPTIMIZERS
 
 LIGHTER = {"adam": ["momentum", "sgd"], "momentum": ["sgd"], "sgd": []}
@@ -10,11 +11,14 @@ LIGHTER = {"adam": ["momentum", "sgd"], "momentum": ["sgd"], "sgd": []}
 
 def kind_of(optimizer):
     """"adam", "momentum", "sgd" for the built-in names and for torch's Adam
-    and SGD; the class name for other optimizers; "none" for None."""
+    and SGD; the class name for other optimizers; "none" for None; with
+    "-offload" after it for an OffloadedOptimizer."""
     if optimizer is None:
         return "none"
     if isinstance(optimizer, str):
         return optimizer
+    if isinstance(optimizer, OffloadedOptimizer):
+        return kind_of(optimizer.inner) + "-offload"
     if type(optimizer) is torch.optim.Adam:
         return "adam"
     if type(optimizer) is torch.optim.SGD:
@@ -26,12 +30,17 @@ def kind_of(optimizer):
 def _clone(optimizer):
     """A fresh optimizer of the same class and hyperparameters over the same
     parameters, with no state."""
+    if isinstance(optimizer, OffloadedOptimizer):
+        return optimizer.fresh()
     groups = [dict(g) for g in optimizer.param_groups]
-    try:
-        return type(optimizer)(groups)
-    except TypeError:
-        params = [p for g in optimizer.param_groups for p in g["params"]]
-        return type(optimizer)(params, **optimizer.defaults)
+    return construct(type(optimizer), groups, optimizer.defaults)
+
+
+def can_offload(user_optimizer):
+    """Whether keeping the optimizer's state on the host would lower the
+    device's memory: it has state (not plain SGD) and is not offloaded yet."""
+    kind = kind_of(user_optimizer)
+    return kind not in ("none", "sgd") and not kind.endswith("-offload")
 
 
 def _zero_grad_in_place(optimizer):
@@ -42,12 +51,16 @@ def _zero_grad_in_place(optimizer):
     return optimizer
 
 
-def optimizer_for(model, user_optimizer, name=None, zero_grad_in_place=False):
+def optimizer_for(model, user_optimizer, name=None, zero_grad_in_place=False,
+                  host_state=False):
     """What memfit.profile takes as the step's optimizer: the user's (a name,
     an Optimizer, or None) when `name` is None, else the built-in `name`;
     with zero_grad_in_place, a fresh optimizer whose zero_grad keeps the
-    gradients' memory (set_to_none=False)."""
+    gradients' memory (set_to_none=False); with host_state, a fresh one
+    whose state and step are on the host (memfit.offload)."""
     chosen = user_optimizer if name is None else name
+    if host_state:
+        chosen = offload(make_optimizer(model, chosen))
     if not zero_grad_in_place or chosen is None:
         return chosen
     if isinstance(chosen, str):
@@ -57,11 +70,14 @@ def optimizer_for(model, user_optimizer, name=None, zero_grad_in_place=False):
     return _zero_grad_in_place(opt)
 
 
-def make_optimizer(model, user_optimizer, name=None):
-    """A fresh optimizer for timing steps (never the user's instance)."""
+def make_optimizer(model, user_optimizer, name=None, host_state=False):
+    """A fresh optimizer for timing steps (never the user's instance); with
+    host_state, offloaded."""
     chosen = user_optimizer if name is None else name
     if chosen is None:
         return None
+    if host_state:
+        return offload(make_optimizer(model, chosen))
     if isinstance(chosen, str):
         return _OPTIMIZERS[chosen]([p for p in model.parameters() if p.requires_grad])
     return _clone(chosen)

@@ -3,10 +3,10 @@
 The ZeRO-Offload trade for one GPU. The device keeps the parameters and
 their gradients; the host (CPU RAM) keeps a copy of each parameter, a
 gradient buffer and the optimizer's state, and runs the optimizer there.
-Each step copies the gradients to the host and the updated parameters back
-into the device parameters' own storage: no optimizer state and no step
-temporaries on the device, for two transfers of the parameters' size and a
-step on the CPU.
+Each step copies the parameters and gradients to the host and the updated
+parameters back into the device parameters' own storage: no optimizer state
+and no step temporaries on the device, for three transfers of the
+parameters' size and a step on the CPU.
 
 When the CPU itself plays the device (memfit.simulated_device), the host's
 tensors are allocated under memfit.host_memory(), so the rehearsal shows
@@ -41,7 +41,13 @@ class OffloadedOptimizer(torch.optim.Optimizer):
     host. Made by memfit.offload(optimizer); used like the optimizer it wraps:
     its param_groups are the device parameters with the same hyperparameters
     (an LR scheduler's changes reach the host step), state_dict() is the
-    wrapped optimizer's."""
+    wrapped optimizer's.
+
+    The host copies follow the device: each step copies the parameters to
+    the host with their gradients, so weights changed on the device between
+    steps (model.load_state_dict, memfit.profile's restore) are what the
+    step updates. That is one more transfer of the parameters' size per step
+    than keeping the host copy as the master, and no way to go stale."""
 
     def __init__(self, optimizer):
         if isinstance(optimizer, OffloadedOptimizer):
@@ -100,6 +106,8 @@ class OffloadedOptimizer(torch.optim.Optimizer):
                     h.grad = torch.empty(h.shape, dtype=h.dtype, device=h.device,
                                          pin_memory=p.is_cuda)
                 h.grad.copy_(p.grad)
+                # See "the host copies follow the device" in the class doc.
+                h.copy_(p)
             self.inner.step()
         for p, h in zip(self._device, self._host):
             if h.grad is not None and not p.is_meta:
@@ -137,8 +145,8 @@ def offload(optimizer):
     """`optimizer` with its state and step on the host (CPU RAM beside a
     GPU): the device then holds no optimizer state and no step temporaries
     (for Adam, two copies of the parameters' bytes and more saved), at the
-    cost of copying the gradients to the host and the parameters back each
-    step. State the optimizer already has moves to the host.
+    cost of copying the parameters and gradients to the host and the
+    parameters back each step. State the optimizer already has moves to the host.
 
         opt = memfit.offload(torch.optim.Adam(model.parameters(), lr=1e-3))
 

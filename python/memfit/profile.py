@@ -8,6 +8,7 @@ import torch
 from . import _memfit
 from . import data_parallel as _dp
 from .batching import batch_size, map_tensors, resize_batch, tensors_in
+from .offload import OffloadedOptimizer
 from .offload import offload as _offload
 from .tracking import Tracking
 
@@ -117,6 +118,8 @@ def _record_step(model, inputs, target, loss_fn, optimizer, iterations, device):
             del x, y, out, loss
     finally:
         t.stop()
+    # Kept on the host, out of the recording: said in the report's notes.
+    t.host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
     return t
 
 
@@ -232,8 +235,9 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
     - target: passed to the loss; loss_fn(output, target) must return a
       scalar. Without loss_fn: cross-entropy for integer targets, MSE for
       float targets, or the output itself when it is a scalar.
-    - optimizer: a torch.optim.Optimizer over model.parameters(), or "adam",
-      "sgd", "momentum", or None (no optimizer step).
+    - optimizer: a torch.optim.Optimizer over model.parameters() (one
+      wrapped in memfit.offload too), or "adam", "adam-offload", "sgd",
+      "momentum", or None (no optimizer step).
     - mode: "cpu" runs the step for real on the CPU; "meta" runs it on meta
       tensors (exact sizes, no memory, no time) and falls back to "cpu",
       saying so in the report's notes, where this torch lacks a meta kernel.
@@ -303,6 +307,10 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         n = batch_size(inputs, batch_dim, "profile")
         native = _memfit.make_report(rec.timeline, type(model).__name__, n,
                                      _optimizer_name(optimizer), mode)
+        if rec.host_bytes:
+            notes.append(f"optimizer state and step on the host: "
+                         f"{_memfit.format_bytes(rec.host_bytes)} of host memory (parameter "
+                         f"copies, gradient buffers, state), not in the device's figures")
         native.notes = notes
         return native, rec.timeline
 

@@ -16,8 +16,12 @@ def batches(n=6):
     return [(torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)) for _ in range(n)]
 
 
-def train(model, opt, data, scheduler=None):
-    for x, y in data:
+def train(model, opt, data, scheduler=None, halve_at=None):
+    for i, (x, y) in enumerate(data):
+        if i == halve_at:  # weights changed on the device between steps
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.mul_(0.5)
         torch.nn.functional.mse_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
@@ -37,17 +41,18 @@ def param_bytes(model):
 ])
 def test_equals_the_wrapped_optimizer_bit_for_bit(make):
     # The host step is the same arithmetic on the CPU: equal bit for bit, an
-    # LR schedule and a frozen parameter (no gradient) included.
+    # LR schedule, a frozen parameter (no gradient) and weights changed on
+    # the device between steps included.
     plain_m, off_m = net(), net()
     for m in (plain_m, off_m):
         m[2].bias.requires_grad_(False)
     plain = make(plain_m.parameters())
     off = memfit.offload(make(off_m.parameters()))
-    want = train(plain_m, plain, batches(), torch.optim.lr_scheduler.StepLR(plain, 2, 0.5))
-    got = train(off_m, off, batches(), torch.optim.lr_scheduler.StepLR(off, 2, 0.5))
+    want = train(plain_m, plain, batches(), torch.optim.lr_scheduler.StepLR(plain, 2, 0.5), 3)
+    got = train(off_m, off, batches(), torch.optim.lr_scheduler.StepLR(off, 2, 0.5), 3)
     for a, b in zip(want, got):
         assert torch.equal(a, b)
-    assert torch.equal(off_m[2].bias, net()[2].bias)
+    assert torch.equal(off_m[2].bias, net()[2].bias * 0.5)
     assert off.param_groups[0]["lr"] == plain.param_groups[0]["lr"] < 1e-2
 
 
@@ -117,6 +122,7 @@ def test_profile_shows_no_state_and_a_budget_adam_overflows_is_enough():
     assert off.categories_at_peak["optimizer_state"] == 0
     assert off.peak_bytes <= adam.peak_bytes - 2 * param_bytes(model)
     assert all(p["delta_bytes"] == 0 for p in off.phases if p["name"] == "optimizer_step")
+    assert "on the host" in off.notes[-1] and not adam.notes
 
     budget = (off.peak_bytes + adam.peak_bytes) // 2
 
@@ -153,9 +159,31 @@ def test_advise_plans_the_host_state_only_when_nothing_on_the_device_fits():
     advice = memfit.advise(model, x, y, budget=budget, repeats=1)
     assert advice.plan.found and advice.plan.exact
     assert advice.plan.strategy.host_state and advice.plan.optimizer == "adam-offload"
+    # Applied: the plan's optimizer trains the batch under the budget.
+    with memfit.simulated_device(budget):
+        m = wide()
+    opt = advice.optimizer_for(torch.optim.Adam(m.parameters(), lr=1e-3))
+    assert isinstance(opt, memfit.OffloadedOptimizer)
+    t = memfit.Trainer(m, opt, torch.nn.MSELoss(), budget=budget, split=False)
+    with advice.apply(m):
+        assert all(t.step(x, y).ooms_recovered == 0 for _ in range(2))
     # A budget checkpointing meets: the plan stays on the device.
     roomy = memfit.advise(model, x, y, budget=every.peak_bytes, repeats=1)
     assert roomy.plan.found and not roomy.plan.strategy.host_state
+    adam = torch.optim.Adam(m.parameters())
+    assert roomy.optimizer_for(adam) is adam
+
+
+def test_profiling_with_the_offloaded_optimizer_leaves_training_as_it_was():
+    data = batches()
+    plain_m, off_m = net(), net()
+    plain = torch.optim.Adam(plain_m.parameters(), lr=1e-2)
+    off = memfit.offload(torch.optim.Adam(off_m.parameters(), lr=1e-2))
+    want = train(plain_m, plain, data)
+    train(off_m, off, data[:3])
+    memfit.profile(off_m, *data[0], optimizer=off)  # trains, then restores
+    for a, b in zip(want, train(off_m, off, data[3:])):
+        assert torch.equal(a, b)
 
 
 def test_bad_input_is_explained():

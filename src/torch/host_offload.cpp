@@ -91,6 +91,8 @@ at::Tensor HostOffloadOptimizer::step(LossClosure closure) {
                                 device_params_[i].is_cuda()));
       }
       hg.copy_(g);
+      // See Note [Host copies of the parameters]: they follow the device.
+      host_params_[i].copy_(device_params_[i]);
     }
     inner_->step();
   }

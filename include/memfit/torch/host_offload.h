@@ -1,9 +1,9 @@
 // Optimizer state kept in host memory: the ZeRO-Offload trade for one GPU.
 // An optimizer over host copies of the parameters does the step on the CPU;
 // the device keeps only parameters and gradients. Each step copies the
-// gradients to the host and the updated parameters back: no optimizer state
-// and no step temporaries on the device, at the price of two transfers of
-// the parameters' size and a step on the CPU.
+// parameters and gradients to the host and the updated parameters back: no
+// optimizer state and no step temporaries on the device, at the price of
+// three transfers of the parameters' size and a step on the CPU.
 #pragma once
 
 #include <functional>
@@ -29,6 +29,11 @@ using OptimizerFactory = std::function<std::unique_ptr<torch::optim::Optimizer>(
 // copied into the device parameters' own storage: the step allocates nothing
 // on the device, and the result is the inner optimizer's exactly (on the CPU
 // the same arithmetic; on CUDA the CPU's rounding instead of the GPU's).
+// The host copies follow the device: each step copies the parameters to the
+// host with their gradients, so weights changed on the device between steps
+// (a checkpoint loaded) are what the step updates; one more transfer of the
+// parameters' size than keeping the host copy as the master, and nothing to
+// go stale.
 class HostOffloadOptimizer : public torch::optim::Optimizer {
  public:
   // `params`: the model's parameters, on any device. The group's options

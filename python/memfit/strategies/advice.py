@@ -89,8 +89,9 @@ class Advice:
         """Put the plan's (or a Row's / Strategy's) model-side parts on
         `model` (this model or a copy of it): checkpointed blocks, bf16
         autocast. Returns a handle: use it in a `with` block, or call
-        restore(). The optimizer (plan.optimizer) and zero_grad are the
-        training loop's; memfit.Trainer frees gradients itself."""
+        restore(). The optimizer is the training loop's (optimizer_for()
+        gives the one the plan trains with); memfit.Trainer frees gradients
+        itself."""
         s = what.strategy if isinstance(what, Row) else what or self.plan.strategy
         paths = self.chain.block_paths if self.chain else []
         for i in s.checkpoint:
@@ -102,6 +103,22 @@ class Advice:
                     f" to checkpoint: apply the advice to the model it was made for"
                 ) from None
         return _Applied(model, s, paths)
+
+    def optimizer_for(self, optimizer, what=None):
+        """The optimizer to train with under the plan (or a Row's / Strategy's
+        strategy): `optimizer` itself, or wrapped in memfit.offload where the
+        plan keeps its state on the host. A plan that changes the optimizer
+        (a lighter one, allow_approximate) names it instead: build that one
+        with your hyperparameters."""
+        s = what.strategy if isinstance(what, Row) else what or self.plan.strategy
+        if s.optimizer is not None:
+            raise ValueError(
+                f"[Advice.optimizer_for] the plan trains with {s.optimizer} instead of "
+                f"{self.optimizer}: build that optimizer with your hyperparameters")
+        if not s.host_state:
+            return optimizer
+        from ..offload import OffloadedOptimizer, offload
+        return optimizer if isinstance(optimizer, OffloadedOptimizer) else offload(optimizer)
 
     def table(self):
         fb = _memfit.format_bytes

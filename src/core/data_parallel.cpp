@@ -118,23 +118,12 @@ std::vector<const PhaseSpan*> span_of_events(const Timeline& t) {
 // Which kind each allocation event is; frees get their allocation's kind.
 std::vector<Kind> classify(const Timeline& t, const std::vector<const PhaseSpan*>& span_of) {
   const auto& ev = t.events();
-  // An allocation's free and a free's allocation (kNoEvent: none).
-  std::vector<size_t> partner(ev.size(), kNoEvent);
-  std::unordered_map<uint64_t, size_t> live;
-  for (size_t i = 0; i < ev.size(); ++i) {
-    if (ev[i].kind == EventKind::kAlloc) {
-      live[ev[i].id] = i;
-    } else if (auto it = live.find(ev[i].id); it != live.end()) {
-      partner[i] = it->second;
-      partner[it->second] = i;
-      live.erase(it);
-    }
-  }
   std::vector<Kind> kind(ev.size(), kRest);
   for (size_t i = 0; i < ev.size(); ++i) {
     const Event& e = ev[i];
+    const size_t partner = t.partner(i);
     if (e.kind == EventKind::kFree) {
-      if (partner[i] != kNoEvent) kind[i] = kind[partner[i]];
+      if (partner != kNoEvent) kind[i] = kind[partner];
       continue;
     }
     if (e.category == Category::kParameter) {
@@ -143,7 +132,7 @@ std::vector<Kind> classify(const Timeline& t, const std::vector<const PhaseSpan*
       kind[i] = kState;
     } else if (e.category == Category::kGradient && span_of[i] != nullptr &&
                t.phase_name(span_of[i]->phase) == "backward" &&
-               (partner[i] == kNoEvent || partner[i] >= span_of[i]->end_event)) {
+               (partner == kNoEvent || partner >= span_of[i]->end_event)) {
       kind[i] = kParamGrad;  // outlives the backward that made it
     }
   }

@@ -162,6 +162,13 @@ class Timeline {
   const std::vector<PhaseSpan>& phase_spans() const { return spans_; }
   size_t size() const { return events_.size(); }
   bool empty() const { return events_.empty(); }
+  // For an allocation, the index of its free (kNoEvent while it lives); for
+  // a free, the index of its allocation (every recorded free has one).
+  // Throws std::invalid_argument past the end.
+  size_t partner(size_t event_index) const {
+    check_index(event_index, "partner");
+    return partner_[event_index];
+  }
 
   // --- Analysis.
 

@@ -116,6 +116,19 @@ TEST(TimelineTest, UnknownAndRepeatedFreesAreIgnored) {
   EXPECT_EQ(t.live_bytes(), 6000);
 }
 
+TEST(TimelineTest, AllocationsAndFreesKnowEachOther) {
+  const Timeline t = training_step();
+  EXPECT_EQ(t.partner(3), 4u);  // id 4, freed right away
+  EXPECT_EQ(t.partner(4), 3u);
+  EXPECT_EQ(t.partner(0), kNoEvent);  // a parameter, live to the end
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t.partner(i) == kNoEvent) continue;
+    EXPECT_EQ(t.partner(t.partner(i)), i) << i;
+    EXPECT_EQ(t.events()[t.partner(i)].id, t.events()[i].id) << i;
+  }
+  EXPECT_THROW(t.partner(t.size()), std::invalid_argument);
+}
+
 TEST(TimelineTest, LiveAfterEachEvent) {
   const Timeline t = training_step();
   const std::vector<int64_t> expected = {1000, 1500, 3500, 3800, 3500, 7500,

@@ -70,6 +70,8 @@ def _optimizer_name(optimizer):
         return "none"
     if isinstance(optimizer, str):
         return optimizer
+    if isinstance(optimizer, OffloadedOptimizer):
+        return type(optimizer.inner).__name__ + "-offload"
     return type(optimizer).__name__
 
 
@@ -133,6 +135,7 @@ class Report:
         self._peak_model = None
         self._trainable_sizes, self._largest_unit_bytes = model_sizes
 
+    optimizer = property(lambda self: self._native.optimizer)
     peak_bytes = property(lambda self: self._native.peak_bytes)
     peak_phase = property(lambda self: self._native.peak_phase)
     peak_iteration = property(lambda self: self._native.peak_iteration)

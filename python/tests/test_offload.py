@@ -123,6 +123,8 @@ def test_profile_shows_no_state_and_a_budget_adam_overflows_is_enough():
     assert off.peak_bytes <= adam.peak_bytes - 2 * param_bytes(model)
     assert all(p["delta_bytes"] == 0 for p in off.phases if p["name"] == "optimizer_step")
     assert "on the host" in off.notes[-1] and not adam.notes
+    assert wrapped.optimizer == "Adam-offload"
+    assert all("on the host" in p["note"] for p in wrapped.phases if p["name"] == "optimizer_step")
 
     budget = (off.peak_bytes + adam.peak_bytes) // 2
 

@@ -69,8 +69,13 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
     if (p > 0) note += " (" + ratio(grads, p) + " parameters)";
     if (freed > 0) note += ", -" + format_bytes(freed) + " activations freed";
   } else if (n == kPhaseOptimizerStep) {
+    const std::string offload = "-offload";  // state on the host: host_offload.h
+    const bool on_host = in.optimizer.size() > offload.size() &&
+                         in.optimizer.compare(in.optimizer.size() - offload.size(),
+                                              offload.size(), offload) == 0;
     if (d == 0) {
-      note = "+0: optimizer state exists already";
+      note = on_host ? "+0: the optimizer's state and step are on the host"
+                     : "+0: optimizer state exists already";
     } else if (p > 0) {
       note = signed_bytes(d) + " = " + ratio(d, p) + " parameters";
       if (is_adam(in.optimizer)) {

@@ -135,7 +135,9 @@ TEST(HostOffloadTest, ProfileAndBudget) {
   EXPECT_EQ(offload.report.categories_at_peak[state], 0);
   EXPECT_LE(offload.report.peak_bytes, adam.report.peak_bytes - 2 * params);
   for (const auto& ph : offload.report.phases) {
-    if (ph.name == kPhaseOptimizerStep) EXPECT_EQ(ph.delta_bytes, 0) << ph.note;
+    if (ph.name != kPhaseOptimizerStep) continue;
+    EXPECT_EQ(ph.delta_bytes, 0) << ph.note;
+    EXPECT_NE(ph.note.find("on the host"), std::string::npos) << ph.note;
   }
   ASSERT_FALSE(offload.report.notes.empty());
   EXPECT_NE(offload.report.notes.back().find("on the host"), std::string::npos);

@@ -6,7 +6,6 @@
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
-#include <unordered_map>
 
 namespace memfit {
 

@@ -65,10 +65,10 @@ def main(argv=None):
           f"{plain1 / MIB:.2f} MiB, budget {budget / MIB:.2f} MiB ({args.fraction:g}x of it)")
     print(f"plain step at batch {args.batch}: peak {plain / MIB:.2f} MiB, "
           f"{a['plain_step_ms']:.0f} ms; advise took {wall:.0f} s\n")
-    print(f"{'strategy':44s} {'peak/plain':>10s} {'saving':>11s} {'time':>6s}  fits  result")
+    print(f"{'strategy':50s} {'peak/plain':>10s} {'saving':>11s} {'time':>6s}  fits  result")
     for s in a["strategies"]:
         result = "no training" if s["kind"] == "eval" else ("same" if s["exact"] else "changes")
-        print(f"{s['name']:44s} {s['peak_bytes'] / plain:9.2f}x "
+        print(f"{s['name']:50s} {s['peak_bytes'] / plain:9.2f}x "
               f"{s['saving_bytes'] / MIB:7.2f} MiB {s['time_ratio']:5.2f}x  "
               f"{'yes' if s['fits'] else 'no ':3s}   {result}")
     rules = a["checkpoint_rules"]

@@ -377,7 +377,7 @@ Advice advise(TrainableModel& model, const AdviseOptions& o) {
   }
   if (candidates.empty() && o.optimizer == "adam") {
     // Adam's state and step moved to the host: the same training, slower
-    // steps (two transfers of the parameters, a step on the CPU), so it
+    // steps (three transfers of the parameters, a step on the CPU), so it
     // comes only when nothing on the device alone fits.
     for (int64_t c : levels) {
       StepStrategies s;

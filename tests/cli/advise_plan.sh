@@ -2,7 +2,8 @@
 # End to end: under a budget where even batch 1 does not fit plainly,
 # `memfit train --plan auto` trains 20 steps without running out of memory
 # and its losses match the plain unbudgeted run's (same seed).
-# Usage: advise_plan.sh MEMFIT FRACTION [model flags...]
+# Usage: [EXPECT_PLAN=TEXT] advise_plan.sh MEMFIT FRACTION [model flags...]
+# EXPECT_PLAN: text the plan's summary must contain.
 set -uo pipefail
 memfit=$1 fraction=$2
 shift 2
@@ -20,6 +21,10 @@ planned=$("$memfit" train "${flags[@]}" --batch 4 --steps 20 --seed 0 --budget "
 rc=$?
 [ $rc -eq 0 ] || { echo "FAIL: the plan did not train (exit $rc)"; exit 1; }
 echo "$planned" | grep '"plan"'
+if [ -n "${EXPECT_PLAN:-}" ]; then
+  echo "$planned" | grep '"plan"' | grep -qF "$EXPECT_PLAN" ||
+    { echo "FAIL: the plan lacks $EXPECT_PLAN"; exit 1; }
+fi
 echo "$planned" | grep -q '"ooms_recovered": [1-9]' && { echo "FAIL: OOMs in the plan"; exit 1; }
 paste <(echo "$plain") <(echo "$planned" | losses) | awk '
   { n++; d = $1 - $2; if (d < 0) d = -d; if (d > 1e-4 * ($1 < 0 ? -$1 : $1)) bad++ }

@@ -136,7 +136,7 @@ def test_optimizer_step_that_cannot_fit_says_so():
     opt = torch.optim.Adam(model.parameters())
     x, y = data()
     t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), budget=3000)
-    with pytest.raises(torch.cuda.OutOfMemoryError, match="does not fit"):
+    with pytest.raises(torch.cuda.OutOfMemoryError, match=r"(?s)does not fit.*memfit.offload"):
         t.step(x, y)
 
 
@@ -197,8 +197,13 @@ def test_find_batch_size_is_tight_and_safe_on_the_simulated_device():
 
 def test_budget_below_the_model_says_so_with_numbers():
     x, y = torch.randn(4, 28, 28), torch.randint(0, 10, (4,))
-    with pytest.raises(memfit.DoesNotFit, match=r"before any sample.*parameters 2\.55 MiB.*momentum"):
+    with pytest.raises(memfit.DoesNotFit, match=r"before any sample.*parameters 2\.55 MiB.*"
+                       r"on the host \(--optimizer adam-offload, memfit.offload.*momentum"):
         memfit.find_batch_size(mlp(), x, y, optimizer="adam", budget="4MiB")
+    # Already on the host: no such advice.
+    with pytest.raises(memfit.DoesNotFit) as e:
+        memfit.find_batch_size(mlp(), x, y, optimizer="adam-offload", budget="2MiB")
+    assert "memfit.offload" not in str(e.value)
 
 
 def test_auto_batch_size_keeps_the_effective_batch_exact():

@@ -259,7 +259,8 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
                     "gradients and optimizer state outgrow the memory whatever the "
                     "micro-batch. ") +
             e.what_without_backtrace() +
-            " A lighter optimizer (momentum: 1x parameters of state, sgd: none), "
+            " The optimizer's state on the host (memfit.offload, adam-offload), "
+            "a lighter optimizer (momentum: 1x parameters of state, sgd: none), "
             "mixed precision, or more memory (memfit advise).");
   }
   drop_gradients();  // See Note [The order of a training iteration].

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make demo: the main job on a built-in model. Explains where a training
-# step's memory goes, predicts a bigger batch without running it, and writes
-# the timeline as an SVG.
+# step's memory goes, predicts a bigger batch without running it, writes
+# the timeline as an SVG, fits and trains under a budget, and plans a step
+# that does not fit even at one sample.
 set -euo pipefail
 build=${1:-build}
 out=${MEMFIT_DEMO_OUT:-$build/demo}
@@ -20,3 +21,7 @@ echo "== memfit fit: the largest batch under 256 MiB =="
 echo
 echo "== memfit train: batch 512 under 256 MiB, split into micro-batches that fit =="
 "$build/memfit" train "${gpt[@]}" --batch 512 --budget 256MiB --steps 2
+echo
+echo "== memfit advise: batch 8 under 9 MiB, where even one sample does not fit plainly =="
+echo "   (checkpointing, Adam's state on the host, micro-batches: each measured)"
+"$build/memfit" advise "${gpt[@]}" --batch 8 --budget 9MiB --repeats 1

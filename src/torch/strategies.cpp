@@ -322,77 +322,71 @@ Advice advise(TrainableModel& model, const AdviseOptions& o) {
     levels.push_back(c);
     if (c == 1) break;
   }
-  for (int64_t c : levels) {
-    StepStrategies base;
-    // Between micro-batches the gradients stay, as zeroing in place keeps them.
-    base.zero_grad_set_to_none = c == o.batch;
-    const Profile plain_c =
-        c == o.batch ? plain : bench.profile(base, o.optimizer, c);
-    if (consider(StepStrategies{}, o.optimizer, c, plain_c.report.peak_bytes,
-                 true))
-      break;
-    if (n == 0) continue;
-    StepStrategies every = base;
-    every.checkpoint.assign(n, true);
-    Profile all = c == o.batch && base.zero_grad_set_to_none
-                      ? *all_ckpt
-                      : bench.profile(every, o.optimizer, c);
-    if (all.report.peak_bytes > limit) {
-      StepStrategies closest_s;
-      closest_s.checkpoint = every.checkpoint;
-      consider(closest_s, o.optimizer, c, all.report.peak_bytes,
-               true);  // the closest
-      continue;
-    }
-    std::vector<ChainSegment> segs;
-    ChainMemory mem;
-    detail::calibrate(plain_c, all, chain, segs, mem);
-    // Of the choices measured to fit at this micro-batch, only the one with
-    // the least recompute is timed.
-    StepStrategies level_best;
-    level_best.checkpoint = every.checkpoint;
-    int64_t level_peak = all.report.peak_bytes;
-    double level_ns = chain_recompute_ns(segs, every.checkpoint);
-    // See Note [Calibrating the chain from two profiles].
-    int64_t target = limit;
-    std::vector<std::vector<bool>> tried = {every.checkpoint};
-    for (int round = 0; round < 4; ++round) {
-      const ChainPlan cp = chain_plan_optimal(segs, mem, target);
-      if (!cp.fits) break;
-      if (std::find(tried.begin(), tried.end(), cp.checkpointed) != tried.end())
+  // At each micro-batch, with optimizer `opt`: the plain step, else the
+  // cheapest checkpointing the profiles confirm.
+  auto search_levels = [&](const std::string& opt) {
+    const bool users = opt == o.optimizer;  // the whole-batch profiles are its
+    for (int64_t c : levels) {
+      StepStrategies base;
+      // Between micro-batches the gradients stay, as zeroing in place keeps
+      // them.
+      base.zero_grad_set_to_none = c == o.batch;
+      const Profile plain_c =
+          users && c == o.batch ? plain : bench.profile(base, opt, c);
+      if (consider(StepStrategies{}, opt, c, plain_c.report.peak_bytes, true))
         break;
-      tried.push_back(cp.checkpointed);
-      StepStrategies s = base;
-      s.checkpoint = cp.checkpointed;
-      const int64_t peak = bench.profile(s, o.optimizer, c).report.peak_bytes;
-      if (peak <= limit && cp.recompute_ns < level_ns) {
-        level_best.checkpoint = cp.checkpointed;
-        level_peak = peak;
-        level_ns = cp.recompute_ns;
+      if (n == 0) continue;
+      StepStrategies every = base;
+      every.checkpoint.assign(n, true);
+      Profile all = users && c == o.batch && base.zero_grad_set_to_none
+                        ? *all_ckpt
+                        : bench.profile(every, opt, c);
+      if (all.report.peak_bytes > limit) {
+        StepStrategies closest_s;
+        closest_s.checkpoint = every.checkpoint;
+        consider(closest_s, opt, c, all.report.peak_bytes,
+                 true);  // the closest
+        continue;
       }
-      target += limit - peak;
+      std::vector<ChainSegment> segs;
+      ChainMemory mem;
+      detail::calibrate(plain_c, all, chain, segs, mem);
+      // Of the choices measured to fit at this micro-batch, only the one with
+      // the least recompute is timed.
+      StepStrategies level_best;
+      level_best.checkpoint = every.checkpoint;
+      int64_t level_peak = all.report.peak_bytes;
+      double level_ns = chain_recompute_ns(segs, every.checkpoint);
+      // See Note [Calibrating the chain from two profiles].
+      int64_t target = limit;
+      std::vector<std::vector<bool>> tried = {every.checkpoint};
+      for (int round = 0; round < 4; ++round) {
+        const ChainPlan cp = chain_plan_optimal(segs, mem, target);
+        if (!cp.fits) break;
+        if (std::find(tried.begin(), tried.end(), cp.checkpointed) !=
+            tried.end())
+          break;
+        tried.push_back(cp.checkpointed);
+        StepStrategies s = base;
+        s.checkpoint = cp.checkpointed;
+        const int64_t peak = bench.profile(s, opt, c).report.peak_bytes;
+        if (peak <= limit && cp.recompute_ns < level_ns) {
+          level_best.checkpoint = cp.checkpointed;
+          level_peak = peak;
+          level_ns = cp.recompute_ns;
+        }
+        target += limit - peak;
+      }
+      consider(level_best, opt, c, level_peak, true);
+      chains[c] = {segs, mem};
     }
-    consider(level_best, o.optimizer, c, level_peak, true);
-    chains[c] = {segs, mem};
-  }
+  };
+  search_levels(o.optimizer);
   if (candidates.empty() && o.optimizer == "adam") {
     // Adam's state and step moved to the host: the same training, slower
     // steps (three transfers of the parameters, a step on the CPU), so it
     // comes only when nothing on the device alone fits.
-    for (int64_t c : levels) {
-      StepStrategies s;
-      s.zero_grad_set_to_none = c == o.batch;
-      if (consider(StepStrategies{}, "adam-offload", c,
-                   bench.profile(s, "adam-offload", c).report.peak_bytes, true))
-        break;
-      if (n == 0) continue;
-      s.checkpoint.assign(n, true);
-      StepStrategies every;
-      every.checkpoint = s.checkpoint;
-      if (consider(every, "adam-offload", c,
-                   bench.profile(s, "adam-offload", c).report.peak_bytes, true))
-        break;
-    }
+    search_levels("adam-offload");
   }
   if (candidates.empty() && o.allow_approximate) {
     // Precision, then a lighter optimizer, then both, with every block

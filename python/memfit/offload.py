@@ -26,6 +26,16 @@ def _host_device(p):
     return torch.device("cpu") if p.is_cuda else p.device
 
 
+def _host_hyperparameters(group):
+    """A param group's hyperparameters for the host step: fused and
+    capturable kernels are CUDA-only, so the host step is the plain one."""
+    h = {k: v for k, v in group.items() if k != "params"}
+    for flag in ("fused", "capturable"):
+        if h.get(flag):
+            h[flag] = False
+    return h
+
+
 def construct(cls, groups, defaults):
     """An optimizer of class `cls` over param groups `groups` (dicts with
     their hyperparameters): from the groups alone where the class takes
@@ -65,12 +75,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
             it = iter(self._host)
             host_groups = []
             for g in self.param_groups:
-                hg = {k: v for k, v in g.items() if k != "params"}
-                # Fused and capturable kernels are CUDA-only; the host step is
-                # the plain one.
-                for flag in ("fused", "capturable"):
-                    if hg.get(flag):
-                        hg[flag] = False
+                hg = _host_hyperparameters(g)
                 hg["params"] = [next(it) for _ in g["params"]]
                 host_groups.append(hg)
             self.inner = construct(self.inner_class, host_groups, optimizer.defaults)
@@ -86,9 +91,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     def _sync_hyperparameters(self):
         for g, hg in zip(self.param_groups, self.inner.param_groups):
-            for k, v in g.items():
-                if k != "params" and not (k in ("fused", "capturable") and v):
-                    hg[k] = v
+            hg.update(_host_hyperparameters(g))
 
     @torch.no_grad()
     def step(self, closure=None):

@@ -20,8 +20,7 @@ int64_t optimizer_state_bytes(const Report& r) {
 std::string advice(const Report& r) {
   std::string a = "Try a bigger budget";
   const std::string& opt = r.optimizer;
-  const bool offloaded = opt.find("offload") != std::string::npos;
-  if (!offloaded && (opt == "adam" || opt.find("Adam") != std::string::npos)) {
+  if (optimizer_is_adam(opt) && !optimizer_on_host(opt)) {
     a += ", Adam's state on the host (--optimizer adam-offload, "
          "memfit.offload: the same training, slower steps), --optimizer "
          "momentum (1x parameters of state instead of Adam's 2x) or sgd (none)";

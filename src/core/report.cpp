@@ -24,12 +24,6 @@ std::string signed_bytes(int64_t b) {
   return (b > 0 ? "+" : "") + format_bytes(b);
 }
 
-bool is_adam(const std::string& optimizer) {
-  std::string lower = optimizer;
-  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-  return lower.find("adam") != std::string::npos;
-}
-
 // Note [Explaining a phase's delta]
 // A delta is explained in units of the parameters' bytes P where that is what
 // it is (gradients are 1x P, Adam's state 2x P, momentum 1x P), and per sample
@@ -69,16 +63,13 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
     if (p > 0) note += " (" + ratio(grads, p) + " parameters)";
     if (freed > 0) note += ", -" + format_bytes(freed) + " activations freed";
   } else if (n == kPhaseOptimizerStep) {
-    const std::string offload = "-offload";  // state on the host: host_offload.h
-    const bool on_host = in.optimizer.size() > offload.size() &&
-                         in.optimizer.compare(in.optimizer.size() - offload.size(),
-                                              offload.size(), offload) == 0;
     if (d == 0) {
-      note = on_host ? "+0: the optimizer's state and step are on the host"
-                     : "+0: optimizer state exists already";
+      note = optimizer_on_host(in.optimizer)
+                 ? "+0: the optimizer's state and step are on the host"
+                 : "+0: optimizer state exists already";
     } else if (p > 0) {
       note = signed_bytes(d) + " = " + ratio(d, p) + " parameters";
-      if (is_adam(in.optimizer)) {
+      if (optimizer_is_adam(in.optimizer)) {
         note += ": Adam exp_avg and exp_avg_sq";
       } else if (in.optimizer == "momentum") {
         note += ": momentum buffers";
@@ -105,6 +96,19 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
 }
 
 }  // namespace
+
+bool optimizer_is_adam(const std::string& optimizer) {
+  std::string lower = optimizer;
+  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
+  return lower.find("adam") != std::string::npos;
+}
+
+bool optimizer_on_host(const std::string& optimizer) {
+  const std::string suffix = "-offload";
+  return optimizer.size() > suffix.size() &&
+         optimizer.compare(optimizer.size() - suffix.size(), suffix.size(),
+                           suffix) == 0;
+}
 
 Report make_report(const Timeline& t, const ReportInputs& in) {
   if (t.empty()) {

@@ -95,6 +95,12 @@ struct ReportInputs {
   std::string mode;
 };
 
+// What an optimizer's name (as Report::optimizer holds it) says: an Adam
+// variant (adam, Adam, AdamW, adam-offload, ...); its state and step kept on
+// the host (a "-offload" suffix: adam-offload, Adam-offload; host_offload.h).
+bool optimizer_is_adam(const std::string& optimizer);
+bool optimizer_on_host(const std::string& optimizer);
+
 // Reads a timeline whose phases are named as above. Throws
 // std::invalid_argument if it holds no events.
 Report make_report(const Timeline& timeline, const ReportInputs& inputs);

@@ -1,40 +1,48 @@
-# The two commands of the README: `make demo` and `make test`. Both install
-# missing Debian packages, find the Python that has torch, and build.
+# The two commands of the README: `make demo` and `make test`. Both make the
+# virtual environment .venv (torch and the rest pinned in requirements.txt),
+# install the few Debian packages pip does not serve, and build.
 BUILD ?= build
 JOBS ?= 2
 BUILD_TYPE ?= Release
+VENV ?= .venv
+PY := $(VENV)/bin/python
 
-.PHONY: all deps configure build test test-cpp test-python demo bench clean format
+.PHONY: all deps venv configure build test test-cpp test-python demo bench clean format
 
 all: build
 
 deps:
 	@scripts/install_deps.sh
 
-$(BUILD)/CMakeCache.txt: | deps
-	@PY=$$(scripts/find_python.sh) && \
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
-	  -DPython_EXECUTABLE=$$PY -DMEMFIT_BUILD_TESTS=ON
+# Rebuilt when requirements.txt changes.
+$(VENV)/.requirements: requirements.txt
+	@scripts/make_venv.sh $(VENV) requirements.txt
+
+venv: $(VENV)/.requirements
+
+$(BUILD)/CMakeCache.txt: | deps venv
+	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
+	  -DPython_EXECUTABLE=$(abspath $(PY)) -DMEMFIT_BUILD_TESTS=ON \
+	  $$(command -v ninja >/dev/null && echo -G Ninja) >/dev/null
 
 configure: $(BUILD)/CMakeCache.txt
 
-build: deps configure
-	@cmake --build $(BUILD) -j$(JOBS)
+build: deps venv configure
+	@scripts/build.sh $(BUILD) $(JOBS)
 
 test-cpp: build
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
 test-python: build
-	@PY=$$(scripts/find_python.sh) && \
-	PYTHONPATH=$(BUILD)/python $$PY -m pytest -q python/tests
+	@PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q python/tests
 
 test: test-cpp test-python
 
 demo: build
-	@scripts/demo.sh $(BUILD)
+	@PATH=$(abspath $(VENV))/bin:$$PATH scripts/demo.sh $(BUILD)
 
 bench: build
-	@PY=$$(scripts/find_python.sh) && PYTHONPATH=$(BUILD)/python $$PY bench/run_all.py --build $(BUILD)
+	@PYTHONPATH=$(BUILD)/python $(PY) bench/run_all.py --build $(BUILD)
 
 clean:
 	rm -rf $(BUILD)

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Installs the Debian packages memfit builds and tests with, if missing.
+# Installs the Debian packages memfit builds and tests with that pip does not
+# serve (compilers, cmake, GoogleTest, Google Benchmark, ccache), if missing.
+# torch and the Python packages come from pip, into .venv (requirements.txt).
 # Idempotent and quiet when everything is there.
 set -euo pipefail
 
-packages=(cmake g++ make libtorch-dev python3-torch pybind11-dev libgtest-dev
-          libbenchmark-dev python3-pytest python3-torchvision ccache)
+packages=(cmake g++ make libgtest-dev libbenchmark-dev ccache python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" \

@@ -75,8 +75,7 @@ at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn,
     torch::NoGradGuard no_grad;
     out = fn(input);
   }
-  auto node = std::shared_ptr<impl::CheckpointBackward>(
-      new impl::CheckpointBackward(), torch::autograd::deleteNode);
+  auto node = compat::make_node<impl::CheckpointBackward>();
   node->input = input.detach();
   node->input_requires_grad = input.requires_grad();
   node->params = params;

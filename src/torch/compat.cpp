@@ -23,31 +23,14 @@ void set_data_any_device(const at::Tensor& variable, const at::Tensor& data) {
   }
 }
 
-bool cpu_autocast_enabled() {
-#if MEMFIT_TORCH_AT_LEAST(2, 4)
-  return at::autocast::is_autocast_enabled(at::kCPU);
-#else
-  return at::autocast::is_cpu_enabled();
-#endif
-}
+bool cpu_autocast_enabled() { return at::autocast::is_autocast_enabled(at::kCPU); }
 
-at::ScalarType cpu_autocast_dtype() {
-#if MEMFIT_TORCH_AT_LEAST(2, 4)
-  return at::autocast::get_autocast_dtype(at::kCPU);
-#else
-  return at::autocast::get_autocast_cpu_dtype();
-#endif
-}
+at::ScalarType cpu_autocast_dtype() { return at::autocast::get_autocast_dtype(at::kCPU); }
 
 namespace {
 void set_cpu_autocast(bool enabled, at::ScalarType dtype) {
-#if MEMFIT_TORCH_AT_LEAST(2, 4)
   at::autocast::set_autocast_enabled(at::kCPU, enabled);
   at::autocast::set_autocast_dtype(at::kCPU, dtype);
-#else
-  at::autocast::set_cpu_enabled(enabled);
-  at::autocast::set_autocast_cpu_dtype(dtype);
-#endif
 }
 }  // namespace
 

@@ -80,7 +80,7 @@ class TrackingAllocator final : public c10::Allocator {
   TrackingAllocator(Device device, c10::DeviceType type)
       : device_(device), type_(type) {}
 
-  c10::DataPtr allocate(size_t n) MEMFIT_ALLOCATE_CONST override {
+  c10::DataPtr allocate(size_t n) override {
     State& s = state();
     const auto bytes = static_cast<int64_t>(n);
     uint64_t id = 0;
@@ -91,7 +91,7 @@ class TrackingAllocator final : public c10::Allocator {
       // straight to the allocator we wrap, as does host memory (HostMemory).
       if (n == 0 || s.scopes == 0 || host_memory_depth > 0) {
         lock.unlock();
-        return compat::allocate(inner_, n);
+        return inner_->allocate(n);
       }
       const int d = index_of(device_);
       if (s.fail_after[d] > 0 && --s.fail_after[d] == 0) {
@@ -112,7 +112,7 @@ class TrackingAllocator final : public c10::Allocator {
     }
     c10::DataPtr inner;
     try {
-      inner = compat::allocate(inner_, n);
+      inner = inner_->allocate(n);
     } catch (...) {
       std::lock_guard<std::mutex> lock(s.mu);
       s.live_bytes[index_of(device_)] -= bytes;
@@ -154,11 +154,9 @@ class TrackingAllocator final : public c10::Allocator {
     return device_ == Device::kCPU ? &free_tracked : nullptr;
   }
 
-#if MEMFIT_HAS_COPY_DATA
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     inner_->copy_data(dest, src, count);
   }
-#endif
 
   void set_inner(c10::Allocator* a) { inner_ = a; }
   c10::Allocator* inner() const { return inner_; }

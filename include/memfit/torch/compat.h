@@ -1,24 +1,18 @@
-// Every difference between the torch versions memfit builds against lives
-// here: Debian's torch 1.13 (development, CI) and torch 2.x (users, GPUs).
+// Every difference between the torch 2.x versions memfit builds against
+// (>= 2.4: pip's wheels, CI's 2.13, the GPU machines' 2.11) lives here.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 #include <c10/core/Allocator.h>
+#include <c10/util/intrusive_ptr.h>
 #include <torch/version.h>
 
-#define MEMFIT_TORCH_AT_LEAST(major, minor) \
-  (TORCH_VERSION_MAJOR > (major) ||         \
-   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+#include <memory>
+#include <type_traits>
+#include <utility>
 
-// torch 2.3 made c10::Allocator::allocate non-const and added the pure
-// virtual copy_data; before, allocate was const and there was no copy_data.
-#if MEMFIT_TORCH_AT_LEAST(2, 3)
-#define MEMFIT_ALLOCATE_CONST
-#define MEMFIT_HAS_COPY_DATA 1
-#else
-#define MEMFIT_ALLOCATE_CONST const
-#define MEMFIT_HAS_COPY_DATA 0
-#endif
+static_assert(TORCH_VERSION_MAJOR >= 2 && (TORCH_VERSION_MAJOR > 2 || TORCH_VERSION_MINOR >= 4),
+              "memfit needs torch >= 2.4");
 
 namespace memfit::compat {
 
@@ -33,8 +27,7 @@ void set_data_any_device(const at::Tensor& variable, const at::Tensor& data);
 
 // CPU autocast on (in `dtype`) or off while alive, restoring what it found;
 // nested regions share the cast-weight cache, cleared when the outermost
-// ends, as torch.autocast does. torch 2.4 replaced set_cpu_enabled and
-// set_autocast_cpu_dtype with set_autocast_enabled/_dtype(device, ...).
+// ends, as torch.autocast does.
 class CpuAutocast {
  public:
   explicit CpuAutocast(bool enabled, at::ScalarType dtype = at::kBFloat16);
@@ -49,10 +42,17 @@ class CpuAutocast {
 bool cpu_autocast_enabled();
 at::ScalarType cpu_autocast_dtype();
 
-// c10::Allocator::allocate through a pointer whose constness differs between
-// versions.
-inline c10::DataPtr allocate(c10::Allocator* allocator, size_t n) {
-  return allocator->allocate(n);
+// A new autograd node of type T. torch 2.13 made torch::autograd::Node an
+// intrusive_ptr_target (set_history takes c10::intrusive_ptr<Node>) and
+// dropped deleteNode; before, nodes were held by std::shared_ptr. Decided
+// from the type itself, so any 2.x compiles.
+template <typename T>
+auto make_node() {
+  if constexpr (std::is_base_of_v<c10::intrusive_ptr_target, T>) {
+    return c10::make_intrusive<T>();
+  } else {
+    return std::make_shared<T>();
+  }
 }
 
 }  // namespace memfit::compat

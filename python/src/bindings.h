@@ -11,5 +11,6 @@ void init_tracking(pybind11::module_& m);
 void init_report(pybind11::module_& m);
 void init_trainer(pybind11::module_& m);
 void init_strategies(pybind11::module_& m);
+void init_cli(pybind11::module_& m);
 
 }  // namespace memfit::python

@@ -12,4 +12,5 @@ PYBIND11_MODULE(_memfit, m) {
   memfit::python::init_report(m);
   memfit::python::init_trainer(m);
   memfit::python::init_strategies(m);
+  memfit::python::init_cli(m);
 }

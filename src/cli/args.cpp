@@ -12,12 +12,22 @@ Args::Args(const std::vector<std::string>& argv, const std::set<std::string>& kn
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& a = argv[i];
     if (a.rfind("--", 0) != 0) throw UsageError("unexpected argument '" + a + "'");
-    const std::string name = a.substr(2);
+    // --name VALUE and --name=VALUE both work, as in argparse.
+    const size_t eq = a.find('=');
+    const std::string name = a.substr(2, eq == std::string::npos ? std::string::npos : eq - 2);
     if (!known.count(name) && !switches.count(name)) {
       throw UsageError("unknown option --" + name);
     }
+    if (present_.count(name)) throw UsageError("--" + name + " is given twice");
     present_.insert(name);
-    if (switches.count(name)) continue;
+    if (switches.count(name)) {
+      if (eq != std::string::npos) throw UsageError("--" + name + " takes no value");
+      continue;
+    }
+    if (eq != std::string::npos) {
+      values_[name] = a.substr(eq + 1);
+      continue;
+    }
     if (i + 1 >= argv.size()) throw UsageError("--" + name + " needs a value");
     values_[name] = argv[++i];
   }

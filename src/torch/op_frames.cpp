@@ -3,6 +3,7 @@
 #include <ATen/record_function.h>
 
 #include <atomic>
+#include <cstring>
 #include <vector>
 
 namespace memfit::impl {
@@ -47,7 +48,14 @@ bool is_open_op_frame(uint64_t frame) {
 }
 
 const char* innermost_op_name() {
-  return t_frames.names.empty() ? nullptr : t_frames.names.back();
+  const auto& names = t_frames.names;
+  if (names.empty()) return nullptr;
+  // torch's Python meta kernels allocate their outputs with torch.empty*
+  // inside the op they implement: name that op, not the factory.
+  if (names.size() > 1 && std::strncmp(names.back(), "aten::empty", 11) == 0) {
+    return names[names.size() - 2];
+  }
+  return names.back();
 }
 
 uint64_t add_op_frame_callback() {

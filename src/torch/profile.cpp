@@ -213,8 +213,17 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
     } catch (const c10::Error& e) {
       std::string what = e.what_without_backtrace();
       what = what.substr(0, what.find('\n'));
-      notes.push_back("meta mode unavailable in this torch for " + model.name() +
-                      " (" + what + "); fell back to cpu mode");
+      // torch's message for an op without a meta kernel is a paragraph:
+      // keep the op's name. Many of torch 2.x's meta kernels are registered
+      // by its Python package, so a C++-only process lacks them.
+      const size_t cut = what.find(": attempted to run this operator with Meta tensors");
+      if (cut != std::string::npos) {
+        what = "no meta kernel for " + what.substr(0, cut) +
+               " in this process; torch registers many from Python: run "
+               "`memfit` as installed by pip, or python -m memfit";
+      }
+      notes.push_back("meta mode unavailable for " + model.name() + " (" + what +
+                      "); fell back to cpu mode");
       mode = "cpu";
       snapshot.restore();
     }

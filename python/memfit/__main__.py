@@ -1,0 +1,5 @@
+"""python -m memfit COMMAND ...: the same as the `memfit` command."""
+
+from .command import main
+
+main()

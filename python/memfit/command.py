@@ -1,0 +1,19 @@
+"""The `memfit` command (profile, fit, train, advise), as `pip install` puts
+it on PATH and as `python -m memfit` runs it: the C++ command line, run
+inside this Python process so that torch's meta kernels registered from
+Python (relu, index_select, convolution backward, ...) serve meta mode."""
+
+import signal
+import sys
+
+
+def main(argv=None):
+    """Runs the command and exits with its status: 0 done, 1 bad input,
+    2 out of memory."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    # Ctrl-C stops the command at once: the C++ loop never returns to
+    # Python's interpreter to see a KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    from . import _memfit  # imports torch first (memfit/__init__.py)
+
+    sys.exit(_memfit.run_cli(args))

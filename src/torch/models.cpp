@@ -63,9 +63,11 @@ class Mlp final : public TrainableModel {
   torch::nn::Linear fc1_{nullptr}, fc2_{nullptr}, fc3_{nullptr};
 };
 
-// A residual block: conv-bn-relu-conv-bn + shortcut.
+// A residual block: conv-bn-relu-conv-bn + shortcut (a 1x1 convolution,
+// followed by BatchNorm with `shortcut_bn` as in torchvision's BasicBlock,
+// where the shape changes).
 struct ResidualBlockImpl : torch::nn::Module {
-  ResidualBlockImpl(int64_t in, int64_t out, int64_t stride) {
+  ResidualBlockImpl(int64_t in, int64_t out, int64_t stride, bool shortcut_bn = false) {
     conv1 = register_module("conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(
         in, out, 3).stride(stride).padding(1).bias(false)));
     bn1 = register_module("bn1", torch::nn::BatchNorm2d(out));
@@ -75,16 +77,20 @@ struct ResidualBlockImpl : torch::nn::Module {
     if (stride != 1 || in != out) {
       shortcut = register_module("shortcut", torch::nn::Conv2d(
           torch::nn::Conv2dOptions(in, out, 1).stride(stride).bias(false)));
+      if (shortcut_bn) {
+        shortcut_norm = register_module("shortcut_bn", torch::nn::BatchNorm2d(out));
+      }
     }
   }
   at::Tensor forward(const at::Tensor& x) {
     auto h = torch::relu(scoped("bn1", bn1, scoped("conv1", conv1, x)));
     h = scoped("bn2", bn2, scoped("conv2", conv2, h));
     auto s = shortcut ? scoped("shortcut", shortcut, x) : x;
+    if (shortcut_norm) s = scoped("shortcut_bn", shortcut_norm, s);
     return torch::relu(h + s);
   }
   torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, shortcut{nullptr};
-  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, shortcut_norm{nullptr};
 };
 TORCH_MODULE(ResidualBlock);
 
@@ -128,6 +134,57 @@ class Cnn final : public TrainableModel {
   torch::nn::BatchNorm2d bn_{nullptr};
   ResidualBlock block1_{nullptr}, block2_{nullptr}, block3_{nullptr};
   torch::nn::Linear head_{nullptr};
+};
+
+// ResNet-18 as torchvision builds it (7x7 stem, max pool, four stages of two
+// BasicBlocks, 64-512 channels), on 3x64x64 images, 10 classes.
+class ResNet18 final : public TrainableModel {
+ public:
+  ResNet18() {
+    conv1_ = root_.register_module("conv1", torch::nn::Conv2d(
+        torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
+    bn1_ = root_.register_module("bn1", torch::nn::BatchNorm2d(64));
+    int64_t in = 64;
+    for (int64_t stage = 0; stage < 4; ++stage) {
+      const int64_t out = 64 << stage;
+      auto layer = root_.register_module("layer" + std::to_string(stage + 1),
+                                         torch::nn::ModuleList());
+      for (int64_t i = 0; i < 2; ++i) {
+        ResidualBlock block(in, out, i == 0 && stage > 0 ? 2 : 1, true);
+        layer->push_back(block);
+        blocks_.emplace_back("layer" + std::to_string(stage + 1) + "." + std::to_string(i), block);
+        in = out;
+      }
+    }
+    fc_ = root_.register_module("fc", torch::nn::Linear(512, 10));
+  }
+  std::string name() const override { return "resnet18"; }
+  torch::nn::Module& module() override { return root_; }
+  at::Tensor forward(const at::Tensor& x) override {
+    auto h = torch::relu(scoped("bn1", bn1_, scoped("conv1", conv1_, x)));
+    h = F::max_pool2d(h, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
+    for (auto& [name, block] : blocks_) h = scoped(name.c_str(), block, h);
+    h = F::adaptive_avg_pool2d(h, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
+    return scoped("fc", fc_, h);
+  }
+  Batch make_batch(int64_t b, const at::TensorOptions& o,
+                   uint64_t seed) const override {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+    return {torch::randn({b, 3, 64, 64}, g, o.dtype(torch::kFloat32)),
+            torch::randint(0, 10, {b}, g, o.dtype(torch::kLong))};
+  }
+  at::Tensor loss(const at::Tensor& out, const at::Tensor& t,
+                  bool mean) const override {
+    return classification_loss(out, t, mean);
+  }
+  bool couples_batch() const override { return root_.is_training(); }
+
+ private:
+  torch::nn::Module root_;
+  torch::nn::Conv2d conv1_{nullptr};
+  torch::nn::BatchNorm2d bn1_{nullptr};
+  std::vector<std::pair<std::string, ResidualBlock>> blocks_;
+  torch::nn::Linear fc_{nullptr};
 };
 
 // One pre-norm decoder block: causal self-attention and an MLP.
@@ -284,7 +341,7 @@ class Lstm final : public TrainableModel {
 
 }  // namespace
 
-std::vector<std::string> model_names() { return {"mlp", "cnn", "gpt", "lstm"}; }
+std::vector<std::string> model_names() { return {"mlp", "cnn", "gpt", "lstm", "resnet18"}; }
 
 std::unique_ptr<TrainableModel> make_model(const std::string& name,
                                            const ModelOptions& options) {
@@ -292,8 +349,9 @@ std::unique_ptr<TrainableModel> make_model(const std::string& name,
   if (name == "cnn") return std::make_unique<Cnn>();
   if (name == "gpt") return std::make_unique<Gpt>(options);
   if (name == "lstm") return std::make_unique<Lstm>(options);
+  if (name == "resnet18") return std::make_unique<ResNet18>();
   throw std::invalid_argument("[make_model] unknown model '" + name +
-                              "': choose one of mlp, cnn, gpt, lstm");
+                              "': choose one of mlp, cnn, gpt, lstm, resnet18");
 }
 
 }  // namespace memfit

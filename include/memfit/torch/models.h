@@ -55,7 +55,7 @@ class TrainableModel {
   virtual std::vector<bool> checkpointing() const { return {}; }
 };
 
-// "mlp", "cnn", "gpt", "lstm"; throws std::invalid_argument naming them for
+// "mlp", "cnn", "gpt", "lstm", "resnet18"; throws std::invalid_argument naming them for
 // anything else.
 std::unique_ptr<TrainableModel> make_model(const std::string& name,
                                            const ModelOptions& options = {});

@@ -194,26 +194,22 @@ def test_a_dead_or_hung_rank_raises_distributed_error_not_a_hang(tmp_path, fate)
 
         t = memfit.Trainer(model, CaptureSGD(model.parameters()), loss_fn, reduction="mean",
                            micro_batch=3)
-        start = time.monotonic()
         try:
             t.step(local(x, rank), local(y, rank))
         except memfit.DistributedError as e:
-            return dict(error=str(e), cause=type(e.__cause__).__name__,
-                        seconds=time.monotonic() - start)
+            return dict(error=str(e), cause=type(e.__cause__).__name__)
         return dict(error=None)
 
-    start = time.monotonic()
+    # A survivor that hung would be killed at run_ranks' deadline and leave
+    # no result: the assertions below fail then, with no wall-time check.
     results, codes = run_ranks(tmp_path, rank_fn, timeout_s=timeout_s, wait_for=(0,))
-    elapsed = time.monotonic() - start
     survivor = ok(results[0])
     assert survivor["error"] is not None
     for part in ("rank 0 (of 2 ranks)", "syncing gradients", "another rank probably died or hung",
                  "check its log"):
         assert part in survivor["error"]
     assert survivor["cause"] == "RuntimeError"  # gloo's error, chained
-    assert survivor["seconds"] < timeout_s + 5
     assert results[1] is None and (codes[1] == 1 if fate == "dies" else codes[1] != 0)
-    assert elapsed < 60
 
 
 def test_bad_local_batch_on_one_rank_gives_every_rank_the_same_error(tmp_path):

@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -265,23 +264,18 @@ TEST(TimelineTest, ModuleBytesForOneCategory) {
 
 TEST(TimelineTest, CategoryOfFreedIdsIsIndexedNotScanned) {
   // 200000 freed ids asked about one by one: a scan per question would be
-  // 2e10 steps; the index answers each in O(1).
+  // 2e10 steps (the test would time out); the index answers each in O(1).
   Timeline t;
   constexpr uint64_t kIds = 200000;
   for (uint64_t i = 0; i < kIds; ++i) {
     alloc(t, i, 64, i % 2 ? Category::kActivation : Category::kTemporary, 0, 0);
     free_id(t, i, 0);
   }
-  const auto start = std::chrono::steady_clock::now();
   size_t activations = 0;
   for (uint64_t i = 0; i < kIds; ++i) {
     activations += t.category_of(i) == Category::kActivation;
   }
   EXPECT_EQ(activations, kIds / 2);
-  EXPECT_LT(
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count(),
-      5.0);
   // Events after the index was built are seen too, and copies answer alike.
   alloc(t, 6, 64, Category::kGradient, 0, 0);
   free_id(t, 6, 0);
@@ -490,12 +484,12 @@ TEST(TimelineTest, CurveDownsamplingKeepsTheGlobalPeak) {
   }
 }
 
-TEST(TimelineTest, TwoMillionEventsRecordAndAnalyseWellUnderASecond) {
+TEST(TimelineTest, TwoMillionEventsRecordAndAnalyseExactly) {
   // 1000 allocations live at a time, 4 KiB each but one of 1 MiB; the
-  // free of i-1000 comes just before the allocation of i.
+  // free of i-1000 comes just before the allocation of i. How fast this
+  // runs is bench/core/timeline_bench.cpp's business, not a test's.
   constexpr uint64_t kAllocs = 1000500;
   constexpr uint64_t kSpecial = 500000;
-  const auto start = std::chrono::steady_clock::now();
   Timeline t;
   for (uint64_t i = 0; i < kAllocs; ++i) {
     if (i % 100000 == 0) t.begin_phase("step", static_cast<int>(i / 100000));
@@ -509,9 +503,6 @@ TEST(TimelineTest, TwoMillionEventsRecordAndAnalyseWellUnderASecond) {
   const Timeline::Breakdown b = t.breakdown_after(p.event_index);
   const auto summaries = t.phase_summaries();
   const auto curve = t.curve(2000);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
-          .count();
 
   ASSERT_EQ(t.size(), 2000000u);
   EXPECT_EQ(p.bytes, 999 * 4096 + (1 << 20));
@@ -525,12 +516,6 @@ TEST(TimelineTest, TwoMillionEventsRecordAndAnalyseWellUnderASecond) {
   EXPECT_EQ(summaries[5].peak, p.bytes);
   EXPECT_EQ(summaries[5].peak_event, p.event_index);
   EXPECT_LE(curve.size(), 2000u);
-#ifdef NDEBUG
-  EXPECT_LT(seconds, 1.0) << "record + analysis of 2M events took " << seconds
-                          << " s";
-#else
-  (void)seconds;  // unoptimised builds are not timed
-#endif
 }
 
 }  // namespace

@@ -141,8 +141,10 @@ TEST_P(MetaAgreesWithCpu, OnEveryOutputByte) {
   o.mode = "meta";
   Profile meta = profile_model(*model, o);
   if (meta.report.mode != "meta") {
-    // torch 1.13's C++ lacks meta kernels for relu and index_select (its
-    // Python registers them); torch 2.x has them.
+    // torch 2.x registers the meta kernels of relu and index_select from
+    // Python (torch/_meta_registrations.py): a C++-only process lacks them.
+    // python/tests/test_cli_meta.py runs the same models in meta mode
+    // through the `memfit` command, inside Python.
     GTEST_SKIP() << meta.report.notes.front();
   }
   const auto m = outputs_by_phase(meta.timeline), c = outputs_by_phase(cpu.timeline);

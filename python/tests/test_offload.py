@@ -70,7 +70,10 @@ def test_state_gathered_before_moves_to_the_host_and_back_out():
     # Its state_dict is Adam's: a plain Adam takes it and goes on the same.
     twin = copy.deepcopy(off_m)
     again = torch.optim.Adam(twin.parameters(), lr=1e-2)
-    again.load_state_dict(off.state_dict())
+    # A copy, as a checkpoint on disk is: torch 2.x's load_state_dict keeps
+    # the very state tensors it is given when dtype and device match, so
+    # two optimizers loaded from one live state_dict would share them.
+    again.load_state_dict(copy.deepcopy(off.state_dict()))
     more = batches(8)[6:]
     for a, b in zip(train(twin, again, more), train(off_m, off, more)):
         assert torch.equal(a, b)

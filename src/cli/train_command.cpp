@@ -90,6 +90,11 @@ int train_command(const std::vector<std::string>& argv) {
     if (plan) w.member("plan", plan->summary).member("plan_found", plan->found);
     w.key("steps").begin_array();
   }
+  if (!json) {
+    // Steps of a big batch take seconds each: say what runs before it does.
+    std::cout << "training " << steps << " step(s) of batch " << batch << " under "
+              << format_bytes(budget) << " ..." << std::endl;
+  }
   for (int64_t s = 0; s < steps; ++s) {
     StepReport r;
     try {
@@ -121,7 +126,7 @@ int train_command(const std::vector<std::string>& argv) {
                 << " x " << r.micro_batch << ", " << r.ooms_recovered
                 << " OOMs recovered, loss " << r.loss << ", peak "
                 << format_bytes(r.peak_bytes) << ", live "
-                << format_bytes(tracking::live_bytes(Device::kCPU)) << "\n";
+                << format_bytes(tracking::live_bytes(Device::kCPU)) << std::endl;
     }
   }
   if (json) {

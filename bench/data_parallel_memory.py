@@ -2,7 +2,7 @@
 profile (Report.data_parallel), against real runs: 2 ranks, gloo on CPU,
 every allocation of each rank tracked. Prints predicted/measured per model.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/data_parallel_memory.py [--quick]
+    PYTHONPATH=build/python .venv/bin/python bench/data_parallel_memory.py [--quick]
 """
 
 import argparse

@@ -41,7 +41,7 @@ one a fresh process, ~0.5 s of LibTorch start included: the JSON net_wall_ratio
 subtracts the measured start of `memfit --help` from every run, memfit's too).
 Ratios are baseline / memfit; no absolute claims.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/fit_baselines.py [--quick] [--build build] [--json [PATH]]
+    PYTHONPATH=build/python .venv/bin/python bench/fit_baselines.py [--quick] [--build build] [--json [PATH]]
 """
 
 import argparse

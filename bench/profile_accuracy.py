@@ -13,7 +13,7 @@ Cost: wall time of memfit.profile(iterations=1) over one plain training step
 same batch, in the same process, median of a few interleaved repeats. The
 built-ins are timed through their Python twins (bench/_models.py).
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/profile_accuracy.py [--quick] [--json [PATH]]
+    PYTHONPATH=build/python .venv/bin/python bench/profile_accuracy.py [--quick] [--json [PATH]]
 """
 
 import argparse

@@ -3,7 +3,7 @@ allocators, RecordFunction op frames, the timeline) and under a simulated
 device, each as a ratio to the same step untracked, timed interleaved in
 this process.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/recorder_overhead.py [--quick]
+    PYTHONPATH=build/python .venv/bin/python bench/recorder_overhead.py [--quick]
 """
 
 import argparse

@@ -2,7 +2,7 @@
 starting with '_'), then the C++ benchmark binaries found in the build folder
 (built with -DMEMFIT_BUILD_BENCHMARKS=ON).
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/run_all.py --build build [--quick]
+    PYTHONPATH=build/python .venv/bin/python bench/run_all.py --build build [--quick]
 
 Scripts get --quick when it is given (every bench script must accept it) and
 find the build folder in MEMFIT_BUILD. Exits non-zero if any benchmark failed.

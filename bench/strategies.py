@@ -12,7 +12,7 @@ activations outweigh the parameters and Adam's state, as in long-sequence
 training; with the default context the optimizer step holds the peak at
 batch 1 and only approximate strategies (bf16, a lighter optimizer) help.
 
-    PYTHONPATH=build/python /usr/bin/python3 bench/strategies.py [--quick] [--build build] [--json [PATH]]
+    PYTHONPATH=build/python .venv/bin/python bench/strategies.py [--quick] [--build build] [--json [PATH]]
 """
 
 import argparse

@@ -94,10 +94,35 @@ struct ResidualBlockImpl : torch::nn::Module {
 };
 TORCH_MODULE(ResidualBlock);
 
-// A small ResNet on 3x32x32 images, 10 classes.
-class Cnn final : public TrainableModel {
+// A classifier of 3-channel square images into 10 classes, with BatchNorm
+// (which couples the samples of a batch in training).
+class ImageClassifier : public TrainableModel {
  public:
-  Cnn() {
+  explicit ImageClassifier(int64_t size) : size_(size) {}
+  torch::nn::Module& module() override { return root_; }
+  Batch make_batch(int64_t b, const at::TensorOptions& o,
+                   uint64_t seed) const override {
+    auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
+    return {torch::randn({b, 3, size_, size_}, g, o.dtype(torch::kFloat32)),
+            torch::randint(0, 10, {b}, g, o.dtype(torch::kLong))};
+  }
+  at::Tensor loss(const at::Tensor& out, const at::Tensor& t,
+                  bool mean) const override {
+    return classification_loss(out, t, mean);
+  }
+  bool couples_batch() const override { return root_.is_training(); }
+
+ protected:
+  torch::nn::Module root_;
+
+ private:
+  int64_t size_;
+};
+
+// A small ResNet on 3x32x32 images, 10 classes.
+class Cnn final : public ImageClassifier {
+ public:
+  Cnn() : ImageClassifier(32) {
     stem_ = root_.register_module("stem", torch::nn::Conv2d(
         torch::nn::Conv2dOptions(3, 32, 3).padding(1).bias(false)));
     bn_ = root_.register_module("bn", torch::nn::BatchNorm2d(32));
@@ -107,7 +132,6 @@ class Cnn final : public TrainableModel {
     head_ = root_.register_module("head", torch::nn::Linear(128, 10));
   }
   std::string name() const override { return "cnn"; }
-  torch::nn::Module& module() override { return root_; }
   at::Tensor forward(const at::Tensor& x) override {
     auto h = torch::relu(scoped("bn", bn_, scoped("stem", stem_, x)));
     h = scoped("block1", block1_, h);
@@ -116,20 +140,8 @@ class Cnn final : public TrainableModel {
     h = F::adaptive_avg_pool2d(h, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
     return scoped("head", head_, h);
   }
-  Batch make_batch(int64_t b, const at::TensorOptions& o,
-                   uint64_t seed) const override {
-    auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
-    return {torch::randn({b, 3, 32, 32}, g, o.dtype(torch::kFloat32)),
-            torch::randint(0, 10, {b}, g, o.dtype(torch::kLong))};
-  }
-  at::Tensor loss(const at::Tensor& out, const at::Tensor& t,
-                  bool mean) const override {
-    return classification_loss(out, t, mean);
-  }
-  bool couples_batch() const override { return root_.is_training(); }
 
  private:
-  torch::nn::Module root_;
   torch::nn::Conv2d stem_{nullptr};
   torch::nn::BatchNorm2d bn_{nullptr};
   ResidualBlock block1_{nullptr}, block2_{nullptr}, block3_{nullptr};
@@ -138,9 +150,9 @@ class Cnn final : public TrainableModel {
 
 // ResNet-18 as torchvision builds it (7x7 stem, max pool, four stages of two
 // BasicBlocks, 64-512 channels), on 3x64x64 images, 10 classes.
-class ResNet18 final : public TrainableModel {
+class ResNet18 final : public ImageClassifier {
  public:
-  ResNet18() {
+  ResNet18() : ImageClassifier(64) {
     conv1_ = root_.register_module("conv1", torch::nn::Conv2d(
         torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
     bn1_ = root_.register_module("bn1", torch::nn::BatchNorm2d(64));
@@ -159,7 +171,6 @@ class ResNet18 final : public TrainableModel {
     fc_ = root_.register_module("fc", torch::nn::Linear(512, 10));
   }
   std::string name() const override { return "resnet18"; }
-  torch::nn::Module& module() override { return root_; }
   at::Tensor forward(const at::Tensor& x) override {
     auto h = torch::relu(scoped("bn1", bn1_, scoped("conv1", conv1_, x)));
     h = F::max_pool2d(h, F::MaxPool2dFuncOptions(3).stride(2).padding(1));
@@ -167,20 +178,8 @@ class ResNet18 final : public TrainableModel {
     h = F::adaptive_avg_pool2d(h, F::AdaptiveAvgPool2dFuncOptions(1)).flatten(1);
     return scoped("fc", fc_, h);
   }
-  Batch make_batch(int64_t b, const at::TensorOptions& o,
-                   uint64_t seed) const override {
-    auto g = at::make_generator<at::CPUGeneratorImpl>(seed);
-    return {torch::randn({b, 3, 64, 64}, g, o.dtype(torch::kFloat32)),
-            torch::randint(0, 10, {b}, g, o.dtype(torch::kLong))};
-  }
-  at::Tensor loss(const at::Tensor& out, const at::Tensor& t,
-                  bool mean) const override {
-    return classification_loss(out, t, mean);
-  }
-  bool couples_batch() const override { return root_.is_training(); }
 
  private:
-  torch::nn::Module root_;
   torch::nn::Conv2d conv1_{nullptr};
   torch::nn::BatchNorm2d bn1_{nullptr};
   std::vector<std::pair<std::string, ResidualBlock>> blocks_;

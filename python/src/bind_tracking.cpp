@@ -5,7 +5,7 @@
 #include <memory>
 
 #include "bindings.h"
-#include "memfit/torch/compat.h"
+#include "memfit/torch/move_parameter.h"
 #include "memfit/torch/recorder.h"
 #include "memfit/torch/tracking.h"
 
@@ -56,7 +56,7 @@ void init_tracking(py::module_& m) {
   m.def("tracked_live_bytes", [](const std::string& device) {
     return tracking::live_bytes(device == "meta" ? Device::kMeta : Device::kCPU);
   }, py::arg("device") = "cpu");
-  m.def("set_data", &compat::set_data_any_device, py::arg("variable"),
+  m.def("set_data", &set_data_any_device, py::arg("variable"),
         py::arg("data"),
         "variable.data = data, also across devices (CPU <-> meta), keeping "
         "the variable object.");

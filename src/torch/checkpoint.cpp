@@ -7,6 +7,7 @@
 #include <torch/torch.h>
 
 #include "memfit/torch/compat.h"
+#include "memfit/torch/cpu_autocast.h"
 
 namespace memfit {
 namespace impl {
@@ -35,7 +36,7 @@ class CheckpointBackward final : public torch::autograd::Node {
     at::Tensor out;
     {
       at::AutoGradMode grad_mode(true);
-      compat::CpuAutocast precision(autocast, autocast_dtype);
+      CpuAutocast precision(autocast, autocast_dtype);
       out = fn(x);
     }
     std::vector<at::Tensor> wrt;
@@ -79,8 +80,8 @@ at::Tensor checkpoint(std::function<at::Tensor(const at::Tensor&)> fn,
   node->input = input.detach();
   node->input_requires_grad = input.requires_grad();
   node->params = params;
-  node->autocast = compat::cpu_autocast_enabled();
-  node->autocast_dtype = compat::cpu_autocast_dtype();
+  node->autocast = cpu_autocast_enabled();
+  node->autocast_dtype = cpu_autocast_dtype();
   node->set_next_edges(torch::autograd::collect_next_edges(input, params));
   node->fn = std::move(fn);
   torch::autograd::set_history(out, node);

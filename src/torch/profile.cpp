@@ -7,8 +7,9 @@
 #include <stdexcept>
 
 #include "memfit/core/units.h"
-#include "memfit/torch/compat.h"
+#include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/host_offload.h"
+#include "memfit/torch/move_parameter.h"
 #include "memfit/torch/recorder.h"
 
 namespace memfit {
@@ -66,12 +67,12 @@ void drop_gradients(torch::nn::Module& m) {
 void materialize(torch::nn::Module& m, const at::Device& device, Recorder& r) {
   torch::NoGradGuard no_grad;
   for (auto& p : m.parameters()) {
-    compat::set_data_any_device(p, p.detach().to(device, /*non_blocking=*/false,
+    set_data_any_device(p, p.detach().to(device, /*non_blocking=*/false,
                                                 /*copy=*/true));
     r.classify(p, Category::kParameter);
   }
   for (auto& b : m.buffers()) {
-    compat::set_data_any_device(b, b.detach().to(device, false, true));
+    set_data_any_device(b, b.detach().to(device, false, true));
     r.classify(b, Category::kBuffer);
   }
 }
@@ -117,7 +118,7 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
       std::optional<c10::InferenceMode> inference;
       if (st.step == StepStrategies::Step::kEvalNoGrad) no_grad.emplace();
       if (st.step == StepStrategies::Step::kEvalInference) inference.emplace();
-      std::optional<compat::CpuAutocast> autocast;
+      std::optional<CpuAutocast> autocast;
       if (st.autocast_bf16) autocast.emplace(true);
       r.begin_phase(kPhaseForward, it);
       auto out = model.forward(b.inputs);
@@ -181,11 +182,11 @@ class ModelSnapshot {
     torch::NoGradGuard no_grad;
     for (size_t i = 0; i < params_.size(); ++i) {
       params_[i].mutable_grad() = at::Tensor();
-      compat::set_data_any_device(
+      set_data_any_device(
           params_[i], copy ? param_values_[i].clone() : param_values_[i]);
     }
     for (size_t i = 0; i < buffers_.size(); ++i) {
-      compat::set_data_any_device(
+      set_data_any_device(
           buffers_[i], copy ? buffer_values_[i].clone() : buffer_values_[i]);
     }
   }

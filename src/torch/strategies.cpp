@@ -17,7 +17,7 @@
 #include "memfit/core/text_table.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/checkpoint.h"
-#include "memfit/torch/compat.h"
+#include "memfit/torch/cpu_autocast.h"
 
 namespace memfit {
 
@@ -127,7 +127,7 @@ class Bench {
           std::optional<c10::InferenceMode> inference;
           if (s.step == Step::kEvalNoGrad) no_grad.emplace();
           if (s.step == Step::kEvalInference) inference.emplace();
-          std::optional<compat::CpuAutocast> autocast;
+          std::optional<CpuAutocast> autocast;
           if (s.autocast_bf16) autocast.emplace(true);
           model_.loss(model_.forward(b.inputs), b.target).item<double>();
         }

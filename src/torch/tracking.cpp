@@ -12,8 +12,15 @@
 #include <vector>
 
 #include "memfit/core/units.h"
-#include "memfit/torch/compat.h"
 #include "memfit/torch/op_frames.h"
+
+// Note [An OOM worded as CUDA words it]
+// Code written for a GPU recognises an OOM by its text: Lightning's
+// is_oom_error and accelerate's should_reduce_batch_size look for "CUDA" and
+// "out of memory" ("CUDA out of memory.") in a RuntimeError's only argument,
+// and so do users' own except-clauses. The simulated device rehearses a GPU,
+// so its OOM starts with CUDA's words; memfit's own figures (budget, already
+// allocated, free) follow in parentheses, naming the simulated device.
 
 namespace memfit {
 namespace {
@@ -166,19 +173,19 @@ class TrackingAllocator final : public c10::Allocator {
   [[noreturn]] void throw_budget_oom(int64_t bytes, int64_t used,
                                      int64_t budget) const {
     std::ostringstream msg;
-    msg << "memfit simulated " << to_string(device_)
-        << " device out of memory. Tried to allocate " << format_bytes(bytes)
-        << " (budget " << format_bytes(budget) << "; " << format_bytes(used)
-        << " already allocated; " << format_bytes(std::max<int64_t>(0, budget - used))
+    // See Note [An OOM worded as CUDA words it].
+    msg << "CUDA out of memory. Tried to allocate " << format_bytes(bytes)
+        << " (memfit simulated " << to_string(device_) << " device: budget "
+        << format_bytes(budget) << "; " << format_bytes(used) << " already allocated; "
+        << format_bytes(std::max<int64_t>(0, budget - used))
         << " free). Use a smaller batch, or let memfit find one that fits "
            "(`memfit fit`, memfit.find_batch_size).";
     C10_THROW_ERROR(OutOfMemoryError, msg.str());
   }
   [[noreturn]] void throw_oom(int64_t bytes, const char* why) const {
     std::ostringstream msg;
-    msg << "memfit simulated " << to_string(device_)
-        << " device out of memory. Tried to allocate " << format_bytes(bytes)
-        << " (" << why << ").";
+    msg << "CUDA out of memory. Tried to allocate " << format_bytes(bytes)
+        << " (memfit simulated " << to_string(device_) << " device: " << why << ").";
     C10_THROW_ERROR(OutOfMemoryError, msg.str());
   }
 

@@ -7,7 +7,7 @@
 #include <sstream>
 
 #include "memfit/core/units.h"
-#include "memfit/torch/compat.h"
+#include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/tracking.h"
 
 namespace memfit {
@@ -134,7 +134,7 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
   for (size_t i = 0; i < params_.size(); ++i) had_grad[i] = params_[i].grad().defined();
   at::Tensor loss;
   {
-    std::optional<compat::CpuAutocast> autocast;
+    std::optional<CpuAutocast> autocast;
     if (options_.autocast_bf16) autocast.emplace(true);
     loss = chunk_loss(start, count);
   }

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "memfit/torch/checkpoint.h"
-#include "memfit/torch/compat.h"
+#include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/tracking.h"
 
 namespace memfit {
@@ -106,7 +106,7 @@ TEST(StrategiesTest, ProfilesMeasureEachStrategy) {
   o.strategies.autocast_bf16 = true;
   const Profile bf16 = profile_model(*m, o);
   EXPECT_GT(bf16.report.peak_bytes, 0);
-  EXPECT_FALSE(compat::cpu_autocast_enabled());
+  EXPECT_FALSE(cpu_autocast_enabled());
 }
 
 std::vector<double> train(TrainableModel& m, int64_t batch, int steps,

@@ -133,7 +133,10 @@ int profile_command(const std::vector<std::string>& argv) {
     }
     DataParallelSetup d = data_parallel_setup(model->module(), static_cast<int>(world));
     d.gradient_as_bucket_view = args.has("bucket-view");
-    if (args.has("bucket-cap")) d.bucket_cap_bytes = args.get_size("bucket-cap");
+    if (args.has("bucket-cap")) {
+      d.bucket_cap_bytes = args.get_size("bucket-cap");
+      if (d.bucket_cap_bytes < 1) throw UsageError("--bucket-cap must be at least 1 byte");
+    }
     p.report.data_parallel = DataParallelEstimate{d, per_rank_peaks(p.timeline, d)};
   }
   if (args.has("svg")) {

@@ -103,7 +103,14 @@ int memfit::cli::run(std::vector<std::string> args) {
               << "large for this machine; use --mode meta or smaller sizes\n";
     return 2;
   } catch (const c10::Error& e) {
-    std::cerr << where << first_line(e.what_without_backtrace()) << "\n";
+    const std::string what = first_line(e.what_without_backtrace());
+    if (what.find("can't allocate memory") != std::string::npos) {
+      // CPU allocator's own failure: the host is out of memory, not the budget.
+      std::cerr << where << "the host ran out of memory (" << what
+                << "); use --mode meta or smaller sizes\n";
+      return 2;
+    }
+    std::cerr << where << what << "\n";
     return 1;
   } catch (const std::exception& e) {
     std::cerr << where << first_line(e.what()) << "\n";

@@ -97,17 +97,25 @@ int train_command(const std::vector<std::string>& argv) {
   }
   for (int64_t s = 0; s < steps; ++s) {
     StepReport r;
+    int64_t data_bytes = 0;
     try {
       Batch b = model->make_batch(batch, at::TensorOptions(), static_cast<uint64_t>(s));
+      data_bytes = b.inputs.nbytes() + b.target.nbytes();
       r = trainer.step(b.inputs, b.target, forward, loss);
     } catch (const c10::OutOfMemoryError& e) {
+      std::string what = e.what_without_backtrace();
+      what = what.substr(0, what.find('\n'));
+      // One line: what ran out, the batch's own share, and what to do.
       std::cerr << "memfit train: out of memory at step " << s + 1 << " with batch "
-                << batch << ": " << e.what_without_backtrace() << "\n"
-                << (o.split ? "Even one sample does not fit: see memfit advise.\n"
-                            : "Run `memfit fit --model " + name + " --budget " +
+                << batch << " (its inputs and targets alone take "
+                << format_bytes(data_bytes) << " of the " << format_bytes(budget)
+                << " budget): " << what << "; "
+                << (o.split ? "see memfit advise"
+                            : "run `memfit fit --model " + name + " --budget " +
                                   args.get("budget", "") +
                                   "` for the largest batch that fits, or drop "
-                                  "--no-split to split this one into micro-batches.\n");
+                                  "--no-split to split this one into micro-batches")
+                << "\n";
       return 2;
     }
     if (json) {

@@ -52,6 +52,13 @@ BatchFit fit_batch(const PeakModel& model, const Report& reference,
   f.margin_bytes = residual + extra_margin_bytes;
   f.mode = model.mode;
   const int64_t usable = budget_bytes - f.margin_bytes;
+  if (extra_margin_bytes > 0 && extra_margin_bytes >= budget_bytes) {
+    // The margin, not the model, is what leaves nothing: say so, not
+    // optimizer advice.
+    throw std::invalid_argument("[fit_batch] the margin " + format_bytes(extra_margin_bytes) +
+                                " leaves nothing of the budget " + format_bytes(budget_bytes) +
+                                ": give a margin smaller than the budget");
+  }
   const int64_t one = model.predict(1);
   if (usable < one) {
     const PhaseFit& at = model.peak_phase(1);

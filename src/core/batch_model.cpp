@@ -13,7 +13,8 @@ namespace {
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
-// ceil(x) as bytes, snapping values within 1e-6 of an integer first.
+}  // namespace
+
 int64_t ceil_bytes(long double x) {
   const long double nearest = std::nearbyint(x);
   if (std::fabs(x - nearest) < 1e-6L) x = nearest;
@@ -22,8 +23,6 @@ int64_t ceil_bytes(long double x) {
   if (c >= static_cast<long double>(kInt64Max)) return kInt64Max;
   return static_cast<int64_t>(c);
 }
-
-}  // namespace
 
 int64_t AffineFit::predict(int64_t batch) const {
   return ceil_bytes(static_cast<long double>(m0) +

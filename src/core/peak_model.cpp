@@ -3,17 +3,13 @@
 #include <algorithm>
 #include <cmath>
 #include <stdexcept>
+#include <string>
+
+#include "memfit/core/units.h"
 
 namespace memfit {
 
 namespace {
-
-int64_t ceil_bytes(double v) {
-  // Within a millionth of a byte of an integer is that integer: an exact
-  // fit must not be pushed up a byte by rounding noise.
-  const double r = std::round(v);
-  return static_cast<int64_t>(std::abs(v - r) < 1e-6 ? r : std::ceil(v));
-}
 
 // Whether line m is nowhere above both l and r on batch >= 1 (l, r sorted by
 // slope, l < m < r).
@@ -83,6 +79,12 @@ int64_t PhaseFit::max_batch_under(int64_t budget) const {
 }
 
 int64_t PeakModel::predict(int64_t batch) const {
+  if (batch < 0 || batch > kMaxBatch) {
+    // Past kMaxBatch the lines' products leave int64 (2**60 samples gave
+    // 2704 B once); no real batch is that large.
+    throw std::invalid_argument("[predict] batch " + std::to_string(batch) +
+                                " is outside what memfit predicts: 0 to 2**40");
+  }
   return peak_phase(batch).predict(batch);
 }
 
@@ -108,6 +110,18 @@ int64_t PeakModel::max_batch_under(int64_t budget) const {
   int64_t best = kMaxBatch;
   for (const auto& p : phases) best = std::min(best, p.max_batch_under(budget));
   if (best == kMaxBatch) {
+    double per_sample = 0;
+    for (const auto& p : phases) {
+      for (const Line& l : p.envelope) per_sample = std::max(per_sample, l.per_sample);
+      per_sample = std::max(per_sample, p.fit.per_sample);
+    }
+    if (per_sample > 0) {
+      // Memory grows, but the budget holds more samples than any batch.
+      throw std::invalid_argument(
+          "[max_batch_under] the budget " + format_bytes(budget) + " holds more than 2**40 " +
+          "samples of " + format_bytes(static_cast<int64_t>(std::ceil(per_sample))) +
+          " each: no real batch is that large; check the budget's units");
+    }
     throw std::runtime_error(
         "[PeakModel::max_batch_under] no phase's memory grows with the batch, "
         "so every batch would fit: probe at batches far enough apart that "

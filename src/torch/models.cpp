@@ -342,8 +342,29 @@ class Lstm final : public TrainableModel {
 
 std::vector<std::string> model_names() { return {"mlp", "cnn", "gpt", "lstm", "resnet18"}; }
 
+namespace {
+
+// Sizes a model is built from: each a positive count (0 or less built a
+// model without layers, or divided by zero heads).
+void check_options(const ModelOptions& o) {
+  const std::pair<const char*, int64_t> sizes[] = {
+      {"layers", o.layers},       {"width", o.width},
+      {"heads", o.heads},         {"context", o.context},
+      {"vocab", o.vocab},         {"lstm_hidden", o.lstm_hidden},
+      {"lstm_steps", o.lstm_steps}};
+  for (const auto& [name, value] : sizes) {
+    if (value < 1) {
+      throw std::invalid_argument(std::string("[make_model] --") + name +
+                                  " must be at least 1, got " + std::to_string(value));
+    }
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<TrainableModel> make_model(const std::string& name,
                                            const ModelOptions& options) {
+  check_options(options);
   if (name == "mlp") return std::make_unique<Mlp>();
   if (name == "cnn") return std::make_unique<Cnn>();
   if (name == "gpt") return std::make_unique<Gpt>(options);

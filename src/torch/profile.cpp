@@ -77,6 +77,22 @@ void materialize(torch::nn::Module& m, const at::Device& device, Recorder& r) {
   }
 }
 
+// The batch a step runs on, before it moves to `device`. On the CPU, the
+// model's synthetic data. On meta only shapes matter: one real sample gives
+// them and the batch is made on meta, so a batch of 2e9 samples costs no
+// host memory (meta cannot draw random numbers itself).
+Batch step_batch(const TrainableModel& model, int64_t batch, const at::Device& device,
+                 uint64_t seed) {
+  if (!device.is_meta()) return model.make_batch(batch, at::TensorOptions(), seed);
+  const Batch one = model.make_batch(1, at::TensorOptions(), seed);
+  auto widen = [&](const at::Tensor& t) {
+    std::vector<int64_t> sizes = t.sizes().vec();
+    sizes[0] = batch;
+    return at::empty(sizes, t.options().device(at::kMeta));
+  };
+  return {widen(one.inputs), widen(one.target)};
+}
+
 // One recorded run of `iterations` training iterations on `device`;
 // `host_bytes`: what an offloading optimizer kept on the host (not recorded).
 Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
@@ -101,9 +117,9 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
       m.module().train();
     }
   } restore{model, was_checkpointing};
-  // Data is made on the CPU outside the recording (meta cannot draw random
-  // numbers); moving it to the device is the recorded "inputs" phase.
-  Batch cpu_batch = model.make_batch(o.batch, at::TensorOptions(), o.seed);
+  // Data is made outside the recording; moving it to the device is the
+  // recorded "inputs" phase.
+  Batch cpu_batch = step_batch(model, o.batch, device, o.seed);
   Recorder r;
   r.begin_phase(kPhaseParameters, 1);
   materialize(module, device, r);

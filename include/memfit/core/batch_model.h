@@ -11,6 +11,11 @@ namespace memfit {
 // answer here rather than overflow.
 inline constexpr int64_t kMaxBatch = int64_t{1} << 40;
 
+// ceil(x) in whole bytes, clamped to [0, INT64_MAX]; a value within 1e-6 B
+// of an integer counts as that integer, so rounding error in an exact fit
+// does not add a byte. Every prediction rounds through here.
+int64_t ceil_bytes(long double x);
+
 struct AffineFit {
   double m0 = 0;          // bytes at batch 0: parameters, state, fixed parts
   double per_sample = 0;  // bytes per sample

@@ -8,11 +8,22 @@
 #include <climits>
 #include <mutex>
 #include <sstream>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
 #include "memfit/core/units.h"
 #include "memfit/torch/op_frames.h"
+
+// Note [One device, shared by every thread]
+// A GPU's memory belongs to the process: every thread allocates from it, and
+// torch.cuda.memory_allocated counts them all. The simulated device does the
+// same. Its live bytes are the process's tracked bytes, whatever thread
+// allocated them, and a budget set by one thread's SimulatedDevice holds for
+// every thread (several active: the smallest, as a card has one size). An
+// OOM caused by another thread's budget says so. Recordings (track(), the
+// recorder) likewise see every thread's allocations, as the caching
+// allocator's statistics do.
 
 // Note [An OOM worded as CUDA words it]
 // Code written for a GPU recognises an OOM by its text: Lightning's
@@ -38,10 +49,12 @@ struct Entry {
   void* inner_context = nullptr;
 };
 
+// See Note [One device, shared by every thread].
 struct Budget {
   uint64_t handle;
   Device device;
   int64_t bytes;
+  std::thread::id owner;  // the thread whose SimulatedDevice set it
 };
 
 // Note [Tracker state outlives everything]
@@ -69,12 +82,18 @@ State& state() {
   return *s;
 }
 
-std::optional<int64_t> budget_locked(const State& s, Device d) {
-  std::optional<int64_t> b;
+// The budget in force on `d`: the smallest active one, whichever thread set it.
+const Budget* binding_budget_locked(const State& s, Device d) {
+  const Budget* b = nullptr;
   for (const auto& budget : s.budgets) {
-    if (budget.device == d) b = b ? std::min(*b, budget.bytes) : budget.bytes;
+    if (budget.device == d && (!b || budget.bytes < b->bytes)) b = &budget;
   }
   return b;
+}
+
+std::optional<int64_t> budget_locked(const State& s, Device d) {
+  const Budget* b = binding_budget_locked(s, d);
+  return b ? std::optional<int64_t>(b->bytes) : std::nullopt;
 }
 
 void free_tracked(void* context);
@@ -105,11 +124,12 @@ class TrackingAllocator final : public c10::Allocator {
         lock.unlock();
         throw_oom(bytes, "forced by fail_allocation_after");
       }
-      if (auto b = budget_locked(s, device_);
-          b && s.live_bytes[d] + bytes > *b) {
-        const int64_t used = s.live_bytes[d];
+      if (const Budget* b = binding_budget_locked(s, device_);
+          b && s.live_bytes[d] + bytes > b->bytes) {
+        const int64_t used = s.live_bytes[d], limit = b->bytes;
+        const bool elsewhere = b->owner != std::this_thread::get_id();
         lock.unlock();
-        throw_budget_oom(bytes, used, *b);
+        throw_budget_oom(bytes, used, limit, elsewhere);
       }
       id = s.next_id++;
       // Counted before the inner allocation so concurrent allocations cannot
@@ -170,13 +190,17 @@ class TrackingAllocator final : public c10::Allocator {
   c10::DeviceType type() const { return type_; }
 
  private:
-  [[noreturn]] void throw_budget_oom(int64_t bytes, int64_t used,
-                                     int64_t budget) const {
+  [[noreturn]] void throw_budget_oom(int64_t bytes, int64_t used, int64_t budget,
+                                     bool set_elsewhere) const {
     std::ostringstream msg;
     // See Note [An OOM worded as CUDA words it].
     msg << "CUDA out of memory. Tried to allocate " << format_bytes(bytes)
         << " (memfit simulated " << to_string(device_) << " device: budget "
-        << format_bytes(budget) << "; " << format_bytes(used) << " already allocated; "
+        << format_bytes(budget)
+        << (set_elsewhere ? ", set by another thread's simulated device (the smallest "
+                            "active budget holds for every thread, as one GPU's memory does)"
+                          : "")
+        << "; " << format_bytes(used) << " already allocated by all threads; "
         << format_bytes(std::max<int64_t>(0, budget - used))
         << " free). Use a smaller batch, or let memfit find one that fits "
            "(`memfit fit`, memfit.find_batch_size).";
@@ -329,7 +353,7 @@ SimulatedDevice::SimulatedDevice(int64_t budget_bytes, Device device)
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   handle_ = s.next_budget++;
-  s.budgets.push_back(Budget{handle_, device_, budget_});
+  s.budgets.push_back(Budget{handle_, device_, budget_, std::this_thread::get_id()});
 }
 
 SimulatedDevice::~SimulatedDevice() {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <future>
 #include <thread>
 
 #include "memfit/torch/recorder.h"
@@ -95,6 +96,50 @@ TEST(SimulatedDeviceTest, NestedBudgetsApplyTheSmallest) {
   }
   EXPECT_EQ(*tracking::budget(Device::kCPU), 10 * kMiB);
   EXPECT_NO_THROW(torch::empty({3 * kMiB}, torch::kUInt8));
+}
+
+// See Note [One device, shared by every thread].
+TEST(SimulatedDeviceTest, EveryThreadSharesOneDeviceAndAnotherThreadsBudgetIsNamed) {
+  std::promise<void> set, done;
+  std::thread small([&] {
+    SimulatedDevice device(kMiB);
+    set.set_value();
+    done.get_future().wait();
+  });
+  set.get_future().wait();
+  {
+    SimulatedDevice mine(100 * kMiB);
+    EXPECT_EQ(*tracking::budget(Device::kCPU), kMiB);  // a card has one size
+    try {
+      auto t = torch::empty({4 * kMiB}, torch::kUInt8);
+      ADD_FAILURE() << "expected the other thread's 1 MiB budget to hold here";
+    } catch (const c10::OutOfMemoryError& e) {
+      const std::string msg = e.what_without_backtrace();
+      EXPECT_NE(msg.find("budget 1.00 MiB, set by another thread's simulated device"),
+                std::string::npos) << msg;
+    }
+  }
+  done.set_value();
+  small.join();
+  // Its own budget, once alone, is not attributed to anyone else.
+  SimulatedDevice mine(kMiB);
+  try {
+    auto t = torch::empty({4 * kMiB}, torch::kUInt8);
+    ADD_FAILURE() << "expected an out-of-memory error";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_EQ(std::string(e.what_without_backtrace()).find("another thread"), std::string::npos);
+  }
+}
+
+TEST(SimulatedDeviceTest, AnotherThreadsAllocationsCountAgainstTheBudget) {
+  SimulatedDevice device(10 * kMiB);
+  at::Tensor held;
+  std::thread other([&] { held = torch::empty({6 * kMiB}, torch::kUInt8); });
+  other.join();
+  EXPECT_EQ(tracking::live_bytes(Device::kCPU), 6 * kMiB);
+  EXPECT_THROW(torch::empty({5 * kMiB}, torch::kUInt8), c10::OutOfMemoryError);
+  held = at::Tensor();
+  EXPECT_NO_THROW(torch::empty({5 * kMiB}, torch::kUInt8));
 }
 
 TEST(SimulatedDeviceTest, BudgetOnCpuDoesNotLimitMeta) {

@@ -29,7 +29,12 @@ void init_report(py::module_& m) {
       .def_readonly("live_bytes_after", &PhaseRow::live_after)
       .def_readonly("delta_bytes", &PhaseRow::delta_bytes)
       .def_readonly("peak_bytes", &PhaseRow::peak_bytes)
-      .def_readonly("note", &PhaseRow::note);
+      .def_readonly("note", &PhaseRow::note)
+      .def("__repr__", [](const PhaseRow& r) {
+        return "PhaseRow(" + quoted(r.name) + ", iteration=" + std::to_string(r.iteration) +
+               ", live_bytes_after=" + std::to_string(r.live_after) +
+               ", peak_bytes=" + std::to_string(r.peak_bytes) + ")";
+      });
 
   py::class_<Report>(m, "Report")
       .def_readonly("model", &Report::model)
@@ -42,6 +47,11 @@ void init_report(py::module_& m) {
       .def_readonly("peak_op", &Report::peak_op)
       .def_readonly("parameter_bytes", &Report::parameter_bytes)
       .def_readonly("phases", &Report::phases)
+      .def("__repr__", [](const Report& r) {
+        return "Report(" + quoted(r.model) + ", batch=" + std::to_string(r.batch) +
+               ", mode=" + quoted(r.mode) + ", peak_bytes=" + std::to_string(r.peak_bytes) +
+               ", peak_phase=" + quoted(r.peak_phase) + ")";
+      })
       .def_property_readonly("categories_at_peak", [](const Report& r) {
         py::dict d;
         for (int c = 0; c < kNumCategories; ++c) {
@@ -100,6 +110,10 @@ void init_report(py::module_& m) {
       .def_readonly("probe_peaks", &PeakModel::probe_peaks)
       .def_readonly("notes", &PeakModel::notes)
       .def("predict", &PeakModel::predict, py::arg("batch"))
+      .def("__repr__", [](const PeakModel& pm) {
+        return "PeakModel(mode=" + quoted(pm.mode) + ", probe_batches=" +
+               listed(pm.probe_batches) + ", probe_peaks=" + listed(pm.probe_peaks) + ")";
+      })
       .def("peak_phase", [](const PeakModel& pm, int64_t b) {
         const PhaseFit& f = pm.peak_phase(b);
         return py::make_tuple(f.phase, f.iteration);

@@ -26,7 +26,12 @@ void init_strategies(py::module_& m) {
       .def_readwrite("input_bytes", &ChainSegment::input_bytes)
       .def_readwrite("backward_extra_bytes",
                      &ChainSegment::backward_extra_bytes)
-      .def_readwrite("recompute_ns", &ChainSegment::recompute_ns);
+      .def_readwrite("recompute_ns", &ChainSegment::recompute_ns)
+      .def("__repr__", [](const ChainSegment& c) {
+        return "ChainSegment(" + quoted(c.name) + ", activation_bytes=" +
+               std::to_string(c.activation_bytes) + ", input_bytes=" +
+               std::to_string(c.input_bytes) + ")";
+      });
 
   py::class_<ChainMemory>(m, "ChainMemory")
       .def(py::init([](int64_t forward_fixed, int64_t backward_fixed,
@@ -37,7 +42,12 @@ void init_strategies(py::module_& m) {
            py::arg("other_peak") = 0)
       .def_readwrite("forward_fixed", &ChainMemory::forward_fixed)
       .def_readwrite("backward_fixed", &ChainMemory::backward_fixed)
-      .def_readwrite("other_peak", &ChainMemory::other_peak);
+      .def_readwrite("other_peak", &ChainMemory::other_peak)
+      .def("__repr__", [](const ChainMemory& c) {
+        return "ChainMemory(forward_fixed=" + std::to_string(c.forward_fixed) +
+               ", backward_fixed=" + std::to_string(c.backward_fixed) +
+               ", other_peak=" + std::to_string(c.other_peak) + ")";
+      });
 
   py::class_<ChainPlan>(m, "ChainPlan")
       .def_readonly("rule", &ChainPlan::rule)
@@ -46,7 +56,12 @@ void init_strategies(py::module_& m) {
       .def_readonly("recompute_ns", &ChainPlan::recompute_ns)
       .def_readonly("fits", &ChainPlan::fits)
       .def("count", &ChainPlan::count)
-      .def("indices", &ChainPlan::indices);
+      .def("indices", &ChainPlan::indices)
+      .def("__repr__", [](const ChainPlan& p) {
+        return "ChainPlan(" + quoted(p.rule) + ", blocks=" + quoted(p.indices()) +
+               ", predicted_peak=" + std::to_string(p.predicted_peak) +
+               ", fits=" + (p.fits ? std::string("True") : std::string("False")) + ")";
+      });
 
   m.def("chain_peak", &chain_peak, py::arg("segments"), py::arg("memory"),
         py::arg("checkpointed"),

@@ -31,7 +31,11 @@ void init_timeline(py::module_& m) {
   py::class_<Timeline::Peak>(m, "Peak")
       .def_readonly("bytes", &Timeline::Peak::bytes)
       .def_readonly("event_index", &Timeline::Peak::event_index)
-      .def_readonly("time_ns", &Timeline::Peak::time_ns);
+      .def_readonly("time_ns", &Timeline::Peak::time_ns)
+      .def("__repr__", [](const Timeline::Peak& p) {
+        return "Peak(bytes=" + std::to_string(p.bytes) + ", event_index=" +
+               std::to_string(p.event_index) + ")";
+      });
 
   py::class_<Timeline::PhaseSummary>(m, "PhaseSummary")
       .def_readonly("name", &Timeline::PhaseSummary::name)
@@ -39,10 +43,20 @@ void init_timeline(py::module_& m) {
       .def_readonly("live_before", &Timeline::PhaseSummary::live_before)
       .def_readonly("live_after", &Timeline::PhaseSummary::live_after)
       .def_readonly("delta", &Timeline::PhaseSummary::delta)
-      .def_readonly("peak", &Timeline::PhaseSummary::peak);
+      .def_readonly("peak", &Timeline::PhaseSummary::peak)
+      .def("__repr__", [](const Timeline::PhaseSummary& p) {
+        return "PhaseSummary(" + quoted(p.name) + ", iteration=" + std::to_string(p.iteration) +
+               ", live_after=" + std::to_string(p.live_after) +
+               ", peak=" + std::to_string(p.peak) + ")";
+      });
 
   py::class_<Timeline>(m, "Timeline")
       .def("__len__", &Timeline::size)
+      .def("__repr__", [](const Timeline& t) {
+        return "Timeline(" + std::to_string(t.size()) + " events, peak_bytes=" +
+               std::to_string(t.size() ? t.peak().bytes : 0) +
+               ", live_bytes=" + std::to_string(t.live_bytes()) + ")";
+      })
       .def_property_readonly("live_bytes", &Timeline::live_bytes)
       .def("peak", &Timeline::peak)
       .def("peak_phase", [](const Timeline& t) {

@@ -102,6 +102,14 @@ void init_trainer(py::module_& m) {
       .def_readonly("mode", &BatchFit::mode)
       .def_readonly("peak_phase", &BatchFit::peak_phase)
       .def("to_json", &BatchFit::to_json, py::arg("pretty") = true)
+      .def("__repr__", [](const BatchFit& f) {
+        return "BatchFit(max_batch=" + std::to_string(f.max_batch) +
+               ", recommended_batch=" + std::to_string(f.recommended_batch) +
+               ", predicted_peak_bytes=" + std::to_string(f.predicted_peak_bytes) +
+               ", budget_bytes=" + std::to_string(f.budget_bytes) +
+               ", margin_bytes=" + std::to_string(f.margin_bytes) +
+               ", trials=" + std::to_string(f.trials) + ", mode=" + quoted(f.mode) + ")";
+      })
       .def("text", &BatchFit::text);
   m.def("fit_batch", &fit_batch, py::arg("model"), py::arg("reference"),
         py::arg("budget_bytes"), py::arg("extra_margin_bytes") = 0);

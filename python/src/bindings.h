@@ -2,7 +2,19 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+#include <vector>
+
 namespace memfit::python {
+
+// For __repr__: a string as Python writes it, and a list of numbers.
+inline std::string quoted(const std::string& s) { return pybind11::repr(pybind11::str(s)); }
+template <typename T>
+std::string listed(const std::vector<T>& v) {
+  std::string out = "[";
+  for (size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+  return out + "]";
+}
 
 void init_errors(pybind11::module_& m);
 void init_units(pybind11::module_& m);

@@ -185,6 +185,43 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
   report.loss += loss.item<double>() * weight;
 }
 
+// What fills the memory when even one sample does not fit, and the advice
+// that fits that cause: the model's own bytes, or what else is alive (the
+// batch's data, optimizer state), rather than "a smaller batch".
+std::string Trainer::one_sample_does_not_fit(const std::string& oom) const {
+  int64_t params = 0, grads = 0;
+  for (const auto& p : params_) {
+    params += p.storage().nbytes();
+    if (p.grad().defined()) grads += p.grad().storage().nbytes();
+  }
+  const int64_t live = tracking::live_bytes(Device::kCPU) + untracked_parameter_bytes();
+  const int64_t rest = std::max<int64_t>(0, live - params - grads);
+  // The budget in force: the Trainer's own, or a simulated device around it.
+  const std::optional<int64_t> budget =
+      options_.budget ? options_.budget : tracking::budget(Device::kCPU);
+  std::ostringstream msg;
+  msg << "[Trainer::step] even one sample does not fit";
+  if (budget) msg << " in the budget of " << format_bytes(*budget);
+  msg << ": before it runs, " << format_bytes(live) << " is taken: parameters "
+      << format_bytes(params) << ", gradients " << format_bytes(grads)
+      << ", and " << format_bytes(rest)
+      << " more alive (the batch's inputs and targets, optimizer state, anything the "
+         "loop holds). ";
+  if (budget && rest > params && rest * 2 > *budget) {
+    msg << "Most of it is not the model: keep the batch on the host and move each "
+           "micro-batch to the device, or free what the loop holds. ";
+  } else if (budget && params * 2 > *budget) {
+    msg << "The model's own parameters take most of it: a smaller batch cannot help; "
+           "shard it, keep optimizer state on the host, or use lower precision. ";
+  } else {
+    msg << "Reduce the step's memory (memfit advise: checkpointing, mixed precision, a "
+           "lighter optimizer or its state on the host) or give it more. ";
+  }
+  // The allocator's figures, without its generic "use a smaller batch".
+  msg << oom.substr(0, oom.find(" Use a smaller batch"));
+  return msg.str();
+}
+
 StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
   if (batch < 1) {
     throw std::invalid_argument("[Trainer::step] the batch is empty (" +
@@ -230,14 +267,9 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
         throw;
       }
       if (n == 1) {
-        std::ostringstream msg;
-        msg << "[Trainer::step] even one sample does not fit";
-        if (options_.budget) msg << " in the budget of " << format_bytes(*options_.budget);
-        msg << ": " << e.what_without_backtrace()
-            << " Reduce the model's memory (memfit advise: checkpointing, "
-               "mixed precision, a lighter optimizer) or give it more.";
+        const std::string msg = one_sample_does_not_fit(e.what_without_backtrace());
         drop_gradients();
-        C10_THROW_ERROR(OutOfMemoryError, msg.str());
+        C10_THROW_ERROR(OutOfMemoryError, msg);
       }
       ++report.ooms_recovered;
       c = std::max<int64_t>(1, n / 2);

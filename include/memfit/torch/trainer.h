@@ -91,6 +91,7 @@ class Trainer {
                  const ChunkLoss& chunk_loss, StepReport& report);
   void drop_gradients();
   int64_t untracked_parameter_bytes() const;
+  std::string one_sample_does_not_fit(const std::string& oom) const;
 
   std::vector<at::Tensor> params_;
   std::function<void()> optimizer_step_;

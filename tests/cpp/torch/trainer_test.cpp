@@ -206,6 +206,27 @@ TEST(TrainerTest, OneSampleThatDoesNotFitIsAClearOom) {
   }
 }
 
+// The OOM names what fills the memory and advises for that cause: here the
+// batch's own data (made under the budget, as a batch moved to the device).
+TEST(TrainerTest, WhenTheBatchItselfFillsTheMemoryTheOomSaysSo) {
+  auto model = make_model("mlp");
+  TrainerOptions o;
+  Trainer t(model->module().parameters(), [] {}, o);
+  SimulatedDevice device(16 << 20);
+  Batch b = model->make_batch(4096, at::TensorOptions(), 0);  // 12.28 MiB of inputs
+  try {
+    t.step(b.inputs, b.target, [&](const at::Tensor& x) { return model->forward(x); },
+           [&](const at::Tensor& out, const at::Tensor& y) { return model->loss(out, y); });
+    FAIL() << "expected an out-of-memory error";
+  } catch (const c10::OutOfMemoryError& e) {
+    const std::string msg = e.what_without_backtrace();
+    EXPECT_NE(msg.find("in the budget of 16.00 MiB"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("Most of it is not the model"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("CUDA out of memory."), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("Use a smaller batch"), std::string::npos) << msg;
+  }
+}
+
 TEST(TrainerTest, BatchNormRefusesToBeSplitByDefaultAndNamesTheLayer) {
   TrackingScope scope;
   auto model = make_model("cnn");

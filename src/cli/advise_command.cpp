@@ -15,13 +15,11 @@ int advise_command(const std::vector<std::string>& argv) {
             {"json", "allow-approximate"});
   const std::string name = args.require("model");
   AdviseOptions o;
-  o.batch = args.get_int("batch", 8);
-  if (o.batch < 1) throw UsageError("--batch must be >= 1");
+  o.batch = args.get_count("batch", 8);
   o.budget = args.get_size("budget");
   o.optimizer =
       args.choice("optimizer", "adam", optimizer_names());
-  o.timing_repeats = static_cast<int>(args.get_int("repeats", 3));
-  if (o.timing_repeats < 1) throw UsageError("--repeats must be >= 1");
+  o.timing_repeats = static_cast<int>(args.get_count("repeats", 3));
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
   o.allow_approximate = args.has("allow-approximate");
   auto model = make_model(name, model_options(args));

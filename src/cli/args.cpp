@@ -63,6 +63,14 @@ int64_t Args::get_int(const std::string& name, int64_t fallback) const {
   return v;
 }
 
+int64_t Args::get_count(const std::string& name, int64_t fallback) const {
+  const int64_t v = get_int(name, fallback);
+  if (v < 1) {
+    throw UsageError("--" + name + " must be at least 1, got " + std::to_string(v));
+  }
+  return v;
+}
+
 int64_t Args::get_size(const std::string& name) const {
   const std::string text = require(name);
   try {

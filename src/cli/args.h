@@ -21,6 +21,9 @@ class Args {
   std::string get(const std::string& name, const std::string& fallback) const;
   std::string require(const std::string& name) const;
   int64_t get_int(const std::string& name, int64_t fallback) const;
+  // A count that must be at least 1 (a batch, steps, ranks): one message for
+  // every command.
+  int64_t get_count(const std::string& name, int64_t fallback) const;
   // A size: bytes or 16GiB-style (see parse_size).
   int64_t get_size(const std::string& name) const;
   std::string choice(const std::string& name, const std::string& fallback,

@@ -21,10 +21,8 @@ int train_command(const std::vector<std::string>& argv) {
                    "layers", "width", "heads", "context", "plan", "seed"},
             {"no-split", "json", "allow-approximate"});
   const std::string name = args.require("model");
-  const int64_t batch = args.get_int("batch", 64);
-  const int64_t steps = args.get_int("steps", 3);
-  if (batch < 1) throw UsageError("--batch must be >= 1");
-  if (steps < 1) throw UsageError("--steps must be >= 1");
+  const int64_t batch = args.get_count("batch", 64);
+  const int64_t steps = args.get_count("steps", 3);
   const int64_t budget = args.get_size("budget");
   const std::string opt_name =
       args.choice("optimizer", "adam", optimizer_names());

@@ -94,10 +94,10 @@ int profile_command(const std::vector<std::string>& argv) {
             {"json", "predict", "bucket-view"});
   const std::string name = args.require("model");
   ProfileOptions o;
-  o.batch = args.get_int("batch", 64);
+  o.batch = args.get_count("batch", 64);
   o.optimizer = args.choice("optimizer", "adam", optimizer_names());
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
-  o.iterations = static_cast<int>(args.get_int("iterations", 2));
+  o.iterations = static_cast<int>(args.get_count("iterations", 2));
   const std::string target = args.choice("target", "cpu", {"cpu", "cuda"});
   auto model = make_model(name, model_options(args));
 

@@ -1,5 +1,6 @@
 # pybind11 from the Python that builds memfit (pip's pybind11 has a CMake
 # config but no place on CMake's search path); a pybind11_DIR given wins.
+find_package(Python COMPONENTS Interpreter Development.Module REQUIRED)
 set(PYBIND11_FINDPYTHON ON)
 if(NOT pybind11_DIR)
   execute_process(

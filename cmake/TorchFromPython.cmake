@@ -9,7 +9,7 @@
 # CUDA but I cannot find the CUDA libraries"); set CUDA_TOOLKIT_ROOT_DIR and
 # CUDA_nvrtc_LIBRARY (the wheel ships libnvrtc under nvidia/) in that case.
 
-find_package(Python COMPONENTS Interpreter Development.Module REQUIRED)
+find_package(Python COMPONENTS Interpreter REQUIRED)
 
 if(NOT Torch_DIR)
   execute_process(

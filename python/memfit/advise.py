@@ -7,10 +7,10 @@ import statistics
 import torch
 
 from . import _memfit
-from .batching import batch_size
+from .batching import batch_size, count
 from .device import to_bytes
 from .fit import DoesNotFit
-from .profile import _OPTIMIZERS
+from .profile import check_optimizer
 from .strategies import INFERENCE_MODE, NO_GRAD, Strategy, resolve_chain
 from .strategies.advice import Advice, Plan, Row
 from .strategies.checkpoint import block_forward_ns, calibrate
@@ -62,16 +62,8 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     below the model's parameters or nothing measured fits, naming the
     smallest peak reached and how; the exception's `advice` holds the rows.
     """
-    if repeats < 1:
-        raise ValueError(f"[advise] repeats must be >= 1, got {repeats}")
-    if isinstance(optimizer, str) and optimizer not in _OPTIMIZERS:
-        raise ValueError(
-            f"[advise] unknown optimizer {optimizer!r}: pass a torch.optim optimizer, "
-            f"one of {sorted(_OPTIMIZERS)}, or None"
-        )
-    if optimizer is not None and not isinstance(optimizer, (str, torch.optim.Optimizer)):
-        raise ValueError(f"[advise] optimizer must be a name or a torch.optim optimizer, "
-                         f"got {type(optimizer).__name__}")
+    repeats = count(repeats, "advise", "repeats")
+    check_optimizer(model, optimizer, "advise")
     n = batch_size(inputs, batch_dim, "advise")
     limit = None if budget is None else to_bytes(budget, "advise")
     param_bytes = _parameter_bytes(model)
@@ -169,7 +161,7 @@ def _checkpoint_rows(model, inputs, bench, chain, plain, limit, add, notes):
     n = len(chain)
     every = Strategy(checkpoint=tuple(range(n)))
     every_report = bench.profile(every)
-    forward_ns = block_forward_ns(model, inputs, chain.block_paths, bench.repeats,
+    forward_ns = block_forward_ns(model, bench.inputs, chain.block_paths, bench.repeats,
                                   lambda: sync(bench.devices))
     segments, memory = calibrate(plain, every_report, chain.block_paths, forward_ns)
     target = _NO_BUDGET if limit is None else limit

@@ -1,6 +1,23 @@
 """Walking and resizing the tensors of a batch: tensors, tuples, lists, dicts."""
 
+import operator
+
 import torch
+
+
+def count(value, what, name, minimum=1):
+    """`value` as an int >= `minimum`: a number of samples, steps or ranks.
+    Integers (numpy's too) pass; bools and floats, even 8.0, are refused
+    with a ValueError naming `what` and `name`."""
+    try:
+        n = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        n = None
+    if n is None or n < minimum:
+        raise ValueError(
+            f"[{what}] {name} must be an int >= {minimum}, got {type(value).__name__} {value!r}"
+        )
+    return n
 
 
 def map_tensors(obj, fn):

@@ -4,6 +4,9 @@ import contextlib
 
 from . import _memfit
 
+# Sizes are int64 bytes in the core.
+_MAX_BYTES = (1 << 63) - 1
+
 
 def to_bytes(size, what="size"):
     """Bytes in `size`: an int of bytes, or a string like "16GiB" or "512MiB".
@@ -21,6 +24,11 @@ def to_bytes(size, what="size"):
         raise ValueError(
             f"[{what}] cannot use {size} as a size: it must be >= 0 bytes "
             f"(an int of bytes, or a string like '16GiB')"
+        )
+    if size > _MAX_BYTES:
+        raise ValueError(
+            f"[{what}] {size} bytes is more than memfit can count (at most 2**63 - 1 bytes, "
+            f"8 EiB): pass a real device's size, e.g. '80GiB'"
         )
     return size
 

@@ -7,9 +7,10 @@ import inspect
 import torch
 
 from . import _memfit
+from .batching import count
 from .data_parallel import trainable_sizes
 from .device import to_bytes
-from .profile import profile
+from .profile import check_optimizer, profile
 
 DoesNotFit = _memfit.DoesNotFit
 
@@ -55,6 +56,7 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     budget_bytes, margin_bytes, trials, mode. Raises memfit.DoesNotFit (a
     ValueError) with the numbers when even batch 1 does not fit.
     """
+    check_optimizer(model, optimizer, "find_batch_size")
     available = _available_bytes(budget)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
@@ -88,6 +90,8 @@ def auto_batch_size(starting_batch_size=128, *, model, inputs, target=None, loss
     taking one argument gets only the batch size. If a step still runs out of
     memory, the next smaller divisor is tried.
     """
+    starting_batch_size = count(starting_batch_size, "auto_batch_size", "starting_batch_size")
+    check_optimizer(model, optimizer, "auto_batch_size")
 
     def decorate(fn):
         takes_two = len(inspect.signature(fn).parameters) >= 2

@@ -78,6 +78,11 @@ def lazy(*tensors, batch=0, allow_mixing=False):
       so results equal eager ones only without randomness.
     - In-place changes of lazy tensors (x += 1, x.add_(), x[0] = 1,
       inplace=True) are refused: the tensor is recomputed for each chunk.
+      Inside a module, a forward that writes into its input (x.mul_(2))
+      changes each sample of your tensor once, as eager does (the probes
+      and memory measurements run on copies, and put back the RNG and the
+      modules' buffers); a chunk that ran out of memory after such a write
+      is not redone (LazyError): the write would count twice.
     - A plain tensor that holds one entry per sample must be made lazy too,
       except targets of torch loss functions and operands of elementwise
       operations, which memfit slices with the chunk. x.size(0) and

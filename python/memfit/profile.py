@@ -1,15 +1,14 @@
 """memfit.profile: where a training step's memory goes, and what a bigger
 batch would need."""
 
-import copy
-
 import torch
 
 from . import _memfit
 from . import data_parallel as _dp
-from .batching import batch_size, map_tensors, resize_batch, tensors_in
+from .batching import batch_size, count, resize_batch, tensors_in
 from .offload import OffloadedOptimizer
 from .offload import offload as _offload
+from .snapshot import ModelTensors, OptimizerState, kept_rng, private_copy
 from .tracking import Tracking
 
 _OPTIMIZERS = {
@@ -58,11 +57,71 @@ def _compute_loss(output, target, loss_fn):
 
 
 def _call(model, inputs):
-    if isinstance(inputs, tuple):
+    if isinstance(inputs, (tuple, list)):  # positional arguments, as documented
         return model(*inputs)
     if isinstance(inputs, dict):
         return model(**inputs)
     return model(inputs)
+
+
+def check_loss_trains(loss, model, what):
+    """Raise ValueError, naming the cause, when `loss` has no gradient to
+    take: a training step needs a backward."""
+    if loss.requires_grad:
+        return
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"[{what}] every parameter of the model is frozen (requires_grad=False): there "
+            f"is no training step to run; unfreeze the parameters to train "
+            f"(p.requires_grad_(True))"
+        )
+    raise ValueError(
+        f"[{what}] the loss does not require grad although the model has trainable "
+        f"parameters: the forward or loss_fn runs under torch.no_grad()/inference_mode or "
+        f"detaches its result; compute the loss with gradients enabled"
+    )
+
+
+def check_optimizer(model, optimizer, what, instance_only=False):
+    """Raise ValueError, naming the fix, unless `optimizer` can take the step
+    of `model`: None (no optimizer step) or a built-in name, unless
+    `instance_only`; a torch.optim optimizer holding some of the model's
+    trainable parameters. Called before anything runs."""
+    if instance_only and (optimizer is None or isinstance(optimizer, str)):
+        raise ValueError(
+            f"[{what}] optimizer must be a torch.optim optimizer over model.parameters(), "
+            f"got {optimizer!r}: the step ends with its step(); make one, e.g. "
+            f"torch.optim.Adam(model.parameters())"
+        )
+    if optimizer is None:
+        return
+    if isinstance(optimizer, str):
+        if optimizer not in _OPTIMIZERS:
+            raise ValueError(
+                f"[{what}] unknown optimizer {optimizer!r}: pass a torch.optim "
+                f"optimizer, or one of {sorted(_OPTIMIZERS)}, or None"
+            )
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        if isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            raise ValueError(
+                f"[{what}] optimizer is a {type(optimizer).__name__}, a learning-rate "
+                f"scheduler, not an optimizer: pass the optimizer it drives "
+                f"(scheduler.optimizer); the scheduler's step() stays yours to call"
+            )
+        raise ValueError(
+            f"[{what}] optimizer must be a torch.optim optimizer"
+            f"{'' if instance_only else ', one of ' + str(sorted(_OPTIMIZERS)) + ', or None'}, "
+            f"got {type(optimizer).__name__}"
+        )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    if trainable and not any(id(p) in held for p in trainable):
+        raise ValueError(
+            f"[{what}] the {type(optimizer).__name__} optimizer holds none of the model's "
+            f"{len(trainable)} trainable parameters: it was made over other parameters "
+            f"(another model, or a copy of this one); make it over model.parameters()"
+        )
 
 
 def _optimizer_name(optimizer):
@@ -75,31 +134,37 @@ def _optimizer_name(optimizer):
     return type(optimizer).__name__
 
 
-def _record_step(model, inputs, target, loss_fn, optimizer, iterations, device):
+def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device):
+    """_record_step on copies of the weights, inputs and optimizer state; the
+    model, its gradients and the optimizer are put back as they were."""
+    saved = ModelTensors(model)
+    opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
+    try:
+        return _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device)
+    finally:
+        saved.restore()
+        if opt_state is not None:
+            opt_state.restore()
+
+
+def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device):
     """Runs `iterations` training iterations under a recorder; returns it."""
-    params = list(model.parameters())
-    buffers = list(model.buffers())
     t = Tracking()
     t.watch_modules(model)
     try:
         t.phase("parameters", 1)
-        with torch.no_grad():
-            for p in params:
-                _memfit.set_data(p, p.data.to(device, copy=True))
-                t.classify(p, "parameter")
-            for b in buffers:
-                _memfit.set_data(b, b.data.to(device, copy=True))
-                t.classify(b, "buffer")
+        saved.swap_in_copies(device, t.classify)
         if isinstance(optimizer, str):
-            optimizer = _OPTIMIZERS[optimizer](params)
+            optimizer = _OPTIMIZERS[optimizer](saved.parameters)
         for it in range(1, iterations + 1):
             t.phase("inputs", it)
-            x = map_tensors(inputs, lambda v: v.to(device, copy=True))
-            y = None if target is None else map_tensors(target, lambda v: v.to(device, copy=True))
+            x = private_copy(inputs, device)
+            y = None if target is None else private_copy(target, device)
             t.phase("forward", it)
             out = _call(model, x)
             t.phase("loss", it)
             loss = _compute_loss(out, y, loss_fn)
+            check_loss_trains(loss, model, "profile")
             out = None  # See Note [The order of a training iteration] (report.h).
             t.phase("backward", it)
             loss.backward()
@@ -186,9 +251,7 @@ class Report:
     def predict_peak_bytes(self, batch):
         """Predicted peak bytes of the same step at `batch`, from probes at
         small batches (each phase fitted as M0 + m*batch; the largest wins)."""
-        if batch < 1:
-            raise ValueError(f"[predict_peak_bytes] batch must be >= 1, got {batch}")
-        return self.peak_model().predict(batch)
+        return self.peak_model().predict(count(batch, "predict_peak_bytes", "batch"))
 
     def data_parallel(self, world_size, gradient_as_bucket_view=False, bucket_cap_mb=25,
                       largest_unit=None, optimizer_shards="flat"):
@@ -247,24 +310,21 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
     - target_device="cuda" adds the CUDA caching allocator's view (rounding,
       segments, `cuda_workspace` bytes of cuBLAS workspace).
 
-    The model, its gradients and the optimizer are left as they were.
+    The step runs on copies: the model's weights, buffers and .grad, the
+    optimizer's state and learning rate, the inputs and the RNG state are
+    left exactly as they were (see Note [A rehearsed step leaves no trace]).
     Returns a Report: peak_bytes, phases, categories_at_peak, modules,
     table(), to_json(), save_svg(path), predict_peak_bytes(batch), and
     data_parallel(world_size): each rank's peak under DDP, ZeRO-1/2/3.
     """
-    if isinstance(optimizer, str) and optimizer not in _OPTIMIZERS:
-        raise ValueError(
-            f"[profile] unknown optimizer {optimizer!r}: pass a torch.optim "
-            f"optimizer, or one of {sorted(_OPTIMIZERS)}, or None"
-        )
+    check_optimizer(model, optimizer, "profile")
     if target_device not in ("cpu", "cuda"):
         raise ValueError(
             f"[profile] target_device must be 'cpu' or 'cuda', got {target_device!r}"
         )
     if mode not in ("cpu", "meta"):
         raise ValueError(f"[profile] mode must be 'cpu' or 'meta', got {mode!r}")
-    if iterations < 1:
-        raise ValueError(f"[profile] iterations must be >= 1, got {iterations}")
+    iterations = count(iterations, "profile", "iterations")
     b = batch_size(inputs, batch_dim, "profile")
     if target is not None:
         tb = batch_size(target, batch_dim, "profile target")
@@ -273,40 +333,37 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
                 f"[profile] inputs hold {b} samples but target holds {tb}: "
                 f"they must hold the same samples"
             )
+    meta = _meta_tensors(model, inputs, target)
+    if mode == "cpu" and meta:
+        raise ValueError(
+            f"[profile] the {meta} on the meta device (shapes without values), and "
+            f"mode='cpu' runs the step on real values: pass mode='meta', or real tensors"
+        )
 
     def run(inputs, target, mode):
-        # The step trains: save and restore weights, gradients, optimizer.
-        state = copy.deepcopy(model.state_dict())
-        grads = [p.grad for p in model.parameters()]
-        opt_state = (
-            copy.deepcopy(optimizer.state_dict())
-            if isinstance(optimizer, torch.optim.Optimizer)
-            else None
-        )
+        # The step trains; it runs on copies, and the RNG it draws from is
+        # put back: see Note [A rehearsed step leaves no trace].
         notes = []
         rec = None
-        try:
+        with kept_rng():
             try:
-                rec = _record_step(model, inputs, target, loss_fn, optimizer, iterations,
-                                   torch.device(mode))
+                rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
+                                torch.device(mode))
             except (NotImplementedError, RuntimeError) as e:
                 if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
                     raise
                 first = str(e).splitlines()[0][:160]
                 notes.append(f"meta mode unavailable in this torch ({first}); fell back to cpu mode")
             if rec is None:  # outside the except: its traceback holds the meta graph
-                _restore_device(model, state)
-                for p in model.parameters():
-                    p.grad = None
+                if meta:
+                    raise ValueError(
+                        f"[profile] meta mode is unavailable in this torch ({first}), and "
+                        f"the {meta} on the meta device, which cpu mode cannot run: pass "
+                        f"real tensors"
+                    )
                 mode = "cpu"
-                rec = _record_step(model, inputs, target, loss_fn, optimizer, iterations,
-                                   torch.device("cpu"))
-        finally:
-            _restore_device(model, state)
-            for p, g in zip(model.parameters(), grads):
-                p.grad = g
-            if opt_state is not None:
-                optimizer.load_state_dict(opt_state)
+                rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
+                                torch.device("cpu"))
         n = batch_size(inputs, batch_dim, "profile")
         native = _memfit.make_report(rec.timeline, type(model).__name__, n,
                                      _optimizer_name(optimizer), mode)
@@ -336,12 +393,11 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
     return Report(native, timeline, prober, sizes)
 
 
-def _restore_device(model, state):
-    """Put the saved weights back (off the meta device if the step went
-    there), keeping the Parameter objects the optimizer knows."""
-    with torch.no_grad():
-        named = dict(model.named_parameters())
-        named.update(dict(model.named_buffers()))
-        for name, value in state.items():
-            if name in named:
-                _memfit.set_data(named[name], value.clone())
+def _meta_tensors(model, inputs, target):
+    """What holds meta tensors ("inputs are", "model's parameters or
+    buffers are"), or None."""
+    if any(t.is_meta for t in tensors_in(inputs) + tensors_in(target)):
+        return "inputs are"
+    if any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
+        return "model's parameters or buffers are"
+    return None

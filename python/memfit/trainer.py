@@ -3,10 +3,10 @@
 import torch
 
 from . import _memfit
-from .batching import batch_size, map_tensors
+from .batching import batch_size, count, map_tensors, tensors_in
 from .device import to_bytes
 from .distributed import DistributedStep, batch_signature, is_distributed
-from .profile import _call, _compute_loss
+from .profile import _call, _compute_loss, check_loss_trains, check_optimizer
 
 
 def coupled_layers(model):
@@ -56,6 +56,13 @@ class Trainer:
     - reduction: "mean" or "sum"; read from loss_fn.reduction when omitted.
     - split=False runs the batch whole and lets an OOM out.
 
+    The parameters that train and the BatchNorm layers in training mode are
+    read at each step: freezing a layer or putting it in eval mode after
+    the Trainer was made counts. A forward that writes into its inputs in
+    place (x.mul_(2)) changes each sample once, as one eager step would; a
+    micro-batch that ran out of memory after such a write is not redone
+    (the write would count twice): step() raises ValueError saying so.
+
     A DistributedDataParallel model runs distributed: each rank splits its own
     batch, the ranks agree on the micro-batch to start from, and the gradients
     are synced once, before the optimizer step: the mean of the ranks'
@@ -71,6 +78,8 @@ class Trainer:
                  micro_batch=0):
         if coupled not in ("error", "allow"):
             raise ValueError(f"[Trainer] coupled must be 'error' or 'allow', got {coupled!r}")
+        check_optimizer(model, optimizer, "Trainer", instance_only=True)
+        micro_batch = count(micro_batch, "Trainer", "micro_batch", minimum=0)
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -79,16 +88,30 @@ class Trainer:
         budget = None if budget is None else to_bytes(budget, "Trainer")
         self._dist = DistributedStep(model) if is_distributed(model) else None
         self._module = model.module if self._dist else model
-        self._native = _memfit.Trainer(
-            [p for p in model.parameters() if p.requires_grad],
+        self._options = (
             self._dist.optimizer_step(optimizer.step) if self._dist else optimizer.step,
-            budget,
             split,
             coupled == "allow",
             _reduction(loss_fn, reduction) == "mean",
-            micro_batch,
-            coupled_layers(self._module),
         )
+        self._shape = None
+        self._native_now(budget, micro_batch)
+
+    def _native_now(self, budget=None, micro_batch=0):
+        """The native Trainer over the parameters that train now and the
+        layers that mix samples now; rebuilt, keeping its budget and
+        micro-batch, when either changed since the last step."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        layers = coupled_layers(self._module)
+        shape = ([id(p) for p in params], layers)
+        if shape != self._shape:
+            if self._shape is not None:
+                budget, micro_batch = self._native.budget, self._native.micro_batch
+            step, split, allow, mean = self._options
+            self._native = _memfit.Trainer(params, step, budget, split, allow, mean,
+                                           micro_batch, layers)
+            self._shape = shape
+        return self._native
 
     @property
     def micro_batch(self):
@@ -103,11 +126,12 @@ class Trainer:
         """One optimizer step on the whole batch; returns a StepReport with
         batch, micro_batch, micro_batches, ooms_recovered, samples, loss,
         peak_bytes and chunks."""
+        native = self._native_now()
         if self._dist is not None:
-            return self._distributed_step(inputs, target)
+            return self._distributed_step(native, inputs, target)
         # The native step sets the parameters' gradients to None before and
         # after (see Note [The order of a training iteration]).
-        return self._native.step(self._batch(inputs, target), self._chunk_loss(inputs, target))
+        return native.step(self._batch(inputs, target), self._chunk_loss(inputs, target))
 
     def _batch(self, inputs, target):
         n = batch_size(inputs, self.batch_dim, "Trainer.step")
@@ -122,18 +146,41 @@ class Trainer:
 
     def _chunk_loss(self, inputs, target):
         model, loss_fn, bd, tbd = self._module, self.loss_fn, self.batch_dim, self.target_batch_dim
+        # The micro-batches are views of the user's tensors: a forward that
+        # writes into them changes each sample once, as an eager step would.
+        # A micro-batch is only ever asked for twice when it is redone after
+        # an OOM: if the failed attempt wrote into it (the tensors' version
+        # counters moved), the redo would write twice, so it is refused.
+        users = tensors_in(inputs) + tensors_in(target)
+        written = []  # [start, end) of the micro-batches whose forward wrote
 
-        def chunk_loss(start, count):
-            x = map_tensors(inputs, lambda t: t.narrow(bd, start, count))
-            y = None if target is None else map_tensors(target, lambda t: t.narrow(tbd, start, count))
-            return _compute_loss(_call(model, x), y, loss_fn)
+        def chunk_loss(start, n):
+            for a, b in written:
+                if a < start + n and start < b:
+                    raise ValueError(
+                        f"[Trainer.step] samples {a}..{b - 1} ran out of memory after the "
+                        f"forward or loss wrote into them in place (their tensors' version "
+                        f"changed); redoing them would apply that write twice. Write out of "
+                        f"place (x = x * 2, not x.mul_(2)), or pass a micro_batch= that fits"
+                    )
+            versions = [t._version for t in users]
+            try:
+                x = map_tensors(inputs, lambda t: t.narrow(bd, start, n))
+                y = None if target is None else map_tensors(
+                    target, lambda t: t.narrow(tbd, start, n))
+                loss = _compute_loss(_call(model, x), y, loss_fn)
+            finally:
+                if any(t._version != v for t, v in zip(users, versions)):
+                    written.append((start, start + n))
+            check_loss_trains(loss, model, "Trainer.step")
+            return loss
 
         return chunk_loss
 
-    def _distributed_step(self, inputs, target):
+    def _distributed_step(self, native, inputs, target):
         try:
             n = self._batch(inputs, target)
         except ValueError as e:
             n = e  # the other ranks must hear of it, not wait for this rank
-        return self._dist.step(self._native, n, batch_signature(inputs, target),
+        return self._dist.step(native, n, batch_signature(inputs, target),
                                self._chunk_loss(inputs, target))

@@ -854,3 +854,60 @@ def test_help_explains_what_lazy_does_and_its_limits():
                for n, v in vars(memfit.LazyTensor).items() if not n.startswith("_")]
     for fn in public:
         assert fn.__doc__, fn
+
+
+# ---------------------------------------------------------------------------
+# issue #21: probes and measurements leave no trace
+
+
+class Doubling(nn.Module):
+    """Writes into its input, as some user forwards do; runs out of memory
+    (after the write) on the first `ooms` calls on the full batch."""
+
+    def __init__(self, ooms=0):
+        super().__init__()
+        self.fc = nn.Linear(6, 3)
+        self.ooms = ooms
+
+    def forward(self, x):
+        x.mul_(2)
+        if self.ooms and x.shape[0] == 12:
+            self.ooms -= 1
+            raise OOM("out of memory (simulated)")
+        return self.fc(x)
+
+
+@pytest.mark.parametrize("budget", [None, 64 << 20])
+def test_probes_and_measurements_do_not_write_into_the_users_tensor(budget):
+    model = Doubling()
+    x = torch.randn(12, 6)
+    want = x * 2
+    with memfit.simulated_device(budget) if budget else memfit.track():
+        loss = model(memfit.lazy(x)).sum()
+        assert torch.equal(x, want / 2)  # the probes wrote into copies
+        loss.backward()
+    assert memfit.last_lazy_run().measured == (budget is not None)
+    assert torch.equal(x, want)  # the step itself: once, as eager
+
+
+def test_probes_leave_running_statistics_and_the_rng_as_they_were():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.Dropout(0.5))
+    x = torch.randn(12, 6)
+    buffers = {k: b.clone() for k, b in model.named_buffers()}
+    rng = torch.get_rng_state()
+    memfit.lazy(x, allow_mixing=True)
+    model(memfit.lazy(x, allow_mixing=True))  # recorded: only the probes ran
+    for k, b in model.named_buffers():
+        assert torch.equal(b, buffers[k]), k
+    assert torch.equal(torch.get_rng_state(), rng)
+
+
+def test_a_chunk_that_wrote_into_its_input_is_not_redone_after_an_oom():
+    model = Doubling(ooms=1)
+    x = torch.randn(12, 6)
+    loss = model(memfit.lazy(x)).sum()
+    with pytest.raises(memfit.LazyError, match=r"samples 0\.\.11 of the loss .* ran out of "
+                                               r"memory after the computation wrote into a lazy "
+                                               r"input in place"):
+        loss.backward()

@@ -190,3 +190,127 @@ def test_empty_batch_and_mismatched_target_are_refused():
         memfit.profile(mlp(), torch.randn(0, 28, 28))
     with pytest.raises(ValueError, match="same samples"):
         memfit.profile(mlp(), torch.randn(4, 28, 28), torch.randint(0, 10, (3,)))
+
+
+# -- issue #21 ------------------------------------------------------------------------
+
+
+def test_existing_gradients_are_left_exactly_as_they_were():
+    """Not accumulated into (the same tensor objects, the same values), and
+    no .grad appears on an input that had none."""
+    model = mlp()
+    x, y = batch(4)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    grads = [p.grad for p in model.parameters()]
+    values = [g.clone() for g in grads]
+    x.requires_grad_(True)
+    memfit.profile(model, x, y, optimizer="sgd")
+    memfit.find_batch_size(model, x, y, optimizer="sgd", budget="64MiB")
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads))
+    assert all(torch.equal(g, v) for g, v in zip(grads, values))
+    assert x.grad is None
+
+
+def _scheduler(model):
+    return torch.optim.lr_scheduler.StepLR(torch.optim.SGD(model.parameters(), lr=0.1), 1)
+
+
+def _foreign(model):
+    return torch.optim.SGD(mlp().parameters(), lr=0.1)  # another model's parameters
+
+
+_ENTRY_POINTS = {
+    "profile": lambda m, x, y, o: memfit.profile(m, x, y, optimizer=o),
+    "find_batch_size": lambda m, x, y, o: memfit.find_batch_size(m, x, y, optimizer=o,
+                                                                 budget="64MiB"),
+    "auto_batch_size": lambda m, x, y, o: memfit.auto_batch_size(
+        8, model=m, inputs=x, target=y, optimizer=o, budget="64MiB"),
+    "advise": lambda m, x, y, o: memfit.advise(m, x, y, optimizer=o, repeats=1),
+    "Trainer": lambda m, x, y, o: memfit.Trainer(m, o, torch.nn.CrossEntropyLoss()).step(x, y),
+}
+
+
+@pytest.mark.parametrize("entry", list(_ENTRY_POINTS))
+@pytest.mark.parametrize("make, message", [
+    (_scheduler, r"optimizer is a StepLR, a learning-rate scheduler.*scheduler\.optimizer"),
+    (_foreign, r"the SGD optimizer holds none of the model's 6 trainable parameters.*"
+               r"make it over model\.parameters\(\)"),
+], ids=["scheduler", "foreign"])
+def test_an_optimizer_that_cannot_step_the_model_is_refused_before_anything_runs(
+        entry, make, message):
+    model = mlp()
+    calls = []
+    model.register_forward_pre_hook(lambda m, i: calls.append(1))
+    x, y = batch(4)
+    with pytest.raises(ValueError, match=rf"^\[{entry}\] {message}"):
+        _ENTRY_POINTS[entry](model, x, y, make(model))
+    assert calls == []
+
+
+class _NoGradForward(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(784, 10)
+
+    def forward(self, x):
+        with torch.no_grad():
+            return self.fc(x.flatten(1))
+
+
+def _frozen():
+    model = mlp()
+    model.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize("make, message", [
+    (_frozen, r"every parameter of the model is frozen"),
+    (_NoGradForward, r"the loss does not require grad.*torch.no_grad\(\)"),
+], ids=["frozen", "no_grad"])
+@pytest.mark.parametrize("mode", ["cpu", "meta"])
+def test_a_step_with_nothing_to_train_says_why(make, message, mode):
+    x, y = batch(4)
+    with pytest.raises(ValueError, match=rf"^\[profile\] {message}"):
+        memfit.profile(make(), x, y, optimizer="sgd", mode=mode)
+
+
+def test_some_frozen_parameters_are_profiled_without_their_gradients():
+    x, y = batch(4)
+    full = memfit.profile(mlp(), x, y, optimizer="sgd").categories_at_peak["gradient"]
+    model = mlp()
+    model[1].requires_grad_(False)
+    part = memfit.profile(model, x, y, optimizer="sgd").categories_at_peak["gradient"]
+    assert full - part == 4 * sum(p.numel() for p in model[1].parameters())
+
+
+def test_meta_inputs_in_cpu_mode_are_refused_naming_meta_mode():
+    x, y = batch(4)
+    with pytest.raises(ValueError, match=r"^\[profile\] the inputs are on the meta device.*"
+                                         r"pass mode='meta'"):
+        memfit.profile(mlp(), x.to("meta"), y.to("meta"))
+    r = memfit.profile(mlp(), x.to("meta"), y.to("meta"), mode="meta")
+    assert r.peak_bytes == memfit.profile(mlp(), x, y).peak_bytes
+
+
+def test_a_list_of_inputs_is_passed_as_positional_arguments():
+    class Pair(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(784, 10)
+
+        def forward(self, a, b):
+            return self.fc(a.flatten(1) + b.flatten(1))
+
+    x, y = batch(4)
+    as_list = memfit.profile(Pair(), [x, x], y)
+    assert as_list.peak_bytes == memfit.profile(Pair(), (x, x), y).peak_bytes
+
+
+@pytest.mark.parametrize("bad", [2.5, 8.0, True, "8", 0])
+def test_a_batch_that_is_not_a_positive_int_is_refused(bad):
+    x, y = batch(4)
+    r = memfit.profile(mlp(), x, y)
+    with pytest.raises(ValueError, match=r"^\[predict_peak_bytes\] batch must be an int >= 1"):
+        r.predict_peak_bytes(bad)
+    with pytest.raises(ValueError, match=r"^\[profile\] iterations must be an int >= 1"):
+        memfit.profile(mlp(), x, y, iterations=bad)

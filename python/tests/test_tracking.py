@@ -53,6 +53,15 @@ def test_bad_budget_says_which_forms_are_accepted(bad):
     assert "GiB" in msg, msg
 
 
+def test_a_budget_beyond_int64_bytes_is_refused_with_the_limit():
+    with pytest.raises(ValueError, match=r"^\[simulated_device\] 10+ bytes is more than "
+                                         r"memfit can count \(at most 2\*\*63 - 1 bytes"):
+        with memfit.simulated_device(10**30):
+            pass
+    with memfit.simulated_device((1 << 63) - 1) as dev:  # the largest is accepted
+        assert dev.budget_bytes == (1 << 63) - 1
+
+
 def test_allocator_restored_after_tracking():
     assert not memfit._memfit.tracking_installed()
     with memfit.track():

@@ -219,3 +219,122 @@ def test_auto_batch_size_keeps_the_effective_batch_exact():
     assert train() == 256
     (micro, steps), = calls
     assert 256 % micro == 0 and micro < 256
+
+
+# -- issue #21 ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("optimizer, message", [
+    (None, r"got None"),
+    ("adam", r"got 'adam'"),
+])
+def test_a_trainer_without_an_optimizer_instance_is_refused(optimizer, message):
+    with pytest.raises(ValueError, match=rf"^\[Trainer\] optimizer must be a torch.optim "
+                                         rf"optimizer over model.parameters\(\), {message}"):
+        memfit.Trainer(small_model(), optimizer, torch.nn.CrossEntropyLoss())
+
+
+@pytest.mark.parametrize("bad", [2.5, 4.0, True, "4", -1])
+def test_a_micro_batch_that_is_not_an_int_is_refused(bad):
+    model = small_model()
+    with pytest.raises(ValueError, match=r"^\[Trainer\] micro_batch must be an int >= 0"):
+        memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), micro_batch=bad)
+
+
+@pytest.mark.parametrize("bad", [0, -8, 12.5, 16.0, True, "16"])
+def test_auto_batch_size_refuses_a_starting_batch_that_is_not_a_positive_int(bad):
+    x, y = torch.randn(4, 28, 28), torch.randint(0, 10, (4,))
+    with pytest.raises(ValueError, match=r"^\[auto_batch_size\] starting_batch_size must be "
+                                         r"an int >= 1"):
+        memfit.auto_batch_size(bad, model=mlp(), inputs=x, target=y, budget="6MiB")
+
+
+def test_batchnorm_put_in_eval_mode_after_the_trainer_was_made_is_split():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Linear(8, 2))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), micro_batch=4)
+    model[1].eval()  # frozen statistics: the samples no longer mix
+    assert t.step(x, y).micro_batches == 2
+    model[1].train()
+    with pytest.raises(ValueError, match="coupled=allow"):
+        t.step(x, y)
+
+
+def test_parameters_frozen_or_unfrozen_after_the_trainer_was_made_are_followed():
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    seen = []
+    opt.register_step_pre_hook(lambda o, a, k: seen.append([p.grad is not None for p in
+                                                             model.parameters()]))
+    x, y = data()
+    t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), micro_batch=7)
+    model[0].requires_grad_(False)
+    assert t.step(x, y).micro_batches == 3
+    model[0].requires_grad_(True)
+    t.step(x, y)
+    assert seen == [[False, False, True, True], [True, True, True, True]]
+    assert all(p.grad is None for p in model.parameters())  # none left behind
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda m: m.requires_grad_(False), r"every parameter of the model is frozen"),
+    (lambda m: m.register_forward_hook(lambda mod, i, out: out.detach()),
+     r"the loss does not require grad"),
+], ids=["frozen", "detached"])
+def test_a_step_with_nothing_to_train_says_why(make, message):
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss())
+    make(model)
+    with pytest.raises(ValueError, match=rf"^\[Trainer.step\] {message}"):
+        t.step(*data())
+
+
+class Doubling(torch.nn.Module):
+    """Writes into its input, as some user forwards do."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x):
+        x.mul_(2)
+        return self.fc(x)
+
+
+def test_a_forward_writing_into_its_input_changes_each_sample_once():
+    model = Doubling()
+    x, y = data()
+    want = x * 2
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                       torch.nn.CrossEntropyLoss(), micro_batch=5)
+    assert t.step(x, y).micro_batches == 5
+    assert torch.equal(x, want)
+
+
+def oom_once():
+    """A loss that runs out of memory the first time, after the forward."""
+    calls = []
+
+    def loss_fn(out, y):
+        calls.append(1)
+        if len(calls) == 1:
+            raise torch.cuda.OutOfMemoryError("out of memory (simulated)")
+        return torch.nn.functional.cross_entropy(out, y)
+
+    return loss_fn
+
+
+def test_a_micro_batch_that_wrote_into_its_input_is_not_redone_after_an_oom():
+    x, y = data()
+    plain = small_model()
+    t = memfit.Trainer(plain, torch.optim.SGD(plain.parameters(), lr=0.1), oom_once())
+    assert t.step(x, y).ooms_recovered == 1  # redone: nothing was written
+
+    model = Doubling()
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), oom_once())
+    with pytest.raises(ValueError, match=r"^\[Trainer.step\] samples 0\.\.20 ran out of memory "
+                                         r"after the forward or loss wrote into them in place"):
+        t.step(x, y)

@@ -3,8 +3,11 @@ its result (batch dimensions, full shape, layout, mixing), and computing
 probe values when a node filled from the probe cache needs them.
 """
 
+import contextlib
+
 import torch
 
+from ..snapshot import kept_rng
 from .autocast import _autocast_ctx
 from .errors import LazyError
 from .names import display_name
@@ -198,6 +201,28 @@ def _scalar_result(a, b, sizes, B, fn):
     )
 
 
+@contextlib.contextmanager
+def leaving_no_trace(modules):
+    """A block that runs the user's modules on a few samples (probes,
+    measurements), after which the RNG they drew from and the buffers they
+    updated (BatchNorm's running statistics) are as before: the eager step
+    draws and updates once, at full batch. See Note [A rehearsed step leaves
+    no trace] (snapshot.py)."""
+    buffers = {id(b): b for m in modules for b in m.buffers() if not b.is_meta}.values()
+    saved = [(b, b.detach().clone()) for b in buffers]
+    with kept_rng():
+        try:
+            yield
+        finally:
+            # By value: batch_norm updates its running statistics without
+            # moving their version counter. Unchanged ones are not written,
+            # so a graph that saved them stays valid.
+            with torch.no_grad():
+                for b, value in saved:
+                    if not torch.equal(b, value):
+                        b.copy_(value)
+
+
 def ensure_probe(node):
     """Compute the probe values of a node filled from the probe cache (and
     of its ancestors that lack them)."""
@@ -212,6 +237,11 @@ def ensure_probe(node):
         todo.append(n)
         stack.extend(n.parents)
     todo.sort(key=lambda n: n.id)
+    with leaving_no_trace([n.module for n in todo if n.module is not None]):
+        _run_probes(todo)
+
+
+def _run_probes(todo):
     for n in todo:
         if n.kind == "item":
             n.probe = tuple(_pluck(v, n.path) for v in n.parent.probe)

@@ -22,6 +22,7 @@ from .probe import (
     _rebuild,
     _rebuild_skel,
     ensure_probe,
+    leaving_no_trace,
 )
 from .probe_cache import _probe_cache_get, _probe_cache_put, _probe_key
 from .template import (
@@ -140,26 +141,27 @@ def record(fn, args, kwargs, name=None, module=None):
         for p in parents:
             ensure_probe(p)
         outs = []
-        for i, p in enumerate(sizes):
-            ctx = ProbeCtx(i, p)
-            a = subst(targs, ctx)
-            kw = subst(tkw, ctx)
-            try:
-                outs.append(fn(*a, **kw))
-            except OutOfMemoryError:
-                raise
-            except LazyError:
-                raise
-            except Exception as e:
-                hint = ""
-                if any(type(v) is int and v in (B, 2 * B) for v in _flat(args)):
-                    hint = (" A shape argument equal to the batch size must come from "
-                            "x.size(d) or x.shape[d], so that it follows the chunk.")
-                raise LazyError(
-                    f"memfit.lazy: {name} at {where} failed when tried on the first {p} "
-                    f"samples (memfit runs each recorded operation on a few samples to learn "
-                    f"its shapes): {type(e).__name__}: {e}.{hint}"
-                ) from e
+        with leaving_no_trace([module] if module is not None else []):
+            for i, p in enumerate(sizes):
+                ctx = ProbeCtx(i, p)
+                a = subst(targs, ctx)
+                kw = subst(tkw, ctx)
+                try:
+                    outs.append(fn(*a, **kw))
+                except OutOfMemoryError:
+                    raise
+                except LazyError:
+                    raise
+                except Exception as e:
+                    hint = ""
+                    if any(type(v) is int and v in (B, 2 * B) for v in _flat(args)):
+                        hint = (" A shape argument equal to the batch size must come from "
+                                "x.size(d) or x.shape[d], so that it follows the chunk.")
+                    raise LazyError(
+                        f"memfit.lazy: {name} at {where} failed when tried on the first {p} "
+                        f"samples (memfit runs each recorded operation on a few samples to "
+                        f"learn its shapes): {type(e).__name__}: {e}.{hint}"
+                    ) from e
         o1, o2 = outs
         if not _has_tensor(o1):
             # A Python value. Metadata (is_floating_point, is_contiguous, a
@@ -285,5 +287,5 @@ def make_leaf(tensor, batch, allow):
         return LazyTensor(n)
     n.state = "batched"
     n.bdims = ((batch, 1),)
-    n.probe = tuple(tensor.narrow(batch, 0, p) for p in sizes)
+    n.probe = tuple(tensor.narrow(batch, 0, p) for p in sizes)  # views: see ProbeCtx
     return LazyTensor(n)

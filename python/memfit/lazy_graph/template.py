@@ -61,7 +61,11 @@ class ProbeCtx:
         self.i, self.start, self.size = i, 0, size
 
     def value(self, node):
-        return node.probe_at(self.i)
+        v = node.probe_at(self.i)
+        # A lazy input's probe is a view of the user's tensor: the probed
+        # operation gets a copy, so that a module writing into its input
+        # (x.mul_(2)) does not write into the user's tensor.
+        return v.clone() if node.kind == "leaf" else v
 
 
 class _ChunkCtx:

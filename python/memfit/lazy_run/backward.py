@@ -12,7 +12,7 @@ from ..lazy_graph.node import Node
 from .chunk_loop import _drive
 from .chunk_weights import _prepare_weights, _weight
 from .chunking import _learn, _limit, _signature
-from .execute import _collect, _execute
+from .execute import _collect, _execute, lazy_inputs, measured_modules, measurement_overrides
 from .grad_bookkeeping import _grad_candidates, _retain_needed
 from .loss import _analyze, _eval_tail, _unsupported
 from .memory import _available, _nbytes, _new_grad_bytes
@@ -97,19 +97,25 @@ def _backward(T, gradient, retain_graph, inputs, info):
                          (tuple(sorted(r.rkind or "" for r in grad_roots)), len(held)))
 
         def measure(p):
-            vals = _execute(corder, csources, ccounts, keep, 0, p, B, True)
-            terms = [_term(vals[r], None, None) for r in grad_roots]
-            vals = None
-            loss = terms[0] if len(terms) == 1 else sum(terms)
-            terms = None
-            req = [t for t in cands if t.requires_grad]
-            if req and loss.requires_grad:
-                return torch.autograd.grad(loss, req, allow_unused=True, retain_graph=retain)
-            return None
+            over = measurement_overrides(corder, csources, p)
+
+            def run():
+                vals = _execute(corder, csources, ccounts, keep, 0, p, B, True, over)
+                terms = [_term(vals[r], None, None) for r in grad_roots]
+                vals = None
+                loss = terms[0] if len(terms) == 1 else sum(terms)
+                terms = None
+                req = [t for t in cands if t.requires_grad]
+                if req and loss.requires_grad:
+                    return torch.autograd.grad(loss, req, allow_unused=True,
+                                               retain_graph=retain)
+                return None
+
+            return run
 
         per_sample = sum(_nbytes(h) for h in held) / B
         limit, entry = _limit(info, B, device, sig, measure, per_sample,
-                              _new_grad_bytes(cands))
+                              _new_grad_bytes(cands), measured_modules(corder))
     info.chunk_limit = limit
 
     # Constant roots (no gradient: a mask count, a target count), chunk
@@ -162,7 +168,8 @@ def _backward(T, gradient, retain_graph, inputs, info):
 
     if limit is None or limit >= B:
         info.whole = "fits" if limit is not None else "no memory limit known (no budget)"
-    final = _drive(B, limit, attempt, commit, info, cands=cands, what=f"the loss {T.name}")
+    final = _drive(B, limit, attempt, commit, info, cands=cands, what=f"the loss {T.name}",
+                   inputs=lazy_inputs(corder, csources))
     _learn(entry, info, limit, final)
     try:
         _keep_values(T, plan, grad_roots, acc, const_vals, held_chunks)
@@ -259,14 +266,20 @@ def _backward_batched(T, gradient, inputs, info):
         sig = _signature(order, sources, "train-out", None)
 
         def measure(p):
-            v = _execute(order, sources, counts, keep, 0, p, B, True)[T]
-            req = [t for t in cands if t.requires_grad]
-            if req:
-                return torch.autograd.grad(v, req, gradient.narrow(d, 0, k * p),
-                                           allow_unused=True, retain_graph=retain)
-            return None
+            over = measurement_overrides(order, sources, p)
 
-        limit, entry = _limit(info, B, T.device, sig, measure, 0, _new_grad_bytes(cands))
+            def run():
+                v = _execute(order, sources, counts, keep, 0, p, B, True, over)[T]
+                req = [t for t in cands if t.requires_grad]
+                if req:
+                    return torch.autograd.grad(v, req, gradient.narrow(d, 0, k * p),
+                                               allow_unused=True, retain_graph=retain)
+                return None
+
+            return run
+
+        limit, entry = _limit(info, B, T.device, sig, measure, 0, _new_grad_bytes(cands),
+                              measured_modules(order))
     else:
         entry = None
     info.chunk_limit = limit
@@ -280,5 +293,5 @@ def _backward_batched(T, gradient, inputs, info):
         return None
 
     final = _drive(B, limit, attempt, lambda s, n, r: None, info, cands=cands,
-                   what=f"the backward of {T.name}")
+                   what=f"the backward of {T.name}", inputs=lazy_inputs(order, sources))
     _learn(entry, info, limit, final)

@@ -7,7 +7,7 @@ import traceback
 
 import torch
 
-from ..lazy_graph.errors import OutOfMemoryError
+from ..lazy_graph.errors import LazyError, OutOfMemoryError
 from .grad_bookkeeping import _snapshot, _unchanged
 
 
@@ -23,12 +23,16 @@ def _oom(e_text, size, what):
     return err
 
 
-def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="the step"):
+def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="the step",
+           inputs=()):
     """Run samples [0, B) in chunks of at most `limit`, halving on OOM.
 
     attempt(start, size, only) -> result; only is None (all gradients) or the
     list of tensors whose gradients are still owed for these samples.
-    commit(start, size, result) keeps a completed chunk's values."""
+    commit(start, size, result) keeps a completed chunk's values. `inputs`:
+    the user's tensors the chunks are views of; a chunk that ran out of
+    memory after writing into them is not redone (the write would count
+    twice)."""
     pending = collections.deque()
     pos = 0
     c = B if limit is None else max(1, min(limit, B))
@@ -40,6 +44,7 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
             start, only = pos, None
             pos += size
         snap = _snapshot(cands) if cands is not None else None
+        versions = [t._version for t in inputs]
         failed = None
         try:
             result = attempt(start, size, only)
@@ -57,6 +62,13 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
         info.ooms += 1
         if size <= 1 or not can_split:
             raise _oom(failed, size, what)
+        if any(t._version != v for t, v in zip(inputs, versions)):
+            raise LazyError(
+                f"memfit.lazy: samples {start}..{start + size - 1} of {what} ran out of memory "
+                f"after the computation wrote into a lazy input in place (its version "
+                f"changed); redoing them would apply that write twice. Write out of place "
+                f"(x = x * 2, not x.mul_(2)) in the modules the lazy tensors go through"
+            )
         if snap is not None:
             owed = _unchanged(cands, snap, only if only is not None else cands)
         else:

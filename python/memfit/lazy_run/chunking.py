@@ -10,6 +10,7 @@ import torch
 
 from ..lazy_graph.errors import OutOfMemoryError
 from ..lazy_graph.node import Arange, BatchInt, Node, Sliced
+from ..lazy_graph.probe import leaving_no_trace
 from .memory import _available, _fit_lines, _profile, _solve
 
 
@@ -94,13 +95,16 @@ def _learn(entry, info, limit, final):
         entry["scale"] = min(entry["scale"], max(final, 1) / limit)
 
 
-def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0):
+def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, modules=()):
     """Largest chunk that should fit (None: no limit known).
 
-    measure(p) runs the step on p samples and returns the gradients it
-    computed (see _profile). `reserve`: bytes of .grad the first chunk
-    will create; the first chunk must fit as measured, later ones with the
-    gradients already allocated. Returns (limit, cache entry or None)."""
+    measure(p) prepares a run of the step on p samples (its inputs copied,
+    see measurement_overrides) and returns it: a function that runs it and
+    returns the gradients it computed (see _profile). `modules`: those the
+    run calls, whose buffers and RNG are put back afterwards. `reserve`:
+    bytes of .grad the first chunk will create; the first chunk must fit as
+    measured, later ones with the gradients already allocated. Returns
+    (limit, cache entry or None)."""
     entry = _cache_get(sig) if sig is not None else None
     if entry is None and device is not None and device.type in ("cpu", "meta"):
         # Garbage not yet collected (cycles a finished step left) still holds
@@ -116,8 +120,9 @@ def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0):
             return B, None
         profs = []
         try:
-            for p in _MEASURE_SIZES:
-                profs.append(_profile(device, lambda: measure(p)))
+            with leaving_no_trace(modules):
+                for p in _MEASURE_SIZES:
+                    profs.append(_profile(device, measure(p)))
         except OutOfMemoryError:
             # Even a few samples do not fit the way things are now: try one
             # sample at a time and let OOM recovery tell the rest.

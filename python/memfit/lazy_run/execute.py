@@ -57,6 +57,29 @@ def _collect(targets, train, overrides=None):
     return order, sources, counts
 
 
+def measurement_overrides(order, sources, size, overrides=None):
+    """`overrides` plus, for each lazy input, a copy of its first `size`
+    samples: what a measurement runs on, so that a forward writing into its
+    input (x.mul_(2)) writes into memfit's copy, not the user's tensor. Made
+    before the measurement's tracking starts: the chunks it plans run on
+    views, which cost no memory."""
+    out = dict(overrides or {})
+    for n in order:
+        if n in sources and n.kind == "leaf" and n.state == "batched" and n not in out:
+            out[n] = n.value.narrow(n.leaf_dim, 0, size).clone()
+    return out
+
+
+def lazy_inputs(order, sources):
+    """The user's tensors that the chunks of `order` are views of."""
+    return [n.value for n in order if n in sources and n.kind == "leaf" and n.state == "batched"]
+
+
+def measured_modules(order):
+    """The modules a measurement of `order` runs."""
+    return [n.module for n in order if n.module is not None]
+
+
 def _source_value(n, start, size, B, overrides):
     if overrides is not None and n in overrides:
         v = overrides[n]

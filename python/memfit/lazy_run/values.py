@@ -7,7 +7,7 @@ import torch
 from .chunk_loop import _drive
 from .chunk_weights import _prepare_weights, _weight, _weight_targets
 from .chunking import _limit, _signature
-from .execute import _collect, _execute
+from .execute import _collect, _execute, lazy_inputs, measured_modules, measurement_overrides
 from .loss import _analyze, _eval_tail
 from .memory import _available, _nbytes
 from .run_info import LazyRun, _set_last
@@ -84,10 +84,15 @@ def _read_limit(info, order, sources, counts, keep, B, device, out_per_sample, o
         if overrides is None else None
 
     def measure(p):
-        _execute(order, sources, counts, keep, 0, p, B, False, overrides)
-        return None
+        over = measurement_overrides(order, sources, p, overrides)
 
-    limit, entry = _limit(info, B, device, sig, measure, out_per_sample)
+        def run():
+            _execute(order, sources, counts, keep, 0, p, B, False, over)
+
+        return run
+
+    limit, entry = _limit(info, B, device, sig, measure, out_per_sample,
+                          modules=measured_modules(order))
     return limit
 
 
@@ -109,7 +114,8 @@ def _read_batched(T, bd, order, sources, counts, B, info, overrides):
         out.narrow(d, k * start, k * size).copy_(v)
         return None
 
-    _drive(B, limit, attempt, lambda s, n, r: parts.append(r), info, what=f"{T.name}")
+    _drive(B, limit, attempt, lambda s, n, r: parts.append(r), info, what=f"{T.name}",
+           inputs=lazy_inputs(order, sources))
     if out is not None:
         return out
     return parts[0] if len(parts) == 1 else torch.cat(parts, d)
@@ -138,7 +144,8 @@ def _read_reduced(T, plan, info, overrides):
         for r, v in zip(plan.roots, result):
             acc[r] = v
 
-    _drive(B, limit, attempt, commit, info, what=f"{T.name}")
+    _drive(B, limit, attempt, commit, info, what=f"{T.name}",
+           inputs=lazy_inputs(order, sources))
     for r in plan.roots:
         if r.held() and r.value is None:
             r.value = acc[r]

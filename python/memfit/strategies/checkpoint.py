@@ -12,6 +12,7 @@ import torch.utils.checkpoint
 
 from .. import _memfit
 from ..profile import _call
+from ..snapshot import ModelTensors
 
 
 @dataclasses.dataclass
@@ -167,6 +168,8 @@ def block_forward_ns(model, inputs, block_paths, repeats, sync=lambda: None):
     plain forwards (after one warm-up) with gradients on: the price of
     recomputing it. `sync` waits for a device's queued work."""
     blocks = [model.get_submodule(p) for p in block_paths]
+    saved = ModelTensors(model)
+    saved.swap_in_copies()  # forwards in training mode update buffers (BatchNorm)
     starts = [0] * len(blocks)
     times = [[] for _ in blocks]
     hooks = []
@@ -192,6 +195,7 @@ def block_forward_ns(model, inputs, block_paths, repeats, sync=lambda: None):
     finally:
         for h in hooks:
             h.remove()
+        saved.restore()
     return [float(max(1, statistics.median(t))) if t else 1.0 for t in times]
 
 

@@ -2,13 +2,13 @@
 memfit.profile records a training step: for comparison, never a plan."""
 
 import contextlib
-import copy
 
 import torch
 
 from .. import _memfit
-from ..batching import batch_size, map_tensors
-from ..profile import Report, _call, _compute_loss, _restore_device
+from ..batching import batch_size
+from ..profile import Report, _call, _compute_loss
+from ..snapshot import ModelTensors, private_copy
 from ..tracking import Tracking
 
 GUARDS = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
@@ -41,22 +41,16 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
     model in eval mode. The model is left as it was."""
     if step not in GUARDS:
         raise ValueError(f"[profile_eval] step must be one of {sorted(GUARDS)}, got {step!r}")
-    state = copy.deepcopy(model.state_dict())
+    saved = ModelTensors(model)
     t = Tracking()
     t.watch_modules(model)
     try:
         with eval_mode(model):
             t.phase("parameters", 1)
-            with torch.no_grad():
-                for p in model.parameters():
-                    _memfit.set_data(p, p.data.to("cpu", copy=True))
-                    t.classify(p, "parameter")
-                for b in model.buffers():
-                    _memfit.set_data(b, b.data.to("cpu", copy=True))
-                    t.classify(b, "buffer")
+            saved.swap_in_copies(torch.device("cpu"), t.classify)
             t.phase("inputs", 1)
-            x = map_tensors(inputs, lambda v: v.to("cpu", copy=True))
-            y = None if target is None else map_tensors(target, lambda v: v.to("cpu", copy=True))
+            x = private_copy(inputs, torch.device("cpu"))
+            y = None if target is None else private_copy(target, torch.device("cpu"))
             t.phase("forward", 1)
             with GUARDS[step]():
                 out = _call(model, x)
@@ -67,7 +61,7 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
             del x, y, out, loss
     finally:
         t.stop()
-        _restore_device(model, state)
+        saved.restore()
     n = batch_size(inputs, batch_dim, "profile_eval")
     native = _memfit.make_report(t.timeline, type(model).__name__, n, "none", "cpu")
     return Report(native, t.timeline)

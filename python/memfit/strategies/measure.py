@@ -1,13 +1,13 @@
 """Measuring a strategy on the user's model: its peak from memfit.profile of
 the transformed step, its time from steps run in the same process."""
 
-import copy
 import statistics
 import time
 
 import torch
 
 from ..profile import _call, _compute_loss, profile
+from ..snapshot import ModelTensors, private_copy
 from . import TRAIN, applied
 from .eval_step import eval_mode, profile_eval, run_eval
 from .optimizer import make_optimizer, optimizer_for
@@ -26,13 +26,15 @@ def sync(devices):
 
 class Bench:
     """Profiles and times strategies on one model and batch; the model,
-    its gradients and the user's optimizer are left as they were."""
+    its gradients, the user's optimizer and inputs are left as they were
+    (see Note [A rehearsed step leaves no trace])."""
 
     def __init__(self, model, inputs, target, loss_fn, optimizer, batch_dim, block_paths,
                  repeats):
         self.model = model
-        self.inputs = inputs
-        self.target = target
+        # memfit's own copy: the timed steps may write into it (x.mul_(2)).
+        self.inputs = private_copy(inputs)
+        self.target = None if target is None else private_copy(target)
         self.loss_fn = loss_fn
         self.optimizer = optimizer
         self.batch_dim = batch_dim
@@ -59,12 +61,10 @@ class Bench:
         pair, so that both see the same machine. Eval strategies time
         forward and loss. The plain times are kept in `plain_ms`."""
         m = self.model
-        state = copy.deepcopy(m.state_dict())
-        grads = [p.grad for p in m.parameters()]
+        saved = ModelTensors(m)
+        saved.swap_in_copies()  # the timed steps train these copies
         plain, ms = [], []
         try:
-            for p in m.parameters():
-                p.grad = None
             plain_opt = make_optimizer(m, self.optimizer)
             opt = (make_optimizer(m, self.optimizer, s.optimizer, s.host_state)
                    if s.step == TRAIN else None)
@@ -86,10 +86,7 @@ class Bench:
                     plain.append((t1 - t0) * 1e3)
                     ms.append((t2 - t1) * 1e3)
         finally:
-            with torch.no_grad():
-                m.load_state_dict(state)
-            for p, g in zip(m.parameters(), grads):
-                p.grad = g
+            saved.restore()
         self.plain_ms += plain
         base = statistics.median(plain)
         return statistics.median(ms) / base if base > 0 else 0.0

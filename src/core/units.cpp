@@ -111,6 +111,13 @@ int64_t parse_size(std::string_view text) {
     if (frac_digits.empty()) fail_unreadable(text);
   }
   const std::string_view unit_text = text.substr(pos);
+  if (unit_text.size() > 1 && (unit_text[0] == 'e' || unit_text[0] == 'E') &&
+      (is_digit(unit_text[1]) || unit_text[1] == '+' || unit_text[1] == '-')) {
+    throw std::invalid_argument("[parse_size] cannot read '" + std::string(text) +
+                                "': it has an exponent, which sizes do not take; write the "
+                                "number with a unit (16GiB, 1024TiB); the largest size is " +
+                                std::to_string(kMax) + " bytes (just under 8 EiB)");
+  }
 
   int64_t whole = 0;
   if (!parse_digits(int_digits, &whole)) fail_too_large(text);

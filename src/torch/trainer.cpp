@@ -249,10 +249,16 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
     }
     const int64_t n = end - pos;
     if (n < batch && !coupled_.empty() && options_.coupled == CoupledLayers::kError) {
+      // Say why it is split: the memory, or a micro-batch asked for.
+      const std::string why =
+          report.ooms_recovered > 0 || micro_ == 0
+              ? " does not fit whole and must be split"
+              : " is to be split into micro-batches of " + std::to_string(c) +
+                    " (micro_batch, or what fitted last step)";
       throw std::invalid_argument(
-          "[Trainer::step] the batch of " + std::to_string(batch) +
-          " does not fit whole and must be split, but these layers mix the "
-          "samples of a batch (BatchNorm in training mode): " + join(coupled_) +
+          "[Trainer::step] the batch of " + std::to_string(batch) + why +
+          ", but these layers mix the samples of a batch (BatchNorm in training mode): " +
+          join(coupled_) +
           ". Split anyway (each micro-batch gets its own statistics: "
           "coupled=allow), put them in eval mode, replace them (GroupNorm, "
           "LayerNorm), or give the step more memory.");
@@ -274,6 +280,11 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
       ++report.ooms_recovered;
       c = std::max<int64_t>(1, n / 2);
       continue;
+    } catch (...) {
+      // Any other error (the user's forward or loss, a refused in-place
+      // write): no half-accumulated gradients are left behind.
+      drop_gradients();
+      throw;
     }
     pos += n;
     report.chunks.push_back(n);

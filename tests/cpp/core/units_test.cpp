@@ -112,6 +112,18 @@ TEST(FormatBytesTest, TwoDecimalsInBinaryUnits) {
   EXPECT_EQ(format_bytes(int64_t{5000} << 40), "5000.00 TiB");
 }
 
+TEST(ParseSizeTest, AnExponentIsNamedNotCalledUnreadable) {
+  for (const char* text : {"1e30GiB", "2E9", "1e+3MiB"}) {
+    try {
+      parse_size(text);
+      ADD_FAILURE() << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("has an exponent"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_THROW(parse_size("16eGiB"), std::invalid_argument);  // still unreadable
+}
+
 TEST(FormatBytesTest, RoundsHalfUpAndCarriesIntoTheNextUnit) {
   EXPECT_EQ(format_bytes(1029), "1.00 KiB");     // 1.0049
   EXPECT_EQ(format_bytes(1030), "1.01 KiB");     // 1.0059

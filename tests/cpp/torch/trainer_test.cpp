@@ -227,6 +227,27 @@ TEST(TrainerTest, WhenTheBatchItselfFillsTheMemoryTheOomSaysSo) {
   }
 }
 
+// An error that is not an OOM (the user's forward raising on the second
+// micro-batch) leaves no half-accumulated gradients behind.
+TEST(TrainerTest, AnyErrorMidStepLeavesNoPartialGradients) {
+  SmallClassifier s;
+  TrainerOptions o;
+  o.micro_batch = 7;
+  std::vector<at::Tensor> got;
+  Trainer t = s.trainer(o, &got);
+  int calls = 0;
+  EXPECT_THROW(
+      t.step(s.x, s.y,
+             [&](const at::Tensor& in) {
+               if (++calls == 2) throw std::runtime_error("the user's forward failed");
+               return s.model->forward(in);
+             },
+             [&](const at::Tensor& out, const at::Tensor& y) { return s.loss(out, y); }),
+      std::runtime_error);
+  EXPECT_EQ(calls, 2);
+  for (const auto& p : s.model->parameters()) EXPECT_FALSE(p.grad().defined());
+}
+
 TEST(TrainerTest, BatchNormRefusesToBeSplitByDefaultAndNamesTheLayer) {
   TrackingScope scope;
   auto model = make_model("cnn");

@@ -5,6 +5,7 @@ import torch
 
 from . import _memfit
 from . import data_parallel as _dp
+from . import report_page
 from .batching import batch_size, count, resize_batch, tensors_in
 from .offload import OffloadedOptimizer
 from .offload import offload as _offload
@@ -234,6 +235,15 @@ class Report:
     def to_json(self, pretty=True):
         """The report as JSON (keys as `memfit profile --json`)."""
         return self._native.to_json(pretty)
+
+    def save_html(self, path, title=None, budget=None, advice=None, x_axis="time", predict=True):
+        """Write one self-contained HTML page of this report to `path`: memory by
+        category over time and activations by module (hover for exact bytes), the
+        tables, the notes, the peak over batch sizes with the `budget` line, and
+        `advice` (a memfit.advise() result) as the advise table. predict=True runs
+        the probes of predict_peak_bytes(). Returns `path`."""
+        return report_page.save_html(self, path, title=title, budget=budget, advice=advice,
+                                     x_axis=x_axis, predict=predict)
 
     def save_svg(self, path, title=None):
         """Write the memory timeline as an SVG to `path`."""

@@ -1,10 +1,15 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <optional>
+#include <utility>
+
 #include "bindings.h"
 #include "memfit/core/allocator_model.h"
+#include "memfit/core/html_report.h"
 #include "memfit/core/peak_model.h"
 #include "memfit/core/report.h"
+#include "memfit/core/stacked_plot.h"
 
 namespace py = pybind11;
 
@@ -120,6 +125,62 @@ void init_report(py::module_& m) {
       }, py::arg("batch"))
       .def("max_rel_residual", &PeakModel::max_rel_residual)
       .def("max_batch_under", &PeakModel::max_batch_under, py::arg("budget"));
+
+  py::class_<AdviceRow>(m, "AdviceRow")
+      .def(py::init([](std::string name, int64_t peak_bytes, int64_t saving_bytes,
+                       double time_ratio, std::optional<bool> fits, std::string result) {
+             return AdviceRow{std::move(name), peak_bytes, saving_bytes, time_ratio, fits,
+                              std::move(result)};
+           }),
+           py::arg("name"), py::arg("peak_bytes"), py::arg("saving_bytes"),
+           py::arg("time_ratio"), py::arg("fits"), py::arg("result"))
+      .def_readonly("name", &AdviceRow::name)
+      .def_readonly("peak_bytes", &AdviceRow::peak_bytes)
+      .def_readonly("saving_bytes", &AdviceRow::saving_bytes)
+      .def_readonly("time_ratio", &AdviceRow::time_ratio)
+      .def_readonly("fits", &AdviceRow::fits)
+      .def_readonly("result", &AdviceRow::result)
+      .def("__repr__", [](const AdviceRow& r) {
+        return "AdviceRow(" + quoted(r.name) + ", peak_bytes=" + std::to_string(r.peak_bytes) +
+               ")";
+      });
+
+  py::class_<AdviceTable>(m, "AdviceTable")
+      .def(py::init([](int64_t budget_bytes, int64_t plain_peak_bytes,
+                       std::vector<AdviceRow> rows, std::string plan,
+                       std::vector<std::string> notes) {
+             return AdviceTable{budget_bytes, plain_peak_bytes, std::move(rows),
+                                std::move(plan), std::move(notes)};
+           }),
+           py::arg("budget_bytes"), py::arg("plain_peak_bytes"), py::arg("rows"),
+           py::arg("plan"), py::arg("notes"))
+      .def_readonly("budget_bytes", &AdviceTable::budget_bytes)
+      .def_readonly("plain_peak_bytes", &AdviceTable::plain_peak_bytes)
+      .def_readonly("rows", &AdviceTable::rows)
+      .def_readonly("plan", &AdviceTable::plan)
+      .def_readonly("notes", &AdviceTable::notes)
+      .def("__repr__", [](const AdviceTable& a) {
+        return "AdviceTable(" + std::to_string(a.rows.size()) + " rows, plan=" +
+               quoted(a.plan) + ")";
+      });
+
+  m.def("html_report", [](const Report& r, const Timeline& t, const std::string& title,
+                          const std::string& x_axis, int64_t budget,
+                          const PeakModel* prediction, const AdviceTable* advice) {
+    HtmlReportOptions o;
+    o.title = title;
+    o.x_axis = plot_axis_from_string(x_axis);
+    o.budget = budget;
+    if (prediction) o.prediction = *prediction;
+    if (advice) o.advice = *advice;
+    return html_report(r, t, o);
+  }, py::arg("report"), py::arg("timeline"), py::arg("title") = "",
+     py::arg("x_axis") = "time", py::arg("budget") = 0,
+     py::arg("prediction") = nullptr, py::arg("advice") = nullptr,
+     "One self-contained HTML page of the report: the stacked timeline and the "
+     "module bars (hover for exact bytes), the tables, the notes, the peak over "
+     "batch sizes (prediction, with the budget line when budget > 0) and the "
+     "advise table (advice). No network, no external scripts.");
 
   m.def("fit_peak_model", [](const std::vector<int64_t>& batches,
                              const std::vector<Report>& reports,

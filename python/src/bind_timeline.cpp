@@ -3,7 +3,7 @@
 
 #include "bindings.h"
 #include "memfit/core/event.h"
-#include "memfit/core/svg_plot.h"
+#include "memfit/core/stacked_plot.h"
 #include "memfit/core/timeline.h"
 
 namespace py = pybind11;
@@ -89,11 +89,20 @@ void init_timeline(py::module_& m) {
         }
         return out;
       })
-      .def("svg", [](const Timeline& t, const std::string& title) {
-        SvgOptions o;
+      .def("svg", [](const Timeline& t, const std::string& title,
+                     const std::string& x_axis, int width, int height) {
+        StackedPlotOptions o;
         o.title = title;
-        return memory_svg(t, o);
-      }, py::arg("title") = "memfit");
+        o.x_axis = plot_axis_from_string(x_axis);
+        o.width = width;
+        o.height = height;
+        return stacked_plot(t, o).svg();
+      }, py::arg("title") = "memfit", py::arg("x_axis") = "time",
+         py::arg("width") = 1200, py::arg("height") = 500,
+         "Memory by category over time as an SVG document: the categories "
+         "stacked, the phases labelled, the peak annotated with its top "
+         "categories and modules. x_axis: 'time' (wall time; event order "
+         "when no times were recorded) or 'events'.");
 }
 
 }  // namespace memfit::python

@@ -7,12 +7,14 @@
 #include "args.h"
 #include "commands.h"
 #include "memfit/core/allocator_model.h"
+#include "memfit/core/html_report.h"
 #include "memfit/core/json_writer.h"
-#include "memfit/core/svg_plot.h"
+#include "memfit/core/stacked_plot.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/data_parallel.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
+#include "memfit/torch/strategies.h"
 
 namespace memfit::cli {
 namespace {
@@ -84,14 +86,42 @@ std::string prediction_text(const PeakModel& pm, int64_t batch) {
   return out.str();
 }
 
+// What the page shows of `memfit advise`.
+AdviceTable advice_table(const Advice& a) {
+  AdviceTable t;
+  t.budget_bytes = a.budget;
+  t.plain_peak_bytes = a.plain_peak;
+  for (const StrategyRow& r : a.rows) {
+    t.rows.push_back(AdviceRow{r.name, r.peak_bytes, r.saving_bytes, r.time_ratio,
+                               r.fits,
+                               r.kind == "eval" ? "no training"
+                               : r.exact        ? "same"
+                                                : "changes"});
+  }
+  t.plan = a.plan.found ? a.plan.summary + ": peak " + format_bytes(a.plan.peak_bytes) +
+                              " (measured)"
+                        : a.plan.summary + ": does not fit (lowest measured peak " +
+                              format_bytes(a.plan.peak_bytes) + ")";
+  t.notes = a.notes;
+  return t;
+}
+
+void write_file(const std::string& flag, const std::string& path,
+                const std::string& text) {
+  std::ofstream f(path);
+  if (!f) throw UsageError("cannot write --" + flag + " file '" + path + "'");
+  f << text;
+  if (!f.flush()) throw UsageError("cannot write --" + flag + " file '" + path + "'");
+}
+
 }  // namespace
 
 int profile_command(const std::vector<std::string>& argv) {
   Args args(argv,
             {"model", "batch", "optimizer", "mode", "target", "iterations", "svg",
-             "probes", "cuda-workspace", "layers", "width", "heads", "context",
-             "world-size", "bucket-cap"},
-            {"json", "predict", "bucket-view"});
+             "html", "budget", "x-axis", "repeats", "probes", "cuda-workspace",
+             "layers", "width", "heads", "context", "world-size", "bucket-cap"},
+            {"json", "predict", "bucket-view", "advise"});
   const std::string name = args.require("model");
   ProfileOptions o;
   o.batch = args.get_count("batch", 64);
@@ -99,6 +129,18 @@ int profile_command(const std::vector<std::string>& argv) {
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   o.iterations = static_cast<int>(args.get_count("iterations", 2));
   const std::string target = args.choice("target", "cpu", {"cpu", "cuda"});
+  const PlotAxis x_axis = plot_axis_from_string(args.choice("x-axis", "time", {"time", "events"}));
+  const int64_t budget = args.has("budget") ? args.get_size("budget") : 0;
+  if (args.has("budget") && budget < 1) throw UsageError("--budget must be at least 1 byte");
+  if (args.has("advise") && !args.has("budget")) {
+    throw UsageError("--advise needs --budget: the strategies are measured against it");
+  }
+  if (args.has("advise") && !args.has("html")) {
+    throw UsageError("--advise adds the advise table to the --html page: give --html FILE "
+                     "(or run `memfit advise` for the table alone)");
+  }
+  const int64_t repeats = args.get_int("repeats", 1);
+  if (repeats < 1) throw UsageError("--repeats must be >= 1");
   auto model = make_model(name, model_options(args));
 
   if (args.has("predict")) {
@@ -139,20 +181,37 @@ int profile_command(const std::vector<std::string>& argv) {
     }
     p.report.data_parallel = DataParallelEstimate{d, per_rank_peaks(p.timeline, d)};
   }
+  const std::string title = "memfit profile: " + name + ", batch " +
+                            std::to_string(o.batch) + ", " + o.optimizer;
   if (args.has("svg")) {
-    const std::string path = args.get("svg", "");
-    std::ofstream f(path);
-    if (!f) throw UsageError("cannot write --svg file '" + path + "'");
-    SvgOptions so;
-    so.title = "memfit profile: " + name + ", batch " + std::to_string(o.batch) +
-               ", " + o.optimizer;
-    f << memory_svg(p.timeline, so);
+    StackedPlotOptions so;
+    so.title = title;
+    so.x_axis = x_axis;
+    write_file("svg", args.get("svg", ""), stacked_plot(p.timeline, so).svg());
+  }
+  if (args.has("html")) {
+    HtmlReportOptions ho;
+    ho.title = title;
+    ho.x_axis = x_axis;
+    ho.budget = budget;
+    // The prediction curve: probes at small batches, as --predict runs.
+    ho.prediction = probe_peak_model(*model, o, parse_probes(args.get("probes", "4,8,16")));
+    if (args.has("advise")) {
+      AdviseOptions ao;
+      ao.batch = o.batch;
+      ao.budget = budget;
+      ao.optimizer = o.optimizer;
+      ao.timing_repeats = static_cast<int>(repeats);
+      ho.advice = advice_table(advise(*model, ao));
+    }
+    write_file("html", args.get("html", ""), html_report(p.report, p.timeline, ho));
   }
   if (args.has("json")) {
     std::cout << p.report.to_json(true) << "\n";
   } else {
     std::cout << p.report.table();
     if (args.has("svg")) std::cout << "\ntimeline written to " << args.get("svg", "") << "\n";
+    if (args.has("html")) std::cout << "page written to " << args.get("html", "") << "\n";
   }
   return 0;
 }

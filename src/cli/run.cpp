@@ -23,9 +23,15 @@ commands:
                            [--optimizer adam|adam-offload|momentum|sgd|none]
                            [--mode cpu|meta] [--target cpu|cuda]
                            [--iterations K] [--json] [--svg FILE]
+                           [--html FILE [--budget SIZE [--advise]]]
+                           [--x-axis time|events]
                            [--predict] [--probes 4,8,16]
                            [--cuda-workspace SIZE]
                            [--world-size W [--bucket-view] [--bucket-cap SIZE]]
+            --svg: memory by category over time, the peak annotated
+            --html: one self-contained page: the plots (hover for bytes),
+            the tables, the peak over batch sizes (from --probes) with
+            the --budget line, and with --advise the advise table
             --world-size: each rank's peak under DDP, ZeRO-1/2/3 (FSDP)
   fit       the largest batch whose whole step fits a budget, from probes
             at small batches: no trial-and-error crashes

@@ -1,31 +1,18 @@
-// A self-contained SVG picture of live memory over a timeline.
+// The building blocks every memfit picture shares: escaping, numbers,
+// axis ticks, the <svg> element and text placed by text_layout.h. The
+// pictures themselves are stacked_plot.h (memory by category over time),
+// module_bars.h (activations by module) and prediction_plot.h (the peak
+// over batch sizes).
 #pragma once
 
-#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "memfit/core/timeline.h"
+#include "memfit/core/text_layout.h"
 
 namespace memfit {
-
-struct SvgOptions {
-  std::string title = "memory";
-  int width = 960;           // pixels, >= 320
-  int height = 360;          // pixels, >= 160
-  size_t max_points = 2000;  // curve points kept (Timeline::curve), >= 4
-};
-
-// Live bytes (y) over events (x: event order, so a phase's band is as wide
-// as its number of events), with the phase spans as alternating shaded
-// bands labelled "phase#iteration", the peak marked with a dot and
-// "peak 12.30 MiB (backward)", a y axis of 4-6 ticks labelled by
-// format_bytes, and the title. No scripts, no external references; text
-// is XML-escaped. Throws std::invalid_argument for options out of range.
-std::string memory_svg(const Timeline& timeline,
-                       const SvgOptions& options = {});
 
 // The y axis: 0, s, 2s, ... up to the first multiple of s >= max_bytes,
 // where s is the smallest power of two giving at most 6 ticks. That is 4-6
@@ -34,7 +21,23 @@ std::string memory_svg(const Timeline& timeline,
 // decimal steps in binary units are not (500 MiB * 3 = 1.46 GiB).
 std::vector<int64_t> axis_ticks(int64_t max_bytes);
 
+// 0, s, 2s, ... <= max_value with s one of 1, 2, 5 times a power of ten,
+// the smallest giving at most max_ticks + 1 ticks (max_ticks >= 1). For
+// event counts and times, which have no binary units.
+std::vector<int64_t> decimal_ticks(int64_t max_value, int max_ticks);
+
 // Text safe inside XML elements and attribute values: & < > " ' escaped.
 std::string xml_escape(std::string_view text);
+
+// A coordinate as SVG gets it: one decimal.
+std::string svg_number(double v);
+
+// The opening <svg ...> element (a white background and a <title> with
+// it), sized width x height px, its text in kFontFamily at 11 px.
+std::string svg_open(int width, int height, std::string_view title,
+                     std::string_view css_class);
+
+// <text class="role" ...>text</text> for a placed label.
+std::string svg_text(const TextLabel& label);
 
 }  // namespace memfit

@@ -6,11 +6,16 @@
     with memfit.track() as t:                    # record every allocation
         loss = model(x).sum(); loss.backward()
     print(t.peak_bytes, t.timeline.breakdown_at_peak())
+
+    with memfit.doctor(model, optimizer) as d:   # the memory mistakes of a loop
+        for x, y in loader: ...
+    print(d.report())
 """
 
 from ._memfit import format_bytes, parse_size
 from .advise import Advice, advise
 from .device import host_memory, simulated_device, to_bytes
+from .diagnosis import Doctor, Finding, doctor
 from .distributed import DistributedError, DistributedStepReport
 from .fit import DoesNotFit, auto_batch_size, find_batch_size
 from .offload import OffloadedOptimizer, offload
@@ -24,8 +29,11 @@ __all__ = [
     "auto_batch_size",
     "DistributedError",
     "DistributedStepReport",
+    "doctor",
+    "Doctor",
     "DoesNotFit",
     "find_batch_size",
+    "Finding",
     "format_bytes",
     "host_memory",
     "offload",

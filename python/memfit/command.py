@@ -1,7 +1,9 @@
 """The `memfit` command (profile, fit, train, advise), as `pip install` puts
 it on PATH and as `python -m memfit` runs it: the C++ command line, run
 inside this Python process so that torch's meta kernels registered from
-Python (relu, index_select, convolution backward, ...) serve meta mode."""
+Python (relu, index_select, convolution backward, ...) serve meta mode.
+`memfit doctor script.py` is Python's: it runs the user's script under
+memfit.doctor (see memfit.diagnosis.script)."""
 
 import signal
 import sys
@@ -11,6 +13,10 @@ def main(argv=None):
     """Runs the command and exits with its status: 0 done, 1 bad input,
     2 out of memory."""
     args = sys.argv[1:] if argv is None else list(argv)
+    if args[:1] == ["doctor"]:
+        from .diagnosis.script import main as doctor_main
+
+        sys.exit(doctor_main(args[1:]))
     # Ctrl-C stops the command at once: the C++ loop never returns to
     # Python's interpreter to see a KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)

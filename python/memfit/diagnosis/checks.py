@@ -1,0 +1,482 @@
+"""The checks: each reads a Run and returns the Findings of one kind (see
+records.KINDS), every byte taken from the run.
+
+Two kinds are optimizations rather than mistakes (tensors_kept,
+not_in_place): they are reported only where the change lowers a step's
+peak by at least MIN_SHARE of the memory in use then (the step's peak plus
+the parameters, buffers and optimizer state made before the doctor
+started), so that a loop written the usual way does not get a finding for a
+tensor of a few bytes.
+"""
+
+import bisect
+import collections
+import statistics
+
+from .._memfit import format_bytes
+from .lifetimes import Run
+from .observe import IN_PLACE_FIXES
+from .records import UNKNOWN_SITE, Finding
+
+# The least share of a step's peak an optimization finding must save.
+MIN_SHARE = 0.05
+
+
+def run_checks(run: Run):
+    """Every finding of the run, largest saving first."""
+    findings = []
+    graph = check_graph_kept(run)
+    findings += graph
+    growth = check_memory_growth(run, graph_explained=bool(graph))
+    findings += growth
+    findings += check_tensors_kept(run, skip_sites={f.where for f in growth})
+    findings += check_eval_with_grad(run)
+    findings += check_grads_kept(run)
+    findings += check_float64(run)
+    findings += check_not_in_place(run)
+    findings += check_pageable_copies(run)
+    findings.sort(key=lambda f: (f.estimated_saving, f.bytes_per_step), reverse=True)
+    return findings
+
+
+def _fmt(n):
+    return format_bytes(int(round(n)))
+
+
+def _slope(values):
+    return (values[-1] - values[0]) / (len(values) - 1) if len(values) > 1 else 0.0
+
+
+def _steps_for_average(run):
+    return run.steady_steps or run.steps
+
+
+def _top(counter):
+    return counter.most_common(1)[0][0]
+
+
+# -- growth, graphs and tensors kept across steps ---------------------------
+
+
+def _graph_uses(run):
+    """Calls that took a tensor with an autograd graph from an earlier step."""
+    out = []
+    for u in run.observation.graph_uses:
+        a = run.allocations.get(u.id)
+        if a is None:
+            continue
+        made, used = run.step_of(a.alloc_event), run.step_of(u.event)
+        if 0 <= made < used:
+            out.append((u, a))
+    return out
+
+
+def _alive_at_ends(allocation, ends):
+    """Indices k of the step ends (sorted event indices) at which
+    `allocation` is alive."""
+    lo = bisect.bisect_right(ends, allocation.alloc_event)
+    free = allocation.free_event
+    return range(lo, len(ends) if free is None else bisect.bisect_right(ends, free))
+
+
+def _graph_alive_at_ends(run, steps):
+    ends = [s.end_event for s in steps]
+    out = [0] * len(ends)
+    for a in run.allocations.values():
+        if a.in_graph:
+            for k in _alive_at_ends(a, ends):
+                out[k] += a.bytes
+    return out
+
+
+def check_graph_kept(run):
+    """`total += loss`: a tensor that requires grad carried from one step into
+    the next, so that every step's graph hangs on it."""
+    uses = _graph_uses(run)
+    if not uses:
+        return []
+    steps = run.steps
+    graph = _graph_alive_at_ends(run, steps[1:] or steps)
+    per_step = max(_slope(graph), 0.0)
+    by_site = collections.defaultdict(list)
+    for u, a in uses:
+        by_site[u.site].append((u, a))
+    findings = []
+    for site, items in by_site.items():
+        u, a = items[0]
+        in_steps = max(len({run.step_of(x.event) for x, _ in items} & set(range(len(steps)))), 1)
+        scalar = a.bytes <= 16
+        seen = (f"`{u.func}` at {site} takes a tensor that requires grad from an earlier "
+                f"step (made at {a.site}) in {in_steps} of {len(steps)} steps, so each step's "
+                "autograd graph hangs on it. ")
+        if per_step > 0:
+            seen += ("Memory of autograd graphs still alive after each step: "
+                     + ", ".join(_fmt(v) for v in graph) + f" (+{_fmt(per_step)} per step).")
+        else:
+            seen += ("Backward already freed what those graphs saved, so no tensor bytes are "
+                     "held, but their nodes (host memory) pile up with every step and a "
+                     "backward through it would fail.")
+        fix = ("accumulate a number: `total += loss.item()`" if scalar else
+               "carry a detached tensor into the next step: `x = x.detach()`")
+        findings.append(Finding("graph_kept", int(per_step), site, seen, fix, int(per_step)))
+    return findings
+
+
+def check_memory_growth(run, graph_explained=False):
+    """Live memory at the end of every step above the step before, with the
+    lines whose allocations stay alive."""
+    steps = run.steady_steps
+    if len(steps) < 3:
+        return []
+    live = [s.live_after for s in steps]
+    if not all(b > a for a, b in zip(live, live[1:])):
+        return []
+    held = run.observation.held_ids
+    n = len(steps)
+    by_site = collections.defaultdict(lambda: [0] * n)
+    funcs = collections.defaultdict(collections.Counter)
+    graph = [0] * n
+    graph_sites = collections.Counter()
+    forwards = run.observation.forwards
+    starts = [f.first_event for f in forwards]
+    ends = [s.end_event for s in steps]
+    for a in run.allocations.values():
+        if a.id in held:
+            continue
+        for k in _alive_at_ends(a, ends):
+            if a.in_graph:
+                graph[k] += a.bytes
+                if k == n - 1:
+                    f = _forward_of(forwards, starts, a.alloc_event)
+                    graph_sites[f.site if f else a.site] += a.bytes
+            else:
+                by_site[a.site][k] += a.bytes
+                if k == n - 1:
+                    funcs[a.site]["the forward's output" if a.forward is not None
+                                  else f"what `{a.func or 'the call'}` allocates"] += a.bytes
+    graph_slope = 0.0 if graph_explained else max(_slope(graph), 0.0)
+    if graph_explained:
+        for u, _a in _graph_uses(run):
+            by_site.pop(u.site, None)
+    growing = sorted(((_slope(v), site) for site, v in by_site.items()
+                      if v[-1] > v[0] and all(b >= a for a, b in zip(v, v[1:]))),
+                     key=lambda x: x[0], reverse=True)
+    trend = ", ".join(_fmt(v) for v in live) + f" (+{_fmt(_slope(live))} per step)"
+    findings = []
+    for i, (slope, site) in enumerate(growing):
+        per = slope + (graph_slope if i == 0 else 0.0)
+        seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
+                f"{_capital(_top(funcs[site]))} at {site} stays alive: "
+                f"+{_fmt(slope)} per step")
+        if i == 0 and graph_slope > 0:
+            seen += f", with +{_fmt(graph_slope)} per step of autograd graph memory it keeps"
+        seen += "."
+        fix = ("keep a number or a detached host copy instead of the tensor "
+               "(`.item()`, `.detach().cpu()`), or drop the reference")
+        findings.append(Finding("memory_growth", int(per), site, seen, fix, int(per)))
+    if not growing and graph_slope > 0:
+        site = _top(graph_sites) if graph_sites else UNKNOWN_SITE
+        seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}; "
+                f"the autograd graphs of the forward at {site} stay alive "
+                f"(+{_fmt(graph_slope)} per step): something keeps a tensor computed with grad.")
+        fix = "run it under `torch.no_grad()`, or keep `.detach()`ed results"
+        findings.append(Finding("memory_growth", int(graph_slope), site, seen, fix,
+                                int(graph_slope)))
+    return findings
+
+
+def _capital(text):
+    return text[:1].upper() + text[1:]
+
+
+def _forward_of(forwards, starts, event):
+    """The forward running at `event` (`starts`: each one's first event)."""
+    i = bisect.bisect_right(starts, event) - 1
+    return forwards[i] if i >= 0 and event < forwards[i].end_event else None
+
+
+def _peak_without(run, step, intervals):
+    """The step's peak with `intervals` ((first_event, end_event, bytes))
+    not allocated."""
+    first, end = step.first_event, min(step.end_event, len(run.live))
+    if end <= first or not any(a <= step.peak_event < b for a, b, _n in intervals):
+        return step.peak  # the peak's first event keeps its bytes: the peak stays
+    delta = [0] * (end - first + 1)
+    for a, b, nbytes in intervals:
+        a, b = max(a, first), min(b, end)
+        if a < b:
+            delta[a - first] += nbytes
+            delta[b - first] -= nbytes
+    peak, cut = run.live_before(first), 0
+    for e in range(first, end):
+        cut += delta[e - first]
+        peak = max(peak, run.live[e] - cut)
+    return peak
+
+
+def check_tensors_kept(run, skip_sites=()):
+    """Tensors of step k still alive at step k+1's peak (the output of the
+    last step held while the next forward runs, a batch kept aside), where
+    dropping them earlier lowers that peak."""
+    steps = run.steps
+    if len(steps) < 3:
+        return []
+    obs = run.observation
+    excluded = obs.held_ids
+    # Gradients and optimizer state are made by backward and the optimizer's
+    # step, and kept on purpose (grads_kept is about gradients kept too long).
+    state_calls = ("Tensor.backward", "optimizer.step")
+    # Graph memory of a forward no backward used is eval_with_grad's.
+    unused_graph = {run.step_of(f.first_event) for f in obs.forwards
+                    if f.grad_enabled and f.has_graph and not f.backward_reached}
+    per_site = collections.defaultdict(lambda: collections.defaultdict(int))
+    savings = collections.defaultdict(list)
+    peaks = []
+    funcs = {}
+    made_in = collections.defaultdict(list)  # step -> what it made and left alive
+    for a in run.allocations.values():
+        k = run.step_of(a.alloc_event)
+        if 0 <= k < len(steps) and (a.free_event is None or a.free_event >= steps[k].end_event):
+            made_in[k].append(a)
+    for k in range(1, len(steps) - 1):
+        nxt = steps[k + 1]
+        peaks.append(nxt.peak)
+        p = nxt.peak_event
+        # A forward's inputs, made before it began, are the next step's.
+        inputs = {i for f in obs.forwards if run.step_of(f.first_event) == k + 1
+                  for i in f.input_ids}
+        kept = collections.defaultdict(list)
+        for a in made_in[k]:
+            if (a.id in excluded or a.id in inputs or a.site in skip_sites or a.func in state_calls
+                    or a.site is UNKNOWN_SITE or not a.alive_after(p)
+                    or (a.in_graph and k in unused_graph)):
+                continue
+            kept[a.site].append(a)
+            funcs.setdefault(a.site, a)
+        for site, allocs in kept.items():
+            per_site[site][k] = sum(a.bytes for a in allocs)
+            intervals = [(nxt.first_event, a.free_event if a.free_event is not None
+                          else nxt.end_event, a.bytes) for a in allocs]
+            savings[site].append(nxt.peak - _peak_without(run, nxt, intervals))
+    findings = []
+    n = len(steps) - 2
+    mean_peak = statistics.mean(peaks)
+    in_use = mean_peak + obs.outside_bytes
+    for site, by_step in per_site.items():
+        saving = sum(savings[site]) / n
+        if saving <= 0 or saving < MIN_SHARE * in_use:
+            continue
+        per = sum(by_step.values()) / n
+        a = funcs[site]
+        what = (f"the output of the forward at {site}" if a.forward is not None
+                else f"what `{a.func or 'the call'}` at {site} allocates")
+        seen = (f"{what} in one step ({_fmt(per)}) is still alive at the next step's peak "
+                f"(in {len(by_step)} of {n} steps); freed before it, that peak "
+                f"({_fmt(mean_peak)}) falls by {_fmt(saving)}.")
+        fix = ("drop it once used: `del out, loss` at the end of the loop body (or keep "
+               "`.item()` / `.detach().cpu()` instead)")
+        findings.append(Finding("tensors_kept", int(per), site, seen, fix, int(saving)))
+    return findings
+
+
+# -- autograd and gradients ---------------------------------------------------
+
+
+def check_eval_with_grad(run):
+    """A forward with grad enabled whose graph no backward ever used: what it
+    kept for backward (allocated in the forward, alive when it returned, not
+    its output) was held for nothing."""
+    obs = run.observation
+    by_forward = collections.defaultdict(int)
+    idle = {f.index: f for f in obs.forwards
+            if f.grad_enabled and f.has_graph and not f.backward_reached}
+    if not idle:
+        return []
+    starts = sorted((f.first_event, f.index) for f in idle.values())
+    firsts = [s for s, _ in starts]
+    for a in run.allocations.values():
+        i = bisect.bisect_right(firsts, a.alloc_event) - 1
+        if i < 0:
+            continue
+        f = idle[starts[i][1]]
+        if (a.alloc_event < f.end_event and a.forward != f.index
+                and a.alive_at_boundary(f.end_event)):
+            by_forward[f.index] += a.bytes
+    groups = collections.defaultdict(list)
+    for index, nbytes in by_forward.items():
+        groups[idle[index].site].append(nbytes)
+    findings = []
+    for site, sizes in groups.items():
+        per = statistics.mean(sizes)
+        seen = (f"{len(sizes)} forward(s) at {site} ran with grad enabled and no backward "
+                f"followed; each kept {_fmt(per)} of activations for a backward that never "
+                "came, held as long as its output lives.")
+        fix = "run it under `with torch.no_grad():` (or `torch.inference_mode()`)"
+        findings.append(Finding("eval_with_grad", int(per), site, seen, fix, int(per)))
+    return findings
+
+
+def check_grads_kept(run):
+    """Last step's gradients alive through the next forward: zero_grad called
+    after the forward, or zeroing without freeing (set_to_none=False)."""
+    if run.step_kind != "optimizer step":
+        return []
+    measured = [f for f in run.observation.forwards
+                if f.grad_bytes_present is not None and run.step_of(f.first_event) >= 1]
+    present = [f for f in measured if f.grad_bytes_present > 0]
+    if not present or 2 * len(present) < len(measured):
+        return []
+    per = statistics.mean(f.grad_bytes_present for f in present)
+    zeroing = [z for z in run.observation.zero_grads if run.step_of(z.event) >= 1]
+    keep = [z for z in zeroing if not z.set_to_none]
+    late = [z for z in zeroing if any(run.step_of(f.first_event) == run.step_of(z.event)
+                                      and f.first_event < z.event for f in present)]
+    f0 = present[0]
+    if keep:
+        site = _top(collections.Counter(z.site for z in keep))
+        seen = (f"zero_grad(set_to_none=False) at {site} zeroes the gradients but keeps them: "
+                f"{_fmt(per)} of .grad tensors are alive when the forward at {f0.site} begins, "
+                f"in {len(present)} of {len(measured)} steps.")
+        fix = "optimizer.zero_grad(set_to_none=True) (the default since torch 2.0)"
+    elif late:
+        site = _top(collections.Counter(z.site for z in late))
+        seen = (f"zero_grad() at {site} runs after the forward at {f0.site}, so the last step's "
+                f"gradients ({_fmt(per)}) are alive through it, in {len(present)} of "
+                f"{len(measured)} steps.")
+        fix = "call zero_grad() before the forward (right after optimizer.step())"
+    else:
+        site = f0.site
+        seen = (f"no zero_grad() ran between optimizer.step() and the forward at {site}: "
+                f"{_fmt(per)} of gradients are alive through it (and keep accumulating).")
+        fix = "call optimizer.zero_grad() right after optimizer.step()"
+    return [Finding("grads_kept", int(per), site, seen, fix, int(per))]
+
+
+# -- tensors the step makes -------------------------------------------------
+
+
+def check_float64(run):
+    """float64 tensors made in the step: twice the bytes of float32."""
+    steps = _steps_for_average(run)
+    wanted = {s.index for s in steps}
+    by_step = collections.defaultdict(list)
+    for r in run.observation.float64:
+        s = run.step_of(r.event)
+        if s in wanted:
+            by_step[s].append(r)
+    if not by_step:
+        return []
+    per_site = collections.Counter()
+    origins = collections.Counter()
+    for s, records in by_step.items():
+        records.sort(key=lambda r: r.event)
+        origins[(records[0].site, records[0].func)] += 1
+        for r in records:
+            a = run.allocations.get(r.id)
+            per_site[r.site] += a.bytes if a is not None else r.bytes
+    total = sum(per_site.values()) / len(steps)
+    site, func = _top(origins)
+    count = sum(len(v) for v in by_step.values()) / len(steps)
+    others = [f"{s} ({_fmt(b / len(steps))})" for s, b in per_site.most_common(4) if s != site]
+    seen = (f"{count:g} float64 tensor(s) per step ({_fmt(total)}), the first taken or made "
+            f"by `{func}` at {site}")
+    seen += (", then at " + ", ".join(others) + ".") if others else "."
+    fix = ("make it float32 where it is created: `.float()`, `dtype=torch.float32` "
+           "(torch.from_numpy and torch.tensor of Python floats give float64)")
+    return [Finding("float64", int(total), site, seen, fix, int(total // 2))]
+
+
+def check_not_in_place(run):
+    """Out-of-place activations and adds whose input nothing else used: in
+    place, the result would reuse the input's memory. Two such ops can make
+    equal peaks, so that each alone saves nothing: a line is then reported
+    with what the changes save together, and says so."""
+    steps = run.steps
+    if not steps:
+        return []
+    groups = collections.defaultdict(lambda: collections.defaultdict(list))
+    modules = collections.defaultdict(set)
+    for c in run.observation.in_place:
+        if c.used_later:
+            continue
+        x, out = run.allocations.get(c.input_id), run.allocations.get(c.output_id)
+        if x is None or out is None:
+            continue
+        s = run.step_of(c.event)
+        if not 0 <= s < len(steps) or run.step_of(x.alloc_event) != s:
+            continue
+        end = x.free_event if x.free_event is not None else steps[s].end_event
+        groups[(c.site, c.func)][s].append((out.alloc_event, end, min(x.bytes, out.bytes)))
+        if c.module:
+            modules[(c.site, c.func)].add(c.module)
+    if not groups:
+        return []
+    wanted = [s.index for s in _steps_for_average(run)]
+    mean_peak = statistics.mean(steps[i].peak for i in wanted)
+    in_use = mean_peak + run.observation.outside_bytes
+
+    def saving(keys):
+        return statistics.mean(
+            steps[i].peak
+            - _peak_without(run, steps[i], [iv for k in keys for iv in groups[k].get(i, ())])
+            for i in wanted)
+
+    every = list(groups)
+    together = saving(every)
+    findings = []
+    for key in every:
+        site, func = key
+        alone = saving([key])
+        marginal = together - saving([k for k in every if k != key])
+        if alone > 0 and alone >= MIN_SHARE * in_use:
+            estimate, how = alone, ""
+        elif marginal > 0 and together >= MIN_SHARE * in_use:
+            others = sorted({str(k[0]) for k in every if k != key})
+            estimate = together
+            how = f" together with the same change at {', '.join(others)}" if others else ""
+        else:
+            continue
+        per = statistics.mean(sum(b for _a, _e, b in groups[key].get(i, ())) for i in wanted)
+        mods = sorted(modules[key])
+        where = (f" (modules {', '.join(mods)})" if len(mods) > 1
+                 else f" (module {mods[0]})" if mods else "")
+        seen = (f"`{func}` at {site}{where} allocates {_fmt(per)} per step for its result "
+                "while its input, which nothing else uses (no view, not saved for backward), stays "
+                f"alive; in place{how}, the step's peak ({_fmt(mean_peak)}) falls by "
+                f"{_fmt(estimate)}.")
+        findings.append(Finding("not_in_place", int(per), site, seen,
+                                IN_PLACE_FIXES.get(func, "do it in place"), int(estimate)))
+    return findings
+
+
+def check_pageable_copies(run):
+    """Host-to-device copies from pageable memory or blocking: a speed tip,
+    with the bytes copied per step."""
+    steps = _steps_for_average(run)
+    wanted = {s.index for s in steps}
+    copies = [c for c in run.observation.copies
+              if run.step_of(c.event) in wanted and not (c.pinned and c.non_blocking)]
+    if not copies:
+        return []
+    n = max(len(steps), 1)
+    by_site = collections.defaultdict(list)
+    for c in copies:
+        by_site[c.site].append(c)
+    findings = []
+    for site, items in by_site.items():
+        per = sum(c.bytes for c in items) / n
+        share = lambda k: "all" if k == len(items) else f"{k} of {len(items)}"  # noqa: E731
+        pageable = sum(not c.pinned for c in items)
+        blocking = sum(not c.non_blocking for c in items)
+        how = []
+        if pageable:
+            how.append(f"{share(pageable)} from pageable (unpinned) memory")
+        if blocking:
+            how.append(f"{share(blocking)} with non_blocking=False")
+        seen = (f"{len(items) / n:g} copies per step to {items[0].destination} at {site} "
+                f"({_fmt(per)} per step), " + " and ".join(how) + ": the loop waits for "
+                "each copy instead of overlapping it with compute.")
+        fix = ("pin the source (DataLoader(pin_memory=True) or x.pin_memory()) and copy "
+               "with x.to(device, non_blocking=True)")
+        findings.append(Finding("pageable_copy", int(per), site, seen, fix, 0))
+    return findings

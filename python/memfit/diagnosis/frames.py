@@ -1,0 +1,70 @@
+"""Which line of the user's code is running: the innermost Python frame
+outside torch, memfit, the standard library and installed packages."""
+
+import os
+import sys
+import sysconfig
+
+import torch
+
+from .records import UNKNOWN_SITE, Site
+
+
+def _library_dirs():
+    memfit_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    dirs = {os.path.dirname(os.path.abspath(torch.__file__)), memfit_dir}
+    for key in ("stdlib", "platstdlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            dirs.add(os.path.realpath(path))
+            dirs.add(path)
+    return tuple(d.rstrip(os.sep) + os.sep for d in dirs)
+
+
+_LIBRARY_DIRS = _library_dirs()
+_is_library = {}
+
+
+def is_library_file(filename):
+    """True for code the user did not write: torch, memfit, the standard
+    library, installed packages, frozen modules."""
+    hit = _is_library.get(filename)
+    if hit is None:
+        hit = (
+            filename.startswith(_LIBRARY_DIRS)
+            or "site-packages" in filename
+            or "dist-packages" in filename
+            or filename.startswith("<frozen")
+        )
+        _is_library[filename] = hit
+    return hit
+
+
+def user_frame(depth=1):
+    """(file, line, function) of the innermost frame of the user's code,
+    starting `depth` frames above the caller; None if there is none. Cheap:
+    no Site is built (see site_of)."""
+    f = sys._getframe(depth + 1)
+    lib = _is_library
+    while f is not None:
+        code = f.f_code
+        hit = lib.get(code.co_filename)
+        if hit is None:
+            hit = is_library_file(code.co_filename)
+        if not hit:
+            return (code.co_filename, f.f_lineno, code.co_name)
+        f = f.f_back
+    return None
+
+
+_sites = {}
+
+
+def site_of(frame_key):
+    """The Site for a user_frame() result, one object per line."""
+    if frame_key is None:
+        return UNKNOWN_SITE
+    site = _sites.get(frame_key)
+    if site is None:
+        site = _sites[frame_key] = Site(*frame_key)
+    return site

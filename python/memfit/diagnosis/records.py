@@ -1,0 +1,190 @@
+"""The records memfit's doctor passes between its modules: a place in the
+user's code (Site), what the observer saw during the run (Observation and
+its parts) and what the checks conclude (Finding).
+
+Event indices: every record that says when something happened gives the
+index of the next event of the run's memfit timeline at that moment, so
+that `first_event <= i < end_event` are the allocations and frees made in
+between.
+"""
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+# What the doctor reports, each with the question it answers.
+KINDS = {
+    "memory_growth": "live memory grows at every step",
+    "graph_kept": "autograd graphs kept alive across steps: a tensor that requires grad is "
+                  "carried into the next step (`total += loss`, an RNN's hidden state)",
+    "tensors_kept": "tensors of one step are still alive at the next step's peak",
+    "eval_with_grad": "a forward runs with grad enabled and no backward follows",
+    "grads_kept": "gradients are alive through the next forward",
+    "float64": "float64 tensors in the step",
+    "not_in_place": "an out-of-place activation or add that could run in place",
+    "pageable_copy": "host-to-device copies from pageable memory or with non_blocking=False",
+}
+
+
+@dataclass(frozen=True)
+class Site:
+    """A line of the user's code: the innermost frame outside torch, memfit,
+    the standard library and installed packages."""
+
+    file: str
+    line: int
+    function: str = ""
+
+    def __str__(self):
+        return f"{short_path(self.file)}:{self.line}"
+
+
+UNKNOWN_SITE = Site("<unknown>", 0, "")
+
+
+def short_path(path):
+    """`path` relative to the working directory when it is under it."""
+    if path.startswith("<"):
+        return path
+    try:
+        rel = os.path.relpath(path)
+    except ValueError:
+        return path
+    return path if rel.startswith("..") else rel
+
+
+@dataclass(frozen=True)
+class Span:
+    """One torch call made by the user's code and the events it caused."""
+
+    first_event: int
+    end_event: int
+    site: Site
+    func: str
+    requires_grad: bool = False  # its result requires grad: it extends a graph
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A possible step boundary: "optimizer_step" when an optimizer's step()
+    returned, "forward" when a forward of the model began."""
+
+    event: int
+    kind: str
+
+
+@dataclass
+class ForwardCall:
+    """One forward of the model (the outermost module call)."""
+
+    index: int
+    site: Site
+    first_event: int
+    end_event: int
+    grad_enabled: bool
+    input_ids: Tuple[int, ...]  # its positional inputs' storages
+    output_ids: Tuple[int, ...]
+    has_graph: bool  # an output has a grad_fn
+    backward_reached: bool  # a backward ran through one of its outputs
+    # Bytes of .grad tensors alive when it began; measured on the first
+    # forward after each optimizer step, else None.
+    grad_bytes_present: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class ZeroGradCall:
+    event: int
+    site: Site
+    set_to_none: bool
+
+
+@dataclass(frozen=True)
+class GraphUse:
+    """A call that took, as input, a tensor with an autograd graph that was
+    allocated before the current step began."""
+
+    id: int
+    event: int
+    site: Site
+    func: str
+
+
+@dataclass(frozen=True)
+class Float64Tensor:
+    """A float64 tensor (more than one element) a call took or made, once per
+    step; id None: memfit did not allocate it (torch.from_numpy)."""
+
+    id: Optional[int]
+    event: int
+    site: Site
+    func: str
+    bytes: int
+
+
+@dataclass(frozen=True)
+class HostCopy:
+    """A copy from host memory to another device."""
+
+    event: int
+    site: Site
+    bytes: int
+    pinned: bool
+    non_blocking: bool
+    destination: str
+
+
+@dataclass(frozen=True)
+class InPlaceCandidate:
+    """An out-of-place op whose input nothing else referenced (no view, not
+    saved by autograd, not a leaf that requires grad) at the time."""
+
+    input_id: int
+    output_id: int
+    event: int
+    site: Site
+    func: str
+    module: str
+    used_later: bool  # a later call took the input: in place would change it
+
+
+@dataclass(frozen=True)
+class Observation:
+    """Everything the observer recorded, beside the timeline's events."""
+
+    spans: Tuple[Span, ...]
+    markers: Tuple[Marker, ...]
+    forwards: Tuple[ForwardCall, ...]
+    zero_grads: Tuple[ZeroGradCall, ...]
+    graph_uses: Tuple[GraphUse, ...]
+    float64: Tuple[Float64Tensor, ...]
+    copies: Tuple[HostCopy, ...]
+    in_place: Tuple[InPlaceCandidate, ...]
+    # Storages of the inputs the doctor still holds for its trials (the last
+    # forward's from each line).
+    held_ids: frozenset
+    end_event: int
+    # Bytes of the models' parameters and buffers and the optimizers' state
+    # allocated before the doctor started (not in the timeline).
+    outside_bytes: int = 0
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One memory mistake in the user's loop.
+
+    kind: a key of KINDS. bytes_per_step: the bytes concerned, measured in the
+    run. where: the user's line that allocated the memory or kept it alive.
+    evidence: what was seen. fix: the one-line change. estimated_saving: what
+    the fix should save (bytes per step, or off the step's peak: see
+    evidence). measured_saving: what re-running the step with the fix
+    applied saved, None where no fix can be tried automatically; trial says
+    how it was measured (or why it could not be)."""
+
+    kind: str
+    bytes_per_step: int
+    where: Site
+    evidence: str
+    fix: str
+    estimated_saving: int
+    measured_saving: Optional[int] = None
+    trial: str = ""

@@ -1,0 +1,130 @@
+"""memfit.doctor(): the context manager around the user's loop, which
+observes, checks, tries the fixes and reports."""
+
+import dataclasses
+
+from ..tracking import Tracking
+from . import trials
+from .checks import run_checks
+from .lifetimes import build_run
+from .observe import Observer, StopRun
+from .report import format_report
+
+
+class Doctor:
+    """Finds the memory mistakes of the loop run inside it.
+
+        with memfit.doctor(model, optimizer) as d:
+            for x, y in loader: ...
+        print(d.report()); d.findings
+
+    A step is one optimizer.step(); where none runs (evaluation), one
+    forward of the model, from its start to the next one's (the last runs
+    into whatever follows the loop and is not counted). `model=None`: the
+    outermost call of any module with parameters is a forward (a loss
+    module has none); `optimizer=None`: any optimizer's step is a step.
+    `trials`: re-run the last forward with each fix that can be applied
+    automatically (no_grad, set_to_none, .item()) and report the measured
+    saving. `max_steps`: stop the loop (raise StopRun out of it, which the
+    block swallows) once that many steps ran.
+
+    Only memory memfit tracks is seen: the CPU (and meta) allocations of the
+    process, as when rehearsing a GPU run on the CPU.
+    """
+
+    def __init__(self, model=None, optimizer=None, *, trials=True, max_steps=None):
+        self.model = model
+        self.optimizer = optimizer
+        self.trials = trials
+        self.max_steps = max_steps
+        self.findings = []
+        self.steps = ()  # lifetimes.Step of each complete step
+        self.step_kind = "forward"
+        self.outside_bytes = 0  # parameters, buffers, optimizer state from before
+        self._observer = None
+        self._tracking = None
+        self._used = False
+
+    def __enter__(self):
+        if self._used:
+            raise RuntimeError("[doctor] a Doctor observes one block; make a new one")
+        self._used = True
+        self._tracking = Tracking()
+        self._observer = Observer(self._tracking, self.model, self.optimizer, self.max_steps)
+        try:
+            self._observer.start()
+        except BaseException:
+            self._tracking.stop()
+            raise
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        observer, tracking = self._observer, self._tracking
+        try:
+            observation = observer.stop()
+        finally:
+            tracking.stop()
+        stopped = exc_type is not None and issubclass(exc_type, StopRun)
+        failed = exc_type is not None and not stopped
+        try:
+            run = build_run(tracking.timeline.events(), observation)
+            self.steps, self.step_kind = run.steps, run.step_kind
+            self.outside_bytes = observation.outside_bytes
+            findings = run_checks(run)
+            if self.trials and not failed:
+                findings = [self._try(f, observer, run) for f in findings]
+            self.findings = findings
+        except Exception:
+            if not failed:
+                raise  # else the loop's own exception is the one to see
+        finally:
+            observer.inputs, observer.last_inputs = {}, None
+            self._observer = self._tracking = None
+        return stopped
+
+    def _try(self, finding, observer, run):
+        forwards = run.observation.forwards
+        if finding.kind == "eval_with_grad":
+            inputs = observer.inputs.get(finding.where, observer.last_inputs)
+            result = trials.try_no_grad(inputs)
+        elif finding.kind == "grads_kept":
+            site = next((f.site for f in forwards if f.grad_bytes_present), None)
+            inputs = observer.inputs.get(site, observer.last_inputs)
+            result = trials.try_set_to_none(inputs, list(observer.params()))
+        elif finding.kind == "graph_kept":
+            backward = any(f.backward_reached for f in forwards)
+            result = trials.try_item(observer.last_inputs, backward)
+        else:
+            return finding
+        return dataclasses.replace(finding, measured_saving=result.saving, trial=result.how)
+
+    def __repr__(self):
+        return (f"Doctor({len(self.findings)} findings, {len(self.steps)} steps, "
+                f"peak_bytes={self.peak_bytes})")
+
+    @property
+    def peak_bytes(self):
+        """The highest step peak (tracked bytes allocated inside the block)."""
+        return max((s.peak for s in self.steps), default=0)
+
+    def report(self):
+        """The findings as text, largest saving first."""
+        peak_step = max(self.steps, key=lambda s: s.peak).index if self.steps else 0
+        return format_report(self.findings, len(self.steps), self.step_kind, self.peak_bytes,
+                             peak_step, self.outside_bytes)
+
+
+def doctor(model=None, optimizer=None, *, trials=True):
+    """The memory mistakes of the loop run inside the block, each with the
+    user's line, the bytes it costs per step and the one-line fix.
+
+        with memfit.doctor(model, optimizer) as d:
+            for x, y in loader:
+                ...
+        print(d.report())
+        for f in d.findings:  # kind, bytes_per_step, where, evidence, fix, ...
+            ...
+
+    See Doctor for the arguments; `python -m memfit doctor script.py` runs
+    a script under it unchanged."""
+    return Doctor(model, optimizer, trials=trials)

@@ -1,0 +1,163 @@
+"""Re-running a step with a fix applied, to measure what the fix saves.
+
+The doctor cannot re-run the user's loop body, so a trial runs the model's
+forward on the last inputs the loop gave it (and, where the fix concerns
+backward, a backward from the sum of its outputs), once as the loop ran it
+and once with the fix, and compares the bytes the tracking allocator saw.
+The user's objects are left as they were: the random generators are forked,
+buffers (BatchNorm's running statistics) are put back, and so are the .grad
+tensors, which the trials never write into.
+"""
+
+import contextlib
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+from torch.utils import _pytree as pytree
+
+from ..tracking import Tracking
+
+
+@dataclass(frozen=True)
+class TrialResult:
+    """saving: bytes the fix saved in the re-run (None: not tried); how: what
+    was re-run, or why it was not."""
+
+    saving: Optional[int]
+    how: str
+
+
+@contextlib.contextmanager
+def _rehearsal(module):
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    buffers = [(b, b.detach().clone()) for b in module.buffers()]
+    try:
+        with torch.random.fork_rng(devices=devices):
+            yield
+    finally:
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
+
+
+def _forward(inputs):
+    module, args, kwargs = inputs
+    return module(*args, **kwargs)
+
+
+def _scalar(output):
+    parts = [t.float().sum() for t in pytree.tree_leaves(output)
+             if isinstance(t, torch.Tensor) and t.is_floating_point()]
+    if not parts:
+        raise ValueError("the forward returned no floating-point tensor")
+    return torch.stack(parts).sum() if len(parts) > 1 else parts[0]
+
+
+def _refuse(module):
+    if isinstance(module, torch.nn.parallel.DistributedDataParallel):
+        return "not tried: a DistributedDataParallel backward would talk to other ranks"
+    for p in module.parameters():
+        if getattr(p, "_post_accumulate_grad_hooks", None):
+            return "not tried: a parameter has a post-accumulate-grad hook"
+    return None
+
+
+def _trial(fn, inputs):
+    if inputs is None:
+        return TrialResult(None, "not tried: no forward's inputs were kept")
+    try:
+        with _rehearsal(inputs[0]):
+            return fn(inputs)
+    except Exception as e:  # a trial is a bonus: its failure is reported, not raised
+        return TrialResult(None, f"not tried: {type(e).__name__}: {e}")
+
+
+def try_no_grad(inputs):
+    """The bytes a forward holds while its output lives, with grad enabled
+    and under torch.no_grad(). `inputs`: (module, args, kwargs)."""
+
+    def run(inputs):
+        held = []
+        for grad in (True, False):
+            t = Tracking()
+            try:
+                with torch.set_grad_enabled(grad):
+                    out = _forward(inputs)
+                held.append(t.live_bytes)
+                del out
+            finally:
+                t.stop()
+        return TrialResult(held[0] - held[1], "re-ran the last forward under torch.no_grad(): "
+                                              "bytes held while its output lives")
+
+    return _trial(run, inputs)
+
+
+def try_item(inputs, backward, steps=3):
+    """Accumulating the forward's (summed) output over `steps` forwards, as a
+    tensor (every graph hangs on the total) and with .item(): the bytes
+    still held afterwards, per step. `backward`: run a backward from each,
+    as a training loop does."""
+
+    def run(inputs):
+        refused = _refuse(inputs[0]) if backward else None
+        if refused:
+            return TrialResult(None, refused)
+        params = [p for p in inputs[0].parameters() if p.requires_grad]
+        held = []
+        for as_number in (False, True):
+            t = Tracking()
+            try:
+                total = 0
+                with torch.enable_grad():
+                    for _ in range(steps):
+                        loss = _scalar(_forward(inputs))
+                        if backward and loss.requires_grad and params:
+                            torch.autograd.grad(loss, params, allow_unused=True)
+                        total = total + (loss.item() if as_number else loss)
+                        del loss
+                held.append(t.live_bytes)
+                del total
+            finally:
+                t.stop()
+        return TrialResult(max(held[0] - held[1], 0) // steps,
+                           f"re-ran the last forward {steps} times, carrying its summed "
+                           "output as a tensor and as .item(): bytes held per step")
+
+    return _trial(run, inputs)
+
+
+def try_set_to_none(inputs, params):
+    """The peak of a forward and backward with the gradients zeroed but
+    present, and with them freed (None). The user's .grad tensors are set
+    aside and put back."""
+
+    def run(inputs):
+        refused = _refuse(inputs[0])
+        if refused:
+            return TrialResult(None, refused)
+        ps = [p for p in params if p.requires_grad]
+        kept = [p.grad for p in ps]
+        peaks = []
+        try:
+            for zeroed in (True, False):
+                t = Tracking()
+                try:
+                    for p in ps:
+                        p.grad = torch.zeros_like(p) if zeroed else None
+                    with torch.enable_grad():
+                        _scalar(_forward(inputs)).backward()
+                    peaks.append(t.peak_bytes)
+                finally:
+                    for p in ps:
+                        p.grad = None
+                    t.stop()
+        finally:
+            for p, g in zip(ps, kept):
+                p.grad = g
+        return TrialResult(peaks[0] - peaks[1], "re-ran the last forward and a backward with "
+                                                "gradients zeroed and with them set to None: "
+                                                "difference of the peaks")
+
+    return _trial(run, inputs)

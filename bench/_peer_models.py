@@ -10,8 +10,6 @@ as a GPU's batch would be after the copy.
 The leading underscore keeps bench/run_all.py from running it.
 """
 
-import math
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -56,65 +54,9 @@ class SmallCnn(nn.Module):
         return self.head(F.adaptive_avg_pool2d(h, 1).flatten(1))
 
 
-class GptBlock(nn.Module):
-    def __init__(self, width, heads):
-        super().__init__()
-        self.heads = heads
-        self.ln1 = nn.LayerNorm(width)
-        self.qkv = nn.Linear(width, 3 * width)
-        self.proj = nn.Linear(width, width)
-        self.ln2 = nn.LayerNorm(width)
-        self.fc = nn.Linear(width, 4 * width)
-        self.out = nn.Linear(4 * width, width)
-
-    def forward(self, x):
-        b, t, c = x.shape
-        qkv = self.qkv(self.ln1(x)).view(b, t, 3, self.heads, c // self.heads)
-        q, k, v = (qkv.select(2, i).transpose(1, 2) for i in range(3))
-        att = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(c // self.heads)
-        mask = torch.ones(t, t, dtype=torch.bool, device=x.device).triu(1)
-        att = att.masked_fill(mask, -1e9).softmax(-1)
-        y = torch.matmul(att, v).transpose(1, 2).reshape(b, t, c)
-        x1 = x + self.proj(y)
-        return x1 + self.out(F.gelu(self.fc(self.ln2(x1))))
-
-
-class Gpt(nn.Module):
-    """A decoder-only transformer over token ids (memfit's built-in gpt,
-    smaller)."""
-
-    def __init__(self, layers=2, width=64, heads=4, context=32, vocab=512):
-        super().__init__()
-        self.context, self.vocab = context, vocab
-        self.tok = nn.Embedding(vocab, width)
-        self.pos = nn.Embedding(context, width)
-        self.blocks = nn.ModuleList(GptBlock(width, heads) for _ in range(layers))
-        self.ln = nn.LayerNorm(width)
-        self.head = nn.Linear(width, vocab, bias=False)
-
-    def forward(self, ids):
-        positions = torch.arange(ids.shape[1], device=ids.device)
-        h = self.tok(ids) + self.pos(positions)
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.ln(h))
-
-
-class Lstm(nn.Module):
-    """A two-layer LSTM classifier over `steps` steps of 28-dim vectors."""
-
-    def __init__(self, hidden=64):
-        super().__init__()
-        self.lstm = nn.LSTM(28, hidden, num_layers=2, batch_first=True)
-        self.head = nn.Linear(hidden, 10)
-
-    def forward(self, x):
-        seq, _ = self.lstm(x)
-        return self.head(seq.select(1, -1))
-
-
-def gpt_loss(output, target):
-    return F.cross_entropy(output.flatten(0, 1), target.flatten())
+# The gpt and lstm are bench/_models.py's twins of memfit's built-ins, built
+# smaller (see MODELS below).
+from _models import Gpt, Lstm, gpt_loss  # noqa: E402
 
 
 def _classes(n, k=10):

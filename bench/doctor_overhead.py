@@ -9,12 +9,17 @@ that re-run a step), per step observed.
 """
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
 import memfit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import timed  # noqa: E402
 
 
 def models():
@@ -44,13 +49,6 @@ def step(model, opt, x, y, loss_fn):
     loss = loss_fn(model(x), y)
     loss.backward()
     opt.step()
-
-
-def timed(fn, n):
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n
 
 
 def main():

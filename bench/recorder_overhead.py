@@ -7,12 +7,16 @@ this process.
 """
 
 import argparse
+import os
 import statistics
-import time
+import sys
 
 import torch
 
 import memfit
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import timed  # noqa: E402
 
 
 def models():
@@ -32,13 +36,6 @@ def step(model, opt, x, y, loss_fn):
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)
-
-
-def timed(fn, n):
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    return (time.perf_counter() - t0) / n
 
 
 def main():

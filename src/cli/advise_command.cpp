@@ -4,6 +4,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "memfit/core/units.h"
 #include "memfit/torch/strategies.h"
 
 namespace memfit::cli {
@@ -25,7 +26,12 @@ int advise_command(const std::vector<std::string>& argv) {
   auto model = make_model(name, model_options(args));
   const Advice a = advise(*model, o);
   std::cout << (args.has("json") ? a.to_json(true) + "\n" : a.table());
-  return a.plan.found ? 0 : 2;
+  if (a.plan.found) return 0;
+  // Exit 2, as every out-of-memory ends, with its one line on stderr.
+  std::cerr << "memfit advise: nothing measured fits the budget of " << format_bytes(a.budget)
+            << "; the closest, " << a.plan.summary << ", peaks at "
+            << format_bytes(a.plan.peak_bytes) << "\n";
+  return 2;
 }
 
 }  // namespace memfit::cli

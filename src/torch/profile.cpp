@@ -234,13 +234,10 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
       // keep the op's name. Many of torch 2.x's meta kernels are registered
       // by its Python package, so a C++-only process lacks them.
       const size_t cut = what.find(": attempted to run this operator with Meta tensors");
-      if (cut != std::string::npos) {
-        what = "no meta kernel for " + what.substr(0, cut) +
-               " in this process; torch registers many from Python: run "
-               "`memfit` as installed by pip, or python -m memfit";
-      }
+      if (cut != std::string::npos) what = "no meta kernel for " + what.substr(0, cut);
       notes.push_back("meta mode unavailable for " + model.name() + " (" + what +
-                      "); fell back to cpu mode");
+                      "); fell back to cpu mode. torch registers many meta kernels from "
+                      "Python: run `memfit` as installed by pip, or python -m memfit");
       mode = "cpu";
       snapshot.restore();
     }

@@ -58,14 +58,7 @@ ModuleBars module_bars(const std::vector<ModuleRow>& modules,
   }
 
   const double W = o.width;
-  TextLabel title;
-  title.text = fit_text(o.title, W - 2 * kMargin, 14, true);
-  title.x = kMargin;
-  title.y = 22;
-  title.size = 14;
-  title.bold = true;
-  title.role = "title";
-  title.fill = "#222222";
+  const TextLabel title = title_label(o.title, W, kMargin, 14);
   if (!title.text.empty()) c.labels.push_back(title);
   TextLabel sub;
   sub.text = fit_text(rows.empty()

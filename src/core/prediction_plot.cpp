@@ -109,14 +109,7 @@ PredictionPlot prediction_plot(const PeakModel& pm,
   p.y_ticks = yticks;
 
   const double W = o.width, H = o.height;
-  TextLabel title;
-  title.text = fit_text(o.title, W - 2 * kMargin, 14, true);
-  title.x = kMargin;
-  title.y = 22;
-  title.size = 14;
-  title.bold = true;
-  title.role = "title";
-  title.fill = "#222222";
+  const TextLabel title = title_label(o.title, W, kMargin, 14);
   if (!title.text.empty()) p.labels.push_back(title);
   std::string probes_text;
   for (size_t i = 0; i < p.probes.size(); ++i) {
@@ -140,16 +133,7 @@ PredictionPlot prediction_plot(const PeakModel& pm,
   p.area.y = 54;
   p.area.w = W - kMargin - 8 - p.area.x;
   p.area.h = H - 40 - p.area.y;
-  for (int64_t v : yticks) {
-    TextLabel l;
-    l.text = format_bytes(v);
-    l.x = p.area.x - 6;
-    l.y = p.y_at(v) + 4;
-    l.anchor = Anchor::kEnd;
-    l.role = "tick";
-    l.fill = "#555555";
-    p.labels.push_back(l);
-  }
+  for (int64_t v : yticks) p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));
   for (int max_ticks = 12; max_ticks >= 1; --max_ticks) {
     std::vector<TextLabel> xl;
     for (int64_t v : decimal_ticks(p.x_max, max_ticks)) {

@@ -311,14 +311,7 @@ StackedPlot stacked_plot(const Timeline& t, const StackedPlotOptions& o) {
   const double W = o.width, H = o.height;
 
   // Title, then the legend in as many rows as it needs.
-  TextLabel title;
-  title.text = fit_text(o.title, W - 2 * kMargin, kTitleSize, true);
-  title.x = kMargin;
-  title.y = 22;
-  title.size = kTitleSize;
-  title.bold = true;
-  title.role = "title";
-  title.fill = "#222222";
+  const TextLabel title = title_label(o.title, W, kMargin, kTitleSize);
   if (!title.text.empty()) p.labels.push_back(title);
   double lx = kMargin, ly = 42;
   for (Category c : kStackOrder) {
@@ -423,16 +416,7 @@ StackedPlot stacked_plot(const Timeline& t, const StackedPlotOptions& o) {
     yticks = axis_ticks(p.y_top + 1);
   }
   p.y_ticks = yticks;
-  for (int64_t v : yticks) {
-    TextLabel l;
-    l.text = format_bytes(v);
-    l.x = p.area.x - 6;
-    l.y = p.y_at(v) + 4;
-    l.anchor = Anchor::kEnd;
-    l.role = "tick";
-    l.fill = "#555555";
-    p.labels.push_back(l);
-  }
+  for (int64_t v : yticks) p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));
 
   // The x axis.
   auto x_at = [&](double position) {

@@ -3,6 +3,8 @@
 #include <array>
 #include <cstdint>
 
+#include "memfit/core/units.h"
+
 namespace memfit {
 namespace {
 
@@ -111,6 +113,29 @@ std::optional<std::pair<size_t, size_t>> first_overlap(
     }
   }
   return std::nullopt;
+}
+
+TextLabel title_label(std::string_view title, double width, double margin, double size) {
+  TextLabel l;
+  l.text = fit_text(title, width - 2 * margin, size, true);
+  l.x = margin;
+  l.y = 22;
+  l.size = size;
+  l.bold = true;
+  l.role = "title";
+  l.fill = "#222222";
+  return l;
+}
+
+TextLabel byte_tick_label(int64_t bytes, double x, double baseline) {
+  TextLabel l;
+  l.text = format_bytes(bytes);
+  l.x = x;
+  l.y = baseline;
+  l.anchor = Anchor::kEnd;
+  l.role = "tick";
+  l.fill = "#555555";
+  return l;
 }
 
 }  // namespace memfit

@@ -64,6 +64,12 @@ struct TextLabel {
   Box box() const;
 };
 
+// The labels every picture draws alike: its title (bold, at the top left,
+// cut to the width the margins leave; empty text when there is none) and a
+// y-axis tick of bytes whose text ends at `x`.
+TextLabel title_label(std::string_view title, double width, double margin, double size);
+TextLabel byte_tick_label(int64_t bytes, double x, double baseline);
+
 // The first pair (i < j) of labels whose boxes overlap; nullopt if none.
 std::optional<std::pair<size_t, size_t>> first_overlap(
     const std::vector<TextLabel>& labels);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "memfit/core/json_writer.h"
@@ -9,6 +10,12 @@
 
 namespace memfit {
 namespace {
+
+std::string format_percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%%", fraction * 100);
+  return buf;
+}
 
 int64_t optimizer_state_bytes(const Report& r) {
   for (const auto& p : r.phases) {
@@ -104,7 +111,29 @@ std::string BatchFit::to_json(bool pretty) const {
       .member("margin_bytes", margin_bytes)
       .member("trials", trials)
       .member("mode", mode)
-      .end_object();
+      .member("verified", verified)
+      .key("measured_peak_bytes");
+  if (measured_peak_bytes >= 0) {
+    w.value(measured_peak_bytes);
+  } else {
+    w.null();
+  }
+  w.member("held_out_error", held_out_error).member("affine", affine).key("probes").begin_array();
+  for (const ProbeRecord& p : probes) {
+    w.begin_object().member("batch", p.batch).member("peak_bytes", p.peak_bytes).key(
+        "predicted_bytes");
+    if (p.predicted_bytes >= 0) {
+      w.value(p.predicted_bytes);
+    } else {
+      w.null();
+    }
+    w.member("out_of_memory", p.out_of_memory)
+        .member("verification", p.verification)
+        .end_object();
+  }
+  w.end_array().key("notes").begin_array();
+  for (const std::string& n : notes) w.value(n);
+  w.end_array().end_object();
   return w.str();
 }
 
@@ -115,10 +144,23 @@ std::string BatchFit::text() const {
       << "  predicted peak " << format_bytes(predicted_peak_bytes) << " in "
       << peak_phase << " (iteration " << peak_iteration << "): "
       << format_bytes(fixed_bytes) << " fixed + "
-      << format_bytes(static_cast<int64_t>(bytes_per_sample)) << " per sample\n"
-      << "  margin " << format_bytes(margin_bytes) << ", " << trials
-      << " full-size trial step" << (trials == 1 ? "" : "s") << ", probes in "
-      << mode << " mode\n";
+      << format_bytes(static_cast<int64_t>(bytes_per_sample)) << " per sample\n";
+  if (verified) {
+    out << "  verified: a whole step at " << max_batch << " peaked at "
+        << format_bytes(measured_peak_bytes) << "\n";
+  } else {
+    out << "  unverified: no step ran at " << max_batch << "\n";
+  }
+  int64_t largest = 0;
+  for (const ProbeRecord& p : probes) {
+    if (!p.verification) largest = std::max(largest, p.batch);
+  }
+  out << "  margin " << format_bytes(margin_bytes) << ", " << trials
+      << " full-size trial step" << (trials == 1 ? "" : "s") << ", "
+      << probes.size() - static_cast<size_t>(trials) << " probes up to batch " << largest
+      << " in " << mode << " mode, worst held-out miss "
+      << format_percent(held_out_error) << (affine ? "" : " (not affine)") << "\n";
+  for (const std::string& n : notes) out << "  note: " << n << "\n";
   return out.str();
 }
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "memfit/core/peak_model.h"
 #include "memfit/core/report.h"
@@ -16,6 +17,15 @@ namespace memfit {
 class DoesNotFit : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
+};
+
+// One measured batch, as the batch search saw it (batch_search.h).
+struct ProbeRecord {
+  int64_t batch = 0;
+  bool out_of_memory = false;    // the step raised an out-of-memory error
+  int64_t peak_bytes = 0;        // measured (0 when out_of_memory)
+  int64_t predicted_bytes = -1;  // by the probes before it; -1: none made
+  bool verification = false;     // a full-size step at a candidate answer
 };
 
 struct BatchFit {
@@ -30,9 +40,20 @@ struct BatchFit {
   int peak_iteration = 0;
   double bytes_per_sample = 0;  // of the phase holding the peak
   int64_t fixed_bytes = 0;      // that phase at batch 0
+  // A whole step (two iterations) ran at max_batch and stayed under
+  // budget - margin; false with verify off, and in meta mode, where sizes
+  // are exact but no kernel ran. See Note [Verifying the answer].
+  bool verified = false;
+  int64_t measured_peak_bytes = -1;  // at max_batch; -1 when not measured
+  std::vector<ProbeRecord> probes;   // every step the search measured
+  double held_out_error = 0;  // worst relative miss predicting a probe
+  bool affine = true;         // every probe was predicted within tolerance
+  std::vector<std::string> notes;
 
   // Keys: max_batch, recommended_batch, predicted_peak_bytes, budget_bytes,
-  // margin_bytes, trials, mode.
+  // margin_bytes, trials, mode, verified, measured_peak_bytes (null when
+  // not measured), held_out_error, affine, probes [{batch, peak_bytes,
+  // predicted_bytes, out_of_memory, verification}], notes.
   std::string to_json(bool pretty = true) const;
   std::string text() const;
 };

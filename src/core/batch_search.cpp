@@ -1,0 +1,367 @@
+#include "memfit/core/batch_search.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <limits>
+#include <stdexcept>
+
+#include "memfit/core/units.h"
+
+namespace memfit {
+namespace {
+
+constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
+constexpr size_t kFittedProbes = 3;  // the largest probes a model is fitted on
+
+std::string percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%%", fraction * 100);
+  return buf;
+}
+
+bool fits(const ProbeRecord& p, int64_t limit) {
+  return !p.out_of_memory && p.peak_bytes <= limit;
+}
+
+// Indices of the measurements under `limit`, by batch, one per batch.
+std::vector<size_t> fitting_by_batch(const ProbedModel& pm, int64_t limit) {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < pm.probes.size(); ++i) {
+    if (!fits(pm.probes[i], limit)) continue;
+    bool seen = false;
+    for (size_t j : idx) seen = seen || pm.probes[j].batch == pm.probes[i].batch;
+    if (!seen) idx.push_back(i);
+  }
+  std::sort(idx.begin(), idx.end(),
+            [&](size_t a, size_t b) { return pm.probes[a].batch < pm.probes[b].batch; });
+  return idx;
+}
+
+// Refits pm.model on the largest probes under the limit; false when fewer
+// than two were measured there.
+bool refit(ProbedModel& pm, int64_t limit) {
+  std::vector<size_t> idx = fitting_by_batch(pm, limit);
+  if (idx.size() < 2) return false;
+  if (idx.size() > kFittedProbes) idx.erase(idx.begin(), idx.end() - kFittedProbes);
+  std::vector<int64_t> batches;
+  std::vector<Report> reports;
+  std::vector<const Timeline*> timelines;
+  for (size_t i : idx) {
+    batches.push_back(pm.probes[i].batch);
+    reports.push_back(pm.measured[i].report);
+    timelines.push_back(&pm.measured[i].timeline);
+  }
+  pm.model = fit_peak_model(batches, reports, timelines);
+  return true;
+}
+
+// Measures one batch into pm, predicted first from pm's model when it has
+// one; returns whether it stayed under the limit.
+bool measure_into(ProbedModel& pm, const MeasureStep& measure, int64_t batch,
+                  bool verification, const ProbePlan& plan) {
+  ProbeRecord rec;
+  rec.batch = batch;
+  rec.verification = verification;
+  if (!pm.model.phases.empty()) rec.predicted_bytes = pm.model.predict(batch);
+  StepMeasurement m = measure(batch);
+  rec.out_of_memory = m.out_of_memory;
+  rec.peak_bytes = m.out_of_memory ? 0 : m.report.peak_bytes;
+  if (!m.out_of_memory && rec.predicted_bytes >= 0 && !verification) {
+    const double miss = std::fabs(static_cast<double>(rec.peak_bytes - rec.predicted_bytes)) /
+                        static_cast<double>(std::max<int64_t>(rec.peak_bytes, 1));
+    pm.held_out_error = std::max(pm.held_out_error, miss);
+    if (miss > plan.tolerance) pm.affine = false;
+  }
+  pm.probes.push_back(rec);
+  pm.measured.push_back(std::move(m));
+  return fits(rec, plan.limit_bytes);
+}
+
+int64_t smallest_over(const ProbedModel& pm, int64_t limit) {
+  int64_t o = kNone;
+  for (const ProbeRecord& p : pm.probes) {
+    if (!fits(p, limit)) o = std::min(o, p.batch);
+  }
+  return o;
+}
+
+const ProbeRecord* record_at(const ProbedModel& pm, int64_t batch, int64_t limit) {
+  for (const ProbeRecord& p : pm.probes) {
+    if (p.batch == batch && fits(p, limit)) return &p;
+  }
+  return nullptr;
+}
+
+// The batch at which the line through (b1, p1) and (b2, p2) reaches `limit`;
+// `fallback` when the line does not rise.
+int64_t secant(int64_t b1, int64_t p1, int64_t b2, int64_t p2, int64_t limit,
+               int64_t fallback) {
+  if (b1 == b2 || p1 == p2) return fallback;
+  const double slope = static_cast<double>(p2 - p1) / static_cast<double>(b2 - b1);
+  if (slope <= 0) return fallback;
+  const double b = static_cast<double>(b1) + static_cast<double>(limit - p1) / slope;
+  if (!(b < static_cast<double>(kMaxBatch))) return kMaxBatch;
+  return std::max<int64_t>(1, static_cast<int64_t>(std::floor(b)));
+}
+
+// The model's answer with the fit's own margin (its residual) kept free, as
+// fit_batch computes it; 0 when batch 1 does not fit.
+int64_t model_answer(const PeakModel& model, int64_t usable) {
+  int64_t residual = 0;
+  for (const auto& p : model.phases) {
+    residual = std::max(residual, static_cast<int64_t>(std::ceil(p.fit.max_abs_residual)));
+  }
+  const int64_t room = usable - residual;
+  if (room < model.predict(1)) return 0;
+  return model.max_batch_under(room);
+}
+
+std::string nothing_fits(const ProbedModel& pm, const SearchOptions& o) {
+  std::string why = "no probe fit";
+  for (const ProbeRecord& p : pm.probes) {
+    if (p.batch != 1) continue;
+    why = p.out_of_memory ? "the step at batch 1 ran out of memory"
+                          : "the step at batch 1 peaked at " + format_bytes(p.peak_bytes);
+  }
+  const std::string margin = o.extra_margin_bytes > 0
+                                 ? " less a margin of " + format_bytes(o.extra_margin_bytes)
+                                 : std::string();
+  return "[fit] even one sample does not fit: " + why + ", over the budget " +
+         format_bytes(o.budget_bytes) + margin +
+         ". Try a bigger budget, a lighter optimizer or its state on the host, mixed "
+         "precision, or activation checkpointing (memfit advise plans and measures these).";
+}
+
+// The figures of the answer: measured where a step ran at it, the model's
+// otherwise.
+void fill_answer(BatchFit& f, const ProbedModel& pm, int64_t usable) {
+  for (size_t i = 0; i < pm.probes.size(); ++i) {
+    if (pm.probes[i].batch == f.max_batch && fits(pm.probes[i], usable)) {
+      f.measured_peak_bytes = pm.probes[i].peak_bytes;
+      f.peak_phase = pm.measured[i].report.peak_phase;
+      f.peak_iteration = pm.measured[i].report.peak_iteration;
+    }
+  }
+  if (!pm.model.phases.empty()) {
+    f.predicted_peak_bytes = pm.model.predict(f.max_batch);
+    const PhaseFit& phase = pm.model.peak_phase(f.max_batch);
+    if (f.peak_phase.empty()) {
+      f.peak_phase = phase.phase;
+      f.peak_iteration = phase.iteration;
+    }
+    f.bytes_per_sample = phase.fit.per_sample;
+    f.fixed_bytes = phase.fit.predict(0);
+  } else {
+    f.predicted_peak_bytes = f.measured_peak_bytes;
+  }
+  f.recommended_batch = recommended_batch(f.max_batch);
+  f.probes = pm.probes;
+  f.held_out_error = pm.held_out_error;
+  f.affine = pm.affine;
+  f.notes.insert(f.notes.begin(), pm.notes.begin(), pm.notes.end());
+}
+
+}  // namespace
+
+int64_t ProbedModel::largest_probe() const {
+  int64_t b = 0;
+  for (const ProbeRecord& p : probes) {
+    if (!p.out_of_memory && !p.verification) b = std::max(b, p.batch);
+  }
+  return b;
+}
+
+ProbedModel probe_toward(const MeasureStep& measure,
+                         const std::function<int64_t(const PeakModel&)>& target,
+                         const ProbePlan& plan) {
+  if (plan.first.empty()) throw std::invalid_argument("[probe] no first probes given");
+  ProbedModel pm;
+  std::vector<int64_t> first = plan.first;
+  std::sort(first.begin(), first.end());
+  first.erase(std::unique(first.begin(), first.end()), first.end());
+  if (first.front() < 1) {
+    throw std::invalid_argument("[probe] probe batches must be >= 1, got " +
+                                std::to_string(first.front()));
+  }
+  for (int64_t b : first) {
+    if (!measure_into(pm, measure, b, false, plan)) break;
+    refit(pm, plan.limit_bytes);
+  }
+  if (fitting_by_batch(pm, plan.limit_bytes).size() < 2 && first.front() > 1) {
+    // The smallest probe is already over: batch 1 says whether anything fits.
+    measure_into(pm, measure, 1, false, plan);
+  }
+  if (!refit(pm, plan.limit_bytes)) return pm;
+
+  bool last_check_ok = true;
+  for (;;) {
+    const int64_t want = target(pm.model);
+    const int64_t largest = pm.largest_probe();
+    const int64_t over = smallest_over(pm, plan.limit_bytes);
+    if (largest * 8 >= want && last_check_ok) break;
+    if (largest * 2 >= want) break;  // the next probe would be the answer itself
+    const int64_t next = largest * 2;
+    if (next >= over) break;
+    const bool under = measure_into(pm, measure, next, false, plan);
+    const ProbeRecord& got = pm.probes.back();
+    last_check_ok = got.out_of_memory ||
+                    std::fabs(static_cast<double>(got.peak_bytes - got.predicted_bytes)) <=
+                        plan.tolerance * static_cast<double>(got.peak_bytes);
+    refit(pm, plan.limit_bytes);
+    if (!under) break;
+  }
+  if (!pm.affine) {
+    pm.notes.push_back("the step is not affine in the batch over the probes: a probe was " +
+                       percent(pm.held_out_error) +
+                       " off the line of the smaller ones (kernels change path with the "
+                       "batch and the thread count); the model is fitted on the largest "
+                       "probes");
+  }
+  return pm;
+}
+
+PredictionCertainty certainty_at(const ProbedModel& probed, int64_t batch) {
+  PredictionCertainty c;
+  c.batch = batch;
+  c.predicted_bytes = probed.model.predict(batch);
+  c.probes = probed.model.probe_batches;
+  c.held_out_error = probed.held_out_error;
+  c.affine = probed.affine;
+  c.beyond_probes = c.probes.empty() || batch > *std::max_element(c.probes.begin(), c.probes.end());
+  return c;
+}
+
+std::string PredictionCertainty::text() const {
+  std::string probes_text;
+  for (int64_t b : probes) probes_text += (probes_text.empty() ? "" : ", ") + std::to_string(b);
+  return "predicted " + format_bytes(predicted_bytes) + " at batch " + std::to_string(batch) +
+         " from probes at " + probes_text + "; worst held-out miss " + percent(held_out_error) +
+         (affine ? "" : ", not affine") +
+         (beyond_probes ? "; extrapolated beyond the largest probe" : "");
+}
+
+BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) {
+  if (options.budget_bytes < 0 || options.extra_margin_bytes < 0) {
+    throw std::invalid_argument("[fit] the budget and the margin must be >= 0 bytes");
+  }
+  if (options.verify && options.max_trials < 1) {
+    throw std::invalid_argument("[fit] verification needs max_trials >= 1");
+  }
+  const int64_t usable = options.budget_bytes - options.extra_margin_bytes;
+  if (usable <= 0) {
+    throw std::invalid_argument("[fit] the margin " + format_bytes(options.extra_margin_bytes) +
+                                " leaves nothing of the budget " +
+                                format_bytes(options.budget_bytes) +
+                                ": give a margin smaller than the budget");
+  }
+  ProbePlan plan = options.probes;
+  plan.limit_bytes = usable;
+  // Probes grow toward the model's answer; an error in it (memory that does
+  // not grow) stops growth here and is raised by fit_batch below.
+  auto target = [&](const PeakModel& model) -> int64_t {
+    try {
+      return model_answer(model, usable);
+    } catch (const std::exception&) {
+      return 0;
+    }
+  };
+  ProbedModel pm = probe_toward(measure, target, plan);
+
+  const Report* reference = nullptr;
+  for (size_t i = 0; i < pm.probes.size() && reference == nullptr; ++i) {
+    if (!pm.probes[i].out_of_memory) reference = &pm.measured[i].report;
+  }
+  int64_t best = 0;  // the largest batch measured under the limit
+  for (const ProbeRecord& p : pm.probes) {
+    if (fits(p, usable)) best = std::max(best, p.batch);
+  }
+  if (best == 0) throw DoesNotFit(nothing_fits(pm, options));
+
+  BatchFit f;
+  f.budget_bytes = options.budget_bytes;
+  f.mode = reference->mode;
+  int64_t lowest_bad = smallest_over(pm, usable);
+  int64_t candidate = best;
+  if (!pm.model.phases.empty()) {
+    try {
+      const BatchFit model_fit =
+          fit_batch(pm.model, *reference, options.budget_bytes, options.extra_margin_bytes);
+      candidate = std::max(best, model_fit.max_batch);
+      f.margin_bytes = model_fit.margin_bytes;
+    } catch (const DoesNotFit&) {
+      // A measured batch fits although the model says none does: trust the
+      // measurement.
+    }
+  }
+  candidate = std::min(candidate, lowest_bad - 1);
+
+  if (options.verify) {
+    f.margin_bytes = options.extra_margin_bytes;
+    // The two largest batches that fit, and the smallest that does not,
+    // with their measured peaks (-1: ran out of memory, peak unknown).
+    int64_t below = 0, below_peak = 0;
+    for (const ProbeRecord& p : pm.probes) {
+      if (fits(p, usable) && p.batch < best && p.batch > below) {
+        below = p.batch;
+        below_peak = p.peak_bytes;
+      }
+    }
+    int64_t best_peak = record_at(pm, best, usable)->peak_bytes;
+    int64_t bad_peak = -1;
+    int blind_misses = 0;  // candidates that ran out of memory, peak unknown
+    for (const ProbeRecord& p : pm.probes) {
+      if (p.batch == lowest_bad && !p.out_of_memory) bad_peak = p.peak_bytes;
+    }
+    while (f.trials < options.max_trials && candidate > best) {
+      ++f.trials;
+      const bool ok = measure_into(pm, measure, candidate, true, plan);
+      const ProbeRecord& tried = pm.probes.back();
+      if (ok) {
+        below = best;
+        below_peak = best_peak;
+        best = candidate;
+        best_peak = tried.peak_bytes;
+      } else {
+        lowest_bad = candidate;
+        bad_peak = tried.out_of_memory ? -1 : tried.peak_bytes;
+      }
+      // Next: inside the bracket, by the secant through its ends; above
+      // it, by the secant through the two largest that fit. An OOM gives no
+      // peak: the first steps back by the model's own error (it was close),
+      // the second bisects.
+      const int64_t half = lowest_bad == kNone ? 2 * best : best + (lowest_bad - best) / 2;
+      const int64_t up = secant(below, below_peak, best, best_peak, usable, best);
+      int64_t next;
+      if (lowest_bad == kNone) {
+        next = up;
+      } else if (bad_peak >= 0) {
+        next = secant(best, best_peak, lowest_bad, bad_peak, usable, half);
+      } else if (!ok && ++blind_misses == 1) {
+        const double back = std::max(0.02, 4 * pm.held_out_error);
+        next = best + static_cast<int64_t>(static_cast<double>(lowest_bad - best) * (1 - back));
+      } else {
+        next = ok ? std::min(up, lowest_bad - 1) : half;
+      }
+      candidate = std::min(next, lowest_bad - 1);
+      if (candidate - best <= best / 100) break;  // less than 1% more batch
+    }
+    f.max_batch = best;
+    f.verified = f.mode != "meta";
+    if (!f.verified) {
+      f.notes.push_back(
+          "measured on the meta device: the sizes are exact, but no kernel ran (no "
+          "workspace, no allocator): unverified");
+    }
+  } else {
+    f.max_batch = candidate;
+    if (record_at(pm, candidate, usable) == nullptr) {
+      f.notes.push_back("unverified: no step ran at batch " + std::to_string(candidate) +
+                        "; the answer is the model's");
+    }
+  }
+  fill_answer(f, pm, usable);
+  return f;
+}
+
+}  // namespace memfit

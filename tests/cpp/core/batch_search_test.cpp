@@ -1,0 +1,241 @@
+#include "memfit/core/batch_search.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <random>
+
+namespace memfit {
+namespace {
+
+constexpr int64_t kParams = 1 << 20;
+
+// A recorded step whose activations take act(b) bytes at batch b:
+// parameters, then two iterations of forward (activations), backward
+// (gradients; activations freed), optimizer_step (Adam-like state in the
+// first) and zero_grad.
+Timeline step_timeline(int64_t b, const std::function<int64_t(int64_t)>& act) {
+  Timeline t;
+  uint64_t next_id = 1;
+  auto alloc = [&](int64_t bytes, Category c) {
+    Event e;
+    e.kind = EventKind::kAlloc;
+    e.id = next_id++;
+    e.bytes = bytes;
+    e.category = c;
+    e.phase = t.current_phase();
+    t.record(e);
+    return e.id;
+  };
+  auto free = [&](uint64_t id) {
+    Event e;
+    e.kind = EventKind::kFree;
+    e.id = id;
+    e.phase = t.current_phase();
+    t.record(e);
+  };
+  t.begin_phase("parameters", 1);
+  alloc(kParams, Category::kParameter);
+  for (int it = 1; it <= 2; ++it) {
+    t.begin_phase("inputs", it);
+    const uint64_t x = alloc(64 * b, Category::kInput);
+    t.begin_phase("forward", it);
+    const uint64_t a = alloc(act(b), Category::kActivation);
+    t.begin_phase("backward", it);
+    const uint64_t g = alloc(kParams, Category::kGradient);
+    free(a);
+    free(x);
+    t.begin_phase("optimizer_step", it);
+    if (it == 1) alloc(2 * kParams, Category::kOptimizerState);
+    t.begin_phase("zero_grad", it);
+    free(g);
+  }
+  t.end_phase();
+  return t;
+}
+
+struct Step {
+  std::function<int64_t(int64_t)> act;
+  int64_t enforced_budget = -1;  // raise OOM above it, as a simulated device does
+  std::vector<int64_t> measured = {};
+
+  int64_t peak(int64_t b) const {
+    return make_report(step_timeline(b, act), {"synthetic", b, "adam", "cpu"}).peak_bytes;
+  }
+  MeasureStep measure() {
+    return [this](int64_t b) {
+      measured.push_back(b);
+      StepMeasurement m;
+      m.timeline = step_timeline(b, act);
+      m.report = make_report(m.timeline, {"synthetic", b, "adam", "cpu"});
+      if (enforced_budget >= 0 && m.report.peak_bytes > enforced_budget) {
+        m = StepMeasurement{};
+        m.out_of_memory = true;
+      }
+      return m;
+    };
+  }
+  // The true answer, by scanning: the largest b whose peak fits.
+  int64_t true_max(int64_t budget) const {
+    int64_t lo = 0, hi = 1;
+    while (peak(hi) <= budget) hi *= 2;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (peak(mid) <= budget ? lo : hi) = mid;
+    }
+    return lo;
+  }
+};
+
+SearchOptions budget_of(int64_t bytes) {
+  SearchOptions o;
+  o.budget_bytes = bytes;
+  return o;
+}
+
+TEST(BatchSearch, AffineStepIsFoundExactlyAndVerifiedOnce) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  const int64_t budget = 64 << 20;
+  const BatchFit f = search_batch(s.measure(), budget_of(budget));
+  EXPECT_EQ(f.max_batch, s.true_max(budget));
+  EXPECT_TRUE(f.verified);
+  EXPECT_TRUE(f.affine);
+  EXPECT_EQ(f.trials, 1);
+  EXPECT_EQ(f.measured_peak_bytes, s.peak(f.max_batch));
+  EXPECT_LE(f.measured_peak_bytes, budget);
+  // The probes cost under one step at the answer: under half its samples,
+  // at two iterations each.
+  int64_t probe_samples = 0;
+  for (const ProbeRecord& p : f.probes) probe_samples += p.verification ? 0 : p.batch;
+  EXPECT_LT(probe_samples, f.max_batch / 2);
+}
+
+TEST(BatchSearch, PerSampleMemoryThatJumpsWithTheBatchNeverOvershoots) {
+  // As the CPU kernels of a GroupNorm/SiLU net: ~600 B a sample at small
+  // batches, ~790 B from 16 up (scaled up here).
+  Step s{[](int64_t b) { return b < 16 ? 6000 * b : 7900 * b + 20000; }};
+  const int64_t budget = 8 << 20;
+  const BatchFit f = search_batch(s.measure(), budget_of(budget));
+  const int64_t truth = s.true_max(budget);
+  EXPECT_LE(f.max_batch, truth);
+  EXPECT_GE(f.max_batch * 100, truth * 98);
+  EXPECT_FALSE(f.affine);
+  EXPECT_GT(f.held_out_error, 0.005);
+  ASSERT_FALSE(f.notes.empty());
+  EXPECT_NE(f.notes.front().find("not affine"), std::string::npos) << f.notes.front();
+}
+
+TEST(BatchSearch, EnforcedBudgetOutOfMemoryStepsDownToAMeasuredBatch) {
+  // Convex growth: a line from small probes under-predicts, so the first
+  // candidate runs out of memory on the simulated device.
+  Step s{[](int64_t b) { return 3000 * b + b * b * 40; }};
+  const int64_t budget = 8 << 20;
+  s.enforced_budget = budget;
+  const BatchFit f = search_batch(s.measure(), budget_of(budget));
+  const int64_t truth = s.true_max(budget);
+  EXPECT_LE(f.max_batch, truth);
+  EXPECT_GE(f.max_batch * 100, truth * 95);
+  EXPECT_TRUE(f.verified);
+  EXPECT_LE(f.trials, SearchOptions{}.max_trials);
+  EXPECT_LE(s.peak(f.max_batch), budget);
+}
+
+// Runs the search on 60 random piecewise-affine steps; odd runs enforce the
+// budget (an OOM says no more than "over"), even ones report every peak.
+// Returns the mean of found / true per kind.
+std::pair<double, double> random_curves(bool* overshot) {
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(0, 1);
+  double sum[2] = {0, 0};
+  const int runs = 60;
+  for (int run = 0; run < runs; ++run) {
+    // Piecewise affine, as kernels that change path at a batch make it,
+    // with a curvature of up to 5% at the budget on top.
+    const int64_t budget = (4 << 20) + static_cast<int64_t>(u(rng) * (60 << 20));
+    const double slope = 1000 + 9000 * u(rng);
+    const double scale = static_cast<double>(budget) / slope;  // ~ the answer
+    const double curve = (u(rng) - 0.5) * 0.1 / scale;
+    const int64_t kink = 4 + static_cast<int64_t>(200 * u(rng));
+    const double jump = 0.4 * u(rng);
+    Step s{[=](int64_t b) {
+      const double x = static_cast<double>(b);
+      double bytes = slope * x * (1 + curve * x);
+      if (b >= kink) bytes += jump * slope * x + 5000;
+      return static_cast<int64_t>(bytes);
+    }};
+    const bool blind = run % 2 == 1;
+    if (blind) s.enforced_budget = budget;
+    const BatchFit f = search_batch(s.measure(), budget_of(budget));
+    const int64_t truth = s.true_max(budget);
+    if (f.max_batch > truth || s.peak(f.max_batch) > budget) *overshot = true;
+    sum[blind] += static_cast<double>(f.max_batch) / static_cast<double>(truth);
+  }
+  return {sum[0] / (runs / 2), sum[1] / (runs / 2)};
+}
+
+TEST(BatchSearch, NoStepAboveTheBudgetOnRandomCurves) {
+  bool overshot = false;
+  const auto [measured, blind] = random_curves(&overshot);
+  EXPECT_FALSE(overshot);
+  EXPECT_GE(measured, 0.98);  // every peak measured: the secant is exact
+  EXPECT_GE(blind, 0.95);     // an OOM says only "over": bisection
+}
+
+TEST(BatchSearch, OnlyOneSampleFits) {
+  Step s{[](int64_t b) { return 3 * kParams * b; }};
+  const int64_t budget = s.peak(1) + 10;
+  const BatchFit f = search_batch(s.measure(), budget_of(budget));
+  EXPECT_EQ(f.max_batch, 1);
+  EXPECT_EQ(f.measured_peak_bytes, s.peak(1));
+}
+
+TEST(BatchSearch, NothingFitsSaysBatchOne) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  s.enforced_budget = 1 << 20;
+  try {
+    search_batch(s.measure(), budget_of(1 << 20));
+    FAIL() << "expected DoesNotFit";
+  } catch (const DoesNotFit& e) {
+    EXPECT_NE(std::string(e.what()).find("even one sample does not fit: the step at batch 1 ran "
+                                         "out of memory"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(BatchSearch, WithoutVerifyTheAnswerIsTheModelsAndSaysSo) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  SearchOptions o = budget_of(64 << 20);
+  o.verify = false;
+  const BatchFit f = search_batch(s.measure(), o);
+  EXPECT_FALSE(f.verified);
+  EXPECT_EQ(f.trials, 0);
+  EXPECT_EQ(f.max_batch, s.true_max(64 << 20));  // affine: the model is exact
+  EXPECT_NE(f.to_json(false).find("\"verified\":false"), std::string::npos);
+  ASSERT_FALSE(f.notes.empty());
+  EXPECT_NE(f.notes.back().find("unverified"), std::string::npos);
+}
+
+TEST(BatchSearch, MarginIsKeptFreeByTheMeasuredPeak) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  SearchOptions o = budget_of(64 << 20);
+  o.extra_margin_bytes = 8 << 20;
+  const BatchFit f = search_batch(s.measure(), o);
+  EXPECT_EQ(f.max_batch, s.true_max(56 << 20));
+  EXPECT_EQ(f.margin_bytes, 8 << 20);
+}
+
+TEST(ProbeToward, PredictionSaysWhenItExtrapolates) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  ProbePlan plan;
+  const ProbedModel pm = probe_toward(s.measure(), [](const PeakModel&) { return 256; }, plan);
+  EXPECT_GE(pm.largest_probe() * 8, 256);
+  const PredictionCertainty c = certainty_at(pm, 256);
+  EXPECT_EQ(c.predicted_bytes, s.peak(256));
+  EXPECT_TRUE(c.beyond_probes);
+  EXPECT_TRUE(c.affine);
+  EXPECT_NE(c.text().find("extrapolated beyond the largest probe"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace memfit

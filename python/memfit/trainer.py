@@ -19,6 +19,55 @@ def coupled_layers(model):
     ]
 
 
+# Note [Buffers of a failed micro-batch]
+# A forward in training mode writes buffers (BatchNorm's running statistics
+# and num_batches_tracked): a micro-batch that runs out of memory after its
+# forward would leave its statistics in them, and its redo would add them a
+# second time. So the buffers of the modules in training mode (eval-mode
+# modules write none) are copied before a micro-batch's first attempt and
+# copied back before it is redone. The native step only asks for the same
+# start again when the attempt there failed (pos moves on success only), so
+# that is how a redo is recognised. Every such buffer is copied: kernels
+# such as batch_norm write running statistics without moving their version
+# counter, so versions cannot tell which moved. The copies die with the
+# step. If the step raises, its gradients are dropped and the buffers go back
+# to how they were before it: the step did not happen.
+class BufferGuard:
+    """Copies of the buffers a forward may write, to undo a failed attempt."""
+
+    def __init__(self, module):
+        self._buffers = list(
+            {id(b): b for m in module.modules() if m.training
+             for b in m.buffers(recurse=False)}.values()
+        )
+        self._first = None  # copies from before the step
+        self._copies = None  # copies from before the attempts at _start
+        self._start = None
+
+    def _put_back(self, copies):
+        with torch.no_grad():
+            for buf, copy in zip(self._buffers, copies):
+                buf.copy_(copy)
+
+    def before_attempt(self, start):
+        """Called before each attempt at the micro-batch from `start`."""
+        if not self._buffers:
+            return
+        if start == self._start:
+            self._put_back(self._copies)  # the attempt there failed
+            return
+        self._copies = None  # the last position's copies are done with
+        with torch.no_grad():
+            copies = [buf.clone() for buf in self._buffers]
+        self._copies, self._start = copies, start
+        if self._first is None:
+            self._first = copies
+
+    def restore_before_step(self):
+        if self._first is not None:
+            self._put_back(self._first)
+
+
 def _reduction(loss_fn, reduction):
     if reduction is not None:
         if reduction not in ("mean", "sum"):
@@ -55,6 +104,18 @@ class Trainer:
       micro-batch uses its own statistics).
     - reduction: "mean" or "sum"; read from loss_fn.reduction when omitted.
     - split=False runs the batch whole and lets an OOM out.
+    - scaler: a torch.amp.GradScaler for mixed precision. Autocast stays
+      yours (wrap step() in torch.autocast); each micro-batch's loss is
+      scaled for its backward (scaler.scale), then scaler.step(optimizer) and
+      scaler.update() run once for the whole batch: the recipe of PyTorch's
+      AMP tutorial, with the same gradients. report.loss stays unscaled.
+
+    A micro-batch that runs out of memory leaves no trace: its gradients are
+    not kept (see Note [Why a retried micro-batch never counts twice],
+    trainer.cpp) and the buffers its forward wrote (BatchNorm's running
+    statistics) are put back before it is redone; a step that raises puts
+    them back as they were before it. See Note [Buffers of a failed
+    micro-batch].
 
     The parameters that train and the BatchNorm layers in training mode are
     read at each step: freezing a layer or putting it in eval mode after
@@ -75,7 +136,7 @@ class Trainer:
 
     def __init__(self, model, optimizer, loss_fn=None, budget=None, batch_dim=0,
                  target_batch_dim=0, coupled="error", reduction=None, split=True,
-                 micro_batch=0):
+                 micro_batch=0, scaler=None):
         if coupled not in ("error", "allow"):
             raise ValueError(f"[Trainer] coupled must be 'error' or 'allow', got {coupled!r}")
         check_optimizer(model, optimizer, "Trainer", instance_only=True)
@@ -83,19 +144,26 @@ class Trainer:
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
+        self.scaler = scaler
         self.batch_dim = batch_dim
         self.target_batch_dim = target_batch_dim
         budget = None if budget is None else to_bytes(budget, "Trainer")
         self._dist = DistributedStep(model) if is_distributed(model) else None
         self._module = model.module if self._dist else model
+        opt_step = optimizer.step if scaler is None else self._scaled_optimizer_step
         self._options = (
-            self._dist.optimizer_step(optimizer.step) if self._dist else optimizer.step,
+            self._dist.optimizer_step(opt_step) if self._dist else opt_step,
             split,
             coupled == "allow",
             _reduction(loss_fn, reduction) == "mean",
         )
         self._shape = None
         self._native_now(budget, micro_batch)
+
+    def _scaled_optimizer_step(self):
+        # Unscales the accumulated gradients, skips the step on inf/NaN.
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
 
     def _native_now(self, budget=None, micro_batch=0):
         """The native Trainer over the parameters that train now and the
@@ -131,7 +199,13 @@ class Trainer:
             return self._distributed_step(native, inputs, target)
         # The native step sets the parameters' gradients to None before and
         # after (see Note [The order of a training iteration]).
-        return native.step(self._batch(inputs, target), self._chunk_loss(inputs, target))
+        n = self._batch(inputs, target)
+        buffers = BufferGuard(self._module)
+        try:
+            return native.step(n, self._chunk_loss(inputs, target, buffers))
+        except BaseException:
+            buffers.restore_before_step()
+            raise
 
     def _batch(self, inputs, target):
         n = batch_size(inputs, self.batch_dim, "Trainer.step")
@@ -144,8 +218,9 @@ class Trainer:
                 )
         return n
 
-    def _chunk_loss(self, inputs, target):
+    def _chunk_loss(self, inputs, target, buffers=None):
         model, loss_fn, bd, tbd = self._module, self.loss_fn, self.batch_dim, self.target_batch_dim
+        scaler = self.scaler
         # The micro-batches are views of the user's tensors: a forward that
         # writes into them changes each sample once, as an eager step would.
         # A micro-batch is only ever asked for twice when it is redone after
@@ -163,6 +238,8 @@ class Trainer:
                         f"changed); redoing them would apply that write twice. Write out of "
                         f"place (x = x * 2, not x.mul_(2)), or pass a micro_batch= that fits"
                     )
+            if buffers is not None:
+                buffers.before_attempt(start)
             versions = [t._version for t in users]
             try:
                 x = map_tensors(inputs, lambda t: t.narrow(bd, start, n))
@@ -173,6 +250,11 @@ class Trainer:
                 if any(t._version != v for t, v in zip(users, versions)):
                     written.append((start, start + n))
             check_loss_trains(loss, model, "Trainer.step")
+            if scaler is not None and scaler.is_enabled():
+                # The backward sees scaler.scale(loss); the value (report.loss)
+                # stays the loss itself.
+                scaled = scaler.scale(loss)
+                loss = loss.detach() + (scaled - scaled.detach())
             return loss
 
         return chunk_loss
@@ -182,5 +264,10 @@ class Trainer:
             n = self._batch(inputs, target)
         except ValueError as e:
             n = e  # the other ranks must hear of it, not wait for this rank
-        return self._dist.step(native, n, batch_signature(inputs, target),
-                               self._chunk_loss(inputs, target))
+        buffers = BufferGuard(self._module)
+        try:
+            return self._dist.step(native, n, batch_signature(inputs, target),
+                                   self._chunk_loss(inputs, target, buffers))
+        except BaseException:
+            buffers.restore_before_step()
+            raise

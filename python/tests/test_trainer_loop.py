@@ -1,0 +1,197 @@
+"""The Trainer inside the user's own training loop (issue 16): AMP's
+GradScaler, BatchNorm under a recovered OOM, inputs shared by every sample,
+batches kept on the host."""
+
+import pytest
+import torch
+
+import memfit
+
+B = 21
+
+
+def data(n=B, features=8, classes=3):
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(n, features, generator=g), torch.randint(0, classes, (n,), generator=g)
+
+
+def small_model(norm=False):
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(8, 16)]
+    if norm:
+        layers.append(torch.nn.BatchNorm1d(16))
+    layers += [torch.nn.Tanh(), torch.nn.Linear(16, 3)]
+    return torch.nn.Sequential(*layers)
+
+
+def clone_state(model):
+    return {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def assert_states_equal(got, want):
+    assert got.keys() == want.keys()
+    for k in want:
+        assert torch.equal(got[k], want[k]), k
+
+
+# -- item 1: GradScaler ----------------------------------------------------------------
+
+
+def amp_eager(model, opt, scaler, x, y, chunks):
+    """PyTorch's AMP recipe with gradient accumulation over `chunks`."""
+    loss_fn = torch.nn.CrossEntropyLoss()
+    opt.zero_grad(set_to_none=True)
+    start = 0
+    for n in chunks:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(model(x[start:start + n]), y[start:start + n]) * (n / len(x))
+        scaler.scale(loss).backward()
+        start += n
+    scaler.step(opt)
+    scaler.update()
+    opt.zero_grad(set_to_none=True)
+
+
+@pytest.mark.parametrize("micro_batch, chunks", [(0, [B]), (7, [7, 7, 7])])
+def test_trainer_with_grad_scaler_gives_the_eager_amp_recipes_parameters(micro_batch, chunks):
+    x, y = data()
+    want_model = small_model()
+    want_opt = torch.optim.SGD(want_model.parameters(), lr=0.1)
+    want_scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    model = small_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    assert scaler.is_enabled()
+    t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), micro_batch=micro_batch,
+                       scaler=scaler)
+    for _ in range(3):
+        amp_eager(want_model, want_opt, want_scaler, x, y, chunks)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            r = t.step(x, y)
+        assert r.chunks == chunks
+    for p, w in zip(model.parameters(), want_model.parameters()):
+        assert ((p - w).norm() / w.norm()).item() < 1e-5
+    assert scaler.get_scale() == want_scaler.get_scale()
+    assert all(p.grad is None for p in model.parameters())
+
+
+def test_trainer_reports_the_unscaled_loss_under_a_grad_scaler():
+    x, y = data()
+    model = small_model()
+    want = torch.nn.functional.cross_entropy(model(x), y).item()
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**16)
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.0),
+                       torch.nn.CrossEntropyLoss(), micro_batch=7, scaler=scaler)
+    assert t.step(x, y).loss == pytest.approx(want, rel=1e-6)
+
+
+def test_grad_scaler_skips_the_step_on_an_inf_gradient_as_in_eager():
+    x, y = data()
+    model = small_model()
+    before = clone_state(model)
+    scaler = torch.amp.GradScaler("cpu", init_scale=3.0e38)
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                       torch.nn.CrossEntropyLoss(reduction="sum"), micro_batch=7,
+                       scaler=scaler)
+    t.step(x * 1e3, y)
+    assert_states_equal(clone_state(model), before)  # inf found: step skipped
+    assert scaler.get_scale() < 3.0e38  # and the scale backed off
+
+
+# -- item 2: a recovered OOM leaves no trace in the buffers ------------------------------
+
+
+def by_hand(model, x, y, chunks):
+    """The micro-batches run one by one: gradients (mean loss) and buffers."""
+    model.zero_grad(set_to_none=True)
+    start = 0
+    for n in chunks:
+        loss = torch.nn.functional.cross_entropy(model(x[start:start + n]), y[start:start + n])
+        (loss * (n / len(x))).backward()
+        start += n
+    grads = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    return grads
+
+
+class Capture(torch.optim.SGD):
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+        self.grads = None
+
+    def step(self, closure=None):
+        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
+
+
+def test_a_recovered_oom_at_every_allocation_leaves_batchnorm_statistics_untouched():
+    # 2 micro-batches of 8, or of 4 after an OOM (BatchNorm needs 2 samples).
+    x, y = data(16)
+    count = memfit._memfit.allocation_count
+    model = small_model(norm=True)
+    opt = Capture(model.parameters())
+    # How many tracked allocations the micro-batches make, up to the step.
+    at_step = []
+    step = opt.step
+    opt.step = lambda: (at_step.append(count()), step())
+    with memfit.track():
+        start = count()
+        memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), micro_batch=8,
+                       coupled="allow").step(x, y)
+    n = at_step[0] - start
+    assert n > 20
+    for k in range(1, n + 1):
+        model = small_model(norm=True)
+        t = memfit.Trainer(model, Capture(model.parameters()), torch.nn.CrossEntropyLoss(),
+                           micro_batch=8, coupled="allow")
+        with memfit.track():
+            memfit._memfit.fail_allocation_after(k)
+            try:
+                r = t.step(x, y)
+            finally:
+                memfit._memfit.fail_allocation_after(0)
+        assert r.ooms_recovered == 1, k
+        # The statistics of the micro-batches that ran, each once. Gradients
+        # are not compared: an OOM in the backward keeps the shares some
+        # parameters received with the failed micro-batch's statistics (see
+        # Note [Why a retried micro-batch never counts twice]).
+        want = small_model(norm=True)
+        by_hand(want, x, y, r.chunks)
+        got = clone_state(model)
+        assert_states_equal(got, clone_state(want))
+        assert int(got["1.num_batches_tracked"]) == len(r.chunks), k
+
+
+def test_two_micro_batches_with_one_oom_count_batchnorm_twice():
+    # The issue's case: 2 micro-batches, 1 OOM recovered after the forward.
+    x, y = data(8)
+    calls = []
+
+    def loss_fn(out, target):
+        calls.append(1)
+        if len(calls) == 2:
+            raise torch.cuda.OutOfMemoryError("out of memory (simulated)")
+        return torch.nn.functional.cross_entropy(out, target)
+
+    model = small_model(norm=True)
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.0), loss_fn,
+                       micro_batch=4, coupled="allow", reduction="mean")
+    r = t.step(x, y)
+    assert r.ooms_recovered == 1 and r.chunks == [4, 2, 2]
+    want = small_model(norm=True)
+    by_hand(want, x, y, r.chunks)
+    assert_states_equal(clone_state(model), clone_state(want))
+
+
+def test_a_step_that_raises_leaves_the_buffers_as_before():
+    x, y = data()
+    model = small_model(norm=True)
+    before = clone_state(model)
+
+    def loss_fn(out, target):
+        raise RuntimeError("user's loss is broken")
+
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), loss_fn,
+                       micro_batch=7, coupled="allow", reduction="mean")
+    with pytest.raises(RuntimeError, match="broken"):
+        t.step(x, y)
+    assert_states_equal(clone_state(model), before)

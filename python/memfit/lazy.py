@@ -16,6 +16,19 @@ def lazy(*tensors, batch=0, allow_mixing=False):
         loss.backward()                       # runs in chunks; full-batch gradients
         print(loss.item())                    # cached: the forward does not run again
 
+    Mixed precision (AMP) is written as in PyTorch's recipe; only the
+    lazy() line is added:
+
+        scaler = torch.amp.GradScaler("cuda")   # or "cpu"
+        for x, y in loader:
+            opt.zero_grad(set_to_none=True)
+            x, y = memfit.lazy(x, y, batch=0)
+            with torch.autocast("cuda", dtype=torch.float16):
+                loss = criterion(model(x), y)    # recorded under autocast
+            scaler.scale(loss).backward()        # chunks run under autocast
+            scaler.step(opt)
+            scaler.update()
+
     Returns one LazyTensor for one tensor, a tuple for several. `batch` is
     the dimension that indexes samples: an int for all tensors, or one
     entry per tensor; None marks a tensor that is the same for every sample
@@ -89,7 +102,9 @@ def lazy(*tensors, batch=0, allow_mixing=False):
       x.shape[0] give BatchInts, which follow the chunk size in shape
       arguments (x.view(x.size(0), -1)).
     - Modules and parameters are used as they are when the result is
-      computed. isinstance(x, torch.Tensor) is False for a lazy tensor.
+      computed. isinstance(x, torch.Tensor) is True for a lazy tensor (so
+      GradScaler.scale and other code written for tensors accept it);
+      type(x) is memfit.LazyTensor.
       backward(create_graph=True) is not supported. A batch of one sample,
       or tensors with batch=None, are computed at once.
 

@@ -29,9 +29,10 @@ def _plain_rules(fn, op, targs, tkw, args, kwargs, plains, first, B, where, modu
         fb = first.single_bdim()
         n = len(first.shape)
         skip = set()
+        plain_ids = {id(t) for t in plains}
         for pname in loss[1]:
             t = arguments.get(pname)
-            if not isinstance(t, torch.Tensor) or t.requires_grad or fb is None:
+            if id(t) not in plain_ids or t.requires_grad or fb is None:
                 continue
             j = fb[0] - (n - t.dim()) if pname == "weight" else fb[0]
             if fb[0] == 0 or pname == "weight":

@@ -28,6 +28,13 @@ class LazyTensor:
         self._node = node
         node.wref = weakref.ref(self)
 
+    # isinstance(x, torch.Tensor) is True for a lazy tensor, as code written
+    # for tensors expects (GradScaler.scale multiplies a Tensor but iterates
+    # anything else); type(x) stays LazyTensor. See Note [A lazy tensor is a Tensor].
+    @property
+    def __class__(self):
+        return torch.Tensor
+
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         special = _TORCH_FUNCTION_SPECIAL.get(func)
@@ -345,6 +352,17 @@ class LazyTensor:
 
     def __dir__(self):
         return sorted(set(dir(type(self))) | set(dir(torch.Tensor)))
+
+
+# Note [A lazy tensor is a Tensor]: libraries check isinstance(x, torch.Tensor)
+# before they operate on x (GradScaler.scale, clip_grad_norm_, loggers). A
+# LazyTensor is not a torch.Tensor subclass (a subclass would have storage,
+# and every operation would need a rule), so its __class__ answers
+# torch.Tensor: isinstance() consults __class__ when the type itself does not
+# match, and torch.Tensor's metaclass defines no __instancecheck__ of its own.
+# Operations then reach __torch_function__ and are recorded. memfit's own code
+# tells lazy from plain with type(x) is LazyTensor, or isinstance(x,
+# LazyTensor) checked first.
 
 
 class _Method:

@@ -1,0 +1,106 @@
+"""memfit.lazy inside training loops written the way PyTorch's tutorials and
+GPU-memory tip articles write them (issue #16): AMP with GradScaler,
+BatchNorm buffers under OOM recovery, host-resident batches, never worse
+than eager, and koila's getting-started example."""
+
+import contextlib
+import gc
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import memfit
+from memfit import _memfit
+from test_lazy import HUGE, OOM, device_for_chunks, grads_of, live, partition
+
+# ---------------------------------------------------------------------------
+# AMP: autocast + GradScaler on a lazy loss
+
+
+def _amp_case():
+    torch.manual_seed(21)
+    model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 4))
+    X, Y = torch.randn(96, 12), torch.randint(0, 4, (96,))
+    return model, X, Y
+
+
+def _amp_steps(model, batches, steps=2, around=contextlib.nullcontext):
+    """The recipe of torch's AMP tutorial; batches(step) -> list of (x, y,
+    weight) whose losses are accumulated before each optimizer step; each
+    backward runs inside around()."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10)
+    assert scaler.is_enabled()
+    grads = []
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        for x, y, w in batches(step):
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = F.cross_entropy(model(x), y)
+                if w != 1:
+                    loss = loss * w
+            scaled = scaler.scale(loss)
+            with around():
+                scaled.backward()
+        grads.append(grads_of(model))
+        scaler.step(opt)
+        scaler.update()
+    return grads, [p.detach().clone() for p in model.parameters()], scaler.get_scale()
+
+
+def test_gradscaler_scales_a_lazy_loss_and_the_amp_recipe_gives_eager_parameters():
+    model, X, Y = _amp_case()
+    start = [p.detach().clone() for p in model.parameters()]
+
+    def reset():
+        with torch.no_grad():
+            for p, s in zip(model.parameters(), start):
+                p.copy_(s)
+
+    want_grads, want, want_scale = _amp_steps(model, lambda s: [(X, Y, 1)])
+    x, y = memfit.lazy(X, Y)
+    assert isinstance(x, torch.Tensor) and torch.is_tensor(x)
+    assert type(x) is memfit.LazyTensor and not isinstance(x, nn.Parameter)
+
+    # one chunk: exactly eager
+    reset()
+    got_grads, got, got_scale = _amp_steps(model, lambda s: [(*memfit.lazy(X, Y), 1)])
+    assert got_scale == want_scale
+    for g, w in zip(got_grads[0] + got_grads[1] + got, want_grads[0] + want_grads[1] + want):
+        assert torch.equal(g, w)
+
+    # three chunks: the gradients of the tutorial's accumulation over the same
+    # micro-batches (loss * c_i/B each), and the full batch's within bf16
+    reset()
+    model.zero_grad(set_to_none=True)
+    with memfit.simulated_device(HUGE):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            x, y = memfit.lazy(X, Y)
+            loss = F.cross_entropy(model(x), y)
+        torch.amp.GradScaler("cpu").scale(loss).backward()
+    run = memfit.last_lazy_run()
+    model.zero_grad(set_to_none=True)
+    got_grads, got, got_scale = _amp_steps(model, lambda s: [(*memfit.lazy(X, Y), 1)],
+                                           around=lambda: device_for_chunks(run, 3, 96))
+    chunks = memfit.last_lazy_run().chunks
+    assert len(chunks) == 3
+    partition(chunks, 96)
+    reset()
+    parts = [(X[s:s + n], Y[s:s + n], n / 96) for s, n in chunks]
+    hand_grads, hand, hand_scale = _amp_steps(model, lambda s: parts)
+    assert got_scale == hand_scale
+    for g, w in zip(got_grads[0] + got_grads[1] + got, hand_grads[0] + hand_grads[1] + hand):
+        assert torch.allclose(g, w, rtol=1e-6, atol=1e-9)
+    for g, w in zip(got_grads[0], want_grads[0]):
+        assert (g - w).abs().max() <= 2e-2 * w.abs().max()  # bf16 rounds each chunk
+    model.zero_grad(set_to_none=True)
+
+
+def test_help_shows_the_amp_recipe():
+    doc = memfit.lazy.__doc__
+    for words in ("GradScaler", "scaler.scale(loss).backward()", "scaler.step(", "scaler.update()",
+                  "autocast"):
+        assert words in doc, words

@@ -151,6 +151,10 @@ def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device):
 def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device):
     """Runs `iterations` training iterations under a recorder; returns it."""
     t = Tracking()
+    if device.type == "meta":
+        # The device's bytes only: what stays on the host (AdamW's step
+        # counts) would stay on the host beside a GPU too.
+        t._recorder.only_device("meta")
     t.watch_modules(model)
     try:
         t.phase("parameters", 1)
@@ -374,6 +378,9 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
                 mode = "cpu"
                 rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
                                 torch.device("cpu"))
+        if meta:
+            notes.append(f"unverified: the {meta} on the meta device (shapes without "
+                         f"values), so no step can run for real to check these figures")
         n = batch_size(inputs, batch_dim, "profile")
         native = _memfit.make_report(rec.timeline, type(model).__name__, n,
                                      _optimizer_name(optimizer), mode)

@@ -49,7 +49,10 @@ def private_copy(obj, device=None):
 
 def _to_host(t):
     """A copy of `t`'s values in host memory: CPU RAM beside a GPU; on the
-    simulated device, memory outside its budget (host_memory())."""
+    simulated device, memory outside its budget (host_memory()). A meta
+    tensor has no values: its own data is kept (it costs no memory)."""
+    if t.is_meta:
+        return t.detach()
     with host_memory():
         return t.detach().to("cpu", copy=True)
 
@@ -65,7 +68,11 @@ class ModelTensors:
     device originals are released when the copies come in, unless the user
     holds views of them). So restore() gives each tensor fresh storage with
     the saved values: a view of a weight taken before the profile no longer
-    aliases it afterwards."""
+    aliases it afterwards.
+
+    A model on the meta device (built under `with torch.device("meta")`)
+    has shapes without values: nothing is copied to the host, and restore()
+    gives each tensor back the very meta data it had."""
 
     def __init__(self, model):
         self.parameters = list(model.parameters())
@@ -87,7 +94,7 @@ class ModelTensors:
     def restore(self):
         with torch.no_grad():
             for t, (value, device) in zip(self.tensors, self.saved):
-                _memfit.set_data(t, value.to(device, copy=True))
+                _memfit.set_data(t, value if value.is_meta else value.to(device, copy=True))
         # After the data: a .grad must match its parameter's device and dtype.
         for p, g in zip(self.parameters, self.grads):
             p.grad = g

@@ -48,6 +48,10 @@ void init_tracking(py::module_& m) {
       .def("classify", [](Recorder& r, const at::Tensor& t, const std::string& c) {
         return r.classify(t, category_from_string(c));
       }, py::arg("tensor"), py::arg("category"))
+      .def("only_device", [](Recorder& r, const std::string& device) {
+        r.only_device(device_from(device));
+      }, py::arg("device"),
+         "From now on, record only allocations on `device` ('cpu' or 'meta').")
       .def_property_readonly("live_bytes", &Recorder::live_bytes)
       .def_property_readonly("peak_bytes", &Recorder::peak_bytes)
       .def_property_readonly("timeline", &Recorder::timeline,

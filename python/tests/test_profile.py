@@ -115,7 +115,11 @@ def test_meta_and_cpu_agree_on_every_output_byte(make, request):
     cpu = memfit.profile(model, x, y, loss_fn=loss, optimizer="adam")
     meta = memfit.profile(model, x, y, loss_fn=loss, optimizer="adam", mode="meta")
     assert meta.mode == "meta", meta.notes
-    assert _outputs(meta) == _outputs(cpu)
+    # Adam's 4-byte step counts live on the host: the CPU run holds them on
+    # its device, meta mode (standing for a GPU) leaves them out.
+    on_device = _outputs(cpu)
+    on_device["optimizer_step"] -= collections.Counter({4: len(list(model.parameters()))})
+    assert _outputs(meta) == on_device
 
 
 def test_meta_falls_back_to_cpu_and_says_so():

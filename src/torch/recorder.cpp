@@ -103,6 +103,11 @@ bool Recorder::classify(const at::Tensor& t, Category c) {
   return timeline_.set_category(a->id, c);
 }
 
+void Recorder::only_device(Device d) {
+  std::lock_guard<std::mutex> lock(mu_);
+  only_device_ = d;
+}
+
 int64_t Recorder::live_bytes() const {
   std::lock_guard<std::mutex> lock(mu_);
   return live_;
@@ -129,7 +134,7 @@ Event Recorder::stamped(const Allocation& a, EventKind kind) const {
 
 void Recorder::on_alloc(const Allocation& a) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!recording_) return;
+  if (!recording_ || (only_device_ && a.device != *only_device_)) return;
   Event e = stamped(a, EventKind::kAlloc);
   const char* op = impl::innermost_op_name();
   e.op = op ? timeline_.op_index(op) : 0;

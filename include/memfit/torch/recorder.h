@@ -47,6 +47,11 @@ class Recorder final : private AllocationObserver {
   // did not see it allocated.
   bool classify(const at::Tensor& t, Category c);
 
+  // From now on, records only allocations on `d`: a step run on the meta
+  // device keeps some tensors on the host (AdamW's step counts), which the
+  // device it stands for would not hold either.
+  void only_device(Device d);
+
   // Bytes recorded live now / at most, since the recording started.
   int64_t live_bytes() const;
   int64_t peak_bytes() const;
@@ -68,6 +73,7 @@ class Recorder final : private AllocationObserver {
   Timeline timeline_;
   std::chrono::steady_clock::time_point start_;
   bool recording_ = true;
+  std::optional<Device> only_device_;
   std::vector<std::string> module_stack_;
   uint32_t module_index_ = 0;  // interned module_stack_.back()
   Category phase_category_ = Category::kOther;

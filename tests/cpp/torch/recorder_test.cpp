@@ -51,6 +51,20 @@ TEST(RecorderTest, AllocationFreedInsideItsOpIsTemporary) {
   EXPECT_EQ(temporary, 2 * 4 * 4);
 }
 
+TEST(RecorderTest, OnlyDeviceLeavesOtherDevicesAllocationsOut) {
+  Recorder r;
+  r.only_device(Device::kMeta);
+  auto host = torch::ones({16});
+  auto meta = torch::empty({8, 4}, torch::TensorOptions().device(torch::kMeta));
+  host.reset();
+  r.stop();
+  const Timeline& tl = r.timeline();
+  ASSERT_EQ(tl.events().size(), 1u);
+  EXPECT_EQ(tl.events()[0].device, Device::kMeta);
+  EXPECT_EQ(tl.events()[0].bytes, 8 * 4 * 4);
+  EXPECT_EQ(r.live_bytes(), 8 * 4 * 4);
+}
+
 TEST(RecorderTest, ClassifyChangesTheCategory) {
   Recorder r;
   r.begin_phase("forward");

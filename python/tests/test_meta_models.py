@@ -1,0 +1,108 @@
+"""Models that live on the meta device (shapes without values) profiled in
+meta mode: a model larger than the machine is planned with no real memory,
+and its parameter, gradient and optimizer-state bytes are exact."""
+
+import pytest
+import torch
+
+import memfit
+
+
+def meta_mlp():
+    with torch.device("meta"):
+        return torch.nn.Sequential(
+            torch.nn.Linear(784, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+
+
+PARAMS = 784 * 512 + 512 + 512 * 10 + 10
+
+
+def meta_batch(n):
+    return (torch.empty(n, 784, device="meta"),
+            torch.empty(n, dtype=torch.long, device="meta"))
+
+
+def phase(report, name, iteration=1):
+    return [p for p in report.phases if p["name"] == name and p["iteration"] == iteration][0]
+
+
+def test_meta_model_with_adamw_has_exact_parameter_gradient_and_state_bytes():
+    model = meta_mlp()
+    x, y = meta_batch(32)
+    r = memfit.profile(model, x, y, optimizer=torch.optim.AdamW(model.parameters()),
+                       mode="meta")
+    assert r.mode == "meta"
+    assert r.parameter_bytes == 4 * PARAMS
+    assert phase(r, "parameters")["delta_bytes"] == 4 * PARAMS
+    assert phase(r, "inputs")["delta_bytes"] == 32 * 784 * 4 + 32 * 8
+    # exp_avg and exp_avg_sq on the device; AdamW's step counts stay on the
+    # host, as they do beside a GPU, and are not the device's bytes.
+    assert phase(r, "optimizer_step")["delta_bytes"] == 2 * 4 * PARAMS
+    assert phase(r, "optimizer_step", 2)["delta_bytes"] == 0
+    assert phase(r, "zero_grad")["delta_bytes"] == -4 * PARAMS
+    end = r.timeline.breakdown_after(len(r.timeline) - 1)["categories"]
+    assert end["parameter"] == 4 * PARAMS
+    assert end["optimizer_state"] == 2 * 4 * PARAMS
+    assert end["gradient"] == 0
+
+
+def test_meta_model_report_says_its_figures_are_unverified():
+    model = meta_mlp()
+    r = memfit.profile(model, *meta_batch(8), optimizer="adam", mode="meta")
+    assert any(n.startswith("unverified: the inputs are on the meta device") for n in r.notes)
+    real = memfit.profile(torch.nn.Linear(784, 10), torch.randn(8, 784),
+                          torch.randint(0, 10, (8,)), mode="meta")
+    assert not any("unverified" in n for n in real.notes)
+
+
+def test_meta_model_and_optimizer_are_left_as_they_were():
+    model = meta_mlp()
+    opt = torch.optim.AdamW(model.parameters())
+    data = [p.data for p in model.parameters()]
+    memfit.profile(model, *meta_batch(8), optimizer=opt, mode="meta")
+    assert all(p.is_meta and p.grad is None for p in model.parameters())
+    assert all(p.data is d for p, d in zip(model.parameters(), data)) or all(
+        p.data.shape == d.shape for p, d in zip(model.parameters(), data))
+    assert opt.state_dict()["state"] == {}
+
+
+def test_meta_model_refused_in_cpu_mode_with_the_fix():
+    with pytest.raises(ValueError, match=r"^\[profile\] the model's parameters .* pass mode='meta'"):
+        memfit.profile(meta_mlp(), torch.randn(8, 784), torch.randint(0, 10, (8,)), mode="cpu")
+
+
+def test_meta_model_peak_equals_the_same_model_run_for_real_on_the_cpu():
+    torch.manual_seed(0)
+    real = torch.nn.Sequential(torch.nn.Linear(784, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 10))
+    x, y = torch.randn(16, 784), torch.randint(0, 10, (16,))
+    cpu = memfit.profile(real, x, y, optimizer="sgd", mode="cpu")
+    meta = memfit.profile(meta_mlp(), *meta_batch(16), optimizer="sgd", mode="meta")
+    assert [p["live_bytes_after"] for p in meta.phases] == [
+        p["live_bytes_after"] for p in cpu.phases]
+    assert meta.peak_bytes == cpu.peak_bytes
+
+
+transformers = pytest.importorskip("transformers")
+
+
+def test_hf_llama_from_config_on_meta_profiles_whole_with_exact_model_states():
+    cfg = transformers.LlamaConfig(num_hidden_layers=2, hidden_size=256,
+                                   intermediate_size=688, vocab_size=1000,
+                                   num_attention_heads=4, num_key_value_heads=4,
+                                   max_position_embeddings=128)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    n = sum(p.numel() for p in model.parameters())
+    buffers = sum(b.numel() * b.element_size() for b in model.buffers())
+    ids = torch.zeros(2, 128, dtype=torch.long, device="meta")
+    r = memfit.profile(model, {"input_ids": ids, "labels": ids}, loss_fn=lambda o: o.loss,
+                       optimizer=torch.optim.AdamW(model.parameters()), mode="meta",
+                       target_device="cuda")
+    assert r.mode == "meta"
+    assert phase(r, "parameters")["delta_bytes"] == 4 * n + buffers
+    assert phase(r, "optimizer_step")["delta_bytes"] == 2 * 4 * n
+    assert phase(r, "zero_grad")["delta_bytes"] == -4 * n
+    assert r.peak_bytes > 4 * 4 * n
+    assert any(m["name"].startswith("model.layers.1.") for m in r.modules) if isinstance(
+        r.modules[0], dict) else True

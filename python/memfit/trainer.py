@@ -3,7 +3,7 @@
 import torch
 
 from . import _memfit
-from .batching import batch_size, count, map_tensors, tensors_in
+from .batching import batch_size, count, map_tensors, narrow_batch, tensors_in
 from .device import to_bytes
 from .distributed import DistributedStep, batch_signature, is_distributed
 from .profile import _call, _compute_loss, check_loss_trains, check_optimizer
@@ -89,7 +89,9 @@ class Trainer:
                                  budget="4GiB")
         report = trainer.step(inputs, target)   # never OOMs while 1 sample fits
 
-    The batch is split along `batch_dim` into micro-batches that fit; each
+    The batch is split along `batch_dim` (an int, or one entry per input
+    with None for an input shared by every sample, such as a mask of shape
+    (1, ...): batch_dim=(0, None)) into micro-batches that fit; each
     micro-batch's loss is weighted (mean: its share of the batch; sum: 1) so
     the accumulated gradients equal the full batch's; then one optimizer step
     and zero_grad(set_to_none=True). An OOM in a micro-batch halves it and
@@ -242,7 +244,7 @@ class Trainer:
                 buffers.before_attempt(start)
             versions = [t._version for t in users]
             try:
-                x = map_tensors(inputs, lambda t: t.narrow(bd, start, n))
+                x = narrow_batch(inputs, start, n, bd)
                 y = None if target is None else map_tensors(
                     target, lambda t: t.narrow(tbd, start, n))
                 loss = _compute_loss(_call(model, x), y, loss_fn)

@@ -195,3 +195,81 @@ def test_a_step_that_raises_leaves_the_buffers_as_before():
     with pytest.raises(RuntimeError, match="broken"):
         t.step(x, y)
     assert_states_equal(clone_state(model), before)
+
+
+# -- item 3: an input shared by every sample --------------------------------------------
+
+
+class Masked(torch.nn.Module):
+    """Takes a batch (B, 8) and a mask (1, 8) shared by every sample."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.fc = torch.nn.Linear(8, 3)
+
+    def forward(self, x, mask):
+        return self.fc(x * mask)
+
+
+def masked_data(n=B):
+    x, y = data(n)
+    return x, torch.linspace(0.5, 1.5, 8).unsqueeze(0), y
+
+
+def test_a_shared_input_without_its_batch_dim_is_refused_naming_the_option():
+    x, mask, y = masked_data(4)
+    with pytest.raises(ValueError, match=r"^\[profile\] the tensors disagree on the batch size "
+                                         r"along dimension 0: \[1, 4\].*batch_dim=\(0, None\)"):
+        memfit.profile(Masked(), (x, mask), y)
+
+
+def test_profile_takes_a_per_input_batch_dim():
+    x, mask, y = masked_data(4)
+    r = memfit.profile(Masked(), (x, mask), y, batch_dim=(0, None))
+    assert r.batch == 4
+    # The probes resize the batch, not the mask.
+    assert r.predict_peak_bytes(64) > r.predict_peak_bytes(4)
+
+
+def test_find_and_auto_batch_size_take_a_per_input_batch_dim():
+    x, mask, y = masked_data(4)
+    fit = memfit.find_batch_size(Masked(), (x, mask), y, optimizer="sgd", budget="1MiB",
+                                 batch_dim=(0, None))
+    assert fit.max_batch > 4
+    calls = []
+
+    @memfit.auto_batch_size(64, model=Masked(), inputs=(x, mask), target=y, optimizer="sgd",
+                            budget="1MiB", batch_dim=(0, None))
+    def train(batch_size, steps):
+        calls.append((batch_size, steps))
+
+    train()
+    assert calls and calls[0][0] * calls[0][1] == 64
+
+
+def test_trainer_splits_the_batch_but_not_a_shared_input():
+    x, mask, y = masked_data()
+    model = Masked()
+    want = [g for g in torch.autograd.grad(
+        torch.nn.functional.cross_entropy(model(x, mask), y), list(model.parameters()))]
+    opt = Capture(model.parameters())
+    t = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss(), batch_dim=(0, None),
+                       micro_batch=7)
+    assert t.step((x, mask), y).chunks == [7, 7, 7]
+    for g, w in zip(opt.grads, want):
+        assert ((g - w).norm() / w.norm()).item() < 1e-6
+
+
+@pytest.mark.parametrize("batch_dim, message", [
+    ((0,), r"batch_dim has 1 entries but there are 2 inputs"),
+    ((None, None), r"marks every input as shared"),
+    ((0, "x"), r"each batch_dim entry must be an int or None"),
+])
+def test_a_bad_per_input_batch_dim_is_explained(batch_dim, message):
+    x, mask, y = masked_data()
+    model = Masked()
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                       torch.nn.CrossEntropyLoss(), batch_dim=batch_dim)
+    with pytest.raises(ValueError, match=message):
+        t.step((x, mask), y)

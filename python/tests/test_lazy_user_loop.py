@@ -13,7 +13,8 @@ import torch.nn.functional as F
 
 import memfit
 from memfit import _memfit
-from test_lazy import HUGE, OOM, device_for_chunks, grads_of, live, partition
+from test_lazy import (HUGE, OOM, assert_grads_close, device_for_chunks, grads_of, live, no_gc,
+                       partition)
 
 # ---------------------------------------------------------------------------
 # AMP: autocast + GradScaler on a lazy loss
@@ -104,3 +105,108 @@ def test_help_shows_the_amp_recipe():
     for words in ("GradScaler", "scaler.scale(loss).backward()", "scaler.step(", "scaler.update()",
                   "autocast"):
         assert words in doc, words
+
+
+# ---------------------------------------------------------------------------
+# a chunk that runs out of memory leaves no trace in the buffers
+
+
+class RunningSum(nn.Module):
+    """A forward that writes buffers, as BatchNorm's does: a running sum of
+    what it sees and a count of calls (like num_batches_tracked)."""
+
+    def __init__(self, n):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(n))
+        self.register_buffer("calls", torch.zeros((), dtype=torch.long))
+
+    def forward(self, x):
+        self.total += x.detach().sum(0)
+        self.calls += 1
+        return x
+
+
+def _buffers(model):
+    return {k: b.clone() for k, b in model.named_buffers()}
+
+
+def _set_buffers(model, values):
+    with torch.no_grad():
+        for k, b in model.named_buffers():
+            b.copy_(values[k])
+
+
+def test_a_chunk_that_runs_out_of_memory_leaves_no_trace_in_buffers_at_any_allocation(no_gc):
+    torch.manual_seed(22)
+    n = 12
+    model = nn.Sequential(nn.Linear(8, 16), nn.BatchNorm1d(16), RunningSum(16), nn.ReLU(),
+                          nn.Linear(16, 4))
+    model[1].train()  # warm its running statistics, then freeze them
+    with torch.no_grad():
+        model[1](torch.randn(32, 16))
+    model.eval()
+    X = torch.randn(n, 8)
+    start = _buffers(model)
+    model(X).pow(2).sum().backward()
+    want = grads_of(model)
+    model.zero_grad(set_to_none=True)
+    with memfit.simulated_device(HUGE):
+        model(memfit.lazy(X)).pow(2).sum().backward()
+    run = memfit.last_lazy_run()
+    struck = 0
+    for arm in range(0, 60):
+        _set_buffers(model, start)
+        model.zero_grad(set_to_none=True)
+        loss = model(memfit.lazy(X)).pow(2).sum()
+        with device_for_chunks(run, 3, n, collect=False):
+            _memfit.fail_allocation_after(arm)
+            try:
+                loss.backward()
+            finally:
+                _memfit.fail_allocation_after(0)
+        r = memfit.last_lazy_run()
+        partition(r.chunks, n)
+        struck += r.ooms
+        got = _buffers(model)
+        # the successful chunks, run by hand
+        _set_buffers(model, start)
+        with torch.no_grad():
+            for s, c in r.chunks:
+                model(X[s:s + c])
+        for k, b in model.named_buffers():
+            assert torch.equal(got[k], b), f"arm={arm} buffer {k}"
+        assert int(got["2.calls"]) == len(r.chunks)
+        assert_grads_close(grads_of(model), want)
+    assert struck >= 20
+
+
+def test_batchnorm_run_whole_leaves_its_statistics_untouched_when_it_runs_out_of_memory(no_gc):
+    torch.manual_seed(23)
+    model = nn.Sequential(nn.Linear(6, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 2))
+    X = torch.randn(10, 6)
+    start = _buffers(model)
+    model(X).pow(2).mean().backward()
+    after_eager = _buffers(model)
+    want = grads_of(model)
+    struck = 0
+    for arm in range(0, 40):
+        _set_buffers(model, start)
+        model.zero_grad(set_to_none=True)
+        loss = model(memfit.lazy(X, allow_mixing=True)).pow(2).mean()
+        with memfit.simulated_device(HUGE):
+            _memfit.fail_allocation_after(arm)
+            try:
+                loss.backward()
+                failed = False
+            except OOM:
+                failed = True
+            finally:
+                _memfit.fail_allocation_after(0)
+        struck += failed
+        expect = start if failed else after_eager
+        for k, b in model.named_buffers():
+            assert torch.equal(b, expect[k]), f"arm={arm} buffer {k}"
+        if not failed:
+            assert_grads_close(grads_of(model), want)
+    assert struck >= 5
+    model.zero_grad(set_to_none=True)

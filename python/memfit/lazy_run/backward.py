@@ -9,6 +9,7 @@ import torch
 
 from ..lazy_graph.errors import LazyError, OutOfMemoryError
 from ..lazy_graph.node import Node
+from .buffers import BufferSnapshot, written_buffers
 from .chunk_loop import _drive
 from .chunk_weights import _prepare_weights, _weight
 from .chunking import _learn, _limit, _signature
@@ -169,7 +170,8 @@ def _backward(T, gradient, retain_graph, inputs, info):
     if limit is None or limit >= B:
         info.whole = "fits" if limit is not None else "no memory limit known (no budget)"
     final = _drive(B, limit, attempt, commit, info, cands=cands, what=f"the loss {T.name}",
-                   inputs=lazy_inputs(corder, csources))
+                   inputs=lazy_inputs(corder, csources),
+                   buffers=written_buffers(measured_modules(corder)))
     _learn(entry, info, limit, final)
     try:
         _keep_values(T, plan, grad_roots, acc, const_vals, held_chunks)
@@ -232,13 +234,22 @@ def _tail_coefficients(plan, const_vals, gradient, inputs, retain):
 
 def _whole_backward(T, gradient, inputs, retain, order, sources, counts, held, B, info):
     keep = {T} | set(held)
-    vals = _execute(order, sources, counts, keep, 0, B, B, True)
-    Tv = vals.pop(T)
-    for h in held:
-        h.value = vals[h].detach()
-    vals = None
+    kept = BufferSnapshot(written_buffers(measured_modules(order)))
+    kept.take()
+    try:
+        vals = _execute(order, sources, counts, keep, 0, B, B, True)
+        Tv = vals.pop(T)
+        for h in held:
+            h.value = vals[h].detach()
+        vals = None
+        torch.autograd.backward(Tv, gradient, inputs=inputs, retain_graph=retain)
+    except OutOfMemoryError:
+        # See Note [A failed chunk leaves no trace] (buffers.py).
+        info.ooms += 1
+        vals = Tv = None
+        kept.restore()
+        raise
     info.chunks.append((0, B))
-    torch.autograd.backward(Tv, gradient, inputs=inputs, retain_graph=retain)
     T.value = Tv.detach()
 
 
@@ -293,5 +304,6 @@ def _backward_batched(T, gradient, inputs, info):
         return None
 
     final = _drive(B, limit, attempt, lambda s, n, r: None, info, cands=cands,
-                   what=f"the backward of {T.name}", inputs=lazy_inputs(order, sources))
+                   what=f"the backward of {T.name}", inputs=lazy_inputs(order, sources),
+                   buffers=written_buffers(measured_modules(order)))
     _learn(entry, info, limit, final)

@@ -8,6 +8,7 @@ import traceback
 import torch
 
 from ..lazy_graph.errors import LazyError, OutOfMemoryError
+from .buffers import BufferSnapshot
 from .grad_bookkeeping import _snapshot, _unchanged
 
 
@@ -24,7 +25,7 @@ def _oom(e_text, size, what):
 
 
 def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="the step",
-           inputs=()):
+           inputs=(), buffers=()):
     """Run samples [0, B) in chunks of at most `limit`, halving on OOM.
 
     attempt(start, size, only) -> result; only is None (all gradients) or the
@@ -32,7 +33,10 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
     commit(start, size, result) keeps a completed chunk's values. `inputs`:
     the user's tensors the chunks are views of; a chunk that ran out of
     memory after writing into them is not redone (the write would count
-    twice)."""
+    twice). `buffers` (from written_buffers): put back as they were before
+    an attempt that ran out of memory (see Note [A failed chunk leaves no
+    trace] in buffers.py)."""
+    kept = BufferSnapshot(buffers) if buffers else None
     pending = collections.deque()
     pos = 0
     c = B if limit is None else max(1, min(limit, B))
@@ -45,6 +49,8 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
             pos += size
         snap = _snapshot(cands) if cands is not None else None
         versions = [t._version for t in inputs]
+        if kept is not None:
+            kept.take()
         failed = None
         try:
             result = attempt(start, size, only)
@@ -60,6 +66,8 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
             info.chunks.append((start, size))
             continue
         info.ooms += 1
+        if kept is not None:
+            kept.restore()
         if size <= 1 or not can_split:
             raise _oom(failed, size, what)
         if any(t._version != v for t, v in zip(inputs, versions)):

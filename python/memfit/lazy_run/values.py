@@ -4,6 +4,7 @@ concatenated, or combined from chunks for a reduction.
 
 import torch
 
+from .buffers import written_buffers
 from .chunk_loop import _drive
 from .chunk_weights import _prepare_weights, _weight, _weight_targets
 from .chunking import _limit, _signature
@@ -72,7 +73,7 @@ def _read_whole(T, order, sources, counts, B, info, overrides):
 
     box = []
     _drive(B, B, attempt, lambda s, n, r: box.append(r), info, can_split=False,
-           what=f"{T.name}")
+           what=f"{T.name}", buffers=written_buffers(measured_modules(order)))
     return box[0]
 
 
@@ -115,7 +116,7 @@ def _read_batched(T, bd, order, sources, counts, B, info, overrides):
         return None
 
     _drive(B, limit, attempt, lambda s, n, r: parts.append(r), info, what=f"{T.name}",
-           inputs=lazy_inputs(order, sources))
+           inputs=lazy_inputs(order, sources), buffers=written_buffers(measured_modules(order)))
     if out is not None:
         return out
     return parts[0] if len(parts) == 1 else torch.cat(parts, d)
@@ -145,7 +146,7 @@ def _read_reduced(T, plan, info, overrides):
             acc[r] = v
 
     _drive(B, limit, attempt, commit, info, what=f"{T.name}",
-           inputs=lazy_inputs(order, sources))
+           inputs=lazy_inputs(order, sources), buffers=written_buffers(measured_modules(order)))
     for r in plan.roots:
         if r.held() and r.value is None:
             r.value = acc[r]

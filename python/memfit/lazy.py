@@ -8,7 +8,7 @@ from .lazy_run import LazyRun, last_run, read
 __all__ = ["lazy", "eager", "last_lazy_run", "LazyTensor", "LazyError", "LazyRun", "BatchInt"]
 
 
-def lazy(*tensors, batch=0, allow_mixing=False):
+def lazy(*tensors, batch=0, allow_mixing=False, device=None):
     """Wrap tensors so that what is computed from them runs in chunks that fit.
 
         x, y = memfit.lazy(x, y, batch=0)
@@ -33,6 +33,21 @@ def lazy(*tensors, batch=0, allow_mixing=False):
     the dimension that indexes samples: an int for all tensors, or one
     entry per tensor; None marks a tensor that is the same for every sample
     (used whole in every chunk).
+
+    A batch bigger than the device can stay in host memory: with `device`
+    ("cuda", "cuda:1", or "cpu" for the simulated device), tensors that are
+    not on it (CPU RAM beside a GPU; on the simulated device, memory
+    allocated under memfit.host_memory()) stay where they are, and each
+    micro-batch is copied to the device as it runs (from pinned memory,
+    non_blocking, on CUDA), so the device holds one micro-batch of the
+    batch at a time:
+
+        x, y = memfit.lazy(x_cpu, y_cpu, batch=0, device="cuda")
+        loss = criterion(model(x), y)        # the model is on the GPU
+        loss.backward()
+
+    An out-of-memory error says when the batch's own data is what does not
+    fit (a batch on the device that leaves too little for the step).
 
     What it does. Operations on lazy tensors (torch functions, tensor
     methods and operators, nn.Module calls, torch.nn.functional calls) are
@@ -63,7 +78,9 @@ def lazy(*tensors, batch=0, allow_mixing=False):
     An out-of-memory error in a chunk frees what the chunk held, halves the
     chunk and redoes it: gradients already accumulated stay, no sample is
     dropped or counted twice (parameters the failed backward had already
-    completed are left out of the redo).
+    completed are left out of the redo), and buffers the failed forward
+    wrote (BatchNorm's running statistics, counters) are put back as they
+    were before it.
 
     Limits:
     - Operations that mix samples across the batch change meaning when
@@ -122,6 +139,11 @@ def lazy(*tensors, batch=0, allow_mixing=False):
         dims = list(batch)
     else:
         dims = [batch] * len(tensors)
+    if device is not None:
+        try:
+            device = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"[lazy] device must name a torch device, got {device!r}") from e
     install_module_hook()
     out = []
     sizes = {}
@@ -152,7 +174,7 @@ def lazy(*tensors, batch=0, allow_mixing=False):
                     f"dimension {d}: there is nothing to compute"
                 )
             sizes[i] = t.shape[d]
-        out.append(make_leaf(t, d, bool(allow_mixing)))
+        out.append(make_leaf(t, d, bool(allow_mixing), device))
     if len(set(sizes.values())) > 1:
         detail = ", ".join(f"tensor {i}: {n}" for i, n in sizes.items())
         raise ValueError(

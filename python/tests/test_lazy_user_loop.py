@@ -210,3 +210,67 @@ def test_batchnorm_run_whole_leaves_its_statistics_untouched_when_it_runs_out_of
             assert_grads_close(grads_of(model), want)
     assert struck >= 5
     model.zero_grad(set_to_none=True)
+
+
+# ---------------------------------------------------------------------------
+# a batch that lives on the host
+
+
+def _host_case():
+    torch.manual_seed(24)
+    model = nn.Sequential(nn.Linear(256, 32), nn.ReLU(), nn.Linear(32, 4))
+    X, Y = torch.randn(512, 256), torch.randint(0, 4, (512,))  # X: 512 KiB
+    return model, X, Y
+
+
+def test_a_batch_in_host_memory_moves_to_the_device_one_micro_batch_at_a_time():
+    model, X, Y = _host_case()
+    F.cross_entropy(model(X), Y).backward()
+    want = grads_of(model)
+    budget = 320 << 10  # the step fits; the batch alone (512 KiB) does not
+    model.zero_grad(set_to_none=True)
+    with memfit.simulated_device(budget):
+        with pytest.raises(OOM):
+            X.clone()  # eager: the batch on the device
+        with memfit.host_memory():
+            Xh, Yh = X.clone(), Y.clone()
+        assert live() == 0
+        x, y = memfit.lazy(Xh, Yh, device="cpu")
+        assert x.device.type == "cpu" and x.shape == (512, 256)
+        F.cross_entropy(model(x), y).backward()
+    run = memfit.last_lazy_run()
+    assert len(run.chunks) > 1
+    partition(run.chunks, 512)
+    assert_grads_close(grads_of(model), want)
+    model.zero_grad(set_to_none=True)
+
+
+def test_when_the_batch_on_the_device_is_what_does_not_fit_the_message_says_so():
+    model, X, Y = _host_case()
+    budget = 560 << 10  # the batch (512 KiB) fits, but leaves too little for the step
+    with memfit.simulated_device(budget):
+        Xd = X.clone()  # on the device
+        x, y = memfit.lazy(Xd, Y)
+        loss = F.cross_entropy(model(x), y)
+        with pytest.raises(OOM, match=r"batch's own data is what does not fit.*512\.00 KiB.*"
+                                      r"device=") as e:
+            loss.backward()
+        assert "memfit.host_memory()" in str(e.value)
+        del Xd, x, y, loss, e
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        x, y = memfit.lazy(X, Y, device="cpu")  # X was made outside the budget: the host's
+        F.cross_entropy(model(x), y).backward()
+    assert len(memfit.last_lazy_run().chunks) > 1
+    model.zero_grad(set_to_none=True)
+
+
+def test_a_step_too_big_for_the_device_says_the_host_batch_is_not_the_cause():
+    model, X, Y = _host_case()
+    with memfit.simulated_device(16 << 10):  # below the gradients (33 KiB)
+        x, y = memfit.lazy(X, Y, device="cpu")
+        loss = F.cross_entropy(model(x), y)
+        with pytest.raises(OOM, match=r"batch itself is not the cause: it stays in host memory "
+                                      r"and one sample of it takes 1\.0[0-9]* KiB"):
+            loss.backward()
+    model.zero_grad(set_to_none=True)

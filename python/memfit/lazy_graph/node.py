@@ -65,7 +65,8 @@ class Node:
     bdims ((dim, k): dimension dim holds k entries per sample), ragged (dims
     whose size depends on the data), shape (the full shape; None where
     ragged), interleaved (a merged or ragged batch dimension whose entries
-    are not grouped sample by sample), probe values, dtype/device.
+    are not grouped sample by sample), probe values, dtype/device. A leaf
+    whose tensor stays on the host has to_device set (see placement.py).
     """
 
     __slots__ = (
@@ -73,7 +74,7 @@ class Node:
         "B", "state", "bdims", "ragged", "shape", "interleaved", "probe",
         "value", "grad", "autocast", "allow", "mixes", "wref", "parent", "path",
         "leaf_dim", "requires_grad", "dtype", "device", "rkind", "rinfo",
-        "module", "cached", "__weakref__",
+        "module", "cached", "to_device", "__weakref__",
     )
 
     def __init__(self, kind):
@@ -109,6 +110,7 @@ class Node:
         self.rinfo = None
         self.module = None
         self.cached = False
+        self.to_device = None  # a leaf kept on the host: the device its chunks move to
 
     def probe_at(self, i):
         p = self.probe

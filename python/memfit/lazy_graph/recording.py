@@ -12,6 +12,7 @@ from .mixing import _bdim_set, _check_mixing, _getitem_analysis
 from .names import _INPLACE_DUNDERS, _where, display_name, op_name
 from .node import Node, probe_sizes
 from .op_tables import _DATA_DEPENDENT, _DATA_VALUED, _INPLACE_ARG, _inplace_positional
+from .placement import on_host, to_device
 from .plain_tensors import _plain_rules
 from .probe import (
     _Info,
@@ -266,8 +267,11 @@ def _wrap_eager(out, B, allow, name, where):
     return wrap(out)
 
 
-def make_leaf(tensor, batch, allow):
-    """The lazy tensor for a tensor given to memfit.lazy()."""
+def make_leaf(tensor, batch, allow, device=None):
+    """The lazy tensor for a tensor given to memfit.lazy(); with `device`, a
+    tensor on the host stays there and its chunks move to `device` as they
+    run (see placement.py)."""
+    moves = device is not None and on_host(tensor, device)
     n = Node("leaf")
     n.value = tensor
     n.where = _where()
@@ -275,17 +279,21 @@ def make_leaf(tensor, batch, allow):
     n.name = "memfit.lazy input"
     n.dtype, n.device, n.requires_grad = tensor.dtype, tensor.device, tensor.requires_grad
     n.shape = tuple(tensor.shape)
-    if batch is None:
-        n.state = "eager"
-        return LazyTensor(n)
-    B = tensor.shape[batch]
-    n.B = B
-    n.leaf_dim = batch
-    sizes = probe_sizes(B)
+    if moves:
+        n.device = device
+    if batch is not None:
+        n.B = tensor.shape[batch]
+        n.leaf_dim = batch
+    sizes = probe_sizes(n.B)
     if not sizes:
-        n.state = "eager"
+        n.state = "eager"  # no batch, or one sample: on the device whole, now
+        n.value = to_device(tensor, device) if moves else tensor
         return LazyTensor(n)
     n.state = "batched"
     n.bdims = ((batch, 1),)
-    n.probe = tuple(tensor.narrow(batch, 0, p) for p in sizes)  # views: see ProbeCtx
+    if moves:
+        n.to_device = device
+        n.probe = tuple(to_device(tensor.narrow(batch, 0, p), device) for p in sizes)
+    else:
+        n.probe = tuple(tensor.narrow(batch, 0, p) for p in sizes)  # views: see ProbeCtx
     return LazyTensor(n)

@@ -65,7 +65,7 @@ class ProbeCtx:
         # A lazy input's probe is a view of the user's tensor: the probed
         # operation gets a copy, so that a module writing into its input
         # (x.mul_(2)) does not write into the user's tensor.
-        return v.clone() if node.kind == "leaf" else v
+        return v.clone() if node.kind == "leaf" and node.to_device is None else v
 
 
 class _ChunkCtx:

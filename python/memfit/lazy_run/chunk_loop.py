@@ -10,6 +10,7 @@ import torch
 from ..lazy_graph.errors import LazyError, OutOfMemoryError
 from .buffers import BufferSnapshot
 from .grad_bookkeeping import _snapshot, _unchanged
+from .memory import batch_note
 
 
 def _balanced(remaining, c):
@@ -17,26 +18,28 @@ def _balanced(remaining, c):
     return -(-remaining // n)
 
 
-def _oom(e_text, size, what):
-    err = OutOfMemoryError(
+def _oom(e_text, size, what, data, info):
+    note = batch_note(data, info) if data is not None else ""
+    return OutOfMemoryError(
         f"memfit.lazy: {what} does not fit even {size} sample(s) at a time: {e_text}"
+        + (f"\n{note}" if note else "")
     )
-    return err
 
 
 def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="the step",
-           inputs=(), buffers=()):
+           inputs=None, buffers=()):
     """Run samples [0, B) in chunks of at most `limit`, halving on OOM.
 
     attempt(start, size, only) -> result; only is None (all gradients) or the
     list of tensors whose gradients are still owed for these samples.
     commit(start, size, result) keeps a completed chunk's values. `inputs`:
-    the user's tensors the chunks are views of; a chunk that ran out of
-    memory after writing into them is not redone (the write would count
-    twice). `buffers` (from written_buffers): put back as they were before
+    the BatchData the chunks read; a chunk that ran out of memory after
+    writing into its resident tensors (the chunks are views of them) is not
+    redone (the write would count twice). `buffers` (from written_buffers): put back as they were before
     an attempt that ran out of memory (see Note [A failed chunk leaves no
     trace] in buffers.py)."""
     kept = BufferSnapshot(buffers) if buffers else None
+    resident = inputs.resident if inputs is not None else ()
     pending = collections.deque()
     pos = 0
     c = B if limit is None else max(1, min(limit, B))
@@ -48,7 +51,7 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
             start, only = pos, None
             pos += size
         snap = _snapshot(cands) if cands is not None else None
-        versions = [t._version for t in inputs]
+        versions = [t._version for t in resident]
         if kept is not None:
             kept.take()
         failed = None
@@ -69,8 +72,8 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
         if kept is not None:
             kept.restore()
         if size <= 1 or not can_split:
-            raise _oom(failed, size, what)
-        if any(t._version != v for t, v in zip(inputs, versions)):
+            raise _oom(failed, size, what, inputs, info)
+        if any(t._version != v for t, v in zip(resident, versions)):
             raise LazyError(
                 f"memfit.lazy: samples {start}..{start + size - 1} of {what} ran out of memory "
                 f"after the computation wrote into a lazy input in place (its version "

@@ -63,7 +63,7 @@ def _signature(order, sources, mode, extra):
                 d = n.leaf_dim if n.kind == "leaf" else n.single_bdim()[0]
                 shape[d] = -1
             parts.append(("src", n.state, str(n.dtype), str(n.device),
-                          tuple(shape) if shape else None))
+                          tuple(shape) if shape else None, n.to_device is not None))
             continue
         if n.module is not None:
             key = (type(n.module), id(n.module),

@@ -3,11 +3,13 @@ their inputs come from, and checking shapes taken from the probe cache.
 """
 
 import collections
+import dataclasses
 
 import torch
 
 from ..lazy_graph.autocast import _autocast_ctx
 from ..lazy_graph.errors import LazyError
+from ..lazy_graph.placement import to_device
 from ..lazy_graph.probe_cache import forget_probe
 from ..lazy_graph.template import _ChunkCtx, _pluck, subst
 
@@ -65,14 +67,33 @@ def measurement_overrides(order, sources, size, overrides=None):
     views, which cost no memory."""
     out = dict(overrides or {})
     for n in order:
-        if n in sources and n.kind == "leaf" and n.state == "batched" and n not in out:
+        if n in sources and n.kind == "leaf" and n.state == "batched" and n not in out \
+                and n.to_device is None:  # a host batch's chunks are copies already
             out[n] = n.value.narrow(n.leaf_dim, 0, size).clone()
     return out
 
 
+@dataclasses.dataclass
+class BatchData:
+    """The user's batched tensors a computation reads. resident: on the
+    device, the chunks are views of them; host: kept on the host, each
+    chunk is copied to the device (see lazy_graph/placement.py);
+    host_sample_bytes: what one sample of the host tensors takes."""
+
+    resident: list
+    host: list
+    host_sample_bytes: int = 0
+
+
 def lazy_inputs(order, sources):
-    """The user's tensors that the chunks of `order` are views of."""
-    return [n.value for n in order if n in sources and n.kind == "leaf" and n.state == "batched"]
+    """The user's batched tensors that the chunks of `order` read."""
+    leaves = [n for n in order if n in sources and n.kind == "leaf" and n.state == "batched"]
+    host = [n for n in leaves if n.to_device is not None]
+    return BatchData(
+        resident=[n.value for n in leaves if n.to_device is None],
+        host=[n.value for n in host],
+        host_sample_bytes=sum(n.value.numel() * n.value.element_size() // n.B for n in host),
+    )
 
 
 def measured_modules(order):
@@ -87,7 +108,12 @@ def _source_value(n, start, size, B, overrides):
             return v
         d, k = n.single_bdim()
     elif n.kind == "leaf" and n.state != "eager":
-        v, d, k = n.value, n.leaf_dim, 1
+        v = n.value
+        if n.to_device is not None:
+            if not (start == 0 and size == B):
+                v = v.narrow(n.leaf_dim, start, size)
+            return to_device(v, n.to_device)
+        d, k = n.leaf_dim, 1
     elif n.state != "batched":
         return n.value
     else:

@@ -7,6 +7,7 @@ import math
 import torch
 
 from .. import _memfit
+from ..lazy_graph.placement import on_host
 
 
 def _available(device):
@@ -145,3 +146,49 @@ def _new_grad_bytes(cands):
     later chunks run with them allocated."""
     return sum(p.numel() * p.element_size() for p in cands
                if p.requires_grad and p.grad is None)
+
+
+def _capacity(device):
+    """The device's size: the simulated budget, or a CUDA device's memory."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type in ("cpu", "meta"):
+        return _memfit.budget(device.type)
+    return None
+
+
+def batch_note(data, info):
+    """What the batch's own data has to do with an OOM, in one sentence (or
+    ""): a batch on the device that leaves too little for the step, or a
+    batch on the host, which is not the cause."""
+    fmt = _memfit.format_bytes
+    resident = sum(t.numel() * t.element_size() for t in data.resident
+                   if not on_host(t, t.device))
+    if resident:
+        device = data.resident[0].device
+        capacity = _capacity(device)
+        avail = info.available_bytes
+        one = (info.fixed_bytes + info.bytes_per_sample
+               if info.fixed_bytes is not None and info.bytes_per_sample is not None else None)
+        if one is not None and avail is not None:
+            cause = one <= avail + resident
+        else:
+            cause = capacity is not None and resident >= 0.1 * capacity
+        if cause:
+            of = f" of the device's {fmt(capacity)}" if capacity else ""
+            return (
+                f"The batch's own data is what does not fit: the lazy inputs hold "
+                f"{fmt(resident)}{of} on the device before the step starts. Keep the batch "
+                f"in host memory (CPU RAM; memfit.host_memory() on the simulated device) and "
+                f"pass memfit.lazy(..., device=...): each micro-batch then moves to the "
+                f"device as it runs."
+            )
+        return ""
+    if data.host:
+        per_sample = data.host_sample_bytes
+        return (
+            f"The batch itself is not the cause: it stays in host memory and one sample of "
+            f"it takes {fmt(per_sample)} on the device; the step's own memory (parameters, "
+            f"gradients, activations) does not fit."
+        )
+    return ""

@@ -112,6 +112,13 @@ class Trainer:
       scaler.update() run once for the whole batch: the recipe of PyTorch's
       AMP tutorial, with the same gradients. report.loss stays unscaled.
 
+    The batch may stay on the host (CPU memory beside a GPU; on the
+    simulated device, tensors made under memfit.host_memory()): each
+    micro-batch is moved to the model's device as it runs, pinned and with
+    non_blocking copies on CUDA, so only one micro-batch of data takes
+    device memory. An OOM names the phase and what fills the memory (the
+    batch's own data among it) with advice for that cause.
+
     A micro-batch that runs out of memory leaves no trace: its gradients are
     not kept (see Note [Why a retried micro-batch never counts twice],
     trainer.cpp) and the buffers its forward wrote (BatchNorm's running
@@ -204,7 +211,8 @@ class Trainer:
         n = self._batch(inputs, target)
         buffers = BufferGuard(self._module)
         try:
-            return native.step(n, self._chunk_loss(inputs, target, buffers))
+            return native.step(n, self._chunk_loss(inputs, target, buffers),
+                               self._batch_bytes(inputs, target))
         except BaseException:
             buffers.restore_before_step()
             raise
@@ -220,9 +228,56 @@ class Trainer:
                 )
         return n
 
+    def _device(self):
+        p = next(self._module.parameters(), None)
+        return torch.device("cpu") if p is None else p.device
+
+    def _simulated(self):
+        return self._native.budget is not None or _memfit.budget("cpu") is not None
+
+    def _on_host(self, t, device):
+        """Whether `t` lives on the host, not on the model's device: CPU
+        beside a GPU, or memfit.host_memory() (untracked) beside the
+        simulated device."""
+        if t.device != device:
+            return True
+        return device.type == "cpu" and self._simulated() and _memfit.allocation_id(t) is None
+
+    def _batch_bytes(self, inputs, target):
+        """Bytes of the batch's own data that sit on the device for the step."""
+        device = self._device()
+        storages = {}
+        for t in tensors_in(inputs) + tensors_in(target):
+            if not self._on_host(t, device):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    def _mover(self):
+        """fn(micro-batch tensor) -> the tensor on the model's device: a batch
+        kept on the host is moved one micro-batch at a time, as it runs
+        (pinned and non_blocking into CUDA)."""
+        device = self._device()
+        simulated = device.type == "cpu" and self._simulated()
+
+        def move(t):
+            if t.device == device:
+                # Host memory beside the simulated device: the copy is what
+                # the device holds.
+                if simulated and _memfit.allocation_id(t) is None:
+                    return t.clone()
+                return t
+            if device.type == "cuda" and t.device.type == "cpu":
+                if not t.is_pinned():
+                    t = t.pin_memory()
+                return t.to(device, non_blocking=True)
+            return t.to(device)
+
+        return move
+
     def _chunk_loss(self, inputs, target, buffers=None):
         model, loss_fn, bd, tbd = self._module, self.loss_fn, self.batch_dim, self.target_batch_dim
         scaler = self.scaler
+        move = self._mover()
         # The micro-batches are views of the user's tensors: a forward that
         # writes into them changes each sample once, as an eager step would.
         # A micro-batch is only ever asked for twice when it is redone after
@@ -244,9 +299,9 @@ class Trainer:
                 buffers.before_attempt(start)
             versions = [t._version for t in users]
             try:
-                x = narrow_batch(inputs, start, n, bd)
+                x = map_tensors(narrow_batch(inputs, start, n, bd), move)
                 y = None if target is None else map_tensors(
-                    target, lambda t: t.narrow(tbd, start, n))
+                    target, lambda t: move(t.narrow(tbd, start, n)))
                 loss = _compute_loss(_call(model, x), y, loss_fn)
             finally:
                 if any(t._version != v for t, v in zip(users, versions)):

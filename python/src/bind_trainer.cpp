@@ -5,6 +5,7 @@
 
 #include "bindings.h"
 #include "memfit/core/batch_fit.h"
+#include "memfit/core/oom_cause.h"
 #include "memfit/torch/trainer.h"
 
 namespace py = pybind11;
@@ -73,7 +74,8 @@ void init_trainer(py::module_& m) {
            py::arg("params"), py::arg("optimizer_step"), py::arg("budget"),
            py::arg("split"), py::arg("allow_coupled"), py::arg("mean_loss"),
            py::arg("micro_batch"), py::arg("coupled_layers"))
-      .def("step", [](Trainer& t, int64_t batch, py::function& chunk_loss) {
+      .def("step", [](Trainer& t, int64_t batch, py::function& chunk_loss,
+                      int64_t batch_bytes) {
         Trainer::ChunkLoss cb = [&chunk_loss](int64_t start, int64_t count) {
           py::gil_scoped_acquire gil;
           try {
@@ -83,8 +85,8 @@ void init_trainer(py::module_& m) {
           }
         };
         py::gil_scoped_release release;
-        return t.step(batch, cb);
-      }, py::arg("batch"), py::arg("chunk_loss"))
+        return t.step(batch, cb, batch_bytes);
+      }, py::arg("batch"), py::arg("chunk_loss"), py::arg("batch_bytes") = 0)
       .def("set_budget", &Trainer::set_budget, py::arg("budget"))
       .def_property_readonly("budget", &Trainer::budget)
       .def_property_readonly("micro_batch", &Trainer::micro_batch)
@@ -111,6 +113,37 @@ void init_trainer(py::module_& m) {
                ", trials=" + std::to_string(f.trials) + ", mode=" + quoted(f.mode) + ")";
       })
       .def("text", &BatchFit::text);
+  m.def(
+      "explain_oom",
+      [](const std::string& operation, const std::string& what, const std::string& phase,
+         int64_t parameters, int64_t gradients, int64_t optimizer_state, int64_t batch,
+         int64_t activations, int64_t temporaries, int64_t other,
+         std::optional<int64_t> budget, bool state_on_host, const std::string& detail) {
+        const OomPhase p = phase == "parameters"       ? OomPhase::kParameters
+                           : phase == "inputs"         ? OomPhase::kInputs
+                           : phase == "forward" || phase == "loss" ? OomPhase::kForward
+                           : phase == "backward"       ? OomPhase::kBackward
+                           : phase == "optimizer_step" ? OomPhase::kOptimizerStep
+                                                       : OomPhase::kUnknown;
+        OomMemory mem;
+        mem.parameters = parameters;
+        mem.gradients = gradients;
+        mem.optimizer_state = optimizer_state;
+        mem.batch = batch;
+        mem.activations = activations;
+        mem.temporaries = temporaries;
+        mem.other = other;
+        const OomDiagnosis d = diagnose_oom(p, mem, budget, state_on_host);
+        return py::make_tuple(to_string(d.cause), oom_message(operation, what, p, d, detail),
+                              d.advice);
+      },
+      py::arg("operation"), py::arg("what"), py::arg("phase"), py::arg("parameters") = 0,
+      py::arg("gradients") = 0, py::arg("optimizer_state") = 0, py::arg("batch") = 0,
+      py::arg("activations") = 0, py::arg("temporaries") = 0, py::arg("other") = 0,
+      py::arg("budget") = py::none(), py::arg("state_on_host") = false,
+      py::arg("detail") = "",
+      "(cause, message, advice) of an OOM: what fills the memory and the advice that fits "
+      "it (see include/memfit/core/oom_cause.h). phase: a profile phase name.");
   m.def("fit_batch", &fit_batch, py::arg("model"), py::arg("reference"),
         py::arg("budget_bytes"), py::arg("extra_margin_bytes") = 0);
 }

@@ -273,3 +273,71 @@ def test_a_bad_per_input_batch_dim_is_explained(batch_dim, message):
                        torch.nn.CrossEntropyLoss(), batch_dim=batch_dim)
     with pytest.raises(ValueError, match=message):
         t.step((x, mask), y)
+
+
+# -- items 4 and 5: a batch on the host; OOMs that name their cause ---------------------
+
+
+def mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+
+
+def mnist_batch(n=4096):
+    g = torch.Generator().manual_seed(2)
+    return torch.randn(n, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+
+
+def test_a_batch_on_the_host_is_moved_one_micro_batch_at_a_time_and_fits():
+    # `memfit train --model mlp --batch 4096 --budget 16MiB`: 12.25 MiB of inputs.
+    with memfit.simulated_device("16MiB"):
+        model = mlp()
+        opt = Capture(model.parameters())
+        with memfit.host_memory():
+            x, y = mnist_batch()
+        r = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss()).step(x, y)
+    assert r.samples == 4096 and r.micro_batches > 1
+    assert r.peak_bytes <= 16 << 20
+    want = mlp()
+    torch.nn.functional.cross_entropy(want(x), y).backward()
+    for g, p in zip(opt.grads, want.parameters()):
+        assert ((g - p.grad).norm() / p.grad.norm()).item() < 1e-5
+
+
+def oom_message(trainer, x, y):
+    # Not pytest.raises: its ExceptionInfo, kept in the test's frame, would
+    # keep the failed step's tensors on the simulated device for later tests.
+    try:
+        trainer.step(x, y)
+    except torch.cuda.OutOfMemoryError as e:
+        return str(e)
+    pytest.fail("expected an out-of-memory error")
+
+
+def test_a_batch_on_the_device_that_fills_it_is_named_as_the_cause():
+    with memfit.simulated_device("16MiB"):
+        model = mlp()
+        x, y = mnist_batch()
+        t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                           torch.nn.CrossEntropyLoss())
+        msg = oom_message(t, x, y)
+    assert msg.startswith("CUDA out of memory. [Trainer::step] even one sample does not fit in "
+                          "the budget of 16.00 MiB: it ran out in the "), msg
+    assert "with the batch 12.28 MiB, parameters 2.55 MiB" in msg
+    assert "keep the batch on the host" in msg
+    assert "Use a smaller batch" not in msg
+
+
+def test_a_model_bigger_than_the_budget_is_not_told_to_use_a_smaller_batch():
+    with memfit.simulated_device("4MiB"):
+        model = mlp()  # 2.55 MiB of parameters, as much again of gradients
+        with memfit.host_memory():
+            x, y = mnist_batch(16)
+        t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                           torch.nn.CrossEntropyLoss())
+        msg = oom_message(t, x, y)
+    assert msg.startswith("CUDA out of memory. [Trainer::step] even one sample does not fit"), msg
+    assert "The model alone (parameters and their gradients) exceeds the memory: a smaller " \
+           "batch cannot help; use a bigger card, shard the model" in msg
+    assert "or use a smaller batch" not in msg

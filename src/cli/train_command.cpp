@@ -78,9 +78,11 @@ int train_command(const std::vector<std::string>& argv) {
   Trainer trainer(model->module().parameters(),
                   [&] { if (optimizer) optimizer->step(); }, o,
                   coupled_layers_of(model->module()));
-  auto forward = [&](const at::Tensor& x) { return model->forward(x); };
+  // The batch stays on the host (outside the budget, as CPU memory beside a
+  // GPU); each micro-batch is copied to the device as it runs.
+  auto forward = [&](const at::Tensor& x) { return model->forward(x.clone()); };
   auto loss = [&](const at::Tensor& out, const at::Tensor& y) {
-    return model->loss(out, y);
+    return model->loss(out, y.clone());
   };
   JsonWriter w(true);
   if (json) {
@@ -97,17 +99,21 @@ int train_command(const std::vector<std::string>& argv) {
     StepReport r;
     int64_t data_bytes = 0;
     try {
-      Batch b = model->make_batch(batch, at::TensorOptions(), static_cast<uint64_t>(s));
-      data_bytes = b.inputs.nbytes() + b.target.nbytes();
-      r = trainer.step(b.inputs, b.target, forward, loss);
+      std::optional<Batch> b;
+      {
+        HostMemory host;
+        b = model->make_batch(batch, at::TensorOptions(), static_cast<uint64_t>(s));
+      }
+      data_bytes = b->inputs.nbytes() + b->target.nbytes();
+      r = trainer.step(b->inputs, b->target, forward, loss);
     } catch (const c10::OutOfMemoryError& e) {
       std::string what = e.what_without_backtrace();
       what = what.substr(0, what.find('\n'));
-      // One line: what ran out, the batch's own share, and what to do.
+      // One line: what ran out, where the batch is, and what to do.
       std::cerr << "memfit train: out of memory at step " << s + 1 << " with batch "
-                << batch << " (its inputs and targets alone take "
-                << format_bytes(data_bytes) << " of the " << format_bytes(budget)
-                << " budget): " << what << "; "
+                << batch << " (its inputs and targets, " << format_bytes(data_bytes)
+                << ", stay on the host; each micro-batch is moved to the device of "
+                << format_bytes(budget) << " as it runs): " << what << "; "
                 << (o.split ? "see memfit advise"
                             : "run `memfit fit --model " + name + " --budget " +
                                   args.get("budget", "") +

@@ -133,6 +133,7 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
   std::vector<char> had_grad(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) had_grad[i] = params_[i].grad().defined();
   at::Tensor loss;
+  phase_ = OomPhase::kForward;
   {
     std::optional<CpuAutocast> autocast;
     if (options_.autocast_bf16) autocast.emplace(true);
@@ -149,6 +150,7 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
                             : 1.0;
   // Unsplit, the loss is used as it is: not one byte more than a plain step.
   at::Tensor weighted = weight == 1.0 ? loss : loss * weight;
+  phase_ = OomPhase::kBackward;
   if (needed.size() == params_.size()) {
     hooks.reset();
     try {
@@ -185,44 +187,35 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
   report.loss += loss.item<double>() * weight;
 }
 
-// What fills the memory when even one sample does not fit, and the advice
-// that fits that cause: the model's own bytes, or what else is alive (the
-// batch's data, optimizer state), rather than "a smaller batch".
-std::string Trainer::one_sample_does_not_fit(const std::string& oom) const {
-  int64_t params = 0, grads = 0;
+// What fills the memory when a step cannot go on, and the advice that fits
+// that cause (see oom_cause.h): the model's own bytes, the batch's data, or
+// what else is alive, rather than "a smaller batch".
+std::string Trainer::out_of_memory(const std::string& what, const std::string& oom,
+                                   int64_t batch_bytes) const {
+  OomMemory m;
   for (const auto& p : params_) {
-    params += p.storage().nbytes();
-    if (p.grad().defined()) grads += p.grad().storage().nbytes();
+    m.parameters += p.storage().nbytes();
+    if (p.grad().defined()) m.gradients += p.grad().storage().nbytes();
   }
   const int64_t live = tracking::live_bytes(Device::kCPU) + untracked_parameter_bytes();
-  const int64_t rest = std::max<int64_t>(0, live - params - grads);
+  m.batch = std::min(batch_bytes, std::max<int64_t>(0, live - m.parameters - m.gradients));
+  // The rest: optimizer state, what the failed micro-batch held is gone.
+  const int64_t rest = std::max<int64_t>(0, live - m.parameters - m.gradients - m.batch);
+  if (phase_ == OomPhase::kOptimizerStep) {
+    m.optimizer_state = rest;
+  } else {
+    m.other = rest;
+  }
   // The budget in force: the Trainer's own, or a simulated device around it.
   const std::optional<int64_t> budget =
       options_.budget ? options_.budget : tracking::budget(Device::kCPU);
-  std::ostringstream msg;
-  msg << "[Trainer::step] even one sample does not fit";
-  if (budget) msg << " in the budget of " << format_bytes(*budget);
-  msg << ": before it runs, " << format_bytes(live) << " is taken: parameters "
-      << format_bytes(params) << ", gradients " << format_bytes(grads)
-      << ", and " << format_bytes(rest)
-      << " more alive (the batch's inputs and targets, optimizer state, anything the "
-         "loop holds). ";
-  if (budget && rest > params && rest * 2 > *budget) {
-    msg << "Most of it is not the model: keep the batch on the host and move each "
-           "micro-batch to the device, or free what the loop holds. ";
-  } else if (budget && params * 2 > *budget) {
-    msg << "The model's own parameters take most of it: a smaller batch cannot help; "
-           "shard it, keep optimizer state on the host, or use lower precision. ";
-  } else {
-    msg << "Reduce the step's memory (memfit advise: checkpointing, mixed precision, a "
-           "lighter optimizer or its state on the host) or give it more. ";
-  }
-  // The allocator's figures, without its generic "use a smaller batch".
-  msg << oom.substr(0, oom.find(" Use a smaller batch"));
-  return msg.str();
+  std::string context = what;
+  if (budget) context += " in the budget of " + format_bytes(*budget);
+  return oom_message("Trainer::step", context, phase_, diagnose_oom(phase_, m, budget),
+                     allocator_figures(oom));
 }
 
-StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
+StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss, int64_t batch_bytes) {
   if (batch < 1) {
     throw std::invalid_argument("[Trainer::step] the batch is empty (" +
                                 std::to_string(batch) +
@@ -268,12 +261,11 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
     } catch (const c10::OutOfMemoryError& e) {
       // Whatever the micro-batch held died with the stack. See Note [Why a
       // retried micro-batch never counts twice].
-      if (!options_.split) {
-        drop_gradients();
-        throw;
-      }
-      if (n == 1) {
-        const std::string msg = one_sample_does_not_fit(e.what_without_backtrace());
+      if (!options_.split || n == 1) {
+        const std::string msg = out_of_memory(
+            n == 1 ? "even one sample does not fit"
+                   : "the batch of " + std::to_string(n) + " does not fit whole (split=False)",
+            e.what_without_backtrace(), batch_bytes);
         drop_gradients();
         C10_THROW_ERROR(OutOfMemoryError, msg);
       }
@@ -292,19 +284,15 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss) {
   }
   report.micro_batches = static_cast<int64_t>(report.chunks.size());
   report.samples = pos;
+  phase_ = OomPhase::kOptimizerStep;
   try {
     optimizer_step_();
   } catch (const c10::OutOfMemoryError& e) {
+    const std::string msg =
+        out_of_memory("the optimizer step does not fit",
+                      e.what_without_backtrace(), batch_bytes);
     drop_gradients();
-    C10_THROW_ERROR(
-        OutOfMemoryError,
-        std::string("[Trainer::step] the optimizer step does not fit: parameters, "
-                    "gradients and optimizer state outgrow the memory whatever the "
-                    "micro-batch. ") +
-            e.what_without_backtrace() +
-            " The optimizer's state on the host (memfit.offload, adam-offload), "
-            "a lighter optimizer (momentum: 1x parameters of state, sgd: none), "
-            "mixed precision, or more memory (memfit advise).");
+    C10_THROW_ERROR(OutOfMemoryError, msg);
   }
   drop_gradients();  // See Note [The order of a training iteration].
   if (report.ooms_recovered > 0 || c < batch) micro_ = c;
@@ -327,10 +315,19 @@ StepReport Trainer::step(
               batch_dim, " but the target holds ",
               target.dim() >= 1 ? target.size(0) : 0,
               ": they must hold the same samples");
-  return step(batch, [&](int64_t start, int64_t count) {
-    return loss(forward(inputs.narrow(batch_dim, start, count)),
-                target.narrow(0, start, count));
-  });
+  // What of the batch sits on the (simulated) device: memory allocated under
+  // HostMemory, or before tracking, is the host's.
+  int64_t batch_bytes = 0;
+  for (const at::Tensor* t : {&inputs, &target}) {
+    if (tracking::allocation_of(*t)) batch_bytes += t->storage().nbytes();
+  }
+  return step(
+      batch,
+      [&](int64_t start, int64_t count) {
+        return loss(forward(inputs.narrow(batch_dim, start, count)),
+                    target.narrow(0, start, count));
+      },
+      batch_bytes);
 }
 
 std::vector<std::string> coupled_layers_of(const torch::nn::Module& module) {

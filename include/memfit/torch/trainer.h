@@ -12,6 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "memfit/core/oom_cause.h"
+
 namespace torch::nn {
 class Module;
 }
@@ -64,11 +66,15 @@ class Trainer {
   Trainer(std::vector<at::Tensor> params, std::function<void()> optimizer_step,
           TrainerOptions options, std::vector<std::string> coupled_layers = {});
 
-  // One optimizer step on a batch of `batch` samples. Throws
-  // std::invalid_argument for batch < 1 or a loss that is not a scalar;
-  // c10::OutOfMemoryError when even one sample does not fit, or when
-  // splitting is off and the batch does not fit.
-  StepReport step(int64_t batch, const ChunkLoss& chunk_loss);
+  // One optimizer step on a batch of `batch` samples. `batch_bytes`: how
+  // much of the device the batch's own inputs and targets take for the whole
+  // step (0 when it stays on the host and each micro-batch is moved as it
+  // runs); the OOM messages weigh it. Throws std::invalid_argument for
+  // batch < 1 or a loss that is not a scalar; c10::OutOfMemoryError,
+  // naming the phase and what fills the memory (see oom_cause.h), when even
+  // one sample does not fit, when splitting is off and the batch does not
+  // fit, or when the optimizer step does not.
+  StepReport step(int64_t batch, const ChunkLoss& chunk_loss, int64_t batch_bytes = 0);
 
   // Convenience for one input and one target tensor, batch along dim 0 of
   // both (`batch_dim` of inputs).
@@ -91,13 +97,15 @@ class Trainer {
                  const ChunkLoss& chunk_loss, StepReport& report);
   void drop_gradients();
   int64_t untracked_parameter_bytes() const;
-  std::string one_sample_does_not_fit(const std::string& oom) const;
+  std::string out_of_memory(const std::string& what, const std::string& oom,
+                            int64_t batch_bytes) const;
 
   std::vector<at::Tensor> params_;
   std::function<void()> optimizer_step_;
   TrainerOptions options_;
   std::vector<std::string> coupled_;
   int64_t micro_ = 0;
+  OomPhase phase_ = OomPhase::kUnknown;  // where the last micro-batch was
 };
 
 // Paths of the batch-coupled layers (BatchNorm) of a module in training mode.

@@ -92,5 +92,58 @@ def test_module_paths_are_attributed():
         t.phase("forward")
         out = model(torch.ones(4, 8))
     modules = {m for (_, _, _, _, _, _, m, _) in t.timeline.events()}
-    assert "0" in modules and "1" in modules
+    assert "0 (Linear)" in modules and "1 (ReLU)" in modules
     del out
+
+
+def small_net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+
+
+def test_track_with_model_and_optimizer_names_phases_and_categories_as_profile_does():
+    model = small_net()
+    opt = torch.optim.Adam(model.parameters())
+    x = torch.randn(4, 8)
+    with memfit.track(model, opt) as t:
+        model(x).sum().backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    tl = t.timeline
+    assert [(p.name, p.iteration) for p in tl.phase_summaries()] == [
+        ("forward", 1), ("loss", 1), ("backward", 1), ("optimizer_step", 1), ("zero_grad", 1)]
+    assert tl.peak_phase() == "optimizer_step"
+    b = tl.breakdown_at_peak()
+    state = sum(v.nbytes for st in opt.state.values() for v in st.values())
+    grads = sum(p.nbytes for p in model.parameters())
+    assert b["categories"]["optimizer_state"] == state
+    assert b["categories"]["gradient"] == grads
+    assert b["categories"]["other"] == 0
+    events = tl.events()
+    forward = {e[6] for e in events if e[0] == "alloc" and e[5] == "forward"}
+    assert forward == {"0 (Linear)", "1 (ReLU)", "2 (Linear)"}
+    # Adam's state tensors, made in its step, each classified as state.
+    assert {e[4] for e in events if e[0] == "alloc" and e[5] == "optimizer_step"} >= {
+        "optimizer_state"}
+
+
+def test_track_classifies_parameters_and_gradients_made_inside_the_block():
+    model = small_net()
+    with memfit.track(model) as t:
+        model.double()  # new parameter storages, made in the block
+        model(torch.randn(4, 8, dtype=torch.float64)).sum().backward()
+    cats = {}
+    for kind, nbytes, _, _, cat, _, _, _ in t.timeline.events():
+        if kind == "alloc":
+            cats[cat] = cats.get(cat, 0) + nbytes
+    params = sum(p.nbytes for p in model.parameters())
+    assert cats["parameter"] == params
+    assert cats["gradient"] >= params
+    assert t.timeline.peak_phase() in ("backward", "loss", "forward")
+
+
+def test_track_refuses_an_optimizer_without_its_model():
+    model = small_net()
+    with pytest.raises(ValueError, match=r"^\[track\] an optimizer needs its model"):
+        with memfit.track(optimizer=torch.optim.SGD(model.parameters(), lr=0.1)):
+            pass

@@ -9,6 +9,7 @@ from . import report_page
 from .batching import batch_size, count, resize_batch, tensors_in
 from .offload import OffloadedOptimizer
 from .offload import offload as _offload
+from .meta_reads import MetaReads
 from .snapshot import ModelTensors, OptimizerState, kept_rng, private_copy
 from .tracking import Tracking
 
@@ -155,6 +156,8 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
         # The device's bytes only: what stays on the host (AdamW's step
         # counts) would stay on the host beside a GPU too.
         t._recorder.only_device("meta")
+        # See Note [Meta kernels allocate only their outputs] (op_frames.h).
+        t._recorder.drop_meta_kernel_intermediates()
     t.watch_modules(model)
     try:
         t.phase("parameters", 1)
@@ -359,16 +362,25 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         # put back: see Note [A rehearsed step leaves no trace].
         notes = []
         rec = None
+        reads = MetaReads()  # See Note [Data-dependent reads on the meta device].
         with kept_rng():
             try:
-                rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                torch.device(mode))
+                if mode == "meta":
+                    with reads.answering():
+                        rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
+                                        torch.device(mode))
+                else:
+                    rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
+                                    torch.device(mode))
             except (NotImplementedError, RuntimeError) as e:
                 if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
                     raise
-                first = str(e).splitlines()[0][:160]
+                first = str(e).splitlines()[0]
+                first = first if first.startswith("[profile]") else first[:160]
                 notes.append(f"meta mode unavailable in this torch ({first}); fell back to cpu mode")
             if rec is None:  # outside the except: its traceback holds the meta graph
+                if meta and first.startswith("[profile]"):
+                    raise ValueError(f"{first} (the {meta} on the meta device)")
                 if meta:
                     raise ValueError(
                         f"[profile] meta mode is unavailable in this torch ({first}), and "
@@ -381,6 +393,8 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         if meta:
             notes.append(f"unverified: the {meta} on the meta device (shapes without "
                          f"values), so no step can run for real to check these figures")
+        if rec is not None and mode == "meta" and reads.note():
+            notes.append(reads.note())
         n = batch_size(inputs, batch_dim, "profile")
         native = _memfit.make_report(rec.timeline, type(model).__name__, n,
                                      _optimizer_name(optimizer), mode)

@@ -52,6 +52,9 @@ void init_tracking(py::module_& m) {
         r.only_device(device_from(device));
       }, py::arg("device"),
          "From now on, record only allocations on `device` ('cpu' or 'meta').")
+      .def("drop_meta_kernel_intermediates", &Recorder::drop_meta_kernel_intermediates,
+           "From now on, leave out what Meta kernels allocate and free again "
+           "inside the op they implement (torch's Python decompositions).")
       .def_property_readonly("live_bytes", &Recorder::live_bytes)
       .def_property_readonly("peak_bytes", &Recorder::peak_bytes)
       .def_property_readonly("timeline", &Recorder::timeline,

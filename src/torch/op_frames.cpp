@@ -1,9 +1,12 @@
 #include "memfit/torch/op_frames.h"
 
+#include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
 #include <atomic>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 namespace memfit::impl {
@@ -12,10 +15,30 @@ namespace {
 struct Frames {
   std::vector<const char*> names;
   uint64_t outermost = 0;
+  // See Note [Meta kernels allocate only their outputs].
+  uint64_t meta_kernel = 0;
+  size_t meta_kernel_depth = 0;
 };
 
 thread_local Frames t_frames;
 std::atomic<uint64_t> g_next_frame{1};
+
+// Whether the op has a kernel of its own for the Meta key (not the
+// composite that runs on every device); cached per name.
+bool has_own_meta_kernel(const at::RecordFunction& fn) {
+  static std::mutex mu;
+  static auto* cache = new std::unordered_map<const char*, bool>;
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = cache->find(fn.name());
+  if (it != cache->end()) return it->second;
+  bool own = false;
+  if (auto name = fn.operator_name()) {
+    auto op = c10::Dispatcher::singleton().findOp(*name);
+    own = op && op->hasKernelForDispatchKey(c10::DispatchKey::Meta) &&
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+  }
+  return cache->emplace(fn.name(), own).first->second;
+}
 
 bool is_frame(const at::RecordFunction& fn) {
   return fn.scope() == at::RecordScope::FUNCTION ||
@@ -26,6 +49,11 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   if (is_frame(fn)) {
     if (t_frames.names.empty()) t_frames.outermost = g_next_frame++;
     t_frames.names.push_back(fn.name());
+    if (t_frames.meta_kernel == 0 && fn.scope() == at::RecordScope::FUNCTION &&
+        has_own_meta_kernel(fn)) {
+      t_frames.meta_kernel = g_next_frame++;
+      t_frames.meta_kernel_depth = t_frames.names.size();
+    }
   }
   return nullptr;
 }
@@ -36,6 +64,10 @@ void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
   if (is_frame(fn) && !t_frames.names.empty()) {
     t_frames.names.pop_back();
     if (t_frames.names.empty()) t_frames.outermost = 0;
+    if (t_frames.names.size() < t_frames.meta_kernel_depth) {
+      t_frames.meta_kernel = 0;
+      t_frames.meta_kernel_depth = 0;
+    }
   }
 }
 
@@ -46,6 +78,8 @@ uint64_t outermost_op_frame() { return t_frames.outermost; }
 bool is_open_op_frame(uint64_t frame) {
   return frame != 0 && t_frames.outermost == frame;
 }
+
+uint64_t meta_kernel_frame() { return t_frames.meta_kernel; }
 
 const char* innermost_op_name() {
   const auto& names = t_frames.names;

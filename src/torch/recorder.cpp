@@ -40,6 +40,8 @@ void Recorder::stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!recording_) return;
+    held_frame_ = 0;  // whatever is held now is an output: record it
+    flush_meta_kernel_outputs();
     recording_ = false;
     timeline_.end_phase();
   }
@@ -57,6 +59,7 @@ bool Recorder::recording() const {
 
 void Recorder::begin_phase(std::string_view name, int iteration) {
   std::lock_guard<std::mutex> lock(mu_);
+  flush_meta_kernel_outputs();
   timeline_.begin_phase(name, iteration);
   phase_category_ = default_category(name);
   phase_frees_are_temporary_ = name == "optimizer_step" || name == "zero_grad";
@@ -65,6 +68,7 @@ void Recorder::begin_phase(std::string_view name, int iteration) {
 
 void Recorder::end_phase() {
   std::lock_guard<std::mutex> lock(mu_);
+  flush_meta_kernel_outputs();
   timeline_.end_phase();
   phase_category_ = Category::kOther;
   phase_frees_are_temporary_ = false;
@@ -100,12 +104,37 @@ bool Recorder::classify(const at::Tensor& t, Category c) {
   auto a = tracking::allocation_of(t);
   if (!a) return false;
   std::lock_guard<std::mutex> lock(mu_);
+  flush_meta_kernel_outputs();
   return timeline_.set_category(a->id, c);
 }
 
 void Recorder::only_device(Device d) {
   std::lock_guard<std::mutex> lock(mu_);
   only_device_ = d;
+}
+
+void Recorder::drop_meta_kernel_intermediates() {
+  std::lock_guard<std::mutex> lock(mu_);
+  drop_meta_kernel_intermediates_ = true;
+}
+
+void Recorder::flush_meta_kernel_outputs() {
+  if (held_.empty() || (held_frame_ != 0 && held_frame_ == impl::meta_kernel_frame())) {
+    return;
+  }
+  // Stamped now: frees recorded while the kernel ran must not follow them.
+  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                          std::chrono::steady_clock::now() - start_)
+                          .count();
+  for (Event& e : held_) {
+    e.time_ns = now;
+    timeline_.record(e);
+    if (phase_frees_are_temporary_) phase_allocations_.insert(e.id);
+    live_ += e.bytes;
+    peak_ = std::max(peak_, live_);
+  }
+  held_.clear();
+  held_frame_ = 0;
 }
 
 int64_t Recorder::live_bytes() const {
@@ -135,10 +164,19 @@ Event Recorder::stamped(const Allocation& a, EventKind kind) const {
 void Recorder::on_alloc(const Allocation& a) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!recording_ || (only_device_ && a.device != *only_device_)) return;
+  flush_meta_kernel_outputs();
   Event e = stamped(a, EventKind::kAlloc);
   const char* op = impl::innermost_op_name();
   e.op = op ? timeline_.op_index(op) : 0;
   e.category = phase_category_;
+  const uint64_t frame = drop_meta_kernel_intermediates_ && a.device == Device::kMeta
+                             ? impl::meta_kernel_frame()
+                             : 0;
+  if (frame != 0) {  // See Note [Meta kernels allocate only their outputs].
+    held_frame_ = frame;
+    held_.push_back(e);
+    return;
+  }
   timeline_.record(e);
   if (phase_frees_are_temporary_) phase_allocations_.insert(a.id);
   live_ += a.bytes;
@@ -147,7 +185,15 @@ void Recorder::on_alloc(const Allocation& a) {
 
 void Recorder::on_free(const Allocation& a, bool temporary) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!recording_ || !timeline_.is_live(a.id)) return;
+  if (!recording_) return;
+  flush_meta_kernel_outputs();
+  auto held = std::find_if(held_.begin(), held_.end(),
+                           [&](const Event& e) { return e.id == a.id; });
+  if (held != held_.end()) {  // an intermediate of a Meta kernel: never was
+    held_.erase(held);
+    return;
+  }
+  if (!timeline_.is_live(a.id)) return;
   if (temporary || phase_allocations_.erase(a.id) > 0) {
     timeline_.set_category(a.id, Category::kTemporary);
   }

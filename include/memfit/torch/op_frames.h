@@ -20,6 +20,20 @@ namespace memfit::impl {
 uint64_t outermost_op_frame();
 // Whether `frame` is still open on this thread.
 bool is_open_op_frame(uint64_t frame);
+// Note [Meta kernels allocate only their outputs]
+// On the meta device torch implements many ops' Meta kernels in Python by
+// decomposition (torch._refs, torch/_meta_registrations.py): log_softmax
+// becomes amax, sub, exp, sum, log, each allocating a meta tensor that the
+// real kernel never holds. A step on meta would count those intermediates
+// (+5% in the forward of a small Llama). So an op with a Meta kernel of its
+// own (not a CompositeImplicitAutograd op, which decomposes on every device
+// and whose intermediates are real) is one frame: what its kernel allocates
+// and frees again before it returns is no memory of the real step, and the
+// recorder drops it (Recorder::drop_meta_kernel_intermediates).
+
+// Serial of the outermost op open on this thread that runs a Meta kernel of
+// its own; 0 when none.
+uint64_t meta_kernel_frame();
 // Name of the innermost op open on this thread; nullptr when none. Valid only
 // while that op runs.
 const char* innermost_op_name();

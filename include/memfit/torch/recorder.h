@@ -52,6 +52,10 @@ class Recorder final : private AllocationObserver {
   // device it stands for would not hold either.
   void only_device(Device d);
 
+  // From now on, drops what Meta kernels allocate and free again inside the
+  // op they implement: See Note [Meta kernels allocate only their outputs].
+  void drop_meta_kernel_intermediates();
+
   // Bytes recorded live now / at most, since the recording started.
   int64_t live_bytes() const;
   int64_t peak_bytes() const;
@@ -65,6 +69,9 @@ class Recorder final : private AllocationObserver {
   Event stamped(const Allocation& a, EventKind kind) const;
   void on_alloc(const Allocation& a) override;
   void on_free(const Allocation& a, bool temporary) override;
+  // Records the allocations held back while a Meta kernel ran, once it has
+  // returned (mu_ held).
+  void flush_meta_kernel_outputs();
 
   // Released by stop(): a stopped recorder whose timeline is still read must
   // not keep every later allocation tracked.
@@ -74,6 +81,9 @@ class Recorder final : private AllocationObserver {
   std::chrono::steady_clock::time_point start_;
   bool recording_ = true;
   std::optional<Device> only_device_;
+  bool drop_meta_kernel_intermediates_ = false;
+  uint64_t held_frame_ = 0;    // the Meta kernel's frame (op_frames.h)
+  std::vector<Event> held_;    // its allocations still live, in order
   std::vector<std::string> module_stack_;
   uint32_t module_index_ = 0;  // interned module_stack_.back()
   Category phase_category_ = Category::kOther;

@@ -197,8 +197,15 @@ ChainPlan chain_plan_optimal(const std::vector<ChainSegment>& segments,
     std::vector<bool> c(n);
     for (size_t i = 0; i < n; ++i)
       c[i] = segments[i].input_bytes < segments[i].activation_bytes;
-    ChainPlan p = evaluate("optimal", std::move(c), segments, memory, budget);
-    return p;
+    // Of the plans with that least peak, the least recompute: where the peak
+    // is the optimizer's or one segment's backward, checkpointing more does
+    // not lower it and must not be chosen.
+    const int64_t least = chain_peak(segments, memory, c);
+    if (least > budget) {
+      ChainPlan cheapest = chain_plan_optimal(segments, memory, least);
+      if (cheapest.fits) c = std::move(cheapest.checkpointed);
+    }
+    return evaluate("optimal", std::move(c), segments, memory, budget);
   }
   std::vector<bool> c(n);
   int s = best;

@@ -124,8 +124,24 @@ TEST(CheckpointPlanTest, NothingFitsSaysSo) {
   const std::vector<ChainSegment> s = {seg(50, 1), seg(50, 1)};
   const ChainPlan p = chain_plan_optimal(s, ChainMemory{0, 100, 0}, 120);
   EXPECT_FALSE(p.fits);
-  EXPECT_EQ(p.indices(), "0,1");
+  // {0} and {0,1} both peak at 150 (the last segment's backward): the least
+  // recompute of the two.
+  EXPECT_EQ(p.indices(), "0");
+  EXPECT_EQ(p.predicted_peak, 150);
   EXPECT_FALSE(chain_plan_optimal(s, ChainMemory{0, 0, 500}, 400).fits);
+}
+
+// The demo gpt's case: the optimizer's peak binds every plan, so all peak
+// alike; checkpointing buys nothing and the optimal rule must not pay for it.
+TEST(CheckpointPlanTest, AmongEqualPeaksOptimalPicksTheLeastRecompute) {
+  const std::vector<ChainSegment> s = {seg(40, 5), seg(40, 5)};
+  const ChainMemory m{100, 100, 1000};
+  for (int64_t budget : {900, 1000, 5000}) {
+    const ChainPlan p = chain_plan_optimal(s, m, budget);
+    EXPECT_EQ(p.predicted_peak, 1000) << budget;
+    EXPECT_EQ(p.indices(), "-") << budget;
+    EXPECT_DOUBLE_EQ(p.recompute_ns, 0) << budget;
+  }
 }
 
 TEST(CheckpointPlanTest, RulesPickTheirSegments) {

@@ -11,6 +11,18 @@ unpacked batch, a mask of ones), and the report's notes name each place it
 happened, so the figures say which path they measured. A read of a number
 (a length, a count) has no safe answer: it raises, one line naming where,
 and meta mode falls back to the CPU as for a missing meta kernel.
+
+Note [Which attention kernel meta runs]: scaled_dot_product_attention asks
+_fused_sdp_choice which kernel to run on the CPU and CUDA; on any other
+device, meta included, it runs the math path, which materializes the attention weights (batch x heads x tokens x tokens,
+saved for backward) where the CPU and CUDA run a fused kernel that saves
+only its output and a log-sum-exp: +0.8% on a small Llama, ~0.5 GiB per
+layer on a 7B at 2048 tokens. While meta mode runs the step,
+torch.nn.functional.scaled_dot_product_attention asks the CPU's choice for
+the same dtype, head size, mask, dropout and causality (on one-element
+stand-ins of the tensors) and, where that is the fused flash kernel, runs
+it on meta as the CPU does (a boolean mask made additive first), so the
+step saves what the fused kernel saves. Other choices run as before.
 """
 
 import contextlib
@@ -18,6 +30,7 @@ import os
 import traceback
 
 import torch
+import torch.nn.functional as F
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -28,6 +41,48 @@ def _caller():
         if not frame.filename.startswith(_TORCH_DIR) and frame.filename != __file__:
             return f"{os.path.basename(frame.filename)}:{frame.lineno}"
     return "?"
+
+
+def _cpu_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,
+                    scale=None, enable_gqa=False):
+    """The attention kernel the CPU would choose for tensors like these: See
+    Note [Which attention kernel meta runs]."""
+
+    def stand_in(t):
+        if t is None:
+            return None
+        shape = [1] * (t.dim() - 1) + [t.shape[-1]]
+        return torch.zeros(shape, dtype=t.dtype, device="cpu")
+
+    return torch._fused_sdp_choice(stand_in(query), stand_in(key), stand_in(value),
+                                   attn_mask=stand_in(attn_mask), dropout_p=dropout_p,
+                                   is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+_FLASH = 1  # torch.nn.attention.SDPBackend.FLASH_ATTENTION
+
+
+def _fused_on_meta(sdpa):
+    """scaled_dot_product_attention running the CPU's fused flash kernel on
+    meta tensors where the CPU would: See Note [Which attention kernel meta
+    runs]."""
+
+    def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+              enable_gqa=False):
+        if not (query.is_meta and query.dim() == 4
+                and (not enable_gqa or query.shape[-3] == key.shape[-3])
+                and _cpu_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal,
+                                    scale, enable_gqa) == _FLASH):
+            return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,
+                        is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+        if attn_mask is not None and attn_mask.dtype == torch.bool:
+            attn_mask = torch.zeros(attn_mask.shape, dtype=query.dtype,
+                                    device=attn_mask.device).masked_fill_(
+                                        attn_mask.logical_not(), float("-inf"))
+        return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            query, key, value, dropout_p, is_causal, attn_mask=attn_mask, scale=scale)[0]
+
+    return fused
 
 
 class MetaReads:
@@ -41,9 +96,12 @@ class MetaReads:
     def answering(self):
         lib = torch.library.Library("aten", "IMPL")
         lib.impl("_local_scalar_dense", self._read, "Meta")
+        math_sdpa = F.scaled_dot_product_attention
+        F.scaled_dot_product_attention = _fused_on_meta(math_sdpa)
         try:
             yield self
         finally:
+            F.scaled_dot_product_attention = math_sdpa
             lib._destroy()
 
     def _read(self, t):

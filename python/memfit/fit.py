@@ -32,17 +32,23 @@ def _available_bytes(budget):
 
 
 def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, budget=None,
-                    batch_dim=0, mode="cpu", margin=0):
-    """The largest batch whose whole training step fits `budget`.
+                    batch_dim=0, mode="cpu", margin=0, verify=True):
+    """The largest batch whose whole training step fits `budget`, verified.
 
-    `inputs`/`target` are an example batch of any size: memfit profiles the
-    step (forward, loss, backward, optimizer step, two iterations) at a few
-    small batches made from them, fits each event's memory as M0 + m*batch,
-    and solves for the budget. No step runs at full size (trials == 0).
+    `inputs`/`target` are an example batch of any size: memfit records the
+    step (forward, loss, backward, optimizer step, two iterations) at batches
+    made from them (cut, or repeated: only shapes matter to memory), grown
+    from 2, 4, 8 toward the answer, each first predicted from the smaller
+    ones; fits each event's memory as M0 + m*batch on the largest, solves for
+    the budget, and runs one whole step at the answer to verify it (see
+    Note [Verifying the answer]). If that step does not fit, the next batch
+    comes from its measured peak, and is verified again: the answer is always
+    a batch measured to fit. verify=False skips that step (for planning
+    only); the result then says verified=False.
 
     budget: bytes or "16GiB"; default: the simulated device's budget, else
     the free CUDA memory. margin: extra bytes to keep free (e.g. for a real
-    GPU's allocator), on top of the fit's own residual.
+    GPU's allocator).
 
     A model wrapped in DistributedDataParallel gets each rank's batch: the
     budget first loses DDP's gradient buckets, one copy of the trainable
@@ -52,9 +58,12 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
 
     Returns a BatchFit: max_batch, recommended_batch (the largest multiple of 8
     not above max_batch when that gives up at most an eighth of it, else
-    max_batch), predicted_peak_bytes,
-    budget_bytes, margin_bytes, trials, mode. Raises memfit.DoesNotFit (a
-    ValueError) with the numbers when even batch 1 does not fit.
+    max_batch), predicted_peak_bytes, measured_peak_bytes, verified, trials
+    (full-size steps run), probes, held_out_error, affine (False when the
+    memory per sample changed between probes; notes say so with the
+    figures), budget_bytes, margin_bytes, mode, notes. Raises
+    memfit.DoesNotFit (a ValueError) with the numbers when even batch 1 does
+    not fit.
     """
     check_optimizer(model, optimizer, "find_batch_size")
     available = _available_bytes(budget)
@@ -71,8 +80,9 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
         available -= buckets
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode)
-    peak_model = report.peak_model()
-    return _memfit.fit_batch(peak_model, report._native, available, to_bytes(margin, "margin"))
+    host_limit = (1 << 63) - 1 if report.mode == "meta" else _memfit.probe_memory_limit()
+    return _memfit.search_batch(report.measure_step, available, to_bytes(margin, "margin"),
+                                verify=bool(verify), host_limit=host_limit)
 
 
 def auto_batch_size(starting_batch_size=128, *, model, inputs, target=None, loss_fn=None,

@@ -6,7 +6,7 @@ import torch
 from . import _memfit
 from . import data_parallel as _dp
 from . import report_page
-from .batching import batch_size, count, resize_batch, tensors_in
+from .batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
 from .offload import OffloadedOptimizer
 from .offload import offload as _offload
 from .meta_reads import MetaReads
@@ -201,11 +201,13 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
 class Report:
     """One profiled step: phases, categories at the peak, modules, timeline."""
 
-    def __init__(self, native, timeline, prober=None, model_sizes=((), 0)):
+    def __init__(self, native, timeline, prober=None, model_sizes=((), 0), record_at=None):
         self._native = native
         self.timeline = timeline
         self._prober = prober
+        self._record_at = record_at
         self._peak_model = None
+        self._probed = None  # see prediction()
         self._trainable_sizes, self._largest_unit_bytes = model_sizes
 
     optimizer = property(lambda self: self._native.optimizer)
@@ -265,10 +267,48 @@ class Report:
             self._peak_model = self._prober()
         return self._peak_model
 
+    native = property(lambda self: self._native, doc="The C++ report, for memfit's planners.")
+
+    def at_batch(self, batch):
+        """The same step recorded at `batch` samples (the example batch cut
+        or repeated: only shapes matter to memory), as a Report."""
+        if self._record_at is None:
+            raise ValueError("[at_batch] this report cannot record other batches")
+        native, timeline = self._record_at(count(batch, "at_batch", "batch"))
+        return Report(native, timeline, None, (self._trainable_sizes, self._largest_unit_bytes),
+                      self._record_at)
+
+    def measure_step(self, batch):
+        """(C++ report, timeline) of the step at `batch`, or None when it ran
+        out of memory: the measurement memfit's search calls back."""
+        try:
+            r = self.at_batch(batch)
+        except torch.cuda.OutOfMemoryError:
+            return None
+        return r.native, r.timeline
+
+    def prediction(self, batch):
+        """The predicted peak at `batch` and how sure it is: probes grown from
+        small batches toward `batch` (see Note [Probing toward the answer]),
+        each checked against the ones before it. Returns a
+        PredictionCertainty: predicted_bytes, probes, held_out_error (worst
+        relative miss), affine, beyond_probes; text() says it in a line."""
+        return self._certainty(count(batch, "prediction", "batch"))
+
+    def _certainty(self, batch):
+        if self._probed is None or self._probed.largest_probe() * 8 < batch:
+            if self._record_at is None:
+                raise ValueError("[predict_peak_bytes] this report cannot probe other batches")
+            self._probed = _memfit.probe_toward(self.measure_step, batch,
+                                                _probe_batches(self.batch),
+                                                _probe_limit(self.mode))
+        return self._probed.certainty_at(batch)
+
     def predict_peak_bytes(self, batch):
-        """Predicted peak bytes of the same step at `batch`, from probes at
-        small batches (each phase fitted as M0 + m*batch; the largest wins)."""
-        return self.peak_model().predict(count(batch, "predict_peak_bytes", "batch"))
+        """Predicted peak bytes of the same step at `batch`, from probes grown
+        toward it (each phase's events fitted as M0 + m*batch on the largest
+        probes; the largest wins). prediction(batch) says how sure it is."""
+        return self._certainty(count(batch, "predict_peak_bytes", "batch")).predicted_bytes
 
     def data_parallel(self, world_size, gradient_as_bucket_view=False, bucket_cap_mb=25,
                       largest_unit=None, optimizer_shards="flat"):
@@ -297,6 +337,11 @@ class Report:
         return self.table()
 
 
+def _probe_limit(mode):
+    """What one probe may take: on meta no memory is taken."""
+    return (1 << 63) - 1 if mode == "meta" else _memfit.probe_memory_limit()
+
+
 def _probe_batches(b):
     if b >= 4:
         return sorted({max(1, b // 4), max(2, b // 2), b})
@@ -314,7 +359,10 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
     activations each module saves.
 
     - inputs: a tensor, or a tuple/list (passed as positional arguments) or
-      dict (keyword arguments) of tensors; batch along `batch_dim`.
+      dict (keyword arguments) of tensors; batch along `batch_dim`: an int,
+      or one entry per input (a tuple beside a tuple, a dict beside a dict),
+      None for an input shared by every sample (a mask of shape (1, ...)):
+      batch_dim=(0, None). The target is batched along the first int.
     - target: passed to the loss; loss_fn(output, target) must return a
       scalar. Without loss_fn: cross-entropy for integer targets, MSE for
       float targets, or the output itself when it is a scalar.
@@ -344,7 +392,7 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
     iterations = count(iterations, "profile", "iterations")
     b = batch_size(inputs, batch_dim, "profile")
     if target is not None:
-        tb = batch_size(target, batch_dim, "profile target")
+        tb = batch_size(target, first_batch_dim(batch_dim), "profile target")
         if tb != b:
             raise ValueError(
                 f"[profile] inputs hold {b} samples but target holds {tb}: "
@@ -414,14 +462,19 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         reports, timelines = [], []
         for n in batches:
             x = resize_batch(inputs, n, batch_dim)
-            y = None if target is None else resize_batch(target, n, batch_dim)
+            y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
             report, timeline = run(x, y, mode)
             reports.append(report)
             timelines.append(timeline)
         return _memfit.fit_peak_model(batches, reports, timelines)
 
+    def record_at(n):
+        x = resize_batch(inputs, n, batch_dim)
+        y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
+        return run(x, y, mode)
+
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
-    return Report(native, timeline, prober, sizes)
+    return Report(native, timeline, prober, sizes, record_at)
 
 
 def _meta_tensors(model, inputs, target):

@@ -22,6 +22,7 @@ void init_timeline(pybind11::module_& m);
 void init_tracking(pybind11::module_& m);
 void init_report(pybind11::module_& m);
 void init_trainer(pybind11::module_& m);
+void init_fit(pybind11::module_& m);
 void init_strategies(pybind11::module_& m);
 void init_cli(pybind11::module_& m);
 

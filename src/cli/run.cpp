@@ -33,11 +33,13 @@ commands:
             the tables, the peak over batch sizes (from --probes) with
             the --budget line, and with --advise the advise table
             --world-size: each rank's peak under DDP, ZeRO-1/2/3 (FSDP)
-  fit       the largest batch whose whole step fits a budget, from probes
-            at small batches: no trial-and-error crashes
+  fit       the largest batch whose whole step fits a budget: probes grown
+            toward the answer, then one whole step at it to verify
             memfit fit --model NAME --budget SIZE [--optimizer ...]
                        [--mode cpu|meta] [--margin SIZE] [--ddp] [--json]
+                       [--no-verify]
             --ddp: each rank's batch, DDP's gradient buckets reserved
+            --no-verify: the model's answer, no step at it (said unverified)
   train     real training steps on the simulated device (CPU); the batch is
             split into micro-batches that fit, OOMs recovered
             memfit train --model NAME --batch B --budget SIZE [--steps N]

@@ -6,6 +6,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include <unistd.h>
+
 #include "memfit/core/units.h"
 
 namespace memfit {
@@ -164,6 +166,13 @@ void fill_answer(BatchFit& f, const ProbedModel& pm, int64_t usable) {
 
 }  // namespace
 
+int64_t probe_memory_limit() {
+  const long pages = sysconf(_SC_PHYS_PAGES);
+  const long page = sysconf(_SC_PAGE_SIZE);
+  if (pages <= 0 || page <= 0) return int64_t{2} << 30;
+  return static_cast<int64_t>(pages) * page / 8;
+}
+
 int64_t ProbedModel::largest_probe() const {
   int64_t b = 0;
   for (const ProbeRecord& p : probes) {
@@ -202,7 +211,10 @@ ProbedModel probe_toward(const MeasureStep& measure,
     if (largest * 8 >= want && last_check_ok) break;
     if (largest * 2 >= want) break;  // the next probe would be the answer itself
     const int64_t next = largest * 2;
-    if (next >= over) break;
+    if (next >= over || next > kMaxBatch) break;
+    // A probe predicted past the limit would not fit (or would take the
+    // machine's memory): stop, and the prediction says it extrapolates.
+    if (pm.model.predict(next) > plan.limit_bytes) break;
     const bool under = measure_into(pm, measure, next, false, plan);
     const ProbeRecord& got = pm.probes.back();
     last_check_ok = got.out_of_memory ||
@@ -256,7 +268,7 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
                                 ": give a margin smaller than the budget");
   }
   ProbePlan plan = options.probes;
-  plan.limit_bytes = usable;
+  plan.limit_bytes = std::min(usable, options.host_limit_bytes);
   // Probes grow toward the model's answer; an error in it (memory that does
   // not grow) stops growth here and is raised by fit_batch below.
   auto target = [&](const PeakModel& model) -> int64_t {
@@ -314,8 +326,19 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       if (p.batch == lowest_bad && !p.out_of_memory) bad_peak = p.peak_bytes;
     }
     while (f.trials < options.max_trials && candidate > best) {
+      if (!pm.model.phases.empty() && pm.model.predict(candidate) > options.host_limit_bytes) {
+        f.notes.push_back("batch " + std::to_string(candidate) + " would take " +
+                          format_bytes(pm.model.predict(candidate)) +
+                          ", more than this machine lets a step take (" +
+                          format_bytes(options.host_limit_bytes) +
+                          "): the answer is the largest batch measured, " +
+                          std::to_string(best) + "; run on the device, or pass verify off "
+                          "for the model's answer");
+        break;
+      }
       ++f.trials;
-      const bool ok = measure_into(pm, measure, candidate, true, plan);
+      measure_into(pm, measure, candidate, true, plan);
+      const bool ok = fits(pm.probes.back(), usable);
       const ProbeRecord& tried = pm.probes.back();
       if (ok) {
         below = best;

@@ -47,7 +47,8 @@ using MeasureStep = std::function<StepMeasurement(int64_t batch)>;
 struct ProbePlan {
   std::vector<int64_t> first = {2, 4, 8};
   double tolerance = 0.005;  // relative held-out error still called affine
-  // A probe whose peak is above this stops growth (it would not fit).
+  // A probe whose peak is, or is predicted to be, above this is not grown
+  // past (it would not fit, or would take the machine's memory).
   int64_t limit_bytes = INT64_MAX;
 };
 
@@ -98,7 +99,16 @@ struct SearchOptions {
   ProbePlan probes;
   bool verify = true;
   int max_trials = 4;  // full-size verification steps at most
+  // No step predicted above this runs, probe or verification: a cpu-mode
+  // step takes this machine's RAM (see probe_memory_limit()). The answer is
+  // then unverified, and the notes say why.
+  int64_t host_limit_bytes = INT64_MAX;
 };
+
+// An eighth of this machine's physical memory (2 GiB when unknown): what a
+// probe in cpu mode may take (the step's copies of the batch and the
+// allocator's slack come on top) without making the machine swap.
+int64_t probe_memory_limit();
 
 // Throws DoesNotFit (with the numbers and what to try) when even batch 1
 // does not fit; std::invalid_argument for a negative budget or margin.

@@ -1,5 +1,6 @@
-// The largest batch of a model that fits a budget: probes at small batches,
-// the peak model, no crashes. See Note [Fit margin].
+// The largest batch of a built-in model that fits a budget: probes grown
+// toward the answer, and the answer verified by a whole step. See
+// Note [Probing toward the answer] and Note [Verifying the answer].
 #pragma once
 
 #include <cstdint>
@@ -16,8 +17,9 @@ struct FitOptions {
   int64_t budget = 0;
   std::string optimizer = "adam";
   std::string mode = "cpu";
-  std::vector<int64_t> probes = {4, 8, 16};
-  int64_t extra_margin = 0;  // added to the fit's own margin
+  std::vector<int64_t> probes = {2, 4, 8};  // the first probes; more grow from them
+  int64_t extra_margin = 0;  // kept free below the budget
+  bool verify = true;        // run a whole step at the answer before returning it
   uint64_t seed = 0;
 };
 

@@ -1,0 +1,132 @@
+// Glue for batch_fit.h and batch_search.h: the search runs in C++ and calls
+// back into Python to measure a step of the user's model.
+#include <pybind11/functional.h>
+#include <pybind11/stl.h>
+
+#include "bindings.h"
+#include "memfit/core/batch_fit.h"
+#include "memfit/core/batch_search.h"
+
+namespace py = pybind11;
+
+namespace memfit::python {
+namespace {
+
+// measure(batch) -> (Report, Timeline), or None when the step ran out of
+// memory; the callback catches its own OOM.
+MeasureStep from_python(py::function measure) {
+  return [measure](int64_t batch) {
+    StepMeasurement m;
+    py::object got = measure(batch);
+    if (got.is_none()) {
+      m.out_of_memory = true;
+    } else {
+      auto pair = got.cast<std::pair<Report, Timeline>>();
+      m.report = std::move(pair.first);
+      m.timeline = std::move(pair.second);
+    }
+    return m;
+  };
+}
+
+}  // namespace
+
+void init_fit(py::module_& m) {
+  py::register_exception<DoesNotFit>(m, "DoesNotFit", PyExc_ValueError);
+  py::class_<ProbeRecord>(m, "ProbeRecord")
+      .def_readonly("batch", &ProbeRecord::batch)
+      .def_readonly("out_of_memory", &ProbeRecord::out_of_memory)
+      .def_readonly("peak_bytes", &ProbeRecord::peak_bytes)
+      .def_readonly("predicted_bytes", &ProbeRecord::predicted_bytes)
+      .def_readonly("verification", &ProbeRecord::verification)
+      .def("__repr__", [](const ProbeRecord& p) {
+        return "ProbeRecord(batch=" + std::to_string(p.batch) +
+               ", peak_bytes=" + std::to_string(p.peak_bytes) +
+               ", predicted_bytes=" + std::to_string(p.predicted_bytes) +
+               ", out_of_memory=" + (p.out_of_memory ? "True" : "False") +
+               ", verification=" + (p.verification ? "True" : "False") + ")";
+      });
+  py::class_<BatchFit>(m, "BatchFit")
+      .def_readonly("max_batch", &BatchFit::max_batch)
+      .def_readonly("recommended_batch", &BatchFit::recommended_batch)
+      .def_readonly("predicted_peak_bytes", &BatchFit::predicted_peak_bytes)
+      .def_readonly("budget_bytes", &BatchFit::budget_bytes)
+      .def_readonly("margin_bytes", &BatchFit::margin_bytes)
+      .def_readwrite("trials", &BatchFit::trials)
+      .def_readonly("mode", &BatchFit::mode)
+      .def_readonly("peak_phase", &BatchFit::peak_phase)
+      .def_readonly("verified", &BatchFit::verified)
+      .def_readonly("measured_peak_bytes", &BatchFit::measured_peak_bytes)
+      .def_readonly("probes", &BatchFit::probes)
+      .def_readonly("held_out_error", &BatchFit::held_out_error)
+      .def_readonly("affine", &BatchFit::affine)
+      .def_readonly("notes", &BatchFit::notes)
+      .def("to_json", &BatchFit::to_json, py::arg("pretty") = true)
+      .def("__repr__", [](const BatchFit& f) {
+        return "BatchFit(max_batch=" + std::to_string(f.max_batch) +
+               ", recommended_batch=" + std::to_string(f.recommended_batch) +
+               ", predicted_peak_bytes=" + std::to_string(f.predicted_peak_bytes) +
+               ", budget_bytes=" + std::to_string(f.budget_bytes) +
+               ", margin_bytes=" + std::to_string(f.margin_bytes) +
+               ", trials=" + std::to_string(f.trials) + ", mode=" + quoted(f.mode) +
+               ", verified=" + (f.verified ? "True" : "False") + ")";
+      })
+      .def("text", &BatchFit::text);
+  m.def("fit_batch", &fit_batch, py::arg("model"), py::arg("reference"),
+        py::arg("budget_bytes"), py::arg("extra_margin_bytes") = 0);
+
+  py::class_<PredictionCertainty>(m, "PredictionCertainty")
+      .def_readonly("batch", &PredictionCertainty::batch)
+      .def_readonly("predicted_bytes", &PredictionCertainty::predicted_bytes)
+      .def_readonly("probes", &PredictionCertainty::probes)
+      .def_readonly("held_out_error", &PredictionCertainty::held_out_error)
+      .def_readonly("beyond_probes", &PredictionCertainty::beyond_probes)
+      .def_readonly("affine", &PredictionCertainty::affine)
+      .def("text", &PredictionCertainty::text)
+      .def("__repr__", [](const PredictionCertainty& c) { return "<" + c.text() + ">"; });
+  py::class_<ProbedModel>(m, "ProbedModel")
+      .def_readonly("model", &ProbedModel::model)
+      .def_readonly("probes", &ProbedModel::probes)
+      .def_readonly("held_out_error", &ProbedModel::held_out_error)
+      .def_readonly("affine", &ProbedModel::affine)
+      .def_readonly("notes", &ProbedModel::notes)
+      .def("largest_probe", &ProbedModel::largest_probe)
+      .def("certainty_at", &certainty_at, py::arg("batch"));
+
+  m.def("probe_memory_limit", &probe_memory_limit,
+        "Bytes a cpu-mode probe may take: an eighth of this machine's RAM.");
+  m.def(
+      "probe_toward",
+      [](py::function measure, int64_t target, std::vector<int64_t> first, int64_t limit) {
+        if (target < 1 || target > kMaxBatch) {
+          throw std::invalid_argument("[predict] batch " + std::to_string(target) +
+                                      " is outside what memfit predicts: 1 to 2**40");
+        }
+        ProbePlan plan;
+        plan.limit_bytes = limit;
+        if (!first.empty()) plan.first = std::move(first);
+        return probe_toward(from_python(std::move(measure)),
+                            [target](const PeakModel&) { return target; }, plan);
+      },
+      py::arg("measure"), py::arg("target"), py::arg("first") = std::vector<int64_t>{},
+      py::arg("limit") = INT64_MAX,
+      "Probes grown toward `target`, none predicted past `limit` bytes: see Note [Probing toward the answer].");
+  m.def(
+      "search_batch",
+      [](py::function measure, int64_t budget, int64_t margin, std::vector<int64_t> first,
+         bool verify, int64_t host_limit) {
+        SearchOptions o;
+        o.host_limit_bytes = host_limit;
+        o.budget_bytes = budget;
+        o.extra_margin_bytes = margin;
+        if (!first.empty()) o.probes.first = std::move(first);
+        o.verify = verify;
+        return search_batch(from_python(std::move(measure)), o);
+      },
+      py::arg("measure"), py::arg("budget"), py::arg("margin") = 0,
+      py::arg("first") = std::vector<int64_t>{}, py::arg("verify") = true,
+      py::arg("host_limit") = INT64_MAX,
+      "The largest batch that fits, verified: see Note [Verifying the answer].");
+}
+
+}  // namespace memfit::python

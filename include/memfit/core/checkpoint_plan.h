@@ -29,7 +29,7 @@ struct ChainSegment {
 
 // What is live besides the chain's kept bytes.
 struct ChainMemory {
-  int64_t forward_fixed = 0;   // at the end of forward (and loss)
+  int64_t forward_fixed = 0;   // at the end of forward, or as the backward begins
   int64_t backward_fixed = 0;  // while the chain's backward runs
   int64_t other_peak = 0;      // peaks the chain does not touch (optimizer)
 };

@@ -213,15 +213,26 @@ def calibrate(plain, every, block_paths, forward_ns):
             _memfit.ChainSegment(name=path, activation_bytes=max(0, k - o), recompute_ns=ns)
         )
     total = sum(s.activation_bytes for s in segments)
+    largest = max((s.activation_bytes for s in segments), default=0)
+    fwd, bwd, other = _phase_peaks(plain)
+    _, bwd_every, _ = _phase_peaks(every)
+    # See Note [Calibrating the chain from two profiles] (chain_calibration.cpp).
+    memory = _memfit.ChainMemory(
+        forward_fixed=max(fwd, bwd) - total,
+        backward_fixed=min(bwd - total, max(0, bwd_every - largest)),
+        other_peak=other,
+    )
+    return segments, memory
+
+
+def _phase_peaks(report):
+    """(forward and loss, backward, other phases) peaks of a report."""
     fwd = bwd = other = 0
-    for p in plain.phases:
+    for p in report.phases:
         if p["name"] in ("forward", "loss"):
             fwd = max(fwd, p["peak_bytes"])
         elif p["name"] == "backward":
             bwd = max(bwd, p["peak_bytes"])
         else:
             other = max(other, p["peak_bytes"])
-    memory = _memfit.ChainMemory(
-        forward_fixed=fwd - total, backward_fixed=bwd - total, other_peak=other
-    )
-    return segments, memory
+    return fwd, bwd, other

@@ -121,6 +121,8 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
   // recorded "inputs" phase.
   Batch cpu_batch = step_batch(model, o.batch, device, o.seed);
   Recorder r;
+  // See Note [Meta kernels allocate only their outputs] (op_frames.h).
+  if (device.is_meta()) r.drop_meta_kernel_intermediates();
   r.begin_phase(kPhaseParameters, 1);
   materialize(module, device, r);
   auto optimizer = make_optimizer(o.optimizer, module.parameters(), o.lr);

@@ -265,10 +265,17 @@ def _does_not_fit(advice, state, allow_approximate):
                 "combined with these, changing the numbers")
     outside = max(p["peak_bytes"] for p in state["plain"].phases
                   if p["name"] not in ("forward", "loss", "backward"))
+    plain = state["plain"]
+    cats = plain.categories_at_peak
+    _, _, advice_text, fills, phase = _memfit.explain_oom(
+        "advise", "", plain.peak_phase, parameters=cats["parameter"] + cats["buffer"],
+        gradients=cats["gradient"], optimizer_state=cats["optimizer_state"],
+        batch=cats["input"], activations=cats["activation"], temporaries=cats["temporary"],
+        other=cats["other"], budget=advice.budget_bytes,
+        state_on_host=advice.optimizer.endswith("-offload"))
     msg += (f". Whatever the batch, the plain step peaks at {fb(outside)} outside forward and "
-            f"backward (parameters, gradients, optimizer state); where activations are the "
-            f"excess, a smaller batch lowers them (memfit.Trainer splits the batch into "
-            f"micro-batches).")
+            f"backward (parameters, gradients, optimizer state). The plain step peaks in "
+            f"{phase}, with {fills}: {advice_text}")
     err = DoesNotFit(msg)
     err.advice = advice
     return err

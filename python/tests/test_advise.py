@@ -336,3 +336,21 @@ def test_predicted_checkpointing_peaks_equal_the_measured_ones():
     assert rows
     for r in rows:
         assert abs(r.predicted_peak_bytes - r.peak_bytes) <= 0.01 * r.peak_bytes, r.name
+
+
+def test_nothing_fits_names_the_phase_and_the_cause_not_a_smaller_batch():
+    # Issue 16 item 5: a budget below the weights and their gradients.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
+                                  for _ in range(3)])
+    x, y = torch.randn(4, 256), torch.randn(4, 256)
+    params = sum(p.nbytes for p in model.parameters())
+    with pytest.raises(memfit.DoesNotFit) as e:
+        memfit.advise(model, x, y, optimizer="adam", budget=params * 3 // 2, repeats=1)
+    msg = str(e.value)
+    assert ("The plain step peaks in the optimizer step, with optimizer state 1.51 MiB, "
+            "parameters 771.00 KiB, gradients 771.00 KiB") in msg
+    assert ("The model alone (parameters and their gradients) exceeds the memory: a smaller "
+            "batch cannot help; use a bigger card, shard the model") in msg
+    assert "a smaller batch lowers" not in msg
+    del e

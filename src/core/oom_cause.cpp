@@ -46,6 +46,28 @@ constexpr const char* kOtherAdvice =
 
 }  // namespace
 
+OomPhase oom_phase_of(std::string_view phase) {
+  if (phase == "parameters") return OomPhase::kParameters;
+  if (phase == "inputs") return OomPhase::kInputs;
+  if (phase == "forward" || phase == "loss") return OomPhase::kForward;
+  if (phase == "backward") return OomPhase::kBackward;
+  if (phase == "optimizer_step") return OomPhase::kOptimizerStep;
+  return OomPhase::kUnknown;
+}
+
+OomMemory oom_memory_of(const std::array<int64_t, kNumCategories>& c) {
+  auto at = [&](Category k) { return c[static_cast<size_t>(k)]; };
+  OomMemory m;
+  m.parameters = at(Category::kParameter) + at(Category::kBuffer);
+  m.gradients = at(Category::kGradient);
+  m.optimizer_state = at(Category::kOptimizerState);
+  m.batch = at(Category::kInput);
+  m.activations = at(Category::kActivation);
+  m.temporaries = at(Category::kTemporary);
+  m.other = at(Category::kOther);
+  return m;
+}
+
 const char* to_string(OomPhase phase) {
   switch (phase) {
     case OomPhase::kParameters:

@@ -14,6 +14,7 @@
 #include <tuple>
 
 #include "memfit/core/json_writer.h"
+#include "memfit/core/oom_cause.h"
 #include "memfit/core/text_table.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/checkpoint.h"
@@ -469,6 +470,12 @@ Advice advise(TrainableModel& model, const AdviseOptions& o) {
                "optimizer) may help") +
         "; outside forward and backward the step peaks at " +
         format_bytes(outside_peak) + " whatever the batch");
+    // What fills the plain step's peak, and the advice for that cause.
+    const OomPhase phase = oom_phase_of(plain.report.peak_phase);
+    const OomDiagnosis d = diagnose_oom(phase, oom_memory_of(plain.report.categories_at_peak),
+                                        o.budget, o.optimizer == "adam-offload");
+    a.notes.push_back(std::string("the plain step peaks in ") + to_string(phase) + ", with " +
+                      d.what_fills + ": " + d.advice);
   }
   if (p.micro_batch > 0 && model.couples_batch()) {
     a.notes.push_back(

@@ -3,9 +3,13 @@
 // grows. Shared by the Trainer, batch fitting and advise; free of LibTorch.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+
+#include "memfit/core/event.h"
 
 namespace memfit {
 
@@ -73,6 +77,14 @@ std::string oom_message(const std::string& operation, const std::string& what,
 // An allocator's OOM message without its leading "CUDA out of memory." and
 // its generic "Use a smaller batch ..." advice: the figures only.
 std::string allocator_figures(const std::string& oom);
+
+// A profile's phase name ("forward", "loss", "backward", "optimizer_step",
+// "inputs", "parameters") as an OomPhase; kUnknown for others.
+OomPhase oom_phase_of(std::string_view profile_phase);
+
+// A profile's bytes by category (Report::categories_at_peak) as OomMemory:
+// buffers count as parameters, inputs as the batch.
+OomMemory oom_memory_of(const std::array<int64_t, kNumCategories>& by_category);
 
 const char* to_string(OomPhase phase);
 const char* to_string(OomCause cause);

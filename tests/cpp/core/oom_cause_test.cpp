@@ -98,5 +98,21 @@ TEST(OomCauseTest, AllocatorFiguresDropCudasWordsAndTheGenericAdvice) {
             "Tried to allocate 2 KiB (budget 1 MiB).");
 }
 
+TEST(OomCauseTest, ProfilePhasesAndCategoriesMapOntoTheDiagnosis) {
+  EXPECT_EQ(oom_phase_of("loss"), OomPhase::kForward);
+  EXPECT_EQ(oom_phase_of("optimizer_step"), OomPhase::kOptimizerStep);
+  EXPECT_EQ(oom_phase_of("zero_grad"), OomPhase::kUnknown);
+  std::array<int64_t, kNumCategories> c{};
+  c[static_cast<size_t>(Category::kParameter)] = 10;
+  c[static_cast<size_t>(Category::kBuffer)] = 1;
+  c[static_cast<size_t>(Category::kInput)] = 5;
+  c[static_cast<size_t>(Category::kOptimizerState)] = 20;
+  const OomMemory m = oom_memory_of(c);
+  EXPECT_EQ(m.parameters, 11);
+  EXPECT_EQ(m.batch, 5);
+  EXPECT_EQ(m.optimizer_state, 20);
+  EXPECT_EQ(m.total(), 36);
+}
+
 }  // namespace
 }  // namespace memfit

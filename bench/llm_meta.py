@@ -10,7 +10,9 @@ caching allocator's estimate.
 
 Prints the time of the profile, the process's peak resident memory, and the
 parameter, gradient and AdamW-state bytes beside the closed form (4 bytes per
-parameter each; exp_avg and exp_avg_sq are two), then memfit's report.
+parameter each; exp_avg and exp_avg_sq are two), then memfit's report, then
+each strategy's estimated step time from FLOPs counted on meta and bytes
+moved (memfit.estimate_costs).
 --quick: 2 layers, hidden 512, 256 tokens."""
 
 import argparse
@@ -92,6 +94,13 @@ def main(argv=None):
           f"{4 * closed:,} (4 x params x 4 B) | {'yes' if total == 4 * closed else 'NO'} |")
     print()
     print(report.table(8))
+    t3 = time.perf_counter()
+    rows = memfit.estimate_costs(model, {"input_ids": ids, "labels": ids},
+                                 loss_fn=lambda out: out.loss)
+    print()
+    print(f"Time without running (FLOPs counted on meta in {time.perf_counter() - t3:.2f} s; "
+          f"estimates, see Note [Time estimated from FLOPs and bytes]):")
+    print(memfit.step_cost.cost_table(rows))
     return 0 if measured == expected else 1
 
 

@@ -20,6 +20,7 @@ from .distributed import DistributedError, DistributedStepReport
 from .fit import DoesNotFit, auto_batch_size, find_batch_size
 from .offload import OffloadedOptimizer, offload
 from .profile import Report, profile
+from .step_cost import CostRow, estimate_costs
 from .trainer import Trainer
 from .tracking import Tracking, track
 
@@ -27,9 +28,11 @@ __all__ = [
     "advise",
     "Advice",
     "auto_batch_size",
+    "CostRow",
     "DistributedError",
     "DistributedStepReport",
     "doctor",
+    "estimate_costs",
     "Doctor",
     "DoesNotFit",
     "find_batch_size",

@@ -1,0 +1,133 @@
+"""What a memory-saving strategy costs in time, estimated without running:
+FLOPs of the step counted on meta tensors, bytes moved over the host link.
+
+Note [Time estimated from FLOPs and bytes]: a step on the meta device has no
+timings, and a 7B model cannot run on the machine that plans it. So the
+cost of each strategy is estimated from what it adds to the plain step:
+recomputation adds the forward FLOPs of the blocks it recomputes (counted
+by torch.utils.flop_counter.FlopCounterMode on a meta run of the real
+model), host offload adds bytes over the host link (parameters and
+gradients each way). Time = FLOPs / device_flops + bytes / link_bytes_per_s,
+no overlap of transfers with compute (an upper bound for offload), and only
+matmul-like ops have FLOPs in torch's counter (elementwise work is free
+here). Every figure is labelled an estimate: relative costs between
+strategies are what it is for, not wall time.
+"""
+
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from .meta_reads import MetaReads
+from .snapshot import ModelTensors, kept_rng, private_copy
+from .strategies.checkpoint import find_chain
+
+# A100-class defaults: dense fp32-with-TF32 / bf16 sustained rate and a
+# PCIe 4.0 x16 link. Pass your own to estimate_costs().
+DEFAULT_DEVICE_FLOPS = 100e12
+DEFAULT_LINK_BYTES_PER_S = 25e9
+
+
+@dataclass
+class StepFlops:
+    """FLOPs of one training step (forward with loss, backward), counted on
+    meta; `blocks`: forward FLOPs of each block of the model's chain."""
+
+    forward: int
+    backward: int
+    blocks: dict = field(default_factory=dict)
+    trainable_bytes: int = 0
+    parameter_bytes: int = 0
+
+
+@dataclass
+class CostRow:
+    """One strategy's estimated extra cost over the plain step."""
+
+    strategy: str
+    extra_flops: int
+    bytes_moved: int
+    relative_time: float  # estimated step time / plain step time
+    basis: str  # how it was estimated
+
+
+def count_step_flops(model, inputs, target=None, loss_fn=None):
+    """FLOPs of forward+loss and of backward for `model` on `inputs`, run on
+    meta copies (the model, its .grad and the inputs are left as they were;
+    nothing real is computed). loss_fn as in memfit.profile."""
+    from .profile import _call, _compute_loss  # the step as profile() runs it
+
+    chain = find_chain(model)
+    saved = ModelTensors(model)
+    root = type(model).__name__
+    try:
+        with kept_rng(), MetaReads().answering():
+            saved.swap_in_copies(torch.device("meta"))
+            x = private_copy(inputs, torch.device("meta"))
+            y = None if target is None else private_copy(target, torch.device("meta"))
+            with FlopCounterMode(display=False) as fwd:
+                loss = _compute_loss(_call(model, x), y, loss_fn)
+            with FlopCounterMode(display=False) as bwd:
+                loss.backward()
+    finally:
+        saved.restore()
+    counts = fwd.get_flop_counts()
+    blocks = {}
+    for path in (chain.block_paths if chain is not None else []):
+        blocks[path] = sum(counts.get(f"{root}.{path}", {}).values())
+    return StepFlops(
+        forward=fwd.get_total_flops(), backward=bwd.get_total_flops(), blocks=blocks,
+        trainable_bytes=sum(p.numel() * p.element_size() for p in model.parameters()
+                            if p.requires_grad),
+        parameter_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+
+
+def estimate_costs(model, inputs, target=None, loss_fn=None, device_flops=DEFAULT_DEVICE_FLOPS,
+                   link_bytes_per_s=DEFAULT_LINK_BYTES_PER_S, flops=None):
+    """Estimated relative step time of each strategy against the plain step
+    (See Note [Time estimated from FLOPs and bytes]): recompute every block
+    of the model's chain (HF gradient_checkpointing_enable()), every other
+    block, optimizer state on the host (memfit.offload: gradients down,
+    parameters up), parameters offloaded too (FSDP CPU offload: parameters
+    up for forward and for backward, gradients down). Returns CostRows; the
+    first is the plain step."""
+    if not device_flops > 0 or not link_bytes_per_s > 0:
+        raise ValueError(
+            f"[estimate_costs] device_flops and link_bytes_per_s must be > 0, got "
+            f"{device_flops!r} and {link_bytes_per_s!r}")
+    f = flops if flops is not None else count_step_flops(model, inputs, target, loss_fn)
+    plain = (f.forward + f.backward) / device_flops
+    if plain <= 0:
+        raise ValueError(
+            "[estimate_costs] the step has no counted FLOPs (no matmul-like op): "
+            "its time cannot be estimated from FLOPs")
+    basis = (f"estimate: FLOPs at {device_flops / 1e12:g} TFLOP/s, host link "
+             f"{link_bytes_per_s / 1e9:g} GB/s, no overlap")
+
+    def row(name, extra_flops=0, moved=0):
+        t = plain + extra_flops / device_flops + moved / link_bytes_per_s
+        return CostRow(name, int(extra_flops), int(moved), t / plain, basis)
+
+    rows = [row("plain step")]
+    paths = list(f.blocks)
+    if paths:
+        rows.append(row(f"recompute every block ({len(paths)})",
+                        sum(f.blocks.values())))
+        rows.append(row(f"recompute every other block ({len(paths[::2])})",
+                        sum(f.blocks[p] for p in paths[::2])))
+    rows.append(row("optimizer state on the host", 0, 2 * f.trainable_bytes))
+    rows.append(row("parameters and optimizer state on the host", 0,
+                    2 * f.parameter_bytes + f.trainable_bytes))
+    return rows
+
+
+def cost_table(rows):
+    """The rows as a Markdown table."""
+    lines = ["| strategy | extra FLOPs | bytes moved per step | est. step time |",
+             "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.strategy} | {r.extra_flops / 1e12:.2f} T | "
+                     f"{r.bytes_moved / 2**30:.2f} GiB | {r.relative_time:.2f}x |")
+    lines.append(f"({rows[0].basis})")
+    return "\n".join(lines)

@@ -51,7 +51,9 @@ def _cpu_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=
     def stand_in(t):
         if t is None:
             return None
-        shape = [1] * (t.dim() - 1) + [t.shape[-1]]
+        # heads kept: grouped-query attention is part of the choice
+        shape = [1] * (t.dim() - 3) + [t.shape[-3], 1, t.shape[-1]] if t.dim() >= 3 else \
+            [1] * (t.dim() - 1) + [t.shape[-1]]
         return torch.zeros(shape, dtype=t.dtype, device="cpu")
 
     return torch._fused_sdp_choice(stand_in(query), stand_in(key), stand_in(value),
@@ -70,7 +72,6 @@ def _fused_on_meta(sdpa):
     def fused(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
               enable_gqa=False):
         if not (query.is_meta and query.dim() == 4
-                and (not enable_gqa or query.shape[-3] == key.shape[-3])
                 and _cpu_sdp_choice(query, key, value, attn_mask, dropout_p, is_causal,
                                     scale, enable_gqa) == _FLASH):
             return sdpa(query, key, value, attn_mask=attn_mask, dropout_p=dropout_p,

@@ -166,25 +166,32 @@ def test_a_number_read_of_a_meta_tensor_is_refused_naming_where():
 
 
 class Attention(torch.nn.Module):
-    def __init__(self):
+    def __init__(self, kv_heads=4):
         super().__init__()
-        self.qkv = torch.nn.Linear(64, 3 * 64)
+        self.kv_heads = kv_heads
+        self.q = torch.nn.Linear(64, 64)
+        self.kv = torch.nn.Linear(64, 2 * 16 * kv_heads)
 
     def forward(self, x):
-        q, k, v = self.qkv(x).view(x.shape[0], x.shape[1], 3, 4, 16).permute(2, 0, 3, 1, 4)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).sum()
+        b, t = x.shape[:2]
+        q = self.q(x).view(b, t, 4, 16).transpose(1, 2)
+        k, v = self.kv(x).view(b, t, 2, self.kv_heads, 16).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=self.kv_heads != 4).sum()
 
 
-def test_attention_on_meta_saves_what_the_cpus_fused_kernel_saves():
-    # Meta's math path would save the 4 x 4 x 128 x 128 attention weights;
-    # the CPU's flash kernel saves its output and log-sum-exp. See Note
-    # [Which attention kernel meta runs].
+@pytest.mark.parametrize("kv_heads", [4, 1], ids=["multi_head", "grouped_query"])
+def test_attention_on_meta_saves_what_the_cpus_fused_kernel_saves(kv_heads):
+    # Meta's math path would save the 4 x 4 x 128 x 128 attention weights
+    # (and, grouped, the keys and values repeated per head); the CPU's flash
+    # kernel saves its output and log-sum-exp. See Note [Which attention
+    # kernel meta runs].
     torch.manual_seed(0)
-    model = Attention()
+    model = Attention(kv_heads)
     x = torch.randn(4, 128, 64)
     cpu = memfit.profile(model, x, optimizer="sgd", mode="cpu")
     with torch.device("meta"):
-        meta_model = Attention()
+        meta_model = Attention(kv_heads)
     sdpa = torch.nn.functional.scaled_dot_product_attention
     meta = memfit.profile(meta_model, x.to("meta"), optimizer="sgd", mode="meta")
     assert torch.nn.functional.scaled_dot_product_attention is sdpa  # put back

@@ -9,6 +9,7 @@
 #include "commands.h"
 #include "memfit/core/json_writer.h"
 #include "memfit/core/units.h"
+#include "memfit/torch/fit.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
 #include "memfit/torch/strategies.h"
@@ -55,6 +56,37 @@ int train_command(const std::vector<std::string>& argv) {
       std::cout << "plan: " << plan->summary
                 << (plan->found ? "" : " (nothing measured fits the budget)") << "\n";
     }
+  }
+
+  if (o.split && !plan) {
+    // The first micro-batch is the fit's verified answer (Note [Verifying
+    // the answer]), not found by running out of memory; OOM recovery stays
+    // the safety net. Measured on a model of the same shape, the generator
+    // put back as --plan does.
+    auto generator = at::detail::getDefaultCPUGenerator();
+    const at::Tensor rng_state = generator.get_state();
+    auto probe = make_model(name, model_options(args));
+    FitOptions fo;
+    fo.budget = budget;
+    fo.optimizer = opt_name;
+    // From the second micro-batch on, the accumulated gradients are live
+    // through the forward: measure the step that way.
+    fo.strategies.zero_grad_set_to_none = false;
+    fo.max_batch = batch;
+    try {
+      const BatchFit fit = fit_model(*probe, fo);
+      if (fit.max_batch < batch) o.micro_batch = fit.max_batch;
+      if (!json) {
+        std::cout << "micro-batch " << std::min(fit.max_batch, batch) << " from memfit fit ("
+                  << (fit.verified ? "verified" : "unverified") << ", peak "
+                  << format_bytes(fit.verified ? fit.measured_peak_bytes
+                                               : fit.predicted_peak_bytes)
+                  << ")" << std::endl;
+      }
+    } catch (const DoesNotFit&) {
+      // The Trainer's own message says what does not fit.
+    }
+    generator.set_state(rng_state);
   }
 
   // --seed: the same initial weights in every run (torch seeds its default

@@ -273,7 +273,7 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
   // not grow) stops growth here and is raised by fit_batch below.
   auto target = [&](const PeakModel& model) -> int64_t {
     try {
-      return model_answer(model, usable);
+      return std::min(model_answer(model, usable), options.max_batch);
     } catch (const std::exception&) {
       return 0;
     }
@@ -306,7 +306,7 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       // measurement.
     }
   }
-  candidate = std::min(candidate, lowest_bad - 1);
+  candidate = std::min({candidate, lowest_bad - 1, options.max_batch});
 
   if (options.verify) {
     f.margin_bytes = options.extra_margin_bytes;
@@ -366,7 +366,7 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       } else {
         next = ok ? std::min(up, lowest_bad - 1) : half;
       }
-      candidate = std::min(next, lowest_bad - 1);
+      candidate = std::min({next, lowest_bad - 1, options.max_batch});
       if (candidate - best <= best / 100) break;  // less than 1% more batch
     }
     f.max_batch = best;

@@ -19,6 +19,7 @@ BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
     o.optimizer = options.optimizer;
     o.mode = options.mode;
     o.seed = options.seed;
+    o.strategies = options.strategies;
     StepMeasurement m;
     try {
       Profile p = profile_model(model, o);
@@ -34,6 +35,7 @@ BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
   s.extra_margin_bytes = options.extra_margin;
   s.probes.first = options.probes;
   s.verify = options.verify;
+  s.max_batch = options.max_batch;
   if (options.mode != "meta") s.host_limit_bytes = probe_memory_limit();
   return search_batch(measure, s);
 }

@@ -103,6 +103,9 @@ struct SearchOptions {
   // step takes this machine's RAM (see probe_memory_limit()). The answer is
   // then unverified, and the notes say why.
   int64_t host_limit_bytes = INT64_MAX;
+  // No batch above this is wanted (a Trainer's whole batch): the search
+  // stops there, and costs at most a step at it.
+  int64_t max_batch = kMaxBatch;
 };
 
 // An eighth of this machine's physical memory (2 GiB when unknown): what a

@@ -21,6 +21,11 @@ struct FitOptions {
   int64_t extra_margin = 0;  // kept free below the budget
   bool verify = true;        // run a whole step at the answer before returning it
   uint64_t seed = 0;
+  // How the measured step runs; a Trainer's micro-batch is measured with
+  // zero_grad_set_to_none off: accumulated gradients live through the
+  // next micro-batch's forward.
+  StepStrategies strategies;
+  int64_t max_batch = kMaxBatch;  // none larger is wanted: the search stops there
 };
 
 // Throws DoesNotFit (with the numbers and what to try) when even batch 1

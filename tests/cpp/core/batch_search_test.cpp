@@ -225,6 +225,16 @@ TEST(BatchSearch, MarginIsKeptFreeByTheMeasuredPeak) {
   EXPECT_EQ(f.margin_bytes, 8 << 20);
 }
 
+TEST(BatchSearch, StopsAtTheLargestBatchWanted) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  SearchOptions o = budget_of(64 << 20);
+  o.max_batch = 100;
+  const BatchFit f = search_batch(s.measure(), o);
+  EXPECT_EQ(f.max_batch, 100);
+  EXPECT_TRUE(f.verified);
+  for (int64_t b : s.measured) EXPECT_LE(b, 100);
+}
+
 TEST(ProbeToward, PredictionSaysWhenItExtrapolates) {
   Step s{[](int64_t b) { return 4096 * b; }};
   ProbePlan plan;

@@ -1,0 +1,103 @@
+"""find_batch_size on models it was not built with: never above what fits,
+close to it, and saying when the memory is not affine in the batch."""
+
+import pytest
+import torch
+
+import memfit
+
+
+class PathByBatch(torch.nn.Module):
+    """Per-sample memory that jumps at a batch, as CPU kernels that change
+    algorithm with the batch make it: from `switch` samples on, the hidden
+    activation is computed at twice the width (a kernel's workspace that
+    autograd saves)."""
+
+    def __init__(self, switch=48):
+        super().__init__()
+        self.switch = switch
+        self.inner = torch.nn.Linear(64, 256)
+        self.head = torch.nn.Linear(256, 8)
+
+    def forward(self, x):
+        h = torch.relu(self.inner(x))
+        if x.shape[0] >= self.switch:
+            h = torch.cat([h, h], dim=1)[:, :256] * 1.0
+        return self.head(h)
+
+
+def true_max(model, x, y, budget):
+    """The largest batch whose measured step fits `budget`, by bisection on
+    real recorded steps."""
+    report = memfit.profile(model, x, y, optimizer="adam")
+
+    def peak(b):
+        return report.at_batch(b).peak_bytes
+
+    lo, hi = 1, 2
+    while peak(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if peak(mid) <= budget else (lo, mid)
+    return lo, peak
+
+
+def test_a_step_whose_memory_jumps_with_the_batch_is_fit_safely_and_called_not_affine():
+    torch.manual_seed(0)
+    model = PathByBatch()
+    x, y = torch.randn(4, 64), torch.randn(4, 8)
+    budget = 6 << 20
+    fit = memfit.find_batch_size(model, x, y, optimizer="adam", budget=budget)
+    truth, peak = true_max(model, x, y, budget)
+    assert fit.verified
+    assert fit.max_batch <= truth
+    assert fit.max_batch >= 0.98 * truth
+    assert peak(fit.max_batch) <= budget
+    assert fit.measured_peak_bytes == peak(fit.max_batch)
+    assert not fit.affine
+    assert any("not affine" in n for n in fit.notes), fit.notes
+
+
+def test_without_verify_the_answer_is_the_models_and_says_unverified():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(), torch.nn.Linear(128, 8))
+    x, y = torch.randn(4, 64), torch.randn(4, 8)
+    fit = memfit.find_batch_size(model, x, y, optimizer="adam", budget="8MiB", verify=False)
+    assert not fit.verified
+    assert fit.trials == 0
+    assert all(not p.verification for p in fit.probes)
+    assert '"verified": false' in fit.to_json()
+
+
+def test_fit_under_a_simulated_device_never_returns_a_batch_that_ran_out_of_memory():
+    torch.manual_seed(0)
+    model = PathByBatch(switch=24)
+    x, y = torch.randn(4, 64), torch.randn(4, 8)
+    with memfit.simulated_device("5MiB"):
+        fit = memfit.find_batch_size(model, x, y, optimizer="adam")
+    assert fit.verified
+    answer = [p for p in fit.probes if p.batch == fit.max_batch and not p.out_of_memory]
+    assert answer and answer[0].peak_bytes <= 5 << 20
+    assert all(not (p.batch <= fit.max_batch and p.out_of_memory) for p in fit.probes)
+
+
+def test_a_prediction_says_how_sure_it_is():
+    torch.manual_seed(0)
+    model = PathByBatch()
+    x, y = torch.randn(4, 64), torch.randn(4, 8)
+    report = memfit.profile(model, x, y, optimizer="adam")
+    c = report.prediction(512)
+    assert c.predicted_bytes == report.predict_peak_bytes(512)
+    assert c.beyond_probes
+    assert max(c.probes) * 8 >= 512
+    # Probes grew past the switch, so the line is the one above it.
+    assert abs(c.predicted_bytes - report.at_batch(512).peak_bytes) <= 0.01 * c.predicted_bytes
+    assert "extrapolated beyond the largest probe" in c.text()
+
+
+def test_a_budget_below_one_sample_names_batch_one():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8))
+    x, y = torch.randn(4, 64), torch.randn(4, 8)
+    with pytest.raises(memfit.DoesNotFit, match="even one sample does not fit"):
+        memfit.find_batch_size(model, x, y, optimizer="adam", budget=1024)

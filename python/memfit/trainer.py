@@ -68,6 +68,19 @@ class BufferGuard:
             self._put_back(self._first)
 
 
+def _scaled_step(optimizer, scaler):
+    """GradScaler's step: unscale the accumulated gradients, step unless
+    one is inf/NaN, update the scale. A closure over the optimizer and the
+    scaler only: the native Trainer holds it, and a bound method of the
+    Python Trainer would make a cycle through C++ that gc cannot free."""
+
+    def step():
+        scaler.step(optimizer)
+        scaler.update()
+
+    return step
+
+
 def _reduction(loss_fn, reduction):
     if reduction is not None:
         if reduction not in ("mean", "sum"):
@@ -159,7 +172,7 @@ class Trainer:
         budget = None if budget is None else to_bytes(budget, "Trainer")
         self._dist = DistributedStep(model) if is_distributed(model) else None
         self._module = model.module if self._dist else model
-        opt_step = optimizer.step if scaler is None else self._scaled_optimizer_step
+        opt_step = optimizer.step if scaler is None else _scaled_step(optimizer, scaler)
         self._options = (
             self._dist.optimizer_step(opt_step) if self._dist else opt_step,
             split,
@@ -168,11 +181,6 @@ class Trainer:
         )
         self._shape = None
         self._native_now(budget, micro_batch)
-
-    def _scaled_optimizer_step(self):
-        # Unscales the accumulated gradients, skips the step on inf/NaN.
-        self.scaler.step(self.optimizer)
-        self.scaler.update()
 
     def _native_now(self, budget=None, micro_batch=0):
         """The native Trainer over the parameters that train now and the

@@ -2,6 +2,8 @@
 GradScaler, BatchNorm under a recovered OOM, inputs shared by every sample,
 batches kept on the host."""
 
+import gc
+
 import pytest
 import torch
 
@@ -341,3 +343,80 @@ def test_a_model_bigger_than_the_budget_is_not_told_to_use_a_smaller_batch():
     assert "The model alone (parameters and their gradients) exceeds the memory: a smaller " \
            "batch cannot help; use a bigger card, shard the model" in msg
     assert "or use a smaller batch" not in msg
+
+
+# -- "Done means": the tip articles' loop ------------------------------------------------
+
+MICRO, ACCUM, STEPS = 64, 4, 3
+
+
+def tips_setup():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 4096), torch.nn.ReLU(),
+                                torch.nn.Linear(4096, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=STEPS)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    return model, opt, sched, scaler
+
+
+def tips_loader():
+    g = torch.Generator().manual_seed(5)
+    n = MICRO * ACCUM * STEPS
+    data = torch.utils.data.TensorDataset(torch.randn(n, 32, generator=g),
+                                          torch.randint(0, 10, (n,), generator=g))
+    return torch.utils.data.DataLoader(data, batch_size=MICRO, num_workers=2, pin_memory=True)
+
+
+def micro_step_peak(loss_fn):
+    """The peak of the loop's step in micro-batches of MICRO (two steps: the
+    second holds the optimizer's state)."""
+    model, opt, _, scaler = tips_setup()
+    probe = memfit.Trainer(model, opt, loss_fn, micro_batch=MICRO, scaler=scaler)
+    x, y = next(iter(tips_loader()))
+    x, y = torch.cat([x] * ACCUM), torch.cat([y] * ACCUM)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        peak = max(probe.step(x, y).peak_bytes for _ in range(2))
+    # The weights, made before memfit tracked them, are on the device too.
+    return peak + sum(p.nbytes for p in model.parameters())
+
+
+def test_the_tip_articles_loop_under_the_trainer_gives_the_eager_loops_parameters():
+    loss_fn = torch.nn.CrossEntropyLoss()
+    # The eager loop, as the tips write it.
+    model, opt, sched, scaler = tips_setup()
+    opt.zero_grad(set_to_none=True)
+    for i, (x, y) in enumerate(tips_loader()):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_fn(model(x), y) / ACCUM
+        scaler.scale(loss).backward()
+        if (i + 1) % ACCUM == 0:
+            scaler.step(opt)
+            scaler.update()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+    want = [p.detach().clone() for p in model.parameters()]
+
+    def trainer_loop(budget):
+        model, opt, sched, scaler = tips_setup()
+        t = memfit.Trainer(model, opt, loss_fn, budget=budget, scaler=scaler)
+        reports, batch = [], []
+        for x, y in tips_loader():
+            batch.append((x, y))
+            if len(batch) == ACCUM:  # the effective batch, whole
+                x, y = torch.cat([b[0] for b in batch]), torch.cat([b[1] for b in batch])
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    reports.append(t.step(x, y))
+                sched.step()
+                batch = []
+        return model, reports
+
+    # The budget: what a step of MICRO samples needs, not two of them.
+    assert all(r.chunks == [MICRO * ACCUM] for r in trainer_loop(None)[1])
+    budget = micro_step_peak(loss_fn) * 21 // 20
+    gc.collect()  # the probe's optimizer state is tracked memory until freed
+    model, reports = trainer_loop(budget)
+    assert reports[0].ooms_recovered > 0  # the budget forced the split
+    assert all(r.chunks == [MICRO] * ACCUM for r in reports)
+    for p, w in zip(model.parameters(), want):
+        assert ((p.detach() - w).norm() / w.norm()).item() < 1e-5

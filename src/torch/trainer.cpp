@@ -93,7 +93,10 @@ int64_t Trainer::untracked_parameter_bytes() const {
 // notes which ones received their share before an OOM, and those are marked
 // covered through a+n. The retry, in halves, asks autograd::grad for the
 // others only, and micro-batches never straddle a parameter's coverage
-// boundary. Gradients that were accumulated stay; none is added twice.
+// boundary. Gradients that were accumulated stay; none is added twice. A
+// gradient the failed backward created (none existed before) is dropped
+// instead, and recomputed by the redo: the first micro-batch of a step is
+// then redone exactly as if it had been asked for at the smaller size.
 namespace impl {
 
 // Hooks noting which parameters received a gradient in the current backward;
@@ -156,12 +159,17 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
     try {
       weighted.backward();
     } catch (const c10::OutOfMemoryError&) {
-      // A parameter whose gradient did not exist got one only if its
-      // accumulation finished; one that existed is updated in place right
-      // after its hook.
+      // A gradient that did not exist before is dropped: the redo computes
+      // it again, in the same micro-batches as everyone else's (the same
+      // rounding as accumulating them by hand, under bf16 too), and its
+      // memory is free for the redo. One that existed was updated in place
+      // right after its hook: it keeps this micro-batch's share.
       for (size_t i = 0; i < params_.size(); ++i) {
-        const bool got = had_grad[i] ? hooks.touched(i) : params_[i].grad().defined();
-        if (got) covered_until[i] = start + count;
+        if (!had_grad[i]) {
+          params_[i].mutable_grad() = at::Tensor();
+        } else if (hooks.touched(i)) {
+          covered_until[i] = start + count;
+        }
       }
       throw;
     }

@@ -306,12 +306,26 @@ class Trainer:
             if buffers is not None:
                 buffers.before_attempt(start)
             versions = [t._version for t in users]
+            moved = []  # (the user's view, its copy on the device, its version)
+
+            def to_device(t):
+                m = move(t)
+                if m is not t:
+                    moved.append((t, m, m._version))
+                return m
+
             try:
-                x = map_tensors(narrow_batch(inputs, start, n, bd), move)
+                x = map_tensors(narrow_batch(inputs, start, n, bd), to_device)
                 y = None if target is None else map_tensors(
-                    target, lambda t: move(t.narrow(tbd, start, n)))
+                    target, lambda t: to_device(t.narrow(tbd, start, n)))
                 loss = _compute_loss(_call(model, x), y, loss_fn)
             finally:
+                # A write into a micro-batch's copy goes back into the user's
+                # samples, where an eager step on these tensors would leave it.
+                with torch.no_grad():
+                    for view, m, version in moved:
+                        if m._version != version:
+                            view.copy_(m)
                 if any(t._version != v for t, v in zip(users, versions)):
                     written.append((start, start + n))
             check_loss_trains(loss, model, "Trainer.step")

@@ -14,7 +14,7 @@ echo "== memfit profile: a GPT-style model, batch 16, Adam; and per rank on 8 ra
 "$build/memfit" profile "${gpt[@]}" --batch 16 --optimizer adam --target cuda --world-size 8 \
   --svg "$out/gpt_profile.svg" --html "$out/gpt_profile.html" --budget 256MiB
 echo
-echo "== memfit profile --predict: batch 256, from probes at 4, 8 and 16 =="
+echo "== memfit profile --predict: batch 256, from probes grown toward it, each checked =="
 "$build/memfit" profile "${gpt[@]}" --batch 256 --optimizer adam --predict
 echo
 echo "== memfit fit: the largest batch under 256 MiB =="

@@ -1,6 +1,7 @@
 #include <c10/util/Exception.h>
 
 #include <fstream>
+#include <optional>
 #include <iostream>
 #include <sstream>
 
@@ -12,6 +13,7 @@
 #include "memfit/core/stacked_plot.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/data_parallel.h"
+#include "memfit/torch/fit.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
 #include "memfit/torch/strategies.h"
@@ -42,7 +44,8 @@ std::vector<int64_t> parse_probes(const std::string& text) {
   return out;
 }
 
-std::string prediction_json(const PeakModel& pm, int64_t batch) {
+std::string prediction_json(const PeakModel& pm, int64_t batch,
+                            const std::optional<PredictionCertainty>& sure) {
   JsonWriter w(true);
   w.begin_object();
   w.member("batch", batch);
@@ -58,6 +61,11 @@ std::string prediction_json(const PeakModel& pm, int64_t batch) {
   for (auto b : pm.probe_peaks) w.value(b);
   w.end_array();
   w.member("max_rel_residual", pm.max_rel_residual());
+  if (sure) {
+    w.member("held_out_error", sure->held_out_error)
+        .member("affine", sure->affine)
+        .member("beyond_probes", sure->beyond_probes);
+  }
   w.member("bytes_per_sample", at.fit.per_sample);
   w.member("fixed_bytes", at.fit.m0);
   w.key("notes").begin_array();
@@ -67,7 +75,8 @@ std::string prediction_json(const PeakModel& pm, int64_t batch) {
   return w.str();
 }
 
-std::string prediction_text(const PeakModel& pm, int64_t batch) {
+std::string prediction_text(const PeakModel& pm, int64_t batch,
+                            const std::optional<PredictionCertainty>& sure) {
   std::ostringstream out;
   const PhaseFit& at = pm.peak_phase(batch);
   out << "predicted peak at batch " << batch << ": "
@@ -82,6 +91,7 @@ std::string prediction_text(const PeakModel& pm, int64_t batch) {
       << " fixed + " << format_bytes(static_cast<int64_t>(at.fit.per_sample))
       << " per sample; largest fit residual "
       << pm.max_rel_residual() * 100.0 << "%\n";
+  if (sure) out << "  " << sure->text() << "\n";
   for (const auto& n : pm.notes) out << "note: " << n << "\n";
   return out.str();
 }
@@ -144,10 +154,28 @@ int profile_command(const std::vector<std::string>& argv) {
   auto model = make_model(name, model_options(args));
 
   if (args.has("predict")) {
-    const auto probes = parse_probes(args.get("probes", "4,8,16"));
-    PeakModel pm = probe_peak_model(*model, o, probes);
-    std::cout << (args.has("json") ? prediction_json(pm, o.batch) + "\n"
-                                   : prediction_text(pm, o.batch));
+    // Fixed --probes, or probes grown toward the batch (Note [Probing
+    // toward the answer]), with how sure the prediction is.
+    std::optional<PredictionCertainty> sure;
+    PeakModel pm;
+    if (args.has("probes")) {
+      pm = probe_peak_model(*model, o, parse_probes(args.get("probes", "")));
+    } else {
+      ProbePlan plan;
+      if (o.mode != "meta") plan.limit_bytes = probe_memory_limit();
+      const int64_t target = o.batch;
+      const ProbedModel probed =
+          probe_toward(measure_model(*model, o), [target](const PeakModel&) { return target; },
+                       plan);
+      if (probed.model.phases.empty()) {
+        throw UsageError("not even two probes fit this machine's memory: give --probes");
+      }
+      pm = probed.model;
+      for (const auto& n : probed.notes) pm.notes.push_back(n);
+      sure = certainty_at(probed, target);
+    }
+    std::cout << (args.has("json") ? prediction_json(pm, o.batch, sure) + "\n"
+                                   : prediction_text(pm, o.batch, sure));
     return 0;
   }
 

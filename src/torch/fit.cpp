@@ -4,22 +4,13 @@
 
 #include <stdexcept>
 
-#include "memfit/core/batch_search.h"
 
 namespace memfit {
 
-BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
-  if (options.budget < 0) {
-    throw std::invalid_argument("[fit] the budget must be >= 0 bytes, got " +
-                                std::to_string(options.budget));
-  }
-  MeasureStep measure = [&](int64_t batch) {
-    ProfileOptions o;
+MeasureStep measure_model(TrainableModel& model, const ProfileOptions& base) {
+  return [&model, base](int64_t batch) {
+    ProfileOptions o = base;
     o.batch = batch;
-    o.optimizer = options.optimizer;
-    o.mode = options.mode;
-    o.seed = options.seed;
-    o.strategies = options.strategies;
     StepMeasurement m;
     try {
       Profile p = profile_model(model, o);
@@ -30,6 +21,18 @@ BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
     }
     return m;
   };
+}
+
+BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
+  if (options.budget < 0) {
+    throw std::invalid_argument("[fit] the budget must be >= 0 bytes, got " +
+                                std::to_string(options.budget));
+  }
+  ProfileOptions base;
+  base.optimizer = options.optimizer;
+  base.mode = options.mode;
+  base.seed = options.seed;
+  base.strategies = options.strategies;
   SearchOptions s;
   s.budget_bytes = options.budget;
   s.extra_margin_bytes = options.extra_margin;
@@ -37,7 +40,7 @@ BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
   s.verify = options.verify;
   s.max_batch = options.max_batch;
   if (options.mode != "meta") s.host_limit_bytes = probe_memory_limit();
-  return search_batch(measure, s);
+  return search_batch(measure_model(model, base), s);
 }
 
 }  // namespace memfit

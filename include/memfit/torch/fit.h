@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "memfit/core/batch_fit.h"
+#include "memfit/core/batch_search.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
 
@@ -27,6 +28,11 @@ struct FitOptions {
   StepStrategies strategies;
   int64_t max_batch = kMaxBatch;  // none larger is wanted: the search stops there
 };
+
+// The step of `model` as `base` runs it, at any batch: what the batch search
+// and probe_toward (batch_search.h) measure. An OOM of a simulated device
+// in force comes back as out_of_memory.
+MeasureStep measure_model(TrainableModel& model, const ProfileOptions& base);
 
 // Throws DoesNotFit (with the numbers and what to try) when even batch 1
 // does not fit; std::invalid_argument for a negative budget.

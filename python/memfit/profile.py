@@ -9,7 +9,7 @@ from . import report_page
 from .batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
 from .offload import OffloadedOptimizer
 from .offload import offload as _offload
-from .meta_reads import MetaReads
+from .meta_reads import MetaReads, foreach_as_on_cuda
 from .snapshot import ModelTensors, OptimizerState, kept_rng, private_copy
 from .tracking import Tracking
 
@@ -414,9 +414,14 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         with kept_rng():
             try:
                 if mode == "meta":
-                    with reads.answering():
+                    with reads.answering(), foreach_as_on_cuda(
+                            optimizer if target_device == "cuda" else None) as foreach:
                         rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
                                         torch.device(mode))
+                    if foreach:
+                        notes.append("the optimizer ran its foreach implementation, as torch "
+                                     "does for CUDA parameters (temporaries as large as all "
+                                     "parameters); see Note [The optimizer a GPU would run]")
                 else:
                     rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
                                     torch.device(mode))

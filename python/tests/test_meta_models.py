@@ -202,3 +202,24 @@ def test_attention_on_meta_saves_what_the_cpus_fused_kernel_saves(kv_heads):
     # the 1 MiB of attention weights the math path would save is gone.
     for m, c in zip(meta.phases, cpu.phases):
         assert 0 <= c["peak_bytes"] - m["peak_bytes"] < 256 << 10, (m, c)
+
+
+def test_meta_step_for_cuda_runs_the_optimizer_foreach_as_the_gpu_would():
+    # AdamW left at foreach=None runs per tensor on meta and the CPU, foreach
+    # on CUDA: its step's temporaries grow from the largest tensor's to all
+    # parameters'. See Note [The optimizer a GPU would run].
+    def run(target_device):
+        model = meta_mlp()
+        opt = torch.optim.AdamW(model.parameters())
+        r = memfit.profile(model, *meta_batch(8), optimizer=opt, mode="meta",
+                           target_device=target_device)
+        assert all(g["foreach"] is None for g in opt.param_groups)  # put back
+        step = phase(r, "optimizer_step", 2)
+        return r, step["peak_bytes"] - step["live_bytes_after"]
+
+    cpu_like, loop_temporaries = run("cpu")
+    cuda_like, foreach_temporaries = run("cuda")
+    assert loop_temporaries <= 2 * 4 * 784 * 512  # twice the largest weight
+    assert foreach_temporaries >= 4 * PARAMS  # all parameters at once
+    assert any("foreach" in n for n in cuda_like.notes)
+    assert not any("foreach" in n for n in cpu_like.notes)

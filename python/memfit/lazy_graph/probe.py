@@ -12,6 +12,7 @@ from .autocast import _autocast_ctx
 from .errors import LazyError
 from .names import display_name
 from .node import probe_sizes
+from .placement import to_device
 from .template import ProbeCtx, _pluck, subst
 
 
@@ -241,8 +242,33 @@ def ensure_probe(node):
         _run_probes(todo)
 
 
+def drop_probes(node):
+    """Free the probe values of `node` and its ancestors before the
+    computation runs at full size: a step recorded with a cold probe cache
+    would otherwise hold them beside the chunks, and need more memory than
+    the eager step (see Note [Never worse than eager] in lazy_run/chunking.py).
+    Nodes the user still holds keep theirs (a few samples' worth), so that
+    recording from them does not run the forward again; ensure_probe
+    computes the others again if a later recording needs them."""
+    seen, stack = set(), [node]
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        if n.held():
+            continue  # a later recording may start from it: keep what it saw
+        if n.kind != "leaf" or n.to_device is not None:  # a leaf's own probes are views
+            n.probe = ()
+        stack.extend(n.parents)
+
+
 def _run_probes(todo):
     for n in todo:
+        if n.kind == "leaf":
+            n.probe = tuple(to_device(n.value.narrow(n.leaf_dim, 0, p), n.to_device)
+                            for p in probe_sizes(n.B))
+            continue
         if n.kind == "item":
             n.probe = tuple(_pluck(v, n.path) for v in n.parent.probe)
             continue

@@ -9,6 +9,7 @@ import torch
 
 from ..lazy_graph.errors import LazyError, OutOfMemoryError
 from ..lazy_graph.node import Node
+from ..lazy_graph.probe import drop_probes
 from .buffers import BufferSnapshot, written_buffers
 from .chunk_loop import _drive
 from .chunk_weights import _prepare_weights, _weight
@@ -50,6 +51,7 @@ def backward(T, gradient=None, retain_graph=None, create_graph=False, inputs=Non
     if gradient is None and T.shape is not None and math.prod(
             s for s in T.shape if s is not None) != 1:
         raise RuntimeError("grad can be implicitly created only for scalar outputs")
+    drop_probes(T)
     info = LazyRun("backward", T.B)
     try:
         _backward(T, gradient, retain_graph, inputs, info)

@@ -134,12 +134,36 @@ def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, modul
             _cache_put(sig, entry)
         info.measured = True
     info._entry, info._reserve, info._extra = entry, reserve, extra_per_sample
+    c, (a, b) = plan(entry, B, avail, reserve, extra_per_sample)
+    info.bytes_per_sample = int(b)
+    info.fixed_bytes = int(a)
+    return c, entry
+
+
+# Note [Never worse than eager]: one chunk of the whole batch is the eager
+# step itself. Several chunks can need more memory than it: later chunks run
+# with the full .grad already allocated and add each new gradient into it,
+# so for a small batch or a model whose gradients outweigh its activations
+# no split fits where the whole batch does (at 1.0-1.1x the eager peak,
+# lazy used to plan chunks of 1 sample and fail). Chunks are planned with a
+# 10% margin (the fit is extrapolated from 2 and 3 samples); when no chunk
+# size fits that way, the whole batch runs if the fit says it fits the
+# memory available, margin or not, as eager would. A plan that still ran
+# out of memory lowers `scale`, and the next plan splits (see _learn).
+
+
+def plan(entry, B, avail, reserve, extra_per_sample):
+    """The chunk limit for a batch of B with `avail` bytes available, from a
+    measured fit `entry`, and the (fixed, per sample) line that limits it:
+    see Note [Never worse than eager]."""
     usable = avail * (1.0 - MARGIN)
     c1, lim1 = _solve(entry["first"], usable, extra_per_sample)
     c2, lim2 = _solve(entry["later"], usable - reserve, extra_per_sample)
-    c, (a, b) = (c1, lim1) if c1 <= c2 else (c2, (lim2[0] + reserve, lim2[1]))
-    info.bytes_per_sample = int(b)
-    info.fixed_bytes = int(a)
+    c, line = (c1, lim1) if c1 <= c2 else (c2, (lim2[0] + reserve, lim2[1]))
     if c != math.inf:
         c = int(c * entry["scale"])
-    return max(1, min(c, B)), entry
+    if c < 1 and entry["scale"] >= 1.0:
+        whole, lim = _solve(entry["first"], avail, 0.0)
+        if whole >= B:
+            return B, lim
+    return max(1, min(c, B)), line

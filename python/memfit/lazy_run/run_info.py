@@ -1,10 +1,7 @@
 """LazyRun: how memfit ran the last lazy computation (memfit.last_lazy_run()).
 """
 
-import math
-
-from .chunking import MARGIN
-from .memory import _solve
+from .chunking import MARGIN, plan
 
 
 _last_run = None
@@ -45,13 +42,7 @@ class LazyRun:
         e = self._entry
         if e is None:
             return None
-        usable = available_bytes * (1.0 - self.margin)
-        c1, _ = _solve(e["first"], usable, self._extra)
-        c2, _ = _solve(e["later"], usable - self._reserve, self._extra)
-        c = min(c1, c2)
-        if c != math.inf:
-            c = int(c * e["scale"])
-        return max(1, min(c, self.batch))
+        return plan(e, self.batch, available_bytes, self._reserve, self._extra)[0]
 
     def __repr__(self):
         sizes = [s for _, s in self.chunks]

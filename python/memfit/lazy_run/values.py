@@ -4,6 +4,7 @@ concatenated, or combined from chunks for a reduction.
 
 import torch
 
+from ..lazy_graph.probe import drop_probes
 from .buffers import written_buffers
 from .chunk_loop import _drive
 from .chunk_weights import _prepare_weights, _weight, _weight_targets
@@ -20,6 +21,7 @@ def read(node, grad=False):
         return node.value
     if node.value is not None and not (grad and node.requires_grad):
         return node.value
+    drop_probes(node)
     B = node.B
     whole_grad = grad and node.requires_grad and torch.is_grad_enabled()
     info = LazyRun("eager" if whole_grad else "read", B)

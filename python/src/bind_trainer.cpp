@@ -93,26 +93,6 @@ void init_trainer(py::module_& m) {
       .def("set_micro_batch", &Trainer::set_micro_batch, py::arg("micro_batch"),
            "Start the next step from this many samples (0: the whole batch).");
 
-  py::register_exception<DoesNotFit>(m, "DoesNotFit", PyExc_ValueError);
-  py::class_<BatchFit>(m, "BatchFit")
-      .def_readonly("max_batch", &BatchFit::max_batch)
-      .def_readonly("recommended_batch", &BatchFit::recommended_batch)
-      .def_readonly("predicted_peak_bytes", &BatchFit::predicted_peak_bytes)
-      .def_readonly("budget_bytes", &BatchFit::budget_bytes)
-      .def_readonly("margin_bytes", &BatchFit::margin_bytes)
-      .def_readwrite("trials", &BatchFit::trials)
-      .def_readonly("mode", &BatchFit::mode)
-      .def_readonly("peak_phase", &BatchFit::peak_phase)
-      .def("to_json", &BatchFit::to_json, py::arg("pretty") = true)
-      .def("__repr__", [](const BatchFit& f) {
-        return "BatchFit(max_batch=" + std::to_string(f.max_batch) +
-               ", recommended_batch=" + std::to_string(f.recommended_batch) +
-               ", predicted_peak_bytes=" + std::to_string(f.predicted_peak_bytes) +
-               ", budget_bytes=" + std::to_string(f.budget_bytes) +
-               ", margin_bytes=" + std::to_string(f.margin_bytes) +
-               ", trials=" + std::to_string(f.trials) + ", mode=" + quoted(f.mode) + ")";
-      })
-      .def("text", &BatchFit::text);
   m.def(
       "explain_oom",
       [](const std::string& operation, const std::string& what, const std::string& phase,
@@ -140,8 +120,6 @@ void init_trainer(py::module_& m) {
       "(cause, message, advice, what_fills, phase_words) of an OOM: what fills the memory "
       "and the advice that fits it (see include/memfit/core/oom_cause.h). phase: a profile "
       "phase name.");
-  m.def("fit_batch", &fit_batch, py::arg("model"), py::arg("reference"),
-        py::arg("budget_bytes"), py::arg("extra_margin_bytes") = 0);
 }
 
 }  // namespace memfit::python

@@ -367,7 +367,7 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
         next = ok ? std::min(up, lowest_bad - 1) : half;
       }
       candidate = std::min({next, lowest_bad - 1, options.max_batch});
-      if (candidate - best <= best / 100) break;  // less than 1% more batch
+      if (candidate - best <= best / 200) break;  // under 0.5% more batch: not worth a step
     }
     f.max_batch = best;
     f.verified = f.mode != "meta";

@@ -96,8 +96,16 @@ def test_a_prediction_says_how_sure_it_is():
     assert "extrapolated beyond the largest probe" in c.text()
 
 
-def test_a_budget_below_one_sample_names_batch_one():
+def test_a_budget_below_the_model_names_the_model_not_the_batch():
     model = torch.nn.Sequential(torch.nn.Linear(64, 8))
     x, y = torch.randn(4, 64), torch.randn(4, 8)
-    with pytest.raises(memfit.DoesNotFit, match="even one sample does not fit"):
+    with pytest.raises(memfit.DoesNotFit, match="below what the model needs before any sample"):
         memfit.find_batch_size(model, x, y, optimizer="adam", budget=1024)
+
+
+def test_a_budget_between_the_model_and_one_sample_says_one_sample_does_not_fit():
+    model = torch.nn.Sequential(torch.nn.Linear(64, 8))
+    x, y = torch.randn(4, 4096, 64), torch.randn(4, 4096, 8)
+    fixed = memfit.profile(model, x, y, optimizer="adam").at_batch(1).peak_bytes // 2
+    with pytest.raises(memfit.DoesNotFit, match="even one sample does not fit"):
+        memfit.find_batch_size(model, x, y, optimizer="adam", budget=fixed)

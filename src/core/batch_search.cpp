@@ -288,7 +288,24 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
   for (const ProbeRecord& p : pm.probes) {
     if (fits(p, usable)) best = std::max(best, p.batch);
   }
-  if (best == 0) throw DoesNotFit(nothing_fits(pm, options));
+  if (best == 0) {
+    // The steps that ran (over the budget) still say what fills memory: the
+    // model of them gives fit_batch's message, with the numbers and advice.
+    std::vector<int64_t> batches;
+    std::vector<Report> reports;
+    std::vector<const Timeline*> timelines;
+    for (size_t i = 0; i < pm.probes.size(); ++i) {
+      if (pm.probes[i].out_of_memory) continue;
+      batches.push_back(pm.probes[i].batch);
+      reports.push_back(pm.measured[i].report);
+      timelines.push_back(&pm.measured[i].timeline);
+    }
+    if (batches.size() >= 2) {
+      const PeakModel over = fit_peak_model(batches, reports, timelines);
+      fit_batch(over, reports.front(), options.budget_bytes, options.extra_margin_bytes);
+    }
+    throw DoesNotFit(nothing_fits(pm, options));
+  }
 
   BatchFit f;
   f.budget_bytes = options.budget_bytes;

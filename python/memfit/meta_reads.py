@@ -9,8 +9,11 @@ before it builds its attention mask. While meta mode runs the step, such a
 read of a boolean answers True, the case every checked element holds (an
 unpacked batch, a mask of ones), and the report's notes name each place it
 happened, so the figures say which path they measured. A read of a number
-(a length, a count) has no safe answer: it raises, one line naming where,
-and meta mode falls back to the CPU as for a missing meta kernel.
+inside a torch.optim optimizer (Adafactor's step count and norms) answers
+1: there it scales the update and sizes nothing; the notes name it too.
+Elsewhere a number (a length, a count) has no safe answer: it raises, one
+line naming where, and meta mode falls back to the CPU as for a missing
+meta kernel.
 
 Note [Which attention kernel meta runs]: scaled_dot_product_attention asks
 _fused_sdp_choice which kernel to run on the CPU and CUDA; on any other
@@ -115,9 +118,25 @@ def foreach_as_on_cuda(optimizer):
             optimizer.param_groups[i]["foreach"] = None
 
 
+_OPTIM_DIR = os.path.join(_TORCH_DIR, "optim") + os.sep
+_OPTIM_DIR_NAME = "torch/optim/"
+
+
+def _in_optimizer():
+    return any(f.filename.startswith(_OPTIM_DIR) for f in traceback.extract_stack())
+
+
+def _innermost_in(directory):
+    """'file:line' of the innermost frame under `directory`, relative to it."""
+    for frame in reversed(traceback.extract_stack()):
+        if frame.filename.startswith(directory):
+            return f"{frame.filename[len(directory):]}:{frame.lineno}"
+    return "?"
+
+
 class MetaReads:
-    """Where boolean reads of meta tensors were answered True (file:line,
-    in the order first seen), while answering() is active."""
+    """Where reads of meta tensors were answered (file:line, in the order
+    first seen), while answering() is active."""
 
     def __init__(self):
         self.sites = []
@@ -136,6 +155,11 @@ class MetaReads:
 
     def _read(self, t):
         site = _caller()
+        if t.dtype != torch.bool and _in_optimizer():
+            where = _OPTIM_DIR_NAME + _innermost_in(_OPTIM_DIR)
+            if where not in self.sites:
+                self.sites.append(where)
+            return 1 if not (t.dtype.is_floating_point or t.dtype.is_complex) else 1.0
         if t.dtype != torch.bool:
             raise RuntimeError(
                 f"[profile] the step reads a {t.dtype} value of a meta tensor at {site} "
@@ -151,6 +175,6 @@ class MetaReads:
         if not self.sites:
             return None
         shown = ", ".join(self.sites[:3]) + (" ..." if len(self.sites) > 3 else "")
-        return (f"meta tensors have no values: {len(self.sites)} boolean check(s) of the "
-                f"step answered True (every element holds) at {shown}; "
+        return (f"meta tensors have no values: {len(self.sites)} read(s) of the step "
+                f"answered (checks True, optimizer scalars 1) at {shown}; "
                 f"see Note [Data-dependent reads on the meta device]")

@@ -152,8 +152,8 @@ def test_a_boolean_read_of_a_meta_tensor_answers_true_and_the_note_names_where()
     x = torch.empty(8, 16, device="meta")
     r = memfit.profile(model, x, loss_fn=lambda out: out.sum(), optimizer="sgd", mode="meta")
     assert r.mode == "meta"
-    assert any(n.startswith("meta tensors have no values: 1 boolean check(s) of the step "
-                            "answered True") and "test_meta_models.py:" in n for n in r.notes)
+    assert any(n.startswith("meta tensors have no values: 1 read(s) of the step answered "
+                            "(checks True") and "test_meta_models.py:" in n for n in r.notes)
 
 
 def test_a_number_read_of_a_meta_tensor_is_refused_naming_where():
@@ -223,3 +223,15 @@ def test_meta_step_for_cuda_runs_the_optimizer_foreach_as_the_gpu_would():
     assert foreach_temporaries >= 4 * PARAMS  # all parameters at once
     assert any("foreach" in n for n in cuda_like.notes)
     assert not any("foreach" in n for n in cpu_like.notes)
+
+
+def test_adafactor_reads_its_scalars_on_meta_and_the_note_says_so():
+    model = meta_mlp()
+    r = memfit.profile(model, *meta_batch(8), optimizer=torch.optim.Adafactor(model.parameters()),
+                       mode="meta")
+    assert r.mode == "meta"
+    assert any("torch/optim/_adafactor.py:" in n for n in r.notes)
+    # factored second moments: a row and a column per matrix, a vector per bias
+    rows_cols = (784 + 512) * 4 + 512 * 4 + (512 + 10) * 4 + 10 * 4
+    step1 = phase(r, "optimizer_step")
+    assert step1["delta_bytes"] == rows_cols

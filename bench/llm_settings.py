@@ -10,15 +10,13 @@ target_device="cuda"), with its estimated step time from FLOPs and bytes
 Default shape: Llama-3-8B (32 layers, hidden 4096, intermediate 14336, 32
 heads, 8 key/value heads, vocab 128256). --quick: 2 layers, hidden 512,
 vocab 8000, 512 tokens. Rows: fp32 AdamW; bf16 weights with bf16 AdamW;
-SGD; gradient checkpointing (HF gradient_checkpointing_enable()); LoRA
+SGD; Adafactor; gradient checkpointing (HF gradient_checkpointing_enable()); LoRA
 (peft, q_proj/v_proj, rank 8/16/64) on bf16 weights, with and without
 checkpointing; micro-batches with gradient accumulation (the step measured
 at the micro-batch: accumulated gradients are the same tensors).
 
 Not rows: autocast (torch.autocast has no meta dispatch: under it a meta
-step stays fp32, the fp32 row), Adafactor (torch.optim.Adafactor reads its
-step count's value with .item(), which meta has not), 8-bit Adam
-(bitsandbytes needs CUDA)."""
+step stays fp32, the fp32 row), 8-bit Adam (bitsandbytes needs CUDA)."""
 
 import argparse
 import json
@@ -79,6 +77,8 @@ def main(argv=None):
         ("fp32 weights, AdamW", dict(), adamw, 1),
         ("bf16 weights, bf16 AdamW state", dict(dtype=torch.bfloat16), adamw, 1),
         ("bf16 weights, SGD (no state)", dict(dtype=torch.bfloat16), sgd, 1),
+        ("bf16 weights, Adafactor (factored state)", dict(dtype=torch.bfloat16),
+         lambda m: torch.optim.Adafactor(m.parameters()), 1),
         ("bf16, AdamW, gradient checkpointing", dict(dtype=torch.bfloat16, checkpointing=True),
          adamw, 1),
     ]

@@ -126,6 +126,49 @@ def gpt_loss(output, target):
     return F.cross_entropy(output.flatten(0, 1), target.flatten())
 
 
+class BasicBlock(nn.Module):
+    """torchvision's ResNet BasicBlock: two 3x3 convs with BatchNorm, a skip."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(cin, cout, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(cout)
+        self.conv2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(cout)
+        self.downsample = None
+        if stride != 1 or cin != cout:
+            self.downsample = nn.Sequential(nn.Conv2d(cin, cout, 1, stride, bias=False),
+                                            nn.BatchNorm2d(cout))
+
+    def forward(self, x):
+        # In place as torchvision writes it: ReLU(inplace=True), out += identity.
+        out = F.relu(self.bn1(self.conv1(x)), inplace=True)
+        out = self.bn2(self.conv2(out))
+        out += x if self.downsample is None else self.downsample(x)
+        return F.relu(out, inplace=True)
+
+
+class ResNet18(nn.Module):
+    """torchvision's resnet18 layout (same parameters and ops), 10 classes,
+    for where torchvision does not import (the CPU torch 2.13 wheel)."""
+
+    def __init__(self, num_classes=10):
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
+        self.bn1 = nn.BatchNorm2d(64)
+        layers, cin = [], 64
+        for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            layers.append(nn.Sequential(BasicBlock(cin, cout, stride), BasicBlock(cout, cout, 1)))
+            cin = cout
+        self.layer1, self.layer2, self.layer3, self.layer4 = layers
+        self.fc = nn.Linear(512, num_classes)
+
+    def forward(self, x):
+        h = F.max_pool2d(F.relu(self.bn1(self.conv1(x)), inplace=True), 3, 2, 1)
+        h = self.layer4(self.layer3(self.layer2(self.layer1(h))))
+        return self.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
+
+
 def _torchvision(name):
     import torchvision  # noqa: F401  (optional: callers check available())
 
@@ -144,6 +187,11 @@ MODELS = {
     "lstm": (Lstm, lambda b: (torch.randn(b, 32, 28), torch.randint(0, 10, (b,))), None),
     "resnet18": (
         lambda: _torchvision("resnet18"),
+        lambda b: (torch.randn(b, 3, 64, 64), torch.randint(0, 10, (b,))),
+        None,
+    ),
+    "resnet18-twin": (
+        ResNet18,
         lambda b: (torch.randn(b, 3, 64, 64), torch.randint(0, 10, (b,))),
         None,
     ),

@@ -65,12 +65,14 @@ def _rank(rank, world, init_file, out_dir, cases):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", help="one model of the list, e.g. resnet18-twin")
     args = ap.parse_args(argv)
     cases = [("mlp", 64), ("lstm", 32)]
     if not args.quick:
         cases += [("gpt", 4), ("cnn", 32)]
-        if _models.available("resnet18"):
-            cases.append(("resnet18", 16))
+        cases.append(("resnet18" if _models.available("resnet18") else "resnet18-twin", 16))
+    if args.only:
+        cases = [(args.only, dict(cases + [("resnet18-twin", 16)]).get(args.only, 16))]
 
     with tempfile.TemporaryDirectory() as d:
         mp.start_processes(_rank, args=(2, os.path.join(d, "init"), d, cases), nprocs=2,

@@ -68,6 +68,12 @@ _DATA_VALUED = {
 }
 
 
+# Operations returning a Python value of the data (not a tensor): computed on
+# the full batch at once, never probed. A plain tensor beside the lazy one
+# then holds the full batch too (torch.allclose(eager_out, lazy_out)).
+_PYTHON_VALUED = _DATA_VALUED - {"any", "all"}
+
+
 _INPLACE_ARG = {
     "relu", "relu6", "elu", "selu", "celu", "leaky_relu", "rrelu", "hardtanh",
     "threshold", "dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d",

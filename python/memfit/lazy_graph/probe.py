@@ -242,6 +242,22 @@ def ensure_probe(node):
         _run_probes(todo)
 
 
+def without_history(o):
+    """A probe result as kept on its node: its tensors cut from the autograd
+    graph of the probe run (which holds that run's activations), still
+    requiring grad where they did, so that later probes see it."""
+    if isinstance(o, torch.Tensor):
+        return o if o.grad_fn is None else o.detach().requires_grad_(o.requires_grad)
+    if isinstance(o, (tuple, list)):
+        return _make_seq(type(o), [without_history(x) for x in o])
+    if isinstance(o, dict):
+        try:
+            return type(o)({k: without_history(v) for k, v in o.items()})
+        except Exception:
+            return {k: without_history(v) for k, v in o.items()}
+    return o
+
+
 def drop_probes(node):
     """Free the probe values of `node` and its ancestors before the
     computation runs at full size: a step recorded with a cold probe cache
@@ -281,4 +297,4 @@ def _run_probes(todo):
                         outs.append(n.fn(*subst(n.args, ctx), **subst(n.kwargs, ctx)))
                 else:
                     outs.append(n.fn(*subst(n.args, ctx), **subst(n.kwargs, ctx)))
-        n.probe = tuple(outs)
+        n.probe = tuple(without_history(o) for o in outs)

@@ -11,7 +11,13 @@ from .losses import _root_kind
 from .mixing import _bdim_set, _check_mixing, _getitem_analysis
 from .names import _INPLACE_DUNDERS, _where, display_name, op_name
 from .node import Node, probe_sizes
-from .op_tables import _DATA_DEPENDENT, _DATA_VALUED, _INPLACE_ARG, _inplace_positional
+from .op_tables import (
+    _DATA_DEPENDENT,
+    _DATA_VALUED,
+    _INPLACE_ARG,
+    _PYTHON_VALUED,
+    _inplace_positional,
+)
 from .placement import on_host, to_device
 from .plain_tensors import _plain_rules
 from .probe import (
@@ -24,6 +30,7 @@ from .probe import (
     _rebuild_skel,
     ensure_probe,
     leaving_no_trace,
+    without_history,
 )
 from .probe_cache import _probe_cache_get, _probe_cache_put, _probe_key
 from .template import (
@@ -67,6 +74,12 @@ def record(fn, args, kwargs, name=None, module=None):
             f"sizes {sorted(Bs)}; lazy tensors used together must hold the same samples"
         )
     B = Bs.pop() if Bs else None
+    if op in _PYTHON_VALUED and nodes:
+        # A value of the data, over the full batch: the probes' few samples
+        # would not match a plain full-batch tensor beside them.
+        from ..lazy_run.values import read
+
+        return fn(*_materialize_args(targs, read), **_materialize_args(tkw, read))
     allow = any(n.allow for n in nodes)
     parents = tuple(dict.fromkeys(nodes))
     mixes = next((n.mixes for n in parents if n.mixes), None)
@@ -181,7 +194,7 @@ def record(fn, args, kwargs, name=None, module=None):
         desc = _describe(o1, o2, sizes, B, op, name, data_dep, derived, fn)
         if key is not None:
             _probe_cache_put(key, desc)
-        probes = (o1, o2)
+        probes = (without_history(o1), without_history(o2))
 
     node = Node("op")
     node.fn, node.args, node.kwargs = fn, targs, tkw

@@ -10,7 +10,7 @@ from . import _memfit
 from .batching import batch_size, count
 from .device import to_bytes
 from .fit import DoesNotFit
-from .profile import check_optimizer
+from .training_step import check_optimizer
 from .strategies import INFERENCE_MODE, NO_GRAD, Strategy, resolve_chain
 from .strategies.advice import Advice, Plan, Row
 from .strategies.checkpoint import block_forward_ns, calibrate

@@ -56,7 +56,7 @@ def count_step_flops(model, inputs, target=None, loss_fn=None):
     """FLOPs of forward+loss and of backward for `model` on `inputs`, run on
     meta copies (the model, its .grad and the inputs are left as they were;
     nothing real is computed). loss_fn as in memfit.profile."""
-    from .profile import _call, _compute_loss  # the step as profile() runs it
+    from .training_step import call_model, compute_loss  # the step as profile() runs it
 
     chain = find_chain(model)
     saved = ModelTensors(model)
@@ -67,7 +67,7 @@ def count_step_flops(model, inputs, target=None, loss_fn=None):
             x = private_copy(inputs, torch.device("meta"))
             y = None if target is None else private_copy(target, torch.device("meta"))
             with FlopCounterMode(display=False) as fwd:
-                loss = _compute_loss(_call(model, x), y, loss_fn)
+                loss = compute_loss(call_model(model, x), y, loss_fn)
             with FlopCounterMode(display=False) as bwd:
                 loss.backward()
     finally:

@@ -6,7 +6,7 @@ from . import _memfit
 from .batching import batch_size, count, map_tensors, narrow_batch, tensors_in
 from .device import to_bytes
 from .distributed import DistributedStep, batch_signature, is_distributed
-from .profile import _call, _compute_loss, check_loss_trains, check_optimizer
+from .training_step import call_model, check_loss_trains, check_optimizer, compute_loss
 
 
 def coupled_layers(model):
@@ -318,7 +318,7 @@ class Trainer:
                 x = map_tensors(narrow_batch(inputs, start, n, bd), to_device)
                 y = None if target is None else map_tensors(
                     target, lambda t: to_device(t.narrow(tbd, start, n)))
-                loss = _compute_loss(_call(model, x), y, loss_fn)
+                loss = compute_loss(call_model(model, x), y, loss_fn)
             finally:
                 # A write into a micro-batch's copy goes back into the user's
                 # samples, where an eager step on these tensors would leave it.

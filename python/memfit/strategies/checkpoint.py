@@ -11,7 +11,7 @@ import torch
 import torch.utils.checkpoint
 
 from .. import _memfit
-from ..profile import _call
+from ..training_step import call_model
 from ..snapshot import ModelTensors
 
 
@@ -190,7 +190,7 @@ def block_forward_ns(model, inputs, block_paths, repeats, sync=lambda: None):
             if r == 1:
                 for t in times:
                     t.clear()
-            out = _call(model, inputs)
+            out = call_model(model, inputs)
             del out
     finally:
         for h in hooks:

@@ -7,7 +7,8 @@ import torch
 
 from .. import _memfit
 from ..batching import batch_size
-from ..profile import Report, _call, _compute_loss
+from ..profile import Report
+from ..training_step import call_model, compute_loss
 from ..snapshot import ModelTensors, private_copy
 from ..tracking import Tracking
 
@@ -30,8 +31,8 @@ def run_eval(model, inputs, target, loss_fn, step):
     """Forward and loss under the `step` guard ("no_grad" or
     "inference_mode"); returns the loss as a float."""
     with GUARDS[step]():
-        out = _call(model, inputs)
-        loss = _compute_loss(out, target, loss_fn)
+        out = call_model(model, inputs)
+        loss = compute_loss(out, target, loss_fn)
         return float(loss)
 
 
@@ -53,9 +54,9 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
             y = None if target is None else private_copy(target, torch.device("cpu"))
             t.phase("forward", 1)
             with GUARDS[step]():
-                out = _call(model, x)
+                out = call_model(model, x)
                 t.phase("loss", 1)
-                loss = _compute_loss(out, y, loss_fn)
+                loss = compute_loss(out, y, loss_fn)
                 out = None
             t._recorder.end_phase()
             del x, y, out, loss

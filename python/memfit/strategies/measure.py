@@ -6,7 +6,8 @@ import time
 
 import torch
 
-from ..profile import _call, _compute_loss, profile
+from ..profile import profile
+from ..training_step import call_model, compute_loss
 from ..snapshot import ModelTensors, private_copy
 from . import TRAIN, applied
 from .eval_step import eval_mode, profile_eval, run_eval
@@ -95,8 +96,8 @@ class Bench:
         if not in_place:  # the other step of the pair may have left gradients
             for p in self.model.parameters():
                 p.grad = None
-        out = _call(self.model, self.inputs)
-        loss = _compute_loss(out, self.target, self.loss_fn)
+        out = call_model(self.model, self.inputs)
+        loss = compute_loss(out, self.target, self.loss_fn)
         out = None
         loss.backward()
         if opt is not None:

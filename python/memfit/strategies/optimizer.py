@@ -4,7 +4,7 @@ zero_grad frees the gradients (set_to_none) or zeroes them in place."""
 import torch
 
 from ..offload import OffloadedOptimizer, construct, offload
-from ..profile import _OPTIMIZERS
+from ..training_step import OPTIMIZERS
 
 LIGHTER = {"adam": ["momentum", "sgd"], "momentum": ["sgd"], "sgd": []}
 
@@ -64,7 +64,7 @@ def optimizer_for(model, user_optimizer, name=None, zero_grad_in_place=False,
     if not zero_grad_in_place or chosen is None:
         return chosen
     if isinstance(chosen, str):
-        opt = _OPTIMIZERS[chosen]([p for p in model.parameters() if p.requires_grad])
+        opt = OPTIMIZERS[chosen]([p for p in model.parameters() if p.requires_grad])
     else:
         opt = _clone(chosen)
     return _zero_grad_in_place(opt)
@@ -79,5 +79,5 @@ def make_optimizer(model, user_optimizer, name=None, host_state=False):
     if host_state:
         return offload(make_optimizer(model, chosen))
     if isinstance(chosen, str):
-        return _OPTIMIZERS[chosen]([p for p in model.parameters() if p.requires_grad])
+        return OPTIMIZERS[chosen]([p for p in model.parameters() if p.requires_grad])
     return _clone(chosen)

@@ -14,7 +14,8 @@ The probes are real: small tensors on the real device, so any operation,
 module or custom kernel works without a meta or shape-inference rule.
 """
 
-# tensor first: probe and recording build LazyTensors (see the end of tensor.py).
+# tensor first: it registers LazyTensor as what recorded Nodes are wrapped in
+# (node.register_node_holder), before anything records.
 from .tensor import LazyTensor  # isort: skip
 from .errors import LazyError
 from .module_hook import install_module_hook

@@ -23,3 +23,13 @@ def _mix_error(what, node_desc, fix=None):
         "chunk, as eager PyTorch would), or restructure it."
     )
     return LazyError(msg)
+
+
+def inplace_error(what, node=None):
+    """The error for an in-place change of a lazy tensor (of `node`)."""
+    where = f" (the lazy tensor comes from {node.describe()})" if node is not None else ""
+    return LazyError(
+        f"memfit.lazy: {what} would modify a lazy tensor in place{where}. Lazy tensors "
+        f"are recomputed chunk by chunk, so in-place changes are refused: write "
+        f"x = x + ... (out of place), or modify the tensor before memfit.lazy()"
+    )

@@ -6,7 +6,6 @@ import torch
 import torch.nn.functional as F
 
 from .op_tables import _bind
-from .tensor import LazyTensor
 
 
 def _loss_table():
@@ -79,7 +78,8 @@ def _root_kind(n, fn, op, args, kwargs, targs, tkw, first):
         n.rkind = "mean"
         if kind == "classes":
             target = arguments.get("target")
-            tdtype = target.dtype if isinstance(target, (torch.Tensor, LazyTensor)) else None
+            # a LazyTensor is a torch.Tensor to isinstance (Note [A lazy tensor is a Tensor])
+            tdtype = target.dtype if isinstance(target, torch.Tensor) else None
             if tdtype is not None and not tdtype.is_floating_point:
                 tb = _bind(fn, targs, tkw) or {}
                 n.rkind = "classes"

@@ -6,11 +6,11 @@ leaves that memfit.lazy() makes. See the lazy_graph package docstring.
 import torch
 
 from .autocast import _grad_autocast
-from .errors import LazyError, OutOfMemoryError, _mix_error
+from .errors import LazyError, OutOfMemoryError, _mix_error, inplace_error
 from .losses import _root_kind
 from .mixing import _bdim_set, _check_mixing, _getitem_analysis
 from .names import _INPLACE_DUNDERS, _where, display_name, op_name
-from .node import Node, probe_sizes
+from .node import Node, node_of, probe_sizes, wrap_node
 from .op_tables import (
     _DATA_DEPENDENT,
     _DATA_VALUED,
@@ -43,7 +43,6 @@ from .template import (
     _scan,
     subst,
 )
-from .tensor import LazyTensor, _inplace_error
 
 
 def record(fn, args, kwargs, name=None, module=None):
@@ -54,13 +53,12 @@ def record(fn, args, kwargs, name=None, module=None):
     if module is None:
         if (op.endswith("_") and not op.startswith("__") and op not in ("__", "_")) \
                 or op in _INPLACE_DUNDERS:
-            raise _inplace_error(f"{display_name(fn)}()",
-                                 args[0] if args and isinstance(args[0], LazyTensor) else None)
+            raise inplace_error(f"{display_name(fn)}()", node_of(args[0]) if args else None)
         if kwargs.get("out") is not None:
-            raise _inplace_error(f"{display_name(fn)}(..., out=...)")
+            raise inplace_error(f"{display_name(fn)}(..., out=...)")
         if kwargs.get("inplace") or (op in _INPLACE_ARG and _inplace_positional(fn, args, kwargs)):
-            raise _inplace_error(f"{display_name(fn)}(..., inplace=True)",
-                                 args[0] if args and isinstance(args[0], LazyTensor) else None)
+            raise inplace_error(f"{display_name(fn)}(..., inplace=True)",
+                                node_of(args[0]) if args else None)
     where = _where()
     name = name or display_name(fn)
     nodes, plains, bints, eager = [], [], [], []
@@ -85,10 +83,10 @@ def record(fn, args, kwargs, name=None, module=None):
     mixes = next((n.mixes for n in parents if n.mixes), None)
     first = None
     for a in list(args) + list(kwargs.values()):
-        if isinstance(a, LazyTensor):
-            first = a._node
+        first = node_of(a)
+        if first is not None:
             break
-    first_arg_lazy = bool(args) and isinstance(args[0], LazyTensor)
+    first_arg_lazy = bool(args) and node_of(args[0]) is not None
     batched_parents = [n for n in parents if n.state == "batched"]
 
     if B is not None and B >= 2:
@@ -218,7 +216,7 @@ def record(fn, args, kwargs, name=None, module=None):
     if type(desc) is _Info:
         finish(node, desc)
         node.probe = probes or ()
-        return LazyTensor(node)
+        return wrap_node(node)
 
     node.state = "struct"
     node.probe = probes or ()
@@ -236,7 +234,7 @@ def record(fn, args, kwargs, name=None, module=None):
         finish(item, info)
         if probes is not None:
             item.probe = tuple(_pluck(o, path) for o in probes)
-        return LazyTensor(item)
+        return wrap_node(item)
 
     return _rebuild_skel(desc, make, ())
 
@@ -270,7 +268,7 @@ def _wrap_eager(out, B, allow, name, where):
             n.B, n.allow, n.name, n.where = B, allow, name, where
             n.shape = tuple(o.shape)
             n.dtype, n.device, n.requires_grad = o.dtype, o.device, o.requires_grad
-            return LazyTensor(n)
+            return wrap_node(n)
         if isinstance(o, (tuple, list)):
             return _make_seq(type(o), [wrap(x) for x in o])
         if isinstance(o, dict):
@@ -301,7 +299,7 @@ def make_leaf(tensor, batch, allow, device=None):
     if not sizes:
         n.state = "eager"  # no batch, or one sample: on the device whole, now
         n.value = to_device(tensor, device) if moves else tensor
-        return LazyTensor(n)
+        return wrap_node(n)
     n.state = "batched"
     n.bdims = ((batch, 1),)
     if moves:
@@ -309,4 +307,4 @@ def make_leaf(tensor, batch, allow, device=None):
         n.probe = tuple(to_device(tensor.narrow(batch, 0, p), device) for p in sizes)
     else:
         n.probe = tuple(tensor.narrow(batch, 0, p) for p in sizes)  # views: see ProbeCtx
-    return LazyTensor(n)
+    return wrap_node(n)

@@ -6,16 +6,15 @@ the whole batch.
 import torch
 
 from .errors import LazyError
-from .node import Arange, BatchInt, Node, Sliced
-from .tensor import LazyTensor
+from .node import Arange, BatchInt, Node, Sliced, node_of
 
 
 def _scan(obj, nodes, plains, bints, eager):
     """Template of obj: LazyTensor -> its Node (or its value, when already
     computed); collects nodes, plain tensors, BatchInts, computed nodes."""
     t = type(obj)
-    if t is LazyTensor:
-        n = obj._node
+    n = node_of(obj)
+    if n is not None:
         if n.state == "eager":
             eager.append(n)
             return n.value

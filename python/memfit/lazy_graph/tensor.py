@@ -6,9 +6,11 @@ import weakref
 
 import torch
 
-from .errors import LazyError
+from .errors import LazyError, inplace_error
 from .names import display_name
-from .node import BatchInt
+from .node import BatchInt, register_node_holder
+from .probe import ensure_probe
+from .recording import record
 
 
 class LazyTensor:
@@ -27,6 +29,11 @@ class LazyTensor:
     def __init__(self, node):
         self._node = node
         node.wref = weakref.ref(self)
+
+    @property
+    def node(self):
+        """The recorded Node this lazy tensor stands for."""
+        return self._node
 
     # isinstance(x, torch.Tensor) is True for a lazy tensor, as code written
     # for tensors expects (GradScaler.scale multiplies a Tensor but iterates
@@ -263,6 +270,12 @@ class LazyTensor:
         gradients of the full batch into the leaves' .grad (see memfit.lazy)."""
         from ..lazy_run.backward import backward
 
+        if isinstance(inputs, LazyTensor):
+            inputs = [inputs]
+        if inputs is not None and not isinstance(inputs, torch.Tensor):
+            inputs = [i._node.value if type(i) is LazyTensor else i for i in inputs]
+        if type(gradient) is LazyTensor:
+            gradient = gradient._node
         backward(self._node, gradient, retain_graph, create_graph, inputs)
 
     def item(self):
@@ -456,14 +469,7 @@ for _n in _AUG:
 
 
 def _inplace_error(what, obj=None):
-    where = ""
-    if isinstance(obj, LazyTensor):
-        where = f" (the lazy tensor comes from {obj._node.describe()})"
-    return LazyError(
-        f"memfit.lazy: {what} would modify a lazy tensor in place{where}. Lazy tensors "
-        f"are recomputed chunk by chunk, so in-place changes are refused: write "
-        f"x = x + ... (out of place), or modify the tensor before memfit.lazy()"
-    )
+    return inplace_error(what, obj._node if isinstance(obj, LazyTensor) else None)
 
 
 # torch functions that must answer from the lazy tensor itself
@@ -491,7 +497,4 @@ def _special_setitem(self, key, value):
 _TORCH_FUNCTION_SPECIAL[torch.Tensor.__setitem__] = _special_setitem
 
 
-# probe.py and recording.py build LazyTensors: they are imported once
-# LazyTensor exists (the package imports this module first).
-from .probe import ensure_probe  # noqa: E402
-from .recording import record  # noqa: E402
+register_node_holder(LazyTensor)

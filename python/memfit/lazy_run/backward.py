@@ -23,7 +23,8 @@ from .values import read
 
 
 def backward(T, gradient=None, retain_graph=None, create_graph=False, inputs=None):
-    """LazyTensor.backward: see memfit.lazy."""
+    """LazyTensor.backward on its node T: see memfit.lazy. `gradient` is a
+    tensor or a Node; `inputs` real tensors (LazyTensor.backward unwraps)."""
     if create_graph:
         raise LazyError(
             "memfit.lazy: backward(create_graph=True) (higher-order gradients) is not "
@@ -31,12 +32,8 @@ def backward(T, gradient=None, retain_graph=None, create_graph=False, inputs=Non
         )
     if isinstance(inputs, torch.Tensor):
         inputs = [inputs]
-    from ..lazy_graph.tensor import LazyTensor
-
-    if inputs is not None:
-        inputs = [i._node.value if isinstance(i, LazyTensor) else i for i in inputs]
-    if isinstance(gradient, LazyTensor):
-        gradient = read(gradient._node)
+    if type(gradient) is Node:
+        gradient = read(gradient)
     if T.state == "eager":
         info = LazyRun("backward", T.B)
         info.whole = "computed when recorded (one sample, or no batch dimension)"
@@ -124,7 +121,7 @@ def _backward(T, gradient, retain_graph, inputs, info):
     # Constant roots (no gradient: a mask count, a target count), chunk
     # weights, and d loss / d root.
     const_vals = {r: read(r) for r in plan.const_roots}
-    weights = _prepare_weights(grad_roots)
+    weights = _prepare_weights(grad_roots, read)
     trivial = len(plan.roots) == 1 and plan.roots[0] is T
     if trivial:
         coefs = {T: gradient}

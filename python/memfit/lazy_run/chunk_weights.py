@@ -3,6 +3,8 @@ batch's (c_i/B for a mean, the share of counted targets for
 cross_entropy/nll_loss).
 """
 
+import dataclasses
+
 import torch
 
 from ..lazy_graph.node import Node, Sliced
@@ -17,50 +19,59 @@ def _class_count(target, weight, ignore_index):
     return (weight.to(target.device)[safe] * valid).sum()
 
 
-def _full_target(tmpl):
-    if type(tmpl) is Node:
-        from .values import read  # values.py uses this module
+@dataclasses.dataclass
+class ChunkWeight:
+    """How one root's chunk values add up to the full batch's: kind "sum"
+    (weight 1), "mean" (c_i/B) or "classes" (the chunk's share of the
+    counted targets: target template, class weight, ignore_index; the full
+    batch's count, `denominator`, computed when a chunk first needs it)."""
 
+    kind: str
+    target: object = None
+    weight: object = None
+    ignore_index: int = -100
+    read: object = None  # computes the full targets for `denominator`
+    denominator: object = None
+
+
+def _full_target(tmpl, read):
+    if type(tmpl) is Node:
         return read(tmpl)
     if type(tmpl) is Sliced:
         return tmpl.tensor
     return tmpl
 
 
-def _prepare_weights(roots):
-    """Per root: [kind, denominator, target template, weight, ignore_index].
-    The denominator of a class-count weight (the full batch's counted
-    targets) is computed when a chunk first needs it: a batch run in one
-    chunk never does."""
+def _prepare_weights(roots, read):
+    """Per root: its ChunkWeight. `read` computes a node's full value (a
+    class weight, the targets)."""
     out = {}
     for r in roots:
         if r.rkind == "classes":
             info = r.rinfo
             weight = info["weight"]
             if type(weight) is Node:
-                from .values import read  # values.py uses this module
-
                 weight = read(weight)
-            out[r] = ["classes", None, info["target"], weight, info["ignore_index"]]
+            out[r] = ChunkWeight("classes", info["target"], weight, info["ignore_index"], read)
         else:
-            out[r] = [r.rkind, None, None, None, None]
+            out[r] = ChunkWeight(r.rkind)
     return out
 
 
 def _weight(spec, env, start, size, B):
     """The weight of a chunk's root value (None: 1)."""
-    kind, D, tmpl, weight, ignore = spec
-    if kind == "sum":
+    if spec.kind == "sum":
         return None
-    if kind == "mean":
+    if spec.kind == "mean":
         return None if size == B else size / B
     if size == B and start == 0:
         return None
-    if D is None:
-        D = spec[1] = _class_count(_full_target(tmpl), weight, ignore)
-    target = subst(tmpl, _ChunkCtx(env, start, size))
-    return _class_count(target, weight, ignore) / D
+    if spec.denominator is None:
+        spec.denominator = _class_count(_full_target(spec.target, spec.read), spec.weight,
+                                        spec.ignore_index)
+    target = subst(spec.target, _ChunkCtx(env, start, size))
+    return _class_count(target, spec.weight, spec.ignore_index) / spec.denominator
 
 
 def _weight_targets(weights):
-    return [spec[2] for spec in weights.values() if type(spec[2]) is Node]
+    return [spec.target for spec in weights.values() if type(spec.target) is Node]

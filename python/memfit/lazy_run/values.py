@@ -126,7 +126,7 @@ def _read_batched(T, bd, order, sources, counts, B, info, overrides):
 
 def _read_reduced(T, plan, info, overrides):
     B = T.B
-    weights = _prepare_weights(plan.roots)
+    weights = _prepare_weights(plan.roots, read)
     targets = _weight_targets(weights)
     order, sources, counts = _collect(plan.roots + targets, False, overrides)
     keep = set(plan.roots) | set(targets)

@@ -22,12 +22,12 @@ except TypeError:  # torch 1.13 .. 2.3
         return tuple(out)
 
 
-def _grad_autocast():
+def grad_autocast():
     """(grad enabled, autocast state or None) now."""
     return torch.is_grad_enabled(), (_autocast_state() or None)
 
 
-def _autocast_ctx(ac):
+def autocast_ctx(ac):
     import contextlib
 
     stack = contextlib.ExitStack()

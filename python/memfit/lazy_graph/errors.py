@@ -12,7 +12,7 @@ class LazyError(RuntimeError):
     """A computation on lazy tensors that memfit.lazy cannot run as asked."""
 
 
-def _mix_error(what, node_desc, fix=None):
+def mix_error(what, node_desc, fix=None):
     msg = (
         f"memfit.lazy: {what}{' (' + node_desc + ')' if node_desc else ''}: this mixes "
         f"samples across the batch dimension, so running it in chunks would give a "

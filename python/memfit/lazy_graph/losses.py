@@ -5,7 +5,7 @@ per sample, how they reduce), and how a reduction's chunk results add up.
 import torch
 import torch.nn.functional as F
 
-from .op_tables import _bind
+from .op_tables import bind_args
 
 
 def _loss_table():
@@ -34,7 +34,7 @@ def _loss_table():
     return t
 
 
-_LOSSES = _loss_table()
+LOSSES = _loss_table()
 
 
 def _reduction(arguments):
@@ -48,7 +48,7 @@ def _reduction(arguments):
     return arguments.get("reduction", "mean")
 
 
-def _root_kind(n, fn, op, args, kwargs, targs, tkw, first):
+def root_kind(n, fn, op, args, kwargs, targs, tkw, first):
     """For a node that reduces batched values: how chunk results add up.
     rkind "sum" (chunks add), "mean" (chunk i weighs c_i/B), "classes"
     (cross_entropy/nll_loss mean: weighs its counted targets), else None."""
@@ -62,10 +62,10 @@ def _root_kind(n, fn, op, args, kwargs, targs, tkw, first):
     if op == "mean":
         n.rkind = "mean"
         return
-    loss = _LOSSES.get(fn)
+    loss = LOSSES.get(fn)
     if loss is None:
         return
-    arguments = _bind(fn, args, kwargs)
+    arguments = bind_args(fn, args, kwargs)
     if arguments is None:
         return
     red = _reduction(arguments)
@@ -81,7 +81,7 @@ def _root_kind(n, fn, op, args, kwargs, targs, tkw, first):
             # a LazyTensor is a torch.Tensor to isinstance (Note [A lazy tensor is a Tensor])
             tdtype = target.dtype if isinstance(target, torch.Tensor) else None
             if tdtype is not None and not tdtype.is_floating_point:
-                tb = _bind(fn, targs, tkw) or {}
+                tb = bind_args(fn, targs, tkw) or {}
                 n.rkind = "classes"
                 n.rinfo = {
                     "target": tb.get("target"),

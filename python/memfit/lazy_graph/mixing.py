@@ -5,10 +5,10 @@ batch-first operations, norms, attention), and indexing.
 
 import torch
 
-from .errors import _mix_error
+from .errors import mix_error
 from .names import display_name
 from .node import Arange, Node
-from .op_tables import _BATCH_FIRST, _DIM_MIXERS, _SELECTORS
+from .op_tables import BATCH_FIRST, DIM_MIXERS, SELECTORS
 
 
 def _norm_dim(d, ndim):
@@ -26,11 +26,11 @@ def _arg(args, kwargs, name, pos, default=None):
     return default
 
 
-def _bdim_set(node):
+def bdim_set(node):
     return {d for d, _ in node.bdims} | set(node.ragged)
 
 
-def _check_mixing(fn, op, args, kwargs, first, batched, where):
+def check_mixing(fn, op, args, kwargs, first, batched, where):
     """Raise for name-known operations that mix samples. `first` is the
     first lazy tensor argument's node (None if the first arg is not lazy)."""
     label = f"{display_name(fn)} at {where}"
@@ -40,9 +40,9 @@ def _check_mixing(fn, op, args, kwargs, first, batched, where):
         else:
             return
     ndim = len(first.shape) if first is not None and first.shape is not None else 0
-    bd = _bdim_set(first) if first is not None else set()
-    if op in _DIM_MIXERS:
-        name, pos, default = _DIM_MIXERS[op]
+    bd = bdim_set(first) if first is not None else set()
+    if op in DIM_MIXERS:
+        name, pos, default = DIM_MIXERS[op]
         dims = _arg(args, kwargs, name, pos, None) if name else None
         if dims is None:
             if default == "softmax":
@@ -55,27 +55,27 @@ def _check_mixing(fn, op, args, kwargs, first, batched, where):
             return
         dims = dims if isinstance(dims, (list, tuple)) else [dims]
         if any(_norm_dim(d, ndim) in bd for d in dims):
-            raise _mix_error(f"{display_name(fn)} along the batch dimension", label)
+            raise mix_error(f"{display_name(fn)} along the batch dimension", label)
         return
-    if op in _SELECTORS:
-        name, pos = _SELECTORS[op]
+    if op in SELECTORS:
+        name, pos = SELECTORS[op]
         if name is None:
-            raise _mix_error(f"{display_name(fn)} (indexes the flattened tensor)", label)
+            raise mix_error(f"{display_name(fn)} (indexes the flattened tensor)", label)
         d = _arg(args, kwargs, name, pos, 0 if op in ("split", "chunk", "tensor_split",
                                                     "unbind", "split_with_sizes") else None)
         if d is None:  # take_along_dim without dim flattens
-            raise _mix_error(f"{display_name(fn)} over the flattened tensor", label)
+            raise mix_error(f"{display_name(fn)} over the flattened tensor", label)
         if _norm_dim(d, ndim) in bd:
-            raise _mix_error(
+            raise mix_error(
                 f"{display_name(fn)} picks entries of the batch dimension by position",
                 label,
                 "Select samples before memfit.lazy(), or pass allow_mixing=True to run "
                 "it whole.",
             )
         return
-    if op in _BATCH_FIRST:
+    if op in BATCH_FIRST:
         if bd != {0} or first.ragged:
-            raise _mix_error(
+            raise mix_error(
                 f"{display_name(fn)} reads dimension 0 as the batch, but the batch is in "
                 f"dimension(s) {sorted(bd)}", label)
         return
@@ -83,20 +83,20 @@ def _check_mixing(fn, op, args, kwargs, first, batched, where):
         ns = _arg(args, kwargs, "normalized_shape", 1, ())
         ns = [ns] if isinstance(ns, int) else list(ns)
         if any(d in bd for d in range(ndim - len(ns), ndim)):
-            raise _mix_error("F.layer_norm normalizes over the batch dimension", label)
+            raise mix_error("F.layer_norm normalizes over the batch dimension", label)
         return
     if op == "batch_norm":
         # F.batch_norm(input, running_mean, running_var, weight, bias, training, ...)
         # torch.batch_norm(input, weight, bias, running_mean, running_var, training, ...)
         training = _arg(args, kwargs, "training", 5, False)
         if training:
-            raise _mix_error(
+            raise mix_error(
                 "batch_norm in training mode (normalizes with statistics of the whole "
                 "batch)", label,
                 "Put the BatchNorm layers in eval mode, use GroupNorm/LayerNorm, or pass "
                 "allow_mixing=True to run the step whole.")
         if bd != {0}:
-            raise _mix_error("batch_norm with the batch outside dimension 0", label)
+            raise mix_error("batch_norm with the batch outside dimension 0", label)
         return
     if op == "multi_head_attention_forward" or op == "scaled_dot_product_attention":
         if op == "multi_head_attention_forward":
@@ -104,19 +104,19 @@ def _check_mixing(fn, op, args, kwargs, first, batched, where):
         else:
             expect = None
         if expect is not None and bd != expect:
-            raise _mix_error(
+            raise mix_error(
                 f"{display_name(fn)} with the batch in dimension(s) {sorted(bd)} of a "
                 f"(L, N, E) query: attention would run across samples", label)
         if expect is None and bd & {ndim - 1, ndim - 2}:
-            raise _mix_error("attention over the batch dimension", label)
+            raise mix_error("attention over the batch dimension", label)
 
 
-def _getitem_analysis(first, index, where):
+def getitem_analysis(first, index, where):
     """Check x[index] for a batched x; returns the index with arange
     indices of the batch dimension marked, or raises."""
     idx = index if type(index) is tuple else (index,)
     ndim = len(first.shape)
-    bd = _bdim_set(first)
+    bd = bdim_set(first)
 
     def width(e):
         if e is None or e is Ellipsis:
@@ -147,7 +147,7 @@ def _getitem_analysis(first, index, where):
                 ok = True
             elif type(e) is Node and e.dtype == torch.bool and e.state == "batched":
                 # a per-sample mask aligned with the batch dimension(s)
-                ok = {dd + d for dd in _bdim_set(e)} == (covered & bd)
+                ok = {dd + d for dd in bdim_set(e)} == (covered & bd)
             elif isinstance(e, (torch.Tensor, range, list)) and not (
                 isinstance(e, torch.Tensor) and e.dtype == torch.bool
             ):
@@ -160,7 +160,7 @@ def _getitem_analysis(first, index, where):
                                t.dtype)
                     ok = True
             if not ok:
-                raise _mix_error(
+                raise mix_error(
                     "indexing the batch dimension (x[i], x[a:b], x[idx]) picks samples by "
                     "position", label,
                     "Keep ':' for the batch dimension (a lazy boolean mask works too), "

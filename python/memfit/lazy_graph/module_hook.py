@@ -4,9 +4,9 @@ recorded as one step (see Note [Module calls are recorded whole]).
 
 import torch
 
-from .errors import OutOfMemoryError, _mix_error
-from .mixing import _bdim_set
-from .names import _where
+from .errors import OutOfMemoryError, mix_error
+from .mixing import bdim_set
+from .names import user_line
 from .recording import record
 from .tensor import LazyTensor
 
@@ -101,14 +101,14 @@ def record_module_call(module, args, kwargs):
             break
     allow = any(isinstance(a, LazyTensor) and a._node.allow
                 for a in list(args) + list(kwargs.values()))
-    where = _where()
+    where = user_line()
     label = f"{type(module).__name__} at {where}"
     mixes = None
     batched = first is not None and first.state == "batched" and first.B and first.B >= 2
     if batched:
         for path, m in module.named_modules():
             if isinstance(m, _BN) and m.training:
-                e = _mix_error(
+                e = mix_error(
                     f"{type(m).__name__} {('at ' + repr(path)) if path else ''} in "
                     f"training mode (it normalizes with statistics of the whole batch)",
                     label,
@@ -123,12 +123,12 @@ def record_module_call(module, args, kwargs):
         if expect is not None and args and isinstance(args[0], LazyTensor):
             x = args[0]._node
             ndim = len(x.shape)
-            ok = _bdim_set(x) == {expect} if ndim >= 3 else False
+            ok = bdim_set(x) == {expect} if ndim >= 3 else False
             if not ok:
-                e = _mix_error(
+                e = mix_error(
                     f"{type(module).__name__} reads dimension {expect} as the batch "
                     f"(batch_first={expect == 0}), but the lazy input's batch is in "
-                    f"dimension(s) {sorted(_bdim_set(x))} of shape {x.shape}", label,
+                    f"dimension(s) {sorted(bdim_set(x))} of shape {x.shape}", label,
                     "Pass the input with the batch where the module expects it, or "
                     "set batch_first to match.")
                 if not allow:

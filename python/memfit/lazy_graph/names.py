@@ -14,7 +14,7 @@ _SKIP_DIRS = (
 )
 
 
-def _where():
+def user_line():
     """file:line of the user code that recorded the current operation."""
     f = sys._getframe(2)
     while f is not None and f.f_code.co_filename.startswith(_SKIP_DIRS):
@@ -32,7 +32,7 @@ _REFLECTED = {
     "pos": "positive",
 }
 
-_INPLACE_DUNDERS = {
+INPLACE_DUNDERS = {
     "iadd", "isub", "imul", "itruediv", "idiv", "ifloordiv", "imod", "ipow",
     "imatmul", "iand", "ior", "ixor", "ilshift", "irshift", "setitem",
     "delitem",

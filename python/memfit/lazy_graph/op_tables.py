@@ -6,7 +6,7 @@ return values of the data or take inplace=; and binding a call's arguments.
 import inspect
 
 
-_POINTWISE = {
+POINTWISE = {
     "add", "sub", "rsub", "mul", "div", "true_divide", "rdiv", "floor_divide",
     "rfloordiv", "remainder", "rmod", "fmod", "pow", "rpow", "float_power", "eq",
     "ne", "lt", "le", "gt", "ge", "greater", "less", "greater_equal", "less_equal",
@@ -19,7 +19,7 @@ _POINTWISE = {
 }
 
 # Operations that keep the shape but combine entries along `dim`.
-_DIM_MIXERS = {
+DIM_MIXERS = {
     "softmax": ("dim", 1, "softmax"), "log_softmax": ("dim", 1, "softmax"),
     "softmin": ("dim", 1, "softmax"), "_softmax": ("dim", 1, None),
     "_log_softmax": ("dim", 1, None), "cumsum": ("dim", 1, None),
@@ -31,7 +31,7 @@ _DIM_MIXERS = {
 }
 
 # Operations that pick entries of `dim` by position or index.
-_SELECTORS = {
+SELECTORS = {
     "select": ("dim", 1), "narrow": ("dim", 1), "index_select": ("dim", 1),
     "gather": ("dim", 1), "scatter": ("dim", 1), "scatter_add": ("dim", 1),
     "scatter_reduce": ("dim", 1), "index_add": ("dim", 1), "index_copy": ("dim", 1),
@@ -41,7 +41,7 @@ _SELECTORS = {
 }
 
 # Operations that need the batch at dimension 0 (N of NCHW).
-_BATCH_FIRST = {
+BATCH_FIRST = {
     "conv1d", "conv2d", "conv3d", "conv_transpose1d", "conv_transpose2d",
     "conv_transpose3d", "max_pool1d", "max_pool2d", "max_pool3d",
     "max_pool1d_with_indices", "max_pool2d_with_indices", "max_pool3d_with_indices",
@@ -55,13 +55,13 @@ _BATCH_FIRST = {
     "fractional_max_pool2d", "fractional_max_pool3d",
 }
 
-_DATA_DEPENDENT = {
+DATA_DEPENDENT = {
     "nonzero", "masked_select", "argwhere", "unique", "unique_consecutive",
     "repeat_interleave", "masked_scatter",
 }
 
 
-_DATA_VALUED = {
+DATA_VALUED = {
     "equal", "allclose", "is_nonzero", "item", "tolist", "bool", "int", "float",
     "index", "complex", "contains", "numpy", "array", "format", "repr", "str",
     "any", "all",
@@ -71,10 +71,10 @@ _DATA_VALUED = {
 # Operations returning a Python value of the data (not a tensor): computed on
 # the full batch at once, never probed. A plain tensor beside the lazy one
 # then holds the full batch too (torch.allclose(eager_out, lazy_out)).
-_PYTHON_VALUED = _DATA_VALUED - {"any", "all"}
+PYTHON_VALUED = DATA_VALUED - {"any", "all"}
 
 
-_INPLACE_ARG = {
+INPLACE_ARG = {
     "relu", "relu6", "elu", "selu", "celu", "leaky_relu", "rrelu", "hardtanh",
     "threshold", "dropout", "alpha_dropout", "feature_alpha_dropout", "dropout1d",
     "dropout2d", "dropout3d", "hardsigmoid", "hardswish", "silu", "mish",
@@ -84,7 +84,7 @@ _INPLACE_ARG = {
 _SIGNATURES = {}
 
 
-def _bind(fn, args, kwargs):
+def bind_args(fn, args, kwargs):
     sig = _SIGNATURES.get(fn)
     if sig is None:
         try:
@@ -102,6 +102,6 @@ def _bind(fn, args, kwargs):
     return b.arguments
 
 
-def _inplace_positional(fn, args, kwargs):
-    arguments = _bind(fn, args, kwargs)
+def inplace_positional(fn, args, kwargs):
+    arguments = bind_args(fn, args, kwargs)
     return bool(arguments and arguments.get("inplace"))

@@ -5,13 +5,13 @@
 import torch
 
 from .errors import LazyError
-from .losses import _LOSSES
+from .losses import LOSSES
 from .names import display_name
 from .node import Sliced
-from .op_tables import _POINTWISE, _bind
+from .op_tables import POINTWISE, bind_args
 
 
-def _plain_rules(fn, op, targs, tkw, args, kwargs, plains, first, B, where, module):
+def plain_rules(fn, op, targs, tkw, args, kwargs, plains, first, B, where, module):
     """Decide, for each plain tensor argument, whether it holds samples
     (sliced with the chunk) or is the same for every sample. Returns a
     mapping id(tensor) -> Sliced, or raises when it cannot tell."""
@@ -20,12 +20,12 @@ def _plain_rules(fn, op, targs, tkw, args, kwargs, plains, first, B, where, modu
         return mapping
     factors = {k for _, k in first.bdims} or {1}
     sizes = {k * B for k in factors}
-    loss = _LOSSES.get(fn)
+    loss = LOSSES.get(fn)
     if loss is not None:
         # Targets (and second inputs) of torch's losses hold one entry per
         # sample along dimension 0, like the input; a per-element `weight`
         # broadcasts like an elementwise operand; class weights are constants.
-        arguments = _bind(fn, args, kwargs) or {}
+        arguments = bind_args(fn, args, kwargs) or {}
         fb = first.single_bdim()
         n = len(first.shape)
         skip = set()
@@ -46,7 +46,7 @@ def _plain_rules(fn, op, targs, tkw, args, kwargs, plains, first, B, where, modu
         _refuse_sample_sized([t for t in plains if id(t) not in skip and id(t) not in mapping],
                              sizes, fn, where, B, module)
         return mapping
-    if op in _POINTWISE:
+    if op in POINTWISE:
         fb = first.single_bdim() or (first.bdims[0] if first.bdims else None)
         n = len(first.shape)
         for t in plains:
@@ -62,7 +62,7 @@ def _plain_rules(fn, op, targs, tkw, args, kwargs, plains, first, B, where, modu
                 mapping[id(t)] = Sliced(t, j, fb[1])
         return mapping
     if op == "getitem":
-        return mapping  # indices are handled by _getitem_analysis
+        return mapping  # indices are handled by getitem_analysis
     _refuse_sample_sized(plains, sizes, fn, where, B, module)
     return mapping
 

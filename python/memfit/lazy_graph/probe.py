@@ -8,15 +8,15 @@ import contextlib
 import torch
 
 from ..snapshot import kept_rng
-from .autocast import _autocast_ctx
+from .autocast import autocast_ctx
 from .errors import LazyError
 from .names import display_name
 from .node import probe_sizes
 from .placement import to_device
-from .template import ProbeCtx, _pluck, subst
+from .template import ProbeCtx, pluck, subst
 
 
-class _Info:
+class ResultInfo:
     """What the probes taught about one tensor result."""
 
     __slots__ = ("state", "bdims", "ragged", "shape", "interleaved", "dtype", "device",
@@ -41,7 +41,7 @@ def _info_from(t1, t2, sizes, B, op, name, data_dep, derived):
     """What the two probe results t1, t2 (for sizes[0] and sizes[1] samples)
     say about a tensor result: batch dimensions, full shape, layout, and
     `why` it mixes samples (None if it does not)."""
-    info = _Info()
+    info = ResultInfo()
     info.dtype, info.device, info.requires_grad = t1.dtype, t1.device, t1.requires_grad
     info.why = None
     p1, p2 = sizes
@@ -111,28 +111,28 @@ def _close(a, b):
     return bool(torch.equal(a.detach(), b.detach()))
 
 
-def _describe(o1, o2, sizes, B, op, name, data_dep, derived, fn):
-    """The skeleton of a probe result: _Info for tensors, plain values
+def describe_result(o1, o2, sizes, B, op, name, data_dep, derived, fn):
+    """The skeleton of a probe result: ResultInfo for tensors, plain values
     elsewhere, containers kept."""
     if isinstance(o1, torch.Tensor):
         return _info_from(o1, o2, sizes, B, op, name, data_dep, derived)
     if isinstance(o1, (tuple, list)):
-        return _Seq(type(o1), [_describe(a, b, sizes, B, op, name, data_dep, derived, fn)
+        return _Seq(type(o1), [describe_result(a, b, sizes, B, op, name, data_dep, derived, fn)
                                for a, b in zip(o1, o2)])
     if isinstance(o1, dict):
-        return _Map(type(o1), {k: _describe(o1[k], o2[k], sizes, B, op, name, data_dep,
+        return _Map(type(o1), {k: describe_result(o1[k], o2[k], sizes, B, op, name, data_dep,
                                             derived, fn) for k in o1})
     return _scalar_result(o1, o2, sizes, B, fn)
 
 
-def _rebuild_skel(skel, make, path):
-    if type(skel) is _Info:
+def rebuild_skel(skel, make, path):
+    if type(skel) is ResultInfo:
         return make(path, skel)
     if type(skel) is _Seq:
-        items = [_rebuild_skel(x, make, path + (i,)) for i, x in enumerate(skel.items)]
-        return _make_seq(skel.typ, items)
+        items = [rebuild_skel(x, make, path + (i,)) for i, x in enumerate(skel.items)]
+        return make_seq(skel.typ, items)
     if type(skel) is _Map:
-        items = {k: _rebuild_skel(v, make, path + (k,)) for k, v in skel.items.items()}
+        items = {k: rebuild_skel(v, make, path + (k,)) for k, v in skel.items.items()}
         try:
             return skel.typ(items)
         except Exception:
@@ -140,33 +140,33 @@ def _rebuild_skel(skel, make, path):
     return skel
 
 
-def _apply_info(n, info):
+def apply_info(n, info):
     n.state = info.state
     n.bdims, n.ragged, n.shape = info.bdims, info.ragged, info.shape
     n.interleaved = info.interleaved
     n.dtype, n.device, n.requires_grad = info.dtype, info.device, info.requires_grad
 
 
-def _has_tensor(o):
+def has_tensor(o):
     if isinstance(o, torch.Tensor):
         return True
     if isinstance(o, (tuple, list)):
-        return any(_has_tensor(x) for x in o)
+        return any(has_tensor(x) for x in o)
     if isinstance(o, dict):
-        return any(_has_tensor(x) for x in o.values())
+        return any(has_tensor(x) for x in o.values())
     return False
 
 
-def _rebuild(o1, o2, sizes, B, fn, path, makers):
+def rebuild(o1, o2, sizes, B, fn, path, makers):
     """The user-visible result: the structure of o1 with lazy tensors."""
     if isinstance(o1, torch.Tensor):
         return makers(path)
     if isinstance(o1, (tuple, list)):
-        items = [_rebuild(a, b, sizes, B, fn, path + (i,), makers)
+        items = [rebuild(a, b, sizes, B, fn, path + (i,), makers)
                  for i, (a, b) in enumerate(zip(o1, o2))]
-        return _make_seq(type(o1), items)
+        return make_seq(type(o1), items)
     if isinstance(o1, dict):
-        items = {k: _rebuild(o1[k], o2[k], sizes, B, fn, path + (k,), makers) for k in o1}
+        items = {k: rebuild(o1[k], o2[k], sizes, B, fn, path + (k,), makers) for k in o1}
         try:
             return type(o1)(items)
         except Exception:
@@ -174,7 +174,7 @@ def _rebuild(o1, o2, sizes, B, fn, path, makers):
     return _scalar_result(o1, o2, sizes, B, fn)
 
 
-def _make_seq(typ, items):
+def make_seq(typ, items):
     """A sequence of type typ holding items: tuple, list, namedtuple (or
     PackedSequence), torch.return_types; a tuple if typ cannot be built."""
     try:
@@ -249,7 +249,7 @@ def without_history(o):
     if isinstance(o, torch.Tensor):
         return o if o.grad_fn is None else o.detach().requires_grad_(o.requires_grad)
     if isinstance(o, (tuple, list)):
-        return _make_seq(type(o), [without_history(x) for x in o])
+        return make_seq(type(o), [without_history(x) for x in o])
     if isinstance(o, dict):
         try:
             return type(o)({k: without_history(v) for k, v in o.items()})
@@ -286,14 +286,14 @@ def _run_probes(todo):
                             for p in probe_sizes(n.B))
             continue
         if n.kind == "item":
-            n.probe = tuple(_pluck(v, n.path) for v in n.parent.probe)
+            n.probe = tuple(pluck(v, n.path) for v in n.parent.probe)
             continue
         outs = []
         with torch.set_grad_enabled(n.grad):
             for i, p in enumerate(probe_sizes(n.B)):
                 ctx = ProbeCtx(i, p)
                 if n.autocast:
-                    with _autocast_ctx(n.autocast):
+                    with autocast_ctx(n.autocast):
                         outs.append(n.fn(*subst(n.args, ctx), **subst(n.kwargs, ctx)))
                 else:
                     outs.append(n.fn(*subst(n.args, ctx), **subst(n.kwargs, ctx)))

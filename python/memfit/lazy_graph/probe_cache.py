@@ -27,13 +27,13 @@ class _Uncacheable(Exception):
     pass
 
 
-def _probe_cache_get(key):
+def probe_cache_get(key):
     if key is None:
         return None
     return _probe_cache.get(key)
 
 
-def _probe_cache_put(key, desc):
+def probe_cache_put(key, desc):
     if len(_probe_cache) >= _PROBE_CACHE_MAX:
         _probe_cache.clear()
     _probe_cache[key] = desc
@@ -78,7 +78,7 @@ def _key_of(obj):
     raise _Uncacheable
 
 
-def _probe_key(fn, module, targs, tkw, B, grad, autocast):
+def probe_key(fn, module, targs, tkw, B, grad, autocast):
     try:
         if module is not None:
             fk = (id(module), type(module), module.training,

@@ -5,42 +5,42 @@ leaves that memfit.lazy() makes. See the lazy_graph package docstring.
 
 import torch
 
-from .autocast import _grad_autocast
-from .errors import LazyError, OutOfMemoryError, _mix_error, inplace_error
-from .losses import _root_kind
-from .mixing import _bdim_set, _check_mixing, _getitem_analysis
-from .names import _INPLACE_DUNDERS, _where, display_name, op_name
+from .autocast import grad_autocast
+from .errors import LazyError, OutOfMemoryError, mix_error, inplace_error
+from .losses import root_kind
+from .mixing import bdim_set, check_mixing, getitem_analysis
+from .names import INPLACE_DUNDERS, user_line, display_name, op_name
 from .node import Node, node_of, probe_sizes, wrap_node
 from .op_tables import (
-    _DATA_DEPENDENT,
-    _DATA_VALUED,
-    _INPLACE_ARG,
-    _PYTHON_VALUED,
-    _inplace_positional,
+    DATA_DEPENDENT,
+    DATA_VALUED,
+    INPLACE_ARG,
+    PYTHON_VALUED,
+    inplace_positional,
 )
 from .placement import on_host, to_device
-from .plain_tensors import _plain_rules
+from .plain_tensors import plain_rules
 from .probe import (
-    _Info,
-    _apply_info,
-    _describe,
-    _has_tensor,
-    _make_seq,
-    _rebuild,
-    _rebuild_skel,
+    ResultInfo,
+    apply_info,
+    describe_result,
+    has_tensor,
+    make_seq,
+    rebuild,
+    rebuild_skel,
     ensure_probe,
     leaving_no_trace,
     without_history,
 )
-from .probe_cache import _probe_cache_get, _probe_cache_put, _probe_key
+from .probe_cache import probe_cache_get, probe_cache_put, probe_key
 from .template import (
     ProbeCtx,
-    _EagerCtx,
-    _flat,
-    _materialize_args,
-    _pluck,
-    _replace,
-    _scan,
+    EagerCtx,
+    flatten_args,
+    materialize_args,
+    pluck,
+    replace_plains,
+    scan_args,
     subst,
 )
 
@@ -52,18 +52,18 @@ def record(fn, args, kwargs, name=None, module=None):
     op = op_name(fn)
     if module is None:
         if (op.endswith("_") and not op.startswith("__") and op not in ("__", "_")) \
-                or op in _INPLACE_DUNDERS:
+                or op in INPLACE_DUNDERS:
             raise inplace_error(f"{display_name(fn)}()", node_of(args[0]) if args else None)
         if kwargs.get("out") is not None:
             raise inplace_error(f"{display_name(fn)}(..., out=...)")
-        if kwargs.get("inplace") or (op in _INPLACE_ARG and _inplace_positional(fn, args, kwargs)):
+        if kwargs.get("inplace") or (op in INPLACE_ARG and inplace_positional(fn, args, kwargs)):
             raise inplace_error(f"{display_name(fn)}(..., inplace=True)",
                                 node_of(args[0]) if args else None)
-    where = _where()
+    where = user_line()
     name = name or display_name(fn)
     nodes, plains, bints, eager = [], [], [], []
-    targs = _scan(args, nodes, plains, bints, eager)
-    tkw = _scan(kwargs, nodes, plains, bints, eager)
+    targs = scan_args(args, nodes, plains, bints, eager)
+    tkw = scan_args(kwargs, nodes, plains, bints, eager)
 
     Bs = {n.B for n in nodes + eager if n.B is not None} | {b.batch for b in bints}
     if len(Bs) > 1:
@@ -72,12 +72,12 @@ def record(fn, args, kwargs, name=None, module=None):
             f"sizes {sorted(Bs)}; lazy tensors used together must hold the same samples"
         )
     B = Bs.pop() if Bs else None
-    if op in _PYTHON_VALUED and nodes:
+    if op in PYTHON_VALUED and nodes:
         # A value of the data, over the full batch: the probes' few samples
         # would not match a plain full-batch tensor beside them.
         from ..lazy_run.values import read
 
-        return fn(*_materialize_args(targs, read), **_materialize_args(tkw, read))
+        return fn(*materialize_args(targs, read), **materialize_args(tkw, read))
     allow = any(n.allow for n in nodes)
     parents = tuple(dict.fromkeys(nodes))
     mixes = next((n.mixes for n in parents if n.mixes), None)
@@ -94,7 +94,7 @@ def record(fn, args, kwargs, name=None, module=None):
         reduced = [n for n in parents if n.state == "reduced"]
         if reduced and (batched_parents or bints):
             r = reduced[0]
-            msg = _mix_error(
+            msg = mix_error(
                 f"{r.name} at {r.where} reduces over the batch dimension and its result "
                 f"is combined with per-sample values in {name}", f"at {where}")
             if not allow:
@@ -102,7 +102,7 @@ def record(fn, args, kwargs, name=None, module=None):
             mixes = mixes or str(msg)
         if module is None:
             try:
-                _check_mixing(fn, op, args, kwargs,
+                check_mixing(fn, op, args, kwargs,
                               first if first_arg_lazy or op == "batch_norm" else first,
                               batched_parents, where)
             except LazyError as e:
@@ -111,7 +111,7 @@ def record(fn, args, kwargs, name=None, module=None):
                 mixes = mixes or str(e)
             if op == "getitem" and first_arg_lazy and first.state == "batched":
                 try:
-                    targs = (targs[0], _getitem_analysis(first, targs[1], where)) + tuple(targs[2:])
+                    targs = (targs[0], getitem_analysis(first, targs[1], where)) + tuple(targs[2:])
                 except LazyError as e:
                     if not allow:
                         raise
@@ -121,33 +121,33 @@ def record(fn, args, kwargs, name=None, module=None):
             # squeeze() would drop the batch dimension of a one-sample chunk:
             # squeeze exactly the dimensions that are 1 for the full batch.
             fn = _squeeze_dims
-            bd = _bdim_set(first)
+            bd = bdim_set(first)
             targs = (targs[0], tuple(d for d, n in enumerate(first.shape)
                                      if n == 1 and d not in bd))
         constants = {id(n.value) for n in eager}
         plains = [t for t in plains if id(t) not in constants]
-        mapping = _plain_rules(fn, op, targs, tkw, args, kwargs, plains,
+        mapping = plain_rules(fn, op, targs, tkw, args, kwargs, plains,
                                first if first is not None and first.state == "batched"
                                else (batched_parents[0] if batched_parents else None),
                                B, where, module)
         if mapping:
-            targs = _replace(targs, mapping)
-            tkw = _replace(tkw, mapping)
+            targs = replace_plains(targs, mapping)
+            tkw = replace_plains(tkw, mapping)
 
     sizes = probe_sizes(B)
-    grad, autocast = _grad_autocast()
+    grad, autocast = grad_autocast()
     if not sizes:
         # Nothing to split (no batch, or one sample): run now, keep the value.
-        real_args = subst(targs, _EagerCtx())
-        real_kw = subst(tkw, _EagerCtx())
+        real_args = subst(targs, EagerCtx())
+        real_kw = subst(tkw, EagerCtx())
         out = fn(*real_args, **real_kw)
         return _wrap_eager(out, B, allow, name, where)
 
-    data_dep = op in _DATA_DEPENDENT or (op == "getitem" and _has_bool_lazy_index(targs))
+    data_dep = op in DATA_DEPENDENT or (op == "getitem" and _has_bool_lazy_index(targs))
     derived = bool(batched_parents or bints or any(p.state == "reduced" for p in parents))
     # See Note [Probe cache].
-    key = None if data_dep else _probe_key(fn, module, targs, tkw, B, grad, autocast)
-    desc = _probe_cache_get(key)
+    key = None if data_dep else probe_key(fn, module, targs, tkw, B, grad, autocast)
+    desc = probe_cache_get(key)
     probes = None
     if desc is None:
         for p in parents:
@@ -166,7 +166,7 @@ def record(fn, args, kwargs, name=None, module=None):
                     raise
                 except Exception as e:
                     hint = ""
-                    if any(type(v) is int and v in (B, 2 * B) for v in _flat(args)):
+                    if any(type(v) is int and v in (B, 2 * B) for v in flatten_args(args)):
                         hint = (" A shape argument equal to the batch size must come from "
                                 "x.size(d) or x.shape[d], so that it follows the chunk.")
                     raise LazyError(
@@ -175,23 +175,23 @@ def record(fn, args, kwargs, name=None, module=None):
                         f"learn its shapes): {type(e).__name__}: {e}.{hint}"
                     ) from e
         o1, o2 = outs
-        if not _has_tensor(o1):
+        if not has_tensor(o1):
             # A Python value. Metadata (is_floating_point, is_contiguous, a
             # size) is the probes'; a value of the data (torch.equal,
             # allclose) is computed on the full batch now.
-            if op not in _DATA_VALUED:
+            if op not in DATA_VALUED:
                 try:
-                    return _rebuild(o1, o2, sizes, B, fn, (), None)
+                    return rebuild(o1, o2, sizes, B, fn, (), None)
                 except LazyError:
                     pass
             from ..lazy_run.values import read
 
-            full_args = _materialize_args(targs, read)
-            full_kw = _materialize_args(tkw, read)
+            full_args = materialize_args(targs, read)
+            full_kw = materialize_args(tkw, read)
             return fn(*full_args, **full_kw)
-        desc = _describe(o1, o2, sizes, B, op, name, data_dep, derived, fn)
+        desc = describe_result(o1, o2, sizes, B, op, name, data_dep, derived, fn)
         if key is not None:
-            _probe_cache_put(key, desc)
+            probe_cache_put(key, desc)
         probes = (without_history(o1), without_history(o2))
 
     node = Node("op")
@@ -205,15 +205,15 @@ def record(fn, args, kwargs, name=None, module=None):
     node.cached = probes is None
 
     def finish(n, info):
-        _apply_info(n, info)
+        apply_info(n, info)
         if info.why:
             if not allow:
-                raise _mix_error(info.why, f"at {where}")
+                raise mix_error(info.why, f"at {where}")
             n.mixes = n.mixes or info.why
         if n.state == "reduced" and batched_parents:
-            _root_kind(n, fn, op, args, kwargs, targs, tkw, first)
+            root_kind(n, fn, op, args, kwargs, targs, tkw, first)
 
-    if type(desc) is _Info:
+    if type(desc) is ResultInfo:
         finish(node, desc)
         node.probe = probes or ()
         return wrap_node(node)
@@ -233,10 +233,10 @@ def record(fn, args, kwargs, name=None, module=None):
         item.cached = node.cached
         finish(item, info)
         if probes is not None:
-            item.probe = tuple(_pluck(o, path) for o in probes)
+            item.probe = tuple(pluck(o, path) for o in probes)
         return wrap_node(item)
 
-    return _rebuild_skel(desc, make, ())
+    return rebuild_skel(desc, make, ())
 
 
 def _squeeze_dims(t, dims):
@@ -270,7 +270,7 @@ def _wrap_eager(out, B, allow, name, where):
             n.dtype, n.device, n.requires_grad = o.dtype, o.device, o.requires_grad
             return wrap_node(n)
         if isinstance(o, (tuple, list)):
-            return _make_seq(type(o), [wrap(x) for x in o])
+            return make_seq(type(o), [wrap(x) for x in o])
         if isinstance(o, dict):
             return type(o)({k: wrap(v) for k, v in o.items()})
         return o
@@ -285,7 +285,7 @@ def make_leaf(tensor, batch, allow, device=None):
     moves = device is not None and on_host(tensor, device)
     n = Node("leaf")
     n.value = tensor
-    n.where = _where()
+    n.where = user_line()
     n.allow = allow
     n.name = "memfit.lazy input"
     n.dtype, n.device, n.requires_grad = tensor.dtype, tensor.device, tensor.requires_grad

@@ -9,7 +9,7 @@ from .errors import LazyError
 from .node import Arange, BatchInt, Node, Sliced, node_of
 
 
-def _scan(obj, nodes, plains, bints, eager):
+def scan_args(obj, nodes, plains, bints, eager):
     """Template of obj: LazyTensor -> its Node (or its value, when already
     computed); collects nodes, plain tensors, BatchInts, computed nodes."""
     t = type(obj)
@@ -21,10 +21,10 @@ def _scan(obj, nodes, plains, bints, eager):
         nodes.append(n)
         return n
     if t is tuple or t is list:
-        out = [_scan(o, nodes, plains, bints, eager) for o in obj]
+        out = [scan_args(o, nodes, plains, bints, eager) for o in obj]
         return out if t is list else tuple(out)
     if t is dict:
-        return {k: _scan(v, nodes, plains, bints, eager) for k, v in obj.items()}
+        return {k: scan_args(v, nodes, plains, bints, eager) for k, v in obj.items()}
     if t is BatchInt:
         bints.append(obj)
         return obj
@@ -33,19 +33,19 @@ def _scan(obj, nodes, plains, bints, eager):
         return obj
     if isinstance(obj, torch.Size):
         if any(type(o) is BatchInt for o in obj):
-            return tuple(_scan(o, nodes, plains, bints, eager) for o in obj)
+            return tuple(scan_args(o, nodes, plains, bints, eager) for o in obj)
         return obj
     return obj
 
 
-def _replace(obj, mapping):
+def replace_plains(obj, mapping):
     """obj with the plain tensors in `mapping` (by id) replaced."""
     t = type(obj)
     if t is tuple or t is list:
-        out = [_replace(o, mapping) for o in obj]
+        out = [replace_plains(o, mapping) for o in obj]
         return out if t is list else tuple(out)
     if t is dict:
-        return {k: _replace(v, mapping) for k, v in obj.items()}
+        return {k: replace_plains(v, mapping) for k, v in obj.items()}
     if isinstance(obj, torch.Tensor):
         return mapping.get(id(obj), obj)
     return obj
@@ -67,7 +67,7 @@ class ProbeCtx:
         return v.clone() if node.kind == "leaf" and node.to_device is None else v
 
 
-class _ChunkCtx:
+class ChunkCtx:
     __slots__ = ("env", "start", "size")
 
     def __init__(self, env, start, size):
@@ -77,7 +77,7 @@ class _ChunkCtx:
         return self.env[node]
 
 
-class _EagerCtx:
+class EagerCtx:
     i = 0
     start = 0
     size = 1
@@ -107,15 +107,15 @@ def subst(obj, ctx):
     return obj
 
 
-def _materialize_args(obj, read):
+def materialize_args(obj, read):
     t = type(obj)
     if t is Node:
         return read(obj)
     if t is tuple or t is list:
-        out = [_materialize_args(o, read) for o in obj]
+        out = [materialize_args(o, read) for o in obj]
         return out if t is list else tuple(out)
     if t is dict:
-        return {k: _materialize_args(v, read) for k, v in obj.items()}
+        return {k: materialize_args(v, read) for k, v in obj.items()}
     if t is Sliced:
         return obj.tensor
     if t is Arange:
@@ -123,18 +123,18 @@ def _materialize_args(obj, read):
     return obj
 
 
-def _flat(obj):
+def flatten_args(obj):
     if isinstance(obj, (tuple, list)):
         for o in obj:
-            yield from _flat(o)
+            yield from flatten_args(o)
     elif isinstance(obj, dict):
         for o in obj.values():
-            yield from _flat(o)
+            yield from flatten_args(o)
     else:
         yield obj
 
 
-def _pluck(value, path):
+def pluck(value, path):
     for p in path:
         value = value[p]
     return value

@@ -11,14 +11,14 @@ from ..lazy_graph.errors import LazyError, OutOfMemoryError
 from ..lazy_graph.node import Node
 from ..lazy_graph.probe import drop_probes
 from .buffers import BufferSnapshot, written_buffers
-from .chunk_loop import _drive
-from .chunk_weights import _prepare_weights, _weight
-from .chunking import _learn, _limit, _signature
-from .execute import _collect, _execute, lazy_inputs, measured_modules, measurement_overrides
-from .grad_bookkeeping import _grad_candidates, _retain_needed
-from .loss import _analyze, _eval_tail, _unsupported
-from .memory import _available, _nbytes, _new_grad_bytes
-from .run_info import LazyRun, _set_last
+from .chunk_loop import drive_chunks
+from .chunk_weights import prepare_weights, chunk_weight
+from .chunking import learn_from_ooms, plan_limit, graph_signature
+from .execute import collect_nodes, execute_nodes, lazy_inputs, measured_modules, measurement_overrides
+from .grad_bookkeeping import grad_candidates, retain_needed
+from .loss import analyze_loss, eval_tail, unsupported
+from .memory import device_available, node_nbytes, new_grad_bytes
+from .run_info import LazyRun, set_last_run
 from .values import read
 
 
@@ -38,7 +38,7 @@ def backward(T, gradient=None, retain_graph=None, create_graph=False, inputs=Non
         info = LazyRun("backward", T.B)
         info.whole = "computed when recorded (one sample, or no batch dimension)"
         info.chunks = [(0, T.B)] if T.B else []
-        _set_last(info)
+        set_last_run(info)
         T.value.backward(gradient, retain_graph, create_graph, inputs)
         return
     if not T.requires_grad:
@@ -53,7 +53,7 @@ def backward(T, gradient=None, retain_graph=None, create_graph=False, inputs=Non
     try:
         _backward(T, gradient, retain_graph, inputs, info)
     finally:
-        _set_last(info)  # internal reads (targets, masks) must not hide it
+        set_last_run(info)  # internal reads (targets, masks) must not hide it
 
 
 def _backward(T, gradient, retain_graph, inputs, info):
@@ -61,18 +61,18 @@ def _backward(T, gradient, retain_graph, inputs, info):
     if T.state == "batched":
         _backward_batched(T, gradient, inputs, info)
         return
-    plan = _analyze(T, train=True)
+    plan = analyze_loss(T, train=True)
     if plan.problem and not plan.mixes:
         if not T.allow:
-            raise _unsupported(plan, f"the loss {T.name}")
+            raise unsupported(plan, f"the loss {T.name}")
         plan.mixes = plan.problem
-    order, sources, counts = _collect([T], train=True)
-    retain = bool(retain_graph) or _retain_needed(order, sources)
+    order, sources, counts = collect_nodes([T], train=True)
+    retain = bool(retain_graph) or retain_needed(order, sources)
     device = T.device
     held = [n for n in order if n not in sources and n is not T and n.held()
             and n.state == "batched" and n.single_bdim() is not None]
-    avail = _available(device)
-    held_bytes = sum(_nbytes(h) for h in held)
+    avail = device_available(device)
+    held_bytes = sum(node_nbytes(h) for h in held)
     if avail is not None and held_bytes > 0.1 * avail:
         held = []  # too big to keep: reading them later recomputes them
 
@@ -86,21 +86,21 @@ def _backward(T, gradient, retain_graph, inputs, info):
     grad_roots = list(plan.grad_roots)
     targets = [r.rinfo["target"] for r in grad_roots
                if r.rkind == "classes" and type(r.rinfo["target"]) is Node]
-    corder, csources, ccounts = _collect(grad_roots + targets, train=True)
+    corder, csources, ccounts = collect_nodes(grad_roots + targets, train=True)
     held = [h for h in held if h in ccounts or h in grad_roots]
     keep = set(grad_roots) | set(targets) | set(held)
     cands = None
     limit = entry = None
     if avail is not None and grad_roots:
-        cands = _grad_candidates(corder, csources, inputs)
-        sig = _signature(corder, csources, "train",
+        cands = grad_candidates(corder, csources, inputs)
+        sig = graph_signature(corder, csources, "train",
                          (tuple(sorted(r.rkind or "" for r in grad_roots)), len(held)))
 
         def measure(p):
             over = measurement_overrides(corder, csources, p)
 
             def run():
-                vals = _execute(corder, csources, ccounts, keep, 0, p, B, True, over)
+                vals = execute_nodes(corder, csources, ccounts, keep, 0, p, B, True, over)
                 terms = [_term(vals[r], None, None) for r in grad_roots]
                 vals = None
                 loss = terms[0] if len(terms) == 1 else sum(terms)
@@ -113,15 +113,15 @@ def _backward(T, gradient, retain_graph, inputs, info):
 
             return run
 
-        per_sample = sum(_nbytes(h) for h in held) / B
-        limit, entry = _limit(info, B, device, sig, measure, per_sample,
-                              _new_grad_bytes(cands), measured_modules(corder))
+        per_sample = sum(node_nbytes(h) for h in held) / B
+        limit, entry = plan_limit(info, B, device, sig, measure, per_sample,
+                              new_grad_bytes(cands), measured_modules(corder))
     info.chunk_limit = limit
 
     # Constant roots (no gradient: a mask count, a target count), chunk
     # weights, and d loss / d root.
     const_vals = {r: read(r) for r in plan.const_roots}
-    weights = _prepare_weights(grad_roots, read)
+    weights = prepare_weights(grad_roots, read)
     trivial = len(plan.roots) == 1 and plan.roots[0] is T
     if trivial:
         coefs = {T: gradient}
@@ -138,10 +138,10 @@ def _backward(T, gradient, retain_graph, inputs, info):
     held_chunks = {h: [] for h in held}
 
     def attempt(start, size, only):
-        vals = _execute(corder, csources, ccounts, keep, start, size, B, True)
+        vals = execute_nodes(corder, csources, ccounts, keep, start, size, B, True)
         terms, rvals = [], []
         for r in grad_roots:
-            w = _weight(weights[r], vals, start, size, B)
+            w = chunk_weight(weights[r], vals, start, size, B)
             R = vals[r]
             terms.append(_term(R, coefs.get(r), w))
             rvals.append(R.detach() if w is None else R.detach() * w)
@@ -168,10 +168,10 @@ def _backward(T, gradient, retain_graph, inputs, info):
 
     if limit is None or limit >= B:
         info.whole = "fits" if limit is not None else "no memory limit known (no budget)"
-    final = _drive(B, limit, attempt, commit, info, cands=cands, what=f"the loss {T.name}",
+    final = drive_chunks(B, limit, attempt, commit, info, cands=cands, what=f"the loss {T.name}",
                    inputs=lazy_inputs(corder, csources),
                    buffers=written_buffers(measured_modules(corder)))
-    _learn(entry, info, limit, final)
+    learn_from_ooms(entry, info, limit, final)
     try:
         _keep_values(T, plan, grad_roots, acc, const_vals, held_chunks)
     except OutOfMemoryError:
@@ -186,7 +186,7 @@ def _keep_values(T, plan, grad_roots, acc, const_vals, held_chunks):
     if T.value is None:
         values = dict(const_vals)
         values.update(acc)
-        T.value = _eval_tail(plan, values, grad=False)
+        T.value = eval_tail(plan, values, grad=False)
     for h, parts in held_chunks.items():
         if parts:
             d, k = h.single_bdim()
@@ -218,7 +218,7 @@ def _tail_coefficients(plan, const_vals, gradient, inputs, retain):
         z = torch.zeros(r.shape, dtype=r.dtype, device=r.device, requires_grad=True)
         dummies[r] = z
         values[r] = z
-    L = _eval_tail(plan, values, grad=True)
+    L = eval_tail(plan, values, grad=True)
     ins = None
     if inputs is not None:
         ins = list(inputs) + list(dummies.values())
@@ -236,7 +236,7 @@ def _whole_backward(T, gradient, inputs, retain, order, sources, counts, held, B
     kept = BufferSnapshot(written_buffers(measured_modules(order)))
     kept.take()
     try:
-        vals = _execute(order, sources, counts, keep, 0, B, B, True)
+        vals = execute_nodes(order, sources, counts, keep, 0, B, B, True)
         Tv = vals.pop(T)
         for h in held:
             h.value = vals[h].detach()
@@ -255,9 +255,9 @@ def _whole_backward(T, gradient, inputs, retain, order, sources, counts, held, B
 def _backward_batched(T, gradient, inputs, info):
     """out.backward(gradient) for a batched out: chunks of out with the
     matching slices of gradient; no weighting needed."""
-    order, sources, counts = _collect([T], train=True)
+    order, sources, counts = collect_nodes([T], train=True)
     mixes = next((n.mixes for n in order if n.mixes and n not in sources), None)
-    retain = _retain_needed(order, sources)
+    retain = retain_needed(order, sources)
     B = T.B
     bd = T.single_bdim()
     if mixes or bd is None:
@@ -271,15 +271,15 @@ def _backward_batched(T, gradient, inputs, info):
     keep = {T}
     cands = None
     limit = None
-    if _available(T.device) is not None:
-        cands = _grad_candidates(order, sources, inputs)
-        sig = _signature(order, sources, "train-out", None)
+    if device_available(T.device) is not None:
+        cands = grad_candidates(order, sources, inputs)
+        sig = graph_signature(order, sources, "train-out", None)
 
         def measure(p):
             over = measurement_overrides(order, sources, p)
 
             def run():
-                v = _execute(order, sources, counts, keep, 0, p, B, True, over)[T]
+                v = execute_nodes(order, sources, counts, keep, 0, p, B, True, over)[T]
                 req = [t for t in cands if t.requires_grad]
                 if req:
                     return torch.autograd.grad(v, req, gradient.narrow(d, 0, k * p),
@@ -288,21 +288,21 @@ def _backward_batched(T, gradient, inputs, info):
 
             return run
 
-        limit, entry = _limit(info, B, T.device, sig, measure, 0, _new_grad_bytes(cands),
+        limit, entry = plan_limit(info, B, T.device, sig, measure, 0, new_grad_bytes(cands),
                               measured_modules(order))
     else:
         entry = None
     info.chunk_limit = limit
 
     def attempt(start, size, only):
-        v = _execute(order, sources, counts, keep, start, size, B, True)[T]
+        v = execute_nodes(order, sources, counts, keep, start, size, B, True)[T]
         g = gradient if size == B else gradient.narrow(d, k * start, k * size)
         targets = only if only is not None else inputs
         if targets is None or len(targets) > 0:
             torch.autograd.backward(v, g, inputs=targets, retain_graph=retain)
         return None
 
-    final = _drive(B, limit, attempt, lambda s, n, r: None, info, cands=cands,
+    final = drive_chunks(B, limit, attempt, lambda s, n, r: None, info, cands=cands,
                    what=f"the backward of {T.name}", inputs=lazy_inputs(order, sources),
                    buffers=written_buffers(measured_modules(order)))
-    _learn(entry, info, limit, final)
+    learn_from_ooms(entry, info, limit, final)

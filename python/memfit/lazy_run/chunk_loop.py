@@ -9,7 +9,7 @@ import torch
 
 from ..lazy_graph.errors import LazyError, OutOfMemoryError
 from .buffers import BufferSnapshot
-from .grad_bookkeeping import _snapshot, _unchanged
+from .grad_bookkeeping import grad_snapshot, unchanged_grads
 from .memory import batch_note
 
 
@@ -26,7 +26,7 @@ def _oom(e_text, size, what, data, info):
     )
 
 
-def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="the step",
+def drive_chunks(B, limit, attempt, commit, info, cands=None, can_split=True, what="the step",
            inputs=None, buffers=()):
     """Run samples [0, B) in chunks of at most `limit`, halving on OOM.
 
@@ -50,7 +50,7 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
             size = _balanced(B - pos, c)
             start, only = pos, None
             pos += size
-        snap = _snapshot(cands) if cands is not None else None
+        snap = grad_snapshot(cands) if cands is not None else None
         versions = [t._version for t in resident]
         if kept is not None:
             kept.take()
@@ -81,7 +81,7 @@ def _drive(B, limit, attempt, commit, info, cands=None, can_split=True, what="th
                 f"(x = x * 2, not x.mul_(2)) in the modules the lazy tensors go through"
             )
         if snap is not None:
-            owed = _unchanged(cands, snap, only if only is not None else cands)
+            owed = unchanged_grads(cands, snap, only if only is not None else cands)
         else:
             owed = only
         half = size // 2

@@ -8,7 +8,7 @@ import dataclasses
 import torch
 
 from ..lazy_graph.node import Node, Sliced
-from ..lazy_graph.template import _ChunkCtx, subst
+from ..lazy_graph.template import ChunkCtx, subst
 
 
 def _class_count(target, weight, ignore_index):
@@ -42,7 +42,7 @@ def _full_target(tmpl, read):
     return tmpl
 
 
-def _prepare_weights(roots, read):
+def prepare_weights(roots, read):
     """Per root: its ChunkWeight. `read` computes a node's full value (a
     class weight, the targets)."""
     out = {}
@@ -58,7 +58,7 @@ def _prepare_weights(roots, read):
     return out
 
 
-def _weight(spec, env, start, size, B):
+def chunk_weight(spec, env, start, size, B):
     """The weight of a chunk's root value (None: 1)."""
     if spec.kind == "sum":
         return None
@@ -69,9 +69,9 @@ def _weight(spec, env, start, size, B):
     if spec.denominator is None:
         spec.denominator = _class_count(_full_target(spec.target, spec.read), spec.weight,
                                         spec.ignore_index)
-    target = subst(spec.target, _ChunkCtx(env, start, size))
+    target = subst(spec.target, ChunkCtx(env, start, size))
     return _class_count(target, spec.weight, spec.ignore_index) / spec.denominator
 
 
-def _weight_targets(weights):
+def weight_targets(weights):
     return [spec.target for spec in weights.values() if type(spec.target) is Node]

@@ -11,7 +11,7 @@ import torch
 from ..lazy_graph.errors import OutOfMemoryError
 from ..lazy_graph.node import Arange, BatchInt, Node, Sliced
 from ..lazy_graph.probe import leaving_no_trace
-from .memory import _available, _fit_lines, _profile, _solve
+from .memory import device_available, fit_lines, profile_memory, solve_lines
 
 
 #: Fraction of the available memory left unused when sizing chunks.
@@ -52,7 +52,7 @@ def _argsig(obj, index):
     return t.__name__
 
 
-def _signature(order, sources, mode, extra):
+def graph_signature(order, sources, mode, extra):
     index = {n: i for i, n in enumerate(order)}
     parts = [mode, extra]
     for n in order:
@@ -89,18 +89,18 @@ def _cache_put(sig, entry):
         _cache.popitem(last=False)
 
 
-def _learn(entry, info, limit, final):
+def learn_from_ooms(entry, info, limit, final):
     """After an OOM, plan smaller chunks for this computation next time."""
     if entry is not None and info.ooms and limit:
         entry["scale"] = min(entry["scale"], max(final, 1) / limit)
 
 
-def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, modules=()):
+def plan_limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, modules=()):
     """Largest chunk that should fit (None: no limit known).
 
     measure(p) prepares a run of the step on p samples (its inputs copied,
     see measurement_overrides) and returns it: a function that runs it and
-    returns the gradients it computed (see _profile). `modules`: those the
+    returns the gradients it computed (see profile_memory). `modules`: those the
     run calls, whose buffers and RNG are put back afterwards. `reserve`:
     bytes of .grad the first chunk will create; the first chunk must fit as
     measured, later ones with the gradients already allocated. Returns
@@ -111,7 +111,7 @@ def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, modul
         # tracked bytes: without this, the plan depended on when Python's GC
         # last ran. Only before measuring: cached plans stay cheap.
         gc.collect()
-    avail = _available(device)
+    avail = device_available(device)
     info.available_bytes = avail
     if avail is None:
         return None, None
@@ -122,13 +122,13 @@ def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, modul
         try:
             with leaving_no_trace(modules):
                 for p in _MEASURE_SIZES:
-                    profs.append(_profile(device, measure(p)))
+                    profs.append(profile_memory(device, measure(p)))
         except OutOfMemoryError:
             # Even a few samples do not fit the way things are now: try one
             # sample at a time and let OOM recovery tell the rest.
             return 1, None
-        first, exact = _fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=1)
-        later, _ = _fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=2)
+        first, exact = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=1)
+        later, _ = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=2)
         entry = {"first": first, "later": later, "exact": exact, "scale": 1.0}
         if sig is not None:
             _cache_put(sig, entry)
@@ -149,7 +149,7 @@ def _limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, modul
 # 10% margin (the fit is extrapolated from 2 and 3 samples); when no chunk
 # size fits that way, the whole batch runs if the fit says it fits the
 # memory available, margin or not, as eager would. A plan that still ran
-# out of memory lowers `scale`, and the next plan splits (see _learn).
+# out of memory lowers `scale`, and the next plan splits (see learn_from_ooms).
 
 
 def plan(entry, B, avail, reserve, extra_per_sample):
@@ -157,13 +157,13 @@ def plan(entry, B, avail, reserve, extra_per_sample):
     measured fit `entry`, and the (fixed, per sample) line that limits it:
     see Note [Never worse than eager]."""
     usable = avail * (1.0 - MARGIN)
-    c1, lim1 = _solve(entry["first"], usable, extra_per_sample)
-    c2, lim2 = _solve(entry["later"], usable - reserve, extra_per_sample)
+    c1, lim1 = solve_lines(entry["first"], usable, extra_per_sample)
+    c2, lim2 = solve_lines(entry["later"], usable - reserve, extra_per_sample)
     c, line = (c1, lim1) if c1 <= c2 else (c2, (lim2[0] + reserve, lim2[1]))
     if c != math.inf:
         c = int(c * entry["scale"])
     if c < 1 and entry["scale"] >= 1.0:
-        whole, lim = _solve(entry["first"], avail, 0.0)
+        whole, lim = solve_lines(entry["first"], avail, 0.0)
         if whole >= B:
             return B, lim
     return max(1, min(c, B)), line

@@ -7,11 +7,11 @@ import dataclasses
 
 import torch
 
-from ..lazy_graph.autocast import _autocast_ctx
+from ..lazy_graph.autocast import autocast_ctx
 from ..lazy_graph.errors import LazyError
 from ..lazy_graph.placement import to_device
 from ..lazy_graph.probe_cache import forget_probe
-from ..lazy_graph.template import _ChunkCtx, _pluck, subst
+from ..lazy_graph.template import ChunkCtx, pluck, subst
 
 
 def _usable_cache(n, train):
@@ -25,7 +25,7 @@ def _usable_cache(n, train):
     return True
 
 
-def _is_source(n, train, overrides):
+def is_source(n, train, overrides):
     return (
         n.kind == "leaf"
         or n.state == "eager"
@@ -34,7 +34,7 @@ def _is_source(n, train, overrides):
     )
 
 
-def _collect(targets, train, overrides=None):
+def collect_nodes(targets, train, overrides=None):
     """Nodes needed to compute `targets`, in recording order, and sources."""
     seen = set()
     order = []
@@ -46,7 +46,7 @@ def _collect(targets, train, overrides=None):
             continue
         seen.add(n)
         order.append(n)
-        if _is_source(n, train, overrides):
+        if is_source(n, train, overrides):
             sources.add(n)
             continue
         stack.extend(n.parents)
@@ -124,12 +124,12 @@ def _source_value(n, start, size, B, overrides):
     return v.narrow(d, k * start, k * size)
 
 
-def _execute(order, sources, counts, keep, start, size, B, train, overrides=None):
+def execute_nodes(order, sources, counts, keep, start, size, B, train, overrides=None):
     """Run `order` on samples [start, start+size); returns the values of
     the nodes in `keep`. Values are dropped as soon as no later node needs
     them."""
     env = {}
-    ctx = _ChunkCtx(env, start, size)
+    ctx = ChunkCtx(env, start, size)
     left = dict(counts)
     outer = torch.is_grad_enabled()
     now = outer
@@ -139,7 +139,7 @@ def _execute(order, sources, counts, keep, start, size, B, train, overrides=None
                 env[n] = _source_value(n, start, size, B, overrides)
                 continue
             if n.kind == "item":
-                env[n] = _pluck(env[n.parent], n.path)
+                env[n] = pluck(env[n.parent], n.path)
                 if n.cached:
                     _check_cached(n, env[n], size)
             else:
@@ -150,7 +150,7 @@ def _execute(order, sources, counts, keep, start, size, B, train, overrides=None
                 a = subst(n.args, ctx)
                 kw = subst(n.kwargs, ctx)
                 if n.autocast:
-                    with _autocast_ctx(n.autocast):
+                    with autocast_ctx(n.autocast):
                         env[n] = n.fn(*a, **kw)
                 else:
                     env[n] = n.fn(*a, **kw)

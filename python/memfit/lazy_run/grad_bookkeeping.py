@@ -8,7 +8,7 @@ import torch
 from ..lazy_graph.node import Sliced
 
 
-def _grad_candidates(order, sources, user_inputs):
+def grad_candidates(order, sources, user_inputs):
     """Every tensor whose .grad a chunk's backward may accumulate into."""
     if user_inputs is not None:
         return list(user_inputs)
@@ -61,7 +61,7 @@ def _leaves_of(t, add):
         stack.extend(f for f, _ in fn.next_functions)
 
 
-def _retain_needed(order, sources):
+def retain_needed(order, sources):
     """True when a plain tensor with an autograd history is used, so each
     chunk's backward must keep that shared history."""
 
@@ -87,7 +87,7 @@ def _retain_needed(order, sources):
     return False
 
 
-def _snapshot(cands):
+def grad_snapshot(cands):
     import weakref
 
     snap = []
@@ -97,7 +97,7 @@ def _snapshot(cands):
     return snap
 
 
-def _unchanged(cands, snap, subset):
+def unchanged_grads(cands, snap, subset):
     """Those of `subset` whose .grad the failed backward did not touch."""
     keep = {id(p) for p in subset}
     out = []

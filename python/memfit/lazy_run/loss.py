@@ -6,8 +6,8 @@ import torch
 
 from ..lazy_graph.errors import LazyError
 from ..lazy_graph.node import Node
-from ..lazy_graph.template import _ChunkCtx, _pluck, subst
-from .execute import _collect, _is_source
+from ..lazy_graph.template import ChunkCtx, pluck, subst
+from .execute import collect_nodes, is_source
 
 
 _LINEAR_ONE = {
@@ -42,10 +42,10 @@ class _Plan:
         self.const_roots = []
 
 
-def _analyze(T, train, overrides=None):
+def analyze_loss(T, train, overrides=None):
     """Roots and tail of a reduced target (see the lazy_run package docstring)."""
     plan = _Plan(T)
-    order, sources, _ = _collect([T], train, overrides)
+    order, sources, _ = collect_nodes([T], train, overrides)
     plan.mixes = next((n.mixes for n in order if n.mixes and n not in sources), None)
     if T.state != "reduced":
         return plan
@@ -56,7 +56,7 @@ def _analyze(T, train, overrides=None):
         if n in seen:
             continue
         seen.add(n)
-        if n is not T and _is_source(n, train, overrides):
+        if n is not T and is_source(n, train, overrides):
             continue
         if n.state == "eager":
             continue
@@ -151,7 +151,7 @@ def _check_linear(plan):
     return None
 
 
-def _unsupported(plan, what):
+def unsupported(plan, what):
     return LazyError(
         f"memfit.lazy cannot split {what}: {plan.problem}. Pass allow_mixing=True to "
         f"memfit.lazy() to run it whole (one chunk, as eager PyTorch would), or "
@@ -159,10 +159,10 @@ def _unsupported(plan, what):
     )
 
 
-def _eval_tail(plan, values, grad):
+def eval_tail(plan, values, grad):
     """Evaluate tail nodes with root values given; returns the target's value."""
     env = dict(values)
-    ctx = _ChunkCtx(env, 0, plan.B)
+    ctx = ChunkCtx(env, 0, plan.B)
     with torch.set_grad_enabled(grad):
         for n in plan.tail:
             if n in env:
@@ -171,7 +171,7 @@ def _eval_tail(plan, values, grad):
                 if p not in env and (p.state == "eager" or p.value is not None):
                     env[p] = p.value
             if n.kind == "item":
-                env[n] = _pluck(env[n.parent], n.path)
+                env[n] = pluck(env[n.parent], n.path)
             else:
                 env[n] = n.fn(*subst(n.args, ctx), **subst(n.kwargs, ctx))
     v = env[plan.target]

@@ -10,7 +10,7 @@ from .. import _memfit
 from ..lazy_graph.placement import on_host
 
 
-def _available(device):
+def device_available(device):
     if device is None:
         return None
     if device.type == "cuda":
@@ -24,7 +24,7 @@ def _available(device):
     return None
 
 
-def _profile(device, fn):
+def profile_memory(device, fn):
     """Run fn() and describe its memory.
 
     CPU: the live bytes after each tracked allocation, twice: as measured
@@ -71,7 +71,7 @@ def _profile(device, fn):
     return ops, first or [0], later or [0]
 
 
-def _fit_lines(prof1, prof2, p1, p2, which):
+def fit_lines(prof1, prof2, p1, p2, which):
     """Memory as a function of the chunk size c: the most live bytes over
     the step's allocations, each fitted as a + b*c from two runs. When the
     two runs allocate in the same order (the usual case) this is exact for
@@ -98,7 +98,7 @@ def _fit_lines(prof1, prof2, p1, p2, which):
     return lines, False
 
 
-def _solve(lines, usable, extra_per_sample):
+def solve_lines(lines, usable, extra_per_sample):
     """Largest c with a + (b + extra)*c <= usable for every line; and the
     (a, b) line that limits it."""
     c_best, limiting = math.inf, None
@@ -134,14 +134,14 @@ def _itemsize(dtype):
         return 1
 
 
-def _nbytes(n):
+def node_nbytes(n):
     total = _itemsize(n.dtype)
     for s in n.shape:
         total *= s if s is not None else 0
     return total
 
 
-def _new_grad_bytes(cands):
+def new_grad_bytes(cands):
     """Bytes of the .grad tensors the first backward will create and keep:
     later chunks run with them allocated."""
     return sum(p.numel() * p.element_size() for p in cands

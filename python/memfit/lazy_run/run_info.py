@@ -59,6 +59,6 @@ def last_run():
     return _last_run
 
 
-def _set_last(info):
+def set_last_run(info):
     global _last_run
     _last_run = info

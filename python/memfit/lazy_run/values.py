@@ -6,13 +6,13 @@ import torch
 
 from ..lazy_graph.probe import drop_probes
 from .buffers import written_buffers
-from .chunk_loop import _drive
-from .chunk_weights import _prepare_weights, _weight, _weight_targets
-from .chunking import _limit, _signature
-from .execute import _collect, _execute, lazy_inputs, measured_modules, measurement_overrides
-from .loss import _analyze, _eval_tail
-from .memory import _available, _nbytes
-from .run_info import LazyRun, _set_last
+from .chunk_loop import drive_chunks
+from .chunk_weights import prepare_weights, chunk_weight, weight_targets
+from .chunking import plan_limit, graph_signature
+from .execute import collect_nodes, execute_nodes, lazy_inputs, measured_modules, measurement_overrides
+from .loss import analyze_loss, eval_tail
+from .memory import device_available, node_nbytes
+from .run_info import LazyRun, set_last_run
 
 
 def read(node, grad=False):
@@ -28,7 +28,7 @@ def read(node, grad=False):
     try:
         return _read_top(node, whole_grad, info)
     finally:
-        _set_last(info)
+        set_last_run(info)
 
 
 def _read_top(node, whole_grad, info):
@@ -36,8 +36,8 @@ def _read_top(node, whole_grad, info):
     if whole_grad:
         # A value to backpropagate through by hand: exactly eager, whole.
         info.whole = "a result that needs gradients runs whole"
-        order, sources, counts = _collect([node], train=True)
-        v = _execute(order, sources, counts, {node}, 0, B, B, True)[node]
+        order, sources, counts = collect_nodes([node], train=True)
+        v = execute_nodes(order, sources, counts, {node}, 0, B, B, True)[node]
         info.chunks.append((0, B))
         node.value = v.detach()
         return v
@@ -49,7 +49,7 @@ def _read_top(node, whole_grad, info):
 
 def _read(T, info, overrides=None):
     B = T.B
-    order, sources, counts = _collect([T], False, overrides)
+    order, sources, counts = collect_nodes([T], False, overrides)
     mixes = next((n.mixes for n in order if n.mixes and n not in sources), None)
     if mixes:
         info.whole = f"runs whole: {mixes}"
@@ -61,7 +61,7 @@ def _read(T, info, overrides=None):
             return _read_whole(T, order, sources, counts, B, info, overrides)
         return _read_batched(T, bd, order, sources, counts, B, info, overrides)
     if T.state == "reduced":
-        plan = _analyze(T, train=False, overrides=overrides)
+        plan = analyze_loss(T, train=False, overrides=overrides)
         if plan.problem is None and plan.roots:
             return _read_reduced(T, plan, info, overrides)
         return _read_frontier(T, plan, info, overrides)
@@ -71,37 +71,37 @@ def _read(T, info, overrides=None):
 
 def _read_whole(T, order, sources, counts, B, info, overrides):
     def attempt(start, size, only):
-        return _execute(order, sources, counts, {T}, 0, B, B, False, overrides)[T]
+        return execute_nodes(order, sources, counts, {T}, 0, B, B, False, overrides)[T]
 
     box = []
-    _drive(B, B, attempt, lambda s, n, r: box.append(r), info, can_split=False,
+    drive_chunks(B, B, attempt, lambda s, n, r: box.append(r), info, can_split=False,
            what=f"{T.name}", buffers=written_buffers(measured_modules(order)))
     return box[0]
 
 
 def _read_limit(info, order, sources, counts, keep, B, device, out_per_sample, overrides):
-    avail = _available(device)
+    avail = device_available(device)
     if avail is None:
         return None
-    sig = _signature(order, sources, "read", (len(keep), out_per_sample)) \
+    sig = graph_signature(order, sources, "read", (len(keep), out_per_sample)) \
         if overrides is None else None
 
     def measure(p):
         over = measurement_overrides(order, sources, p, overrides)
 
         def run():
-            _execute(order, sources, counts, keep, 0, p, B, False, over)
+            execute_nodes(order, sources, counts, keep, 0, p, B, False, over)
 
         return run
 
-    limit, entry = _limit(info, B, device, sig, measure, out_per_sample,
+    limit, entry = plan_limit(info, B, device, sig, measure, out_per_sample,
                           modules=measured_modules(order))
     return limit
 
 
 def _read_batched(T, bd, order, sources, counts, B, info, overrides):
     d, k = bd
-    per_sample = _nbytes(T) / B
+    per_sample = node_nbytes(T) / B
     limit = _read_limit(info, order, sources, counts, {T}, B, T.device, per_sample, overrides)
     info.chunk_limit = limit
     parts = []
@@ -111,13 +111,13 @@ def _read_batched(T, bd, order, sources, counts, B, info, overrides):
         if limit is not None and limit < B else None
 
     def attempt(start, size, only):
-        v = _execute(order, sources, counts, {T}, start, size, B, False, overrides)[T]
+        v = execute_nodes(order, sources, counts, {T}, start, size, B, False, overrides)[T]
         if out is None:
             return v
         out.narrow(d, k * start, k * size).copy_(v)
         return None
 
-    _drive(B, limit, attempt, lambda s, n, r: parts.append(r), info, what=f"{T.name}",
+    drive_chunks(B, limit, attempt, lambda s, n, r: parts.append(r), info, what=f"{T.name}",
            inputs=lazy_inputs(order, sources), buffers=written_buffers(measured_modules(order)))
     if out is not None:
         return out
@@ -126,19 +126,19 @@ def _read_batched(T, bd, order, sources, counts, B, info, overrides):
 
 def _read_reduced(T, plan, info, overrides):
     B = T.B
-    weights = _prepare_weights(plan.roots, read)
-    targets = _weight_targets(weights)
-    order, sources, counts = _collect(plan.roots + targets, False, overrides)
+    weights = prepare_weights(plan.roots, read)
+    targets = weight_targets(weights)
+    order, sources, counts = collect_nodes(plan.roots + targets, False, overrides)
     keep = set(plan.roots) | set(targets)
     limit = _read_limit(info, order, sources, counts, keep, B, T.device, 0, overrides)
     info.chunk_limit = limit
     acc = {}
 
     def attempt(start, size, only):
-        vals = _execute(order, sources, counts, keep, start, size, B, False, overrides)
+        vals = execute_nodes(order, sources, counts, keep, start, size, B, False, overrides)
         out = []
         for r in plan.roots:
-            w = _weight(weights[r], vals, start, size, B)
+            w = chunk_weight(weights[r], vals, start, size, B)
             v = vals[r] if w is None else vals[r] * w
             out.append(v if r not in acc else acc[r] + v)
         return out
@@ -147,14 +147,14 @@ def _read_reduced(T, plan, info, overrides):
         for r, v in zip(plan.roots, result):
             acc[r] = v
 
-    _drive(B, limit, attempt, commit, info, what=f"{T.name}",
+    drive_chunks(B, limit, attempt, commit, info, what=f"{T.name}",
            inputs=lazy_inputs(order, sources), buffers=written_buffers(measured_modules(order)))
     for r in plan.roots:
         if r.held() and r.value is None:
             r.value = acc[r]
     if T in acc:
         return acc[T]
-    return _eval_tail(plan, acc, grad=False)
+    return eval_tail(plan, acc, grad=False)
 
 
 def _read_frontier(T, plan, info, overrides):
@@ -176,5 +176,5 @@ def _read_frontier(T, plan, info, overrides):
             info.ooms += sub.ooms
     else:
         info.whole = "a reduction over a batch dimension that cannot be split"
-    order, sources, counts = _collect([T], False, over)
+    order, sources, counts = collect_nodes([T], False, over)
     return _read_whole(T, order, sources, counts, B, info, over)

@@ -16,12 +16,28 @@ from .training_step import check_optimizer
 DoesNotFit = _memfit.DoesNotFit
 
 
-def _available_bytes(budget):
+def _model_tracked_bytes(model):
+    """Bytes of the model's own weights and buffers that the simulated device
+    counts: the rehearsal keeps them on the host while the step runs (see
+    Note [A rehearsed step leaves no trace]), so they leave room for it."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = t.untyped_storage().data_ptr()
+        if key in seen or _memfit.allocation_id(t) is None:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def _available_bytes(budget, model):
     if budget is not None:
         return to_bytes(budget, "find_batch_size")
     simulated = _memfit.budget("cpu")
     if simulated is not None:
-        return simulated
+        # As a GPU's free memory: what other live tensors hold is not ours.
+        others = _memfit.tracked_live_bytes("cpu") - _model_tracked_bytes(model)
+        return max(0, simulated - max(0, others))
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         # What the caching allocator holds but does not use is free to us.
@@ -47,8 +63,9 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     a batch measured to fit. verify=False skips that step (for planning
     only); the result then says verified=False.
 
-    budget: bytes or "16GiB"; default: the simulated device's budget, else
-    the free CUDA memory. margin: extra bytes to keep free (e.g. for a real
+    budget: bytes or "16GiB"; default: what the simulated device's budget
+    leaves beside the live tensors that are not the model's, else the free
+    CUDA memory. margin: extra bytes to keep free (e.g. for a real
     GPU's allocator).
 
     A model wrapped in DistributedDataParallel gets each rank's batch: the
@@ -67,7 +84,7 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     not fit.
     """
     check_optimizer(model, optimizer, "find_batch_size")
-    available = _available_bytes(budget)
+    available = _available_bytes(budget, model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
         buckets = sum(trainable_sizes(model))

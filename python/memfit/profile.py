@@ -6,6 +6,7 @@ import torch
 from . import _memfit
 from . import data_parallel as _dp
 from . import report_page
+from .device import host_memory
 from .batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
 from .offload import OffloadedOptimizer
 from .meta_reads import MetaReads, foreach_as_on_cuda
@@ -356,8 +357,11 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         return _memfit.fit_peak_model(batches, reports, timelines)
 
     def record_at(n):
-        x = resize_batch(inputs, n, batch_dim)
-        y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
+        # The cut or repeated batch is memfit's, made on the host: only the
+        # step's own copy of it counts (under a simulated device too).
+        with host_memory():
+            x = resize_batch(inputs, n, batch_dim)
+            y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
         return run(x, y, mode)
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))

@@ -373,3 +373,83 @@ def test_eager_and_lazy_values_over_the_full_batch_mix():
     assert torch.equal(lazy_out, eager_out)
     assert not torch.allclose(eager_out + 1, lazy_out)
     assert torch.allclose(eager_out - lazy_out, torch.zeros(9, 4))
+
+
+# -- the tip articles' combined loop (#16, "Done means") ------------------------------
+
+TIPS_MICRO, TIPS_ACCUM, TIPS_STEPS = 64, 4, 3
+
+
+def tips_setup():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(32, 2048), torch.nn.ReLU(),
+                                torch.nn.Linear(2048, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=TIPS_STEPS)
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
+    return model, opt, sched, scaler
+
+
+def tips_batches():
+    """The effective batches of the loop: DataLoader with workers and
+    pinned memory, TIPS_ACCUM loader batches each."""
+    g = torch.Generator().manual_seed(5)
+    n = TIPS_MICRO * TIPS_ACCUM * TIPS_STEPS
+    data = torch.utils.data.TensorDataset(torch.randn(n, 32, generator=g),
+                                          torch.randint(0, 10, (n,), generator=g))
+    loader = torch.utils.data.DataLoader(data, batch_size=TIPS_MICRO, num_workers=2,
+                                         pin_memory=True)
+    batch = []
+    for x, y in loader:
+        batch.append((x, y))
+        if len(batch) == TIPS_ACCUM:
+            yield torch.cat([b[0] for b in batch]), torch.cat([b[1] for b in batch])
+            batch = []
+
+
+def test_the_tip_articles_loop_under_lazy_gives_the_eager_loops_parameters():
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def lazy_loop(budget):
+        model, opt, sched, scaler = tips_setup()
+        partitions = []
+        for x, y in tips_batches():
+            opt.zero_grad(set_to_none=True)
+            xl, yl = memfit.lazy(x, y, batch=0)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_fn(model(xl), yl)
+            if budget is None:
+                scaler.scale(loss).backward()
+            else:
+                with memfit.simulated_device(budget):
+                    scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            sched.step()
+            partitions.append(list(memfit.last_lazy_run().chunks))
+            del loss, xl, yl
+        return model, partitions
+
+    # A budget that forces a split: half of what the whole batch took.
+    gc.collect()
+    _, whole = lazy_loop(None)
+    assert all(len(p) == 1 for p in whole)
+    with memfit.track() as t:
+        lazy_loop(None)
+    model, partitions = lazy_loop(t.peak_bytes // 2)
+    assert all(len(p) > 1 for p in partitions), partitions
+
+    # The eager loop, as the tips write it, accumulating the same chunks
+    # (under bf16 autocast another split rounds differently).
+    ref, opt, sched, scaler = tips_setup()
+    for (x, y), chunks in zip(tips_batches(), partitions):
+        opt.zero_grad(set_to_none=True)
+        for start, size in chunks:
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_fn(ref(x[start:start + size]), y[start:start + size])
+            scaler.scale(loss * (size / x.shape[0])).backward()
+        scaler.step(opt)
+        scaler.update()
+        sched.step()
+    for p, w in zip(model.parameters(), ref.parameters()):
+        assert ((p.detach() - w.detach()).norm() / w.detach().norm()).item() < 1e-5

@@ -98,9 +98,9 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
         available -= buckets
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode)
-    host_limit = (1 << 63) - 1 if report.mode == "meta" else _memfit.probe_memory_limit()
     return _memfit.search_batch(report.measure_step, available, to_bytes(margin, "margin"),
-                                verify=bool(verify), host_limit=host_limit)
+                                verify=bool(verify),
+                                host_limit=_memfit.probe_memory_limit(report.mode))
 
 
 def auto_batch_size(starting_batch_size=128, *, model, inputs, target=None, loss_fn=None,

@@ -184,7 +184,7 @@ class Report:
                 raise ValueError("[predict_peak_bytes] this report cannot probe other batches")
             self._probed = _memfit.probe_toward(self.measure_step, batch,
                                                 _probe_batches(self.batch),
-                                                _probe_limit(self.mode))
+                                                _memfit.probe_memory_limit(self.mode))
         return self._probed.certainty_at(batch)
 
     def predict_peak_bytes(self, batch):
@@ -218,11 +218,6 @@ class Report:
 
     def __repr__(self):
         return self.table()
-
-
-def _probe_limit(mode):
-    """What one probe may take: on meta no memory is taken."""
-    return (1 << 63) - 1 if mode == "meta" else _memfit.probe_memory_limit()
 
 
 def _probe_batches(b):

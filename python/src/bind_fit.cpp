@@ -93,8 +93,9 @@ void init_fit(py::module_& m) {
       .def("largest_probe", &ProbedModel::largest_probe)
       .def("certainty_at", &certainty_at, py::arg("batch"));
 
-  m.def("probe_memory_limit", &probe_memory_limit,
-        "Bytes a cpu-mode probe may take: an eighth of this machine's RAM.");
+  m.def("probe_memory_limit", &probe_memory_limit, py::arg("mode"),
+        "Bytes one measured step in `mode` may take: unbounded on meta, else an "
+        "eighth of this machine's RAM.");
   m.def(
       "probe_toward",
       [](py::function measure, int64_t target, std::vector<int64_t> first, int64_t limit) {

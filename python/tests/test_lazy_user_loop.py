@@ -15,6 +15,7 @@ import memfit
 from memfit import _memfit
 from test_lazy import (HUGE, OOM, assert_grads_close, device_for_chunks, grads_of, live, no_gc,
                        partition)
+from test_trainer_loop import ACCUM, tips_loader, tips_setup
 
 # ---------------------------------------------------------------------------
 # AMP: autocast + GradScaler on a lazy loss
@@ -377,32 +378,13 @@ def test_eager_and_lazy_values_over_the_full_batch_mix():
 
 # -- the tip articles' combined loop (#16, "Done means") ------------------------------
 
-TIPS_MICRO, TIPS_ACCUM, TIPS_STEPS = 64, 4, 3
-
-
-def tips_setup():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(32, 2048), torch.nn.ReLU(),
-                                torch.nn.Linear(2048, 10))
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=TIPS_STEPS)
-    scaler = torch.amp.GradScaler("cpu", init_scale=2.0**12)
-    return model, opt, sched, scaler
-
-
 def tips_batches():
-    """The effective batches of the loop: DataLoader with workers and
-    pinned memory, TIPS_ACCUM loader batches each."""
-    g = torch.Generator().manual_seed(5)
-    n = TIPS_MICRO * TIPS_ACCUM * TIPS_STEPS
-    data = torch.utils.data.TensorDataset(torch.randn(n, 32, generator=g),
-                                          torch.randint(0, 10, (n,), generator=g))
-    loader = torch.utils.data.DataLoader(data, batch_size=TIPS_MICRO, num_workers=2,
-                                         pin_memory=True)
+    """The effective batches of the tip articles' loop: test_trainer_loop's
+    DataLoader (workers, pinned memory), ACCUM of its batches each."""
     batch = []
-    for x, y in loader:
+    for x, y in tips_loader():
         batch.append((x, y))
-        if len(batch) == TIPS_ACCUM:
+        if len(batch) == ACCUM:
             yield torch.cat([b[0] for b in batch]), torch.cat([b[1] for b in batch])
             batch = []
 

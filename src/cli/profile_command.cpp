@@ -162,7 +162,7 @@ int profile_command(const std::vector<std::string>& argv) {
       pm = probe_peak_model(*model, o, parse_probes(args.get("probes", "")));
     } else {
       ProbePlan plan;
-      if (o.mode != "meta") plan.limit_bytes = probe_memory_limit();
+      plan.limit_bytes = probe_memory_limit(o.mode);
       const int64_t target = o.batch;
       const ProbedModel probed =
           probe_toward(measure_model(*model, o), [target](const PeakModel&) { return target; },

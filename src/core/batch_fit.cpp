@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <sstream>
 
 #include "memfit/core/json_writer.h"
@@ -10,12 +9,6 @@
 
 namespace memfit {
 namespace {
-
-std::string format_percent(double fraction) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f%%", fraction * 100);
-  return buf;
-}
 
 int64_t optimizer_state_bytes(const Report& r) {
   for (const auto& p : r.phases) {
@@ -39,6 +32,14 @@ std::string advice(const Report& r) {
 
 }  // namespace
 
+int64_t residual_margin(const PeakModel& model) {
+  int64_t residual = 0;
+  for (const auto& p : model.phases) {
+    residual = std::max(residual, static_cast<int64_t>(std::ceil(p.fit.max_abs_residual)));
+  }
+  return residual;
+}
+
 int64_t recommended_batch(int64_t max_batch) {
   const int64_t multiple = max_batch / 8 * 8;
   return multiple > 0 && (max_batch - multiple) * 8 <= max_batch ? multiple : max_batch;
@@ -49,11 +50,7 @@ BatchFit fit_batch(const PeakModel& model, const Report& reference,
   if (budget_bytes < 0 || extra_margin_bytes < 0) {
     throw std::invalid_argument("[fit_batch] budget and margin must be >= 0");
   }
-  int64_t residual = 0;
-  for (const auto& p : model.phases) {
-    residual = std::max(residual,
-                        static_cast<int64_t>(std::ceil(p.fit.max_abs_residual)));
-  }
+  const int64_t residual = residual_margin(model);
   BatchFit f;
   f.budget_bytes = budget_bytes;
   f.margin_bytes = residual + extra_margin_bytes;

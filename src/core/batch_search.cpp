@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <limits>
 #include <stdexcept>
 
@@ -15,12 +14,6 @@ namespace {
 
 constexpr int64_t kNone = std::numeric_limits<int64_t>::max();
 constexpr size_t kFittedProbes = 3;  // the largest probes a model is fitted on
-
-std::string percent(double fraction) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f%%", fraction * 100);
-  return buf;
-}
 
 bool fits(const ProbeRecord& p, int64_t limit) {
   return !p.out_of_memory && p.peak_bytes <= limit;
@@ -110,11 +103,7 @@ int64_t secant(int64_t b1, int64_t p1, int64_t b2, int64_t p2, int64_t limit,
 // The model's answer with the fit's own margin (its residual) kept free, as
 // fit_batch computes it; 0 when batch 1 does not fit.
 int64_t model_answer(const PeakModel& model, int64_t usable) {
-  int64_t residual = 0;
-  for (const auto& p : model.phases) {
-    residual = std::max(residual, static_cast<int64_t>(std::ceil(p.fit.max_abs_residual)));
-  }
-  const int64_t room = usable - residual;
+  const int64_t room = usable - residual_margin(model);
   if (room < model.predict(1)) return 0;
   return model.max_batch_under(room);
 }
@@ -166,7 +155,8 @@ void fill_answer(BatchFit& f, const ProbedModel& pm, int64_t usable) {
 
 }  // namespace
 
-int64_t probe_memory_limit() {
+int64_t probe_memory_limit(const std::string& mode) {
+  if (mode == "meta") return INT64_MAX;
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page = sysconf(_SC_PAGE_SIZE);
   if (pages <= 0 || page <= 0) return int64_t{2} << 30;
@@ -225,7 +215,7 @@ ProbedModel probe_toward(const MeasureStep& measure,
   }
   if (!pm.affine) {
     pm.notes.push_back("the step is not affine in the batch over the probes: a probe was " +
-                       percent(pm.held_out_error) +
+                       format_percent(pm.held_out_error) +
                        " off the line of the smaller ones (kernels change path with the "
                        "batch and the thread count); the model is fitted on the largest "
                        "probes");
@@ -248,7 +238,7 @@ std::string PredictionCertainty::text() const {
   std::string probes_text;
   for (int64_t b : probes) probes_text += (probes_text.empty() ? "" : ", ") + std::to_string(b);
   return "predicted " + format_bytes(predicted_bytes) + " at batch " + std::to_string(batch) +
-         " from probes at " + probes_text + "; worst held-out miss " + percent(held_out_error) +
+         " from probes at " + probes_text + "; worst held-out miss " + format_percent(held_out_error) +
          (affine ? "" : ", not affine") +
          (beyond_probes ? "; extrapolated beyond the largest probe" : "");
 }

@@ -176,4 +176,10 @@ std::string format_bytes(int64_t bytes) {
   }
 }
 
+std::string format_percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%%", fraction * 100);
+  return buf;
+}
+
 }  // namespace memfit

@@ -39,7 +39,7 @@ BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
   s.probes.first = options.probes;
   s.verify = options.verify;
   s.max_batch = options.max_batch;
-  if (options.mode != "meta") s.host_limit_bytes = probe_memory_limit();
+  s.host_limit_bytes = probe_memory_limit(options.mode);
   return search_batch(measure_model(model, base), s);
 }
 

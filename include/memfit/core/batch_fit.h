@@ -64,6 +64,10 @@ struct BatchFit {
 // 12 -> 12 (8 would lose a third), 9 -> 8, 0 -> 0.
 int64_t recommended_batch(int64_t max_batch);
 
+// The fit's own margin: its largest residual over the probes, in whole
+// bytes (0 for an exactly affine step). See Note [Fit margin].
+int64_t residual_margin(const PeakModel& model);
+
 // Note [Fit margin]
 // The margin is what the prediction may be off by, not a hidden haircut: the
 // largest residual of the probes' fits (0 when the step is exactly affine, as

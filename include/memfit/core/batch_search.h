@@ -61,7 +61,7 @@ struct ProbedModel {
   bool affine = true;         // every held-out check within tolerance
   std::vector<std::string> notes;
 
-  int64_t largest_probe() const;  // largest batch measured under the limit
+  int64_t largest_probe() const;  // largest probe batch that did not run out of memory
 };
 
 // Measures `first`, then grows toward target(model) (recomputed after each
@@ -108,10 +108,11 @@ struct SearchOptions {
   int64_t max_batch = kMaxBatch;
 };
 
-// An eighth of this machine's physical memory (2 GiB when unknown): what a
-// probe in cpu mode may take (the step's copies of the batch and the
+// What one measured step in `mode` may take: on meta no memory at all
+// (INT64_MAX); otherwise an eighth of this machine's physical memory (2 GiB
+// when unknown): what a probe in cpu mode may take (the step's copies of the batch and the
 // allocator's slack come on top) without making the machine swap.
-int64_t probe_memory_limit();
+int64_t probe_memory_limit(const std::string& mode);
 
 // Throws DoesNotFit (with the numbers and what to try) when even batch 1
 // does not fit; std::invalid_argument for a negative budget or margin.

@@ -20,4 +20,7 @@ int64_t parse_size(std::string_view text);
 // to two decimals (half up). Negative values (deltas) get a leading '-'.
 std::string format_bytes(int64_t bytes);
 
+// A fraction as a percentage with two decimals: 0.0123 -> "1.23%".
+std::string format_percent(double fraction);
+
 }  // namespace memfit

@@ -13,13 +13,13 @@
 """
 
 from ._memfit import format_bytes, parse_size
-from .advise import Advice, advise
+from .advising import Advice, advise
 from .device import host_memory, simulated_device, to_bytes
 from .diagnosis import Doctor, Finding, doctor
 from .distributed import DistributedError, DistributedStepReport
 from .fit import DoesNotFit, auto_batch_size, find_batch_size
-from .offload import OffloadedOptimizer, offload
-from .profile import Report, profile
+from .host_offload import OffloadedOptimizer, offload
+from .profiling import Report, profile
 from .step_cost import CostRow, estimate_costs
 from .trainer import Trainer
 from .tracking import Tracking, track
@@ -52,6 +52,6 @@ __all__ = [
 ]
 
 # memfit.lazy: record a computation on a batch, run it in chunks that fit.
-from .lazy import LazyError, LazyRun, LazyTensor, eager, last_lazy_run, lazy  # noqa: E402
+from .lazy_api import LazyError, LazyRun, LazyTensor, eager, last_lazy_run, lazy  # noqa: E402
 
 __all__ += ["eager", "last_lazy_run", "lazy", "LazyError", "LazyRun", "LazyTensor"]

@@ -10,7 +10,7 @@ from . import _memfit
 from .batching import count
 from .data_parallel import trainable_sizes
 from .device import to_bytes
-from .profile import profile
+from .profiling import profile
 from .training_step import check_optimizer
 
 DoesNotFit = _memfit.DoesNotFit

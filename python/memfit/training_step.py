@@ -4,8 +4,8 @@ built-in optimizers by name, and the checks made before anything runs."""
 
 import torch
 
-from .offload import OffloadedOptimizer
-from .offload import offload as _offload
+from .host_offload import OffloadedOptimizer
+from .host_offload import offload as _offload
 
 OPTIMIZERS = {
     "adam": lambda params: torch.optim.Adam(params, lr=1e-3),

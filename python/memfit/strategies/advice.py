@@ -117,7 +117,7 @@ class Advice:
                 f"{self.optimizer}: build that optimizer with your hyperparameters")
         if not s.host_state:
             return optimizer
-        from ..offload import OffloadedOptimizer, offload
+        from ..host_offload import OffloadedOptimizer, offload
         return optimizer if isinstance(optimizer, OffloadedOptimizer) else offload(optimizer)
 
     def table(self):

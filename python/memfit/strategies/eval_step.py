@@ -7,7 +7,7 @@ import torch
 
 from .. import _memfit
 from ..batching import batch_size
-from ..profile import Report
+from ..profiling import Report
 from ..training_step import call_model, compute_loss
 from ..snapshot import ModelTensors, private_copy
 from ..tracking import Tracking

@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from ..profile import profile
+from ..profiling import profile
 from ..training_step import call_model, compute_loss
 from ..snapshot import ModelTensors, private_copy
 from . import TRAIN, applied

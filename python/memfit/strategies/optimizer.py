@@ -3,7 +3,7 @@ zero_grad frees the gradients (set_to_none) or zeroes them in place."""
 
 import torch
 
-from ..offload import OffloadedOptimizer, construct, offload
+from ..host_offload import OffloadedOptimizer, construct, offload
 from ..training_step import OPTIMIZERS
 
 LIGHTER = {"adam": ["momentum", "sgd"], "momentum": ["sgd"], "sgd": []}

@@ -8,7 +8,7 @@ from . import data_parallel as _dp
 from . import report_page
 from .device import host_memory
 from .batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
-from .offload import OffloadedOptimizer
+from .host_offload import OffloadedOptimizer
 from .meta_reads import MetaReads, foreach_as_on_cuda
 from .snapshot import ModelTensors, OptimizerState, kept_rng, private_copy
 from .tracking import Tracking

@@ -60,18 +60,13 @@ ModuleBars module_bars(const std::vector<ModuleRow>& modules,
   const double W = o.width;
   const TextLabel title = title_label(o.title, W, kMargin, 14);
   if (!title.text.empty()) c.labels.push_back(title);
-  TextLabel sub;
-  sub.text = fit_text(rows.empty()
-                          ? "no activations were attributed to modules"
-                          : format_bytes(c.total) + " in " +
-                                std::to_string(rows.size()) +
-                                (rows.size() == 1 ? " module" : " modules") +
-                                ": checkpointing a module frees what it saved",
-                      W - 2 * kMargin, 11);
-  sub.x = kMargin;
-  sub.y = 40;
-  sub.role = "subtitle";
-  sub.fill = "#555555";
+  const TextLabel sub = subtitle_label(
+      rows.empty()
+          ? "no activations were attributed to modules"
+          : format_bytes(c.total) + " in " + std::to_string(rows.size()) +
+                (rows.size() == 1 ? " module" : " modules") +
+                ": checkpointing a module frees what it saved",
+      W, kMargin);
   if (!sub.text.empty()) c.labels.push_back(sub);
 
   // Columns: names (at most 40% of the width), bars, values.

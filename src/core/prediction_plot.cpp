@@ -115,54 +115,23 @@ PredictionPlot prediction_plot(const PeakModel& pm,
   for (size_t i = 0; i < p.probes.size(); ++i) {
     probes_text += (i ? ", " : "") + std::to_string(p.probes[i].first);
   }
-  TextLabel sub;
-  sub.text =
-      fit_text("line: predicted from " + pm.mode + " probes at batches " +
-                   probes_text + " (dots: their measured peaks)",
-               W - 2 * kMargin, 11);
-  sub.x = kMargin;
-  sub.y = 40;
-  sub.role = "subtitle";
-  sub.fill = "#555555";
+  const TextLabel sub =
+      subtitle_label("line: predicted from " + pm.mode + " probes at batches " +
+                         probes_text + " (dots: their measured peaks)",
+                     W, kMargin);
   if (!sub.text.empty()) p.labels.push_back(sub);
 
-  double tick_w = 0;
-  for (int64_t v : yticks)
-    tick_w = std::max(tick_w, text_width(format_bytes(v), 11));
-  p.area.x = kMargin + tick_w + 8;
+  p.area.x = kMargin + byte_ticks_width(yticks) + 8;
   p.area.y = 54;
   p.area.w = W - kMargin - 8 - p.area.x;
   p.area.h = H - 40 - p.area.y;
-  for (int64_t v : yticks) p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));
-  for (int max_ticks = 12; max_ticks >= 1; --max_ticks) {
-    std::vector<TextLabel> xl;
-    for (int64_t v : decimal_ticks(p.x_max, max_ticks)) {
-      TextLabel l;
-      l.text = std::to_string(v);
-      l.x = p.x_at(v);
-      l.y = p.area.bottom() + 16;
-      l.anchor = Anchor::kMiddle;
-      l.role = "tick";
-      l.fill = "#555555";
-      xl.push_back(l);
-    }
-    bool clash = false;
-    for (size_t i = 1; i < xl.size(); ++i) {
-      clash |= overlaps(inflate(xl[i - 1].box(), 4), xl[i].box());
-    }
-    if (!clash || max_ticks == 1) {
-      p.labels.insert(p.labels.end(), xl.begin(), xl.end());
-      break;
-    }
+  for (int64_t v : yticks) {
+    p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));
   }
-  TextLabel xtitle;
-  xtitle.text = "batch size";
-  xtitle.x = p.area.x + p.area.w / 2;
-  xtitle.y = p.area.bottom() + 32;
-  xtitle.anchor = Anchor::kMiddle;
-  xtitle.role = "axis-title";
-  xtitle.fill = "#555555";
-  p.labels.push_back(xtitle);
+  const XAxisTicks xt = x_axis_ticks(
+      p.area, p.x_max, [](int64_t v, int64_t) { return std::to_string(v); });
+  p.labels.insert(p.labels.end(), xt.labels.begin(), xt.labels.end());
+  p.labels.push_back(x_axis_title("batch size", p.area));
 
   // Annotations, each where it meets nothing else.
   const Box inside = p.area;
@@ -212,16 +181,9 @@ PredictionPlot prediction_plot(const PeakModel& pm,
 std::string PredictionPlot::svg() const {
   std::string s = svg_open(options.width, options.height, options.title,
                            "memfit-prediction");
-  for (int64_t v : y_ticks) {
-    s += "<line class=\"grid\" x1=\"" + svg_number(area.x) + "\" y1=\"" +
-         svg_number(y_at(v)) + "\" x2=\"" + svg_number(area.right()) +
-         "\" y2=\"" + svg_number(y_at(v)) +
-         "\" stroke=\"#cfd6df\" stroke-width=\"0.7\"/>\n";
-  }
-  s += "<path class=\"axis\" d=\"M" + svg_number(area.x) + " " +
-       svg_number(area.y) + " L" + svg_number(area.x) + " " +
-       svg_number(area.bottom()) + " L" + svg_number(area.right()) + " " +
-       svg_number(area.bottom()) + "\" fill=\"none\" stroke=\"#333333\"/>\n";
+  std::vector<double> grid;
+  for (int64_t v : y_ticks) grid.push_back(y_at(v));
+  s += svg_grid(area, grid) + svg_axes(area);
   if (options.budget > 0) {
     const double y = y_at(options.budget);
     s += "<line class=\"budget\" x1=\"" + svg_number(area.x) + "\" y1=\"" +

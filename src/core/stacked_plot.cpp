@@ -102,37 +102,12 @@ std::string top_two(const std::vector<NamedBytes>& items) {
   return out;
 }
 
-// x-axis tick labels for `ticks` (event counts or nanoseconds) and the
-// axis title.
-struct XTicks {
-  std::vector<int64_t> values;
-  std::vector<std::string> labels;
-  std::string title;
-};
-
-XTicks x_ticks(int64_t span, bool time, int max_ticks, size_t n_events,
-               bool fell_back) {
-  XTicks t;
-  t.values = decimal_ticks(span, max_ticks);
-  const int64_t step = t.values.size() > 1 ? t.values[1] : 1;
-  int64_t unit = 1;
-  const char* unit_name = "ns";
-  if (time) {
-    if (step >= 1000000000) {
-      unit = 1000000000, unit_name = "s";
-    } else if (step >= 1000000) {
-      unit = 1000000, unit_name = "ms";
-    } else if (step >= 1000) {
-      unit = 1000, unit_name = "\u00b5s";
-    }
-  }
-  for (int64_t v : t.values) t.labels.push_back(std::to_string(v / unit));
-  t.title =
-      time
-          ? std::string("time since the first allocation (") + unit_name + ")"
-          : "allocations and frees in order (" + std::to_string(n_events) +
-                " events" + (fell_back ? "; no times were recorded" : "") + ")";
-  return t;
+// The unit a time axis with ticks `step` ns apart is labelled in.
+std::pair<int64_t, const char*> time_unit(int64_t step) {
+  if (step >= 1000000000) return {1000000000, "s"};
+  if (step >= 1000000) return {1000000, "ms"};
+  if (step >= 1000) return {1000, "\u00b5s"};
+  return {1, "ns"};
 }
 
 // Note [Placing the peak's annotation]
@@ -402,10 +377,7 @@ StackedPlot stacked_plot(const Timeline& t, const StackedPlotOptions& o) {
   std::vector<int64_t> yticks = axis_ticks(p.peak.bytes);
   for (int attempt = 0;; ++attempt) {
     p.y_top = yticks.back();
-    double tick_w = 0;
-    for (int64_t v : yticks)
-      tick_w = std::max(tick_w, text_width(format_bytes(v), 11));
-    p.area.x = kMargin + tick_w + 8;
+    p.area.x = kMargin + byte_ticks_width(yticks) + 8;
     p.area.w = W - kMargin - 8 - p.area.x;
     for (size_t i = 0; i < p.points.size(); ++i) {
       p.points[i].x =
@@ -416,7 +388,9 @@ StackedPlot stacked_plot(const Timeline& t, const StackedPlotOptions& o) {
     yticks = axis_ticks(p.y_top + 1);
   }
   p.y_ticks = yticks;
-  for (int64_t v : yticks) p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));
+  for (int64_t v : yticks) {
+    p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));
+  }
 
   // The x axis.
   auto x_at = [&](double position) {
@@ -428,37 +402,18 @@ StackedPlot stacked_plot(const Timeline& t, const StackedPlotOptions& o) {
     if (k == 0) return p.area.x;
     return k >= n ? p.area.right() : x_at(double(events[k].time_ns - t0));
   };
-  std::vector<TextLabel> xlabels;
-  XTicks xt;
-  for (int max_ticks = 12; max_ticks >= 1; --max_ticks) {
-    xt = x_ticks(span, by_time, max_ticks, n, fell_back);
-    xlabels.clear();
-    for (size_t i = 0; i < xt.values.size(); ++i) {
-      TextLabel l;
-      l.text = xt.labels[i];
-      l.x = p.area.x + p.area.w * static_cast<double>(xt.values[i]) /
-                           static_cast<double>(std::max<int64_t>(span, 1));
-      l.y = p.area.bottom() + 16;
-      l.anchor = Anchor::kMiddle;
-      l.role = "tick";
-      l.fill = "#555555";
-      xlabels.push_back(l);
-    }
-    bool clash = false;
-    for (size_t i = 1; i < xlabels.size(); ++i) {
-      clash |= overlaps(inflate(xlabels[i - 1].box(), 4), xlabels[i].box());
-    }
-    if (!clash) break;
-  }
-  p.labels.insert(p.labels.end(), xlabels.begin(), xlabels.end());
-  TextLabel xtitle;
-  xtitle.text = fit_text(xt.title, p.area.w, 11);
-  xtitle.x = p.area.x + p.area.w / 2;
-  xtitle.y = p.area.bottom() + 32;
-  xtitle.anchor = Anchor::kMiddle;
-  xtitle.role = "axis-title";
-  xtitle.fill = "#555555";
-  p.labels.push_back(xtitle);
+  const XAxisTicks xt =
+      x_axis_ticks(p.area, span, [&](int64_t v, int64_t step) {
+        return std::to_string(by_time ? v / time_unit(step).first : v);
+      });
+  p.labels.insert(p.labels.end(), xt.labels.begin(), xt.labels.end());
+  p.labels.push_back(x_axis_title(
+      by_time
+          ? std::string("time since the first allocation (") +
+                time_unit(xt.step).second + ")"
+          : "allocations and frees in order (" + std::to_string(n) + " events" +
+                (fell_back ? "; no times were recorded" : "") + ")",
+      p.area));
 
   // Phase bands and their labels.
   for (const PhaseSpan& s : t.phase_spans()) {
@@ -514,12 +469,9 @@ std::string StackedPlot::svg() const {
          xml_escape(name) + "</title></rect>\n";
   }
   // Grid lines under the areas.
-  for (int64_t v : y_ticks) {
-    const double y = y_at(v);
-    s += "<line class=\"grid\" x1=\"" + svg_number(area.x) + "\" y1=\"" +
-         svg_number(y) + "\" x2=\"" + svg_number(area.right()) + "\" y2=\"" +
-         svg_number(y) + "\" stroke=\"#cfd6df\" stroke-width=\"0.7\"/>\n";
-  }
+  std::vector<double> grid;
+  for (int64_t v : y_ticks) grid.push_back(y_at(v));
+  s += svg_grid(area, grid);
   // One stacked area per category, drawn as steps.
   std::array<int64_t, kNumCategories> max_bytes{};
   std::vector<int64_t> below(points.size(), 0);
@@ -571,10 +523,7 @@ std::string StackedPlot::svg() const {
          "\" stroke=\"#ffffff\" stroke-opacity=\"0.7\" stroke-width=\"1\"/>\n";
   }
   // Axes.
-  s += "<path class=\"axis\" d=\"M" + svg_number(area.x) + " " +
-       svg_number(area.y) + " L" + svg_number(area.x) + " " +
-       svg_number(area.bottom()) + " L" + svg_number(area.right()) + " " +
-       svg_number(area.bottom()) + "\" fill=\"none\" stroke=\"#333333\"/>\n";
+  s += svg_axes(area);
   // Legend swatches.
   for (const TextLabel& l : labels) {
     if (l.role != "legend") continue;

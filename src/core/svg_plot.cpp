@@ -5,6 +5,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include "memfit/core/units.h"
+
 namespace memfit {
 
 std::string xml_escape(std::string_view text) {
@@ -102,6 +104,78 @@ std::string svg_text(const TextLabel& l) {
   s += " fill=\"" + xml_escape(l.fill) + "\">" + xml_escape(l.text) +
        "</text>\n";
   return s;
+}
+
+TextLabel subtitle_label(std::string_view text, double width, double margin) {
+  TextLabel l;
+  l.text = fit_text(text, width - 2 * margin, 11);
+  l.x = margin;
+  l.y = 40;
+  l.role = "subtitle";
+  l.fill = "#555555";
+  return l;
+}
+
+double byte_ticks_width(const std::vector<int64_t>& ticks) {
+  double w = 0;
+  for (int64_t v : ticks) w = std::max(w, text_width(format_bytes(v), 11));
+  return w;
+}
+
+XAxisTicks x_axis_ticks(
+    const Box& area, int64_t span,
+    const std::function<std::string(int64_t value, int64_t step)>& text) {
+  const double top = static_cast<double>(std::max<int64_t>(span, 1));
+  XAxisTicks t;
+  for (int max_ticks = 12; max_ticks >= 1; --max_ticks) {
+    t.values = decimal_ticks(span, max_ticks);
+    t.step = t.values.size() > 1 ? t.values[1] : 1;
+    t.labels.clear();
+    for (int64_t v : t.values) {
+      TextLabel l;
+      l.text = text(v, t.step);
+      l.x = area.x + area.w * static_cast<double>(v) / top;
+      l.y = area.bottom() + 16;
+      l.anchor = Anchor::kMiddle;
+      l.role = "tick";
+      l.fill = "#555555";
+      t.labels.push_back(l);
+    }
+    bool clash = false;
+    for (size_t i = 1; i < t.labels.size(); ++i) {
+      clash |= overlaps(inflate(t.labels[i - 1].box(), 4), t.labels[i].box());
+    }
+    if (!clash) break;
+  }
+  return t;
+}
+
+TextLabel x_axis_title(std::string_view text, const Box& area) {
+  TextLabel l;
+  l.text = fit_text(text, area.w, 11);
+  l.x = area.x + area.w / 2;
+  l.y = area.bottom() + 32;
+  l.anchor = Anchor::kMiddle;
+  l.role = "axis-title";
+  l.fill = "#555555";
+  return l;
+}
+
+std::string svg_grid(const Box& area, const std::vector<double>& ys) {
+  std::string s;
+  for (double y : ys) {
+    s += "<line class=\"grid\" x1=\"" + svg_number(area.x) + "\" y1=\"" +
+         svg_number(y) + "\" x2=\"" + svg_number(area.right()) + "\" y2=\"" +
+         svg_number(y) + "\" stroke=\"#cfd6df\" stroke-width=\"0.7\"/>\n";
+  }
+  return s;
+}
+
+std::string svg_axes(const Box& area) {
+  return "<path class=\"axis\" d=\"M" + svg_number(area.x) + " " +
+         svg_number(area.y) + " L" + svg_number(area.x) + " " +
+         svg_number(area.bottom()) + " L" + svg_number(area.right()) + " " +
+         svg_number(area.bottom()) + "\" fill=\"none\" stroke=\"#333333\"/>\n";
 }
 
 }  // namespace memfit

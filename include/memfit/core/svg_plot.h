@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -39,5 +40,35 @@ std::string svg_open(int width, int height, std::string_view title,
 
 // <text class="role" ...>text</text> for a placed label.
 std::string svg_text(const TextLabel& label);
+
+// The line under a picture's title (title_label): 11 px grey at y 40, cut
+// to the width the margins leave; empty text when there is none.
+TextLabel subtitle_label(std::string_view text, double width, double margin);
+
+// The width of the widest of `ticks` written by format_bytes: where a plot's
+// area starts, right of its y-axis labels (byte_tick_label).
+double byte_ticks_width(const std::vector<int64_t>& ticks);
+
+// The x axis of a plot whose area shows 0..span (x proportional to the
+// value; span <= 0 counts as 1): the most decimal ticks (decimal_ticks, at
+// most 12) whose labels, centred 16 px under the area, keep 4 px apart.
+// text(value, step) writes one label; step is the ticks' spacing.
+struct XAxisTicks {
+  std::vector<int64_t> values;
+  int64_t step = 1;
+  std::vector<TextLabel> labels;
+};
+XAxisTicks x_axis_ticks(
+    const Box& area, int64_t span,
+    const std::function<std::string(int64_t value, int64_t step)>& text);
+
+// The x axis's title, centred under its tick labels, cut to the area's width.
+TextLabel x_axis_title(std::string_view text, const Box& area);
+
+// A light grid line across `area` at each of `ys`.
+std::string svg_grid(const Box& area, const std::vector<double>& ys);
+
+// The axes: the area's left and bottom edges.
+std::string svg_axes(const Box& area);
 
 }  // namespace memfit

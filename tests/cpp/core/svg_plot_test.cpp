@@ -83,5 +83,44 @@ TEST(SvgOpenTest, SizedTitledAndInTheMeasuredFonts) {
   EXPECT_NE(s.find("<title>a &amp; b</title>"), std::string::npos);
 }
 
+TEST(XAxisTicksTest, MostTicksWhoseLabelsKeepApartUnderTheArea) {
+  const Box area{50, 40, 300, 200};
+  const XAxisTicks wide = x_axis_ticks(
+      area, 1000, [](int64_t v, int64_t) { return std::to_string(v); });
+  ASSERT_GE(wide.values.size(), 2u);
+  EXPECT_EQ(wide.values.front(), 0);
+  EXPECT_EQ(wide.step, wide.values[1]);
+  ASSERT_EQ(wide.labels.size(), wide.values.size());
+  for (size_t i = 0; i < wide.labels.size(); ++i) {
+    const TextLabel& l = wide.labels[i];
+    EXPECT_DOUBLE_EQ(l.x, area.x + area.w * double(wide.values[i]) / 1000);
+    EXPECT_DOUBLE_EQ(l.y, area.bottom() + 16);
+    EXPECT_EQ(l.role, "tick");
+    if (i > 0) {
+      EXPECT_FALSE(overlaps(inflate(wide.labels[i - 1].box(), 4), l.box()));
+    }
+  }
+  // Long labels: fewer ticks.
+  const XAxisTicks longer =
+      x_axis_ticks(area, 1000, [](int64_t v, int64_t step) {
+        return std::to_string(v) + " of step " + std::to_string(step);
+      });
+  EXPECT_LT(longer.values.size(), wide.values.size());
+  EXPECT_EQ(longer.labels.front().text,
+            "0 of step " + std::to_string(longer.step));
+}
+
+TEST(SvgGridTest, OneGridLinePerTickThenTheAxesOnTheAreaEdges) {
+  const Box area{10, 20, 100, 50};
+  EXPECT_EQ(svg_grid(area, {20, 45}),
+            "<line class=\"grid\" x1=\"10.0\" y1=\"20.0\" x2=\"110.0\" "
+            "y2=\"20.0\" stroke=\"#cfd6df\" stroke-width=\"0.7\"/>\n"
+            "<line class=\"grid\" x1=\"10.0\" y1=\"45.0\" x2=\"110.0\" "
+            "y2=\"45.0\" stroke=\"#cfd6df\" stroke-width=\"0.7\"/>\n");
+  EXPECT_EQ(svg_axes(area),
+            "<path class=\"axis\" d=\"M10.0 20.0 L10.0 70.0 L110.0 70.0\" "
+            "fill=\"none\" stroke=\"#333333\"/>\n");
+}
+
 }  // namespace
 }  // namespace memfit

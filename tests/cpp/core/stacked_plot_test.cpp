@@ -13,17 +13,9 @@ namespace memfit {
 namespace {
 
 using testing::kKiB;
+using testing::count;
 using testing::kMiB;
 using testing::training_step;
-
-size_t count(const std::string& s, const std::string& needle) {
-  size_t n = 0;
-  for (size_t pos = s.find(needle); pos != std::string::npos;
-       pos = s.find(needle, pos + 1)) {
-    ++n;
-  }
-  return n;
-}
 
 std::string describe(const TextLabel& l) {
   const Box b = l.box();

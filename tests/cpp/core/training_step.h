@@ -9,8 +9,12 @@
 // optimizer state 6 MiB, parameters 3 MiB, a temporary of 4 MiB (head),
 // gradients 512 KiB, inputs 32 KiB. By module (any category): head 8 MiB,
 // blocks.0 6 MiB, blocks.1 6 MiB.
+//
+// Also what those tests share to read what they draw: count().
 #pragma once
 
+#include <cstddef>
+#include <string>
 #include <string_view>
 
 #include "memfit/core/timeline.h"
@@ -19,6 +23,16 @@ namespace memfit::testing {
 
 inline constexpr int64_t kKiB = 1024;
 inline constexpr int64_t kMiB = 1024 * 1024;
+
+// How many times `needle` stands in `s`, overlapping ones included.
+inline size_t count(const std::string& s, const std::string& needle) {
+  size_t n = 0;
+  for (size_t pos = s.find(needle); pos != std::string::npos;
+       pos = s.find(needle, pos + 1)) {
+    ++n;
+  }
+  return n;
+}
 
 inline Timeline training_step(bool with_times = true) {
   Timeline t;

@@ -1,5 +1,7 @@
 #include <c10/util/Exception.h>
 
+#include <unistd.h>
+
 #include <iostream>
 
 #include "args.h"
@@ -13,7 +15,7 @@ int advise_command(const std::vector<std::string>& argv) {
   Args args(argv,
             {"model", "batch", "budget", "optimizer", "repeats", "seed",
              "layers", "width", "heads", "context"},
-            {"json", "allow-approximate"});
+            {"json", "allow-approximate", "progress", "quiet"});
   const std::string name = args.require("model");
   AdviseOptions o;
   o.batch = args.get_count("batch", 8);
@@ -24,7 +26,12 @@ int advise_command(const std::vector<std::string>& argv) {
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
   o.allow_approximate = args.has("allow-approximate");
   auto model = make_model(name, model_options(args));
-  const Advice a = advise(*model, o);
+  // What it records, as it goes, on stderr: on a terminal, or asked for.
+  Progress progress;
+  if (!args.has("quiet") && (args.has("progress") || isatty(STDERR_FILENO))) {
+    progress = Progress([](const std::string& line) { std::cerr << "memfit advise " << line << std::endl; });
+  }
+  const Advice a = advise(*model, o, progress);
   std::cout << (args.has("json") ? a.to_json(true) + "\n" : a.table());
   if (a.plan.found) return 0;
   // Exit 2, as every out-of-memory ends, with its one line on stderr.

@@ -101,12 +101,11 @@ AdviceTable advice_table(const Advice& a) {
   AdviceTable t;
   t.budget_bytes = a.budget;
   t.plain_peak_bytes = a.plain_peak;
-  for (const StrategyRow& r : a.rows) {
-    t.rows.push_back(AdviceRow{r.name, r.peak_bytes, r.saving_bytes, r.time_ratio,
-                               r.fits,
-                               r.kind == "eval" ? "no training"
-                               : r.exact        ? "same"
-                                                : "changes"});
+  for (const AdviseRow& r : a.rows) {
+    t.rows.push_back(AdviceRow{r.name, r.peak_bytes, r.saving_bytes, r.time_ratio, r.fits,
+                               r.kind == StrategyKind::kEval ? "no training"
+                               : r.variant.exact()           ? "same"
+                                                             : "changes"});
   }
   t.plan = a.plan.found ? a.plan.summary + ": peak " + format_bytes(a.plan.peak_bytes) +
                               " (measured)"

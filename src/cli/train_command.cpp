@@ -33,7 +33,7 @@ int train_command(const std::vector<std::string>& argv) {
                   ? CoupledLayers::kAllow
                   : CoupledLayers::kError;
   const bool json = args.has("json");
-  std::optional<Plan> plan;
+  std::optional<AdvisePlan> plan;
   std::string opt_used = opt_name;
   if (args.choice("plan", "none", {"none", "auto"}) == "auto") {
     // Measured on a model of the same shape, before the budget is in force.

@@ -193,7 +193,7 @@ TEST(HostOffloadTest, AdvisePlansTheHostStateWhenNothingElseFits) {
   EXPECT_EQ(a.plan.micro_batch, 0);
   EXPECT_EQ(a.plan.peak_bytes, offload_peak);
   bool row = false;
-  for (const auto& r : a.rows) row |= r.optimizer == "adam-offload" && r.exact && r.fits;
+  for (const auto& r : a.rows) row |= r.variant.host_state && r.variant.exact() && r.fits;
   EXPECT_TRUE(row) << a.table();
 
   // With room for plain Adam, the plan stays on the device.

@@ -151,8 +151,8 @@ TEST(StrategiesTest, PlanTrainsWhereOneSampleDoesNotFit) {
   ASSERT_TRUE(advice.plan.found) << advice.table();
   EXPECT_TRUE(advice.plan.exact);
   EXPECT_GT(advice.plan.micro_batch, 0);
-  EXPECT_GT(std::count(advice.plan.strategies.checkpoint.begin(),
-                       advice.plan.strategies.checkpoint.end(), true),
+  EXPECT_GT(std::count(advice.plan.variant.checkpoint.begin(),
+                       advice.plan.variant.checkpoint.end(), true),
             0);
   EXPECT_LE(advice.plan.peak_bytes, budget);
   // The planner recomputes no more than checkpointing every layer.

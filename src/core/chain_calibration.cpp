@@ -1,10 +1,8 @@
-#include "chain_calibration.h"
+#include "memfit/core/chain_calibration.h"
 
 #include <algorithm>
 
-#include "memfit/core/report.h"
-
-namespace memfit::detail {
+namespace memfit {
 namespace {
 
 // The index of the last event of the last iteration's forward (the end of
@@ -32,7 +30,8 @@ int block_of(const std::string& path, const std::vector<std::string>& chain) {
   return -1;
 }
 
-// Activation bytes each block holds at the end of forward.
+}  // namespace
+
 std::vector<int64_t> block_activations(const Timeline& t,
                                        const std::vector<std::string>& chain) {
   std::vector<int64_t> bytes(chain.size(), 0);
@@ -46,9 +45,7 @@ std::vector<int64_t> block_activations(const Timeline& t,
   return bytes;
 }
 
-// Each block's forward time, from the last forward recorded: from its first
-// event to the first event after its last one. Only the proportions matter
-// to the plan (the sum it minimises scales with them).
+// From the block's first event to the first event after its last one.
 std::vector<double> block_forward_ns(const Timeline& t,
                                      const std::vector<std::string>& chain) {
   std::vector<double> ns(chain.size(), 1.0);
@@ -75,6 +72,8 @@ std::vector<double> block_forward_ns(const Timeline& t,
   }
   return ns;
 }
+
+namespace {
 
 struct PhasePeaks {
   int64_t forward = 0;  // forward and loss
@@ -118,30 +117,31 @@ PhasePeaks phase_peaks(const Report& report) {
 // 18.91 MiB where it measured 15.16 MiB on the demo gpt.) The plan is still
 // checked by profiling it, and the budget it is planned for moved by what
 // the profile missed or spared.
-void calibrate(const Profile& plain, const Profile& all,
-               const std::vector<std::string>& chain,
-               std::vector<ChainSegment>& segments, ChainMemory& memory) {
-  const auto kept = block_activations(plain.timeline, chain);
-  const auto outs = block_activations(all.timeline, chain);
-  const auto ns = block_forward_ns(plain.timeline, chain);
+void calibrate_chain(const Report& plain, const Timeline& plain_timeline,
+                     const Report& every, const Timeline& every_timeline,
+                     const std::vector<std::string>& chain,
+                     const std::vector<double>& ns,
+                     std::vector<ChainSegment>& segments, ChainMemory& memory) {
+  const auto kept = block_activations(plain_timeline, chain);
+  const auto outs = block_activations(every_timeline, chain);
   segments.clear();
   int64_t sum = 0;
   for (size_t i = 0; i < chain.size(); ++i) {
     ChainSegment s;
     s.name = chain[i];
     s.activation_bytes = std::max<int64_t>(0, kept[i] - outs[i]);
-    s.recompute_ns = ns[i];
+    s.recompute_ns = i < ns.size() ? ns[i] : 1.0;
     sum += s.activation_bytes;
     segments.push_back(s);
   }
   int64_t largest = 0;
   for (const auto& s : segments) largest = std::max(largest, s.activation_bytes);
-  const PhasePeaks p = phase_peaks(plain.report);
-  const PhasePeaks e = phase_peaks(all.report);
+  const PhasePeaks p = phase_peaks(plain);
+  const PhasePeaks e = phase_peaks(every);
   memory.forward_fixed = std::max(p.forward, p.backward) - sum;
   memory.backward_fixed =
       std::min(p.backward - sum, std::max<int64_t>(0, e.backward - largest));
   memory.other_peak = p.other;
 }
 
-}  // namespace memfit::detail
+}  // namespace memfit

@@ -1,0 +1,157 @@
+// memfit advise's planner, once for both fronts: when a step does not fit,
+// which strategies lower its memory, and the cheapest plan that fits a
+// budget. Torch-free: the front (C++ for the built-in models, Python for the
+// user's nn.Module) only records steps when the planner asks and, if it can,
+// times one; everything else (the rows, the chain's calibration, the search
+// over micro-batches, the choice, the names) is here.
+// See Note [How advise plans] in advise_plan.cpp.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "memfit/core/checkpoint_plan.h"
+#include "memfit/core/progress.h"
+#include "memfit/core/report.h"
+#include "memfit/core/timeline.h"
+
+namespace memfit {
+
+enum class StrategyKind {
+  kBaseline,
+  kMemory,  // zero_grad in place
+  kCheckpointing,
+  kPrecision,
+  kOptimizer,
+  kEval,
+  kCombination,
+};
+// "baseline", "memory", "checkpointing", "precision", "optimizer", "eval",
+// "combination".
+const char* to_string(StrategyKind kind);
+
+enum class StepKind {
+  kTrain,
+  kEvalNoGrad,      // forward and loss under no_grad
+  kEvalInference,   // forward and loss under inference mode
+};
+// "train", "no_grad", "inference_mode".
+const char* to_string(StepKind kind);
+
+// One way to run the training step, as the planner asks a front to record
+// it.
+struct StepVariant {
+  std::vector<bool> checkpoint;  // one flag per block of the chain; empty: none
+  bool autocast_bf16 = false;
+  bool zero_grad_in_place = false;  // zero_grad(set_to_none=False)
+  std::string optimizer;            // "": the user's; else adam | momentum | sgd
+  bool host_state = false;          // the optimizer's state and step on the host
+  StepKind step = StepKind::kTrain;
+
+  // Same result as the plain step (float tolerance).
+  bool exact() const { return !autocast_bf16 && optimizer.empty(); }
+  int checkpointed() const;
+  bool operator==(const StepVariant& o) const;
+};
+
+// What a front recorded of a variant.
+struct RecordedStep {
+  Report report;
+  Timeline timeline;
+  bool meta = false;  // recorded on the meta device (no real compute)
+};
+
+// What the planner asks of a front.
+struct AdviseMeasurer {
+  // The step under the variant at `batch` samples, recorded (two
+  // iterations). cheap=true: the front may record it on the meta device and
+  // says so in `meta`; the planner verifies every plan it returns on a real
+  // recording (cheap=false).
+  std::function<RecordedStep(const StepVariant&, int64_t batch, bool cheap)> record;
+  // Median time of a training step of the whole batch under the variant, in
+  // micro-batches of `micro_batch` samples (0: whole), over the plain
+  // step's, both timed now. Empty: the plan's time is an estimate.
+  std::function<double(const StepVariant&, int64_t micro_batch)> time_ratio;
+};
+
+struct AdviseSettings {
+  int64_t batch = 0;
+  int64_t budget = -1;         // bytes; < 0: no budget (rows only, no plan)
+  int64_t reserve_bytes = 0;   // kept free for the full batch's data
+  std::string optimizer;       // the user's, as named in the rows
+  bool has_optimizer = true;   // false: zero_grad and optimizer rows do not apply
+  bool can_offload = false;    // the user's optimizer can keep its state on the host
+  std::string offload_label;   // how the front offloads: "memfit.offload", "adam-offload"
+  std::vector<std::string> other_optimizers;  // rows: adam | momentum | sgd
+  std::vector<std::string> lighter;           // tried with allow_approximate, in order
+  std::vector<std::string> chain;             // block paths; empty: no chain
+  bool allow_approximate = false;
+  Progress progress;
+};
+
+// One strategy at the user's whole batch.
+struct AdviseRow {
+  std::string name;
+  StrategyKind kind = StrategyKind::kBaseline;
+  StepVariant variant;
+  int64_t peak_bytes = 0;
+  int64_t saving_bytes = 0;  // the plain step's peak (same device) - peak
+  bool meta = false;         // recorded on the meta device
+  double time_ratio = 0;     // step time / the plain step's; < 0: unknown
+  bool time_measured = false;  // false: estimated from the recorded times
+  bool fits = false;           // peak <= budget (no budget: false)
+  double recompute_ns = -1;    // checkpointing: forward time recomputed
+  int64_t predicted_peak_bytes = -1;  // checkpointing: the chain model's
+};
+
+// What the plan runs: the variant on micro-batches of `micro_batch` samples.
+struct AdvisePlan {
+  bool found = false;  // false: nothing fits; the fields say the closest
+  StepVariant variant;
+  int64_t micro_batch = 0;  // 0: the whole batch
+  int64_t peak_bytes = 0;   // recorded on a real device at micro_batch
+  double time_ratio = 0;    // < 0: unknown
+  bool time_measured = false;
+  bool exact = true;
+  std::string optimizer;  // what it trains with: the user's, a lighter one, "<x>-offload"
+  std::string summary;    // "checkpoint blocks 0,2 (2 of 4); micro-batches of 4"
+};
+
+struct Advice {
+  std::string model;
+  std::string chain_description;  // "encoder.layers (3 blocks, found)"; "" none
+  int64_t batch = 0;
+  int64_t budget = -1;
+  int64_t reserve_bytes = 0;
+  std::string optimizer;
+  int64_t parameter_bytes = 0;
+  int64_t plain_peak = 0;     // the plain step, recorded on a real device
+  double plain_step_ms = 0;   // its recorded time
+  std::vector<AdviseRow> rows;
+  int64_t chain_batch = 0;    // the batch the chain below was measured at
+  std::vector<ChainSegment> segments;
+  ChainMemory chain_memory;
+  std::vector<ChainPlan> chain_plans;
+  AdvisePlan plan;
+  int recordings = 0;         // real-device recordings the plan ran
+  std::vector<std::string> notes;
+
+  std::string table() const;
+  // Keys: model, batch, budget_bytes, reserve_bytes, optimizer,
+  // parameter_bytes, plain_peak_bytes, plain_step_ms, chain, strategies,
+  // checkpoint_rules, plan, notes.
+  std::string to_json(bool pretty = true) const;
+};
+
+// "checkpoint blocks 0,2 (2 of 4); autocast bf16; micro-batches of 4"; "the
+// plain step" for none.
+std::string describe(const StepVariant& v, const std::string& user_optimizer,
+                     const std::string& offload_label, int64_t micro_batch = 0);
+
+// Records the strategies and plans for the budget. Throws
+// std::invalid_argument for a batch < 1 or a measurer without record.
+Advice plan_advice(const AdviseMeasurer& measurer, const AdviseSettings& settings);
+
+}  // namespace memfit

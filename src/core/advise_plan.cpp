@@ -1,0 +1,599 @@
+#include "memfit/core/advise_plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <stdexcept>
+
+#include "memfit/core/chain_calibration.h"
+#include "memfit/core/oom_cause.h"
+#include "memfit/core/units.h"
+
+namespace memfit {
+
+// Note [How advise plans]
+// The plain step is recorded once on a real device: its peak is the
+// baseline and its recorded times price every strategy (a block's forward
+// is what checkpointing it recomputes; forward and loss are an eval step).
+// Each strategy's row is then recorded "cheaply": the front may record it on
+// the meta device, where nothing is computed, and says so. The rows compare
+// against the plain step recorded the same way, so a saving never mixes the
+// two devices.
+// The plan halves the micro-batch from the whole batch, and stops at the
+// largest micro-batch where something fits: the plain step, else the
+// checkpointing with the least recompute the chain model and the recordings
+// agree on (See Note [Calibrating the chain from two profiles]). A larger
+// micro-batch is preferred to a cheaper-looking smaller one: fewer, fuller
+// kernels on a GPU, and BatchNorm sees more of the batch. Only when nothing
+// on the device alone fits, the optimizer's state goes to the host; only
+// with allow_approximate, bf16 and lighter optimizers. Every plan returned
+// was recorded on a real device at its micro-batch and measured within the
+// budget: a cheap recording only says where to look. Times are estimated
+// from the recorded times (labelled so) unless the front times the plan.
+
+const char* to_string(StrategyKind kind) {
+  switch (kind) {
+    case StrategyKind::kBaseline: return "baseline";
+    case StrategyKind::kMemory: return "memory";
+    case StrategyKind::kCheckpointing: return "checkpointing";
+    case StrategyKind::kPrecision: return "precision";
+    case StrategyKind::kOptimizer: return "optimizer";
+    case StrategyKind::kEval: return "eval";
+    case StrategyKind::kCombination: return "combination";
+  }
+  return "?";
+}
+
+const char* to_string(StepKind kind) {
+  switch (kind) {
+    case StepKind::kTrain: return "train";
+    case StepKind::kEvalNoGrad: return "no_grad";
+    case StepKind::kEvalInference: return "inference_mode";
+  }
+  return "?";
+}
+
+int StepVariant::checkpointed() const {
+  return static_cast<int>(std::count(checkpoint.begin(), checkpoint.end(), true));
+}
+
+bool StepVariant::operator==(const StepVariant& o) const {
+  auto flags = [](const std::vector<bool>& f) {
+    std::vector<bool> out = f;
+    while (!out.empty() && !out.back()) out.pop_back();  // [] == [false, false]
+    return out;
+  };
+  return flags(checkpoint) == flags(o.checkpoint) && autocast_bf16 == o.autocast_bf16 &&
+         zero_grad_in_place == o.zero_grad_in_place && optimizer == o.optimizer &&
+         host_state == o.host_state && step == o.step;
+}
+
+namespace {
+
+std::string indices(const std::vector<bool>& flags) {
+  std::string out;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    if (flags[i]) out += (out.empty() ? "" : ",") + std::to_string(i);
+  }
+  return out.empty() ? "-" : out;
+}
+
+}  // namespace
+
+std::string describe(const StepVariant& v, const std::string& user_optimizer,
+                     const std::string& offload_label, int64_t micro_batch) {
+  std::vector<std::string> parts;
+  if (v.step != StepKind::kTrain) parts.push_back(std::string("eval step under ") + to_string(v.step));
+  const int k = v.checkpointed();
+  const int n = static_cast<int>(v.checkpoint.size());
+  if (k > 0 && k == n) {
+    parts.push_back("checkpoint every block (" + std::to_string(n) + " of " + std::to_string(n) + ")");
+  } else if (k > 0) {
+    parts.push_back("checkpoint blocks " + indices(v.checkpoint) + " (" + std::to_string(k) +
+                    " of " + std::to_string(n) + ")");
+  }
+  if (v.autocast_bf16) parts.push_back("autocast bf16");
+  if (!v.optimizer.empty()) parts.push_back("optimizer " + v.optimizer + " instead of " + user_optimizer);
+  if (v.host_state) {
+    parts.push_back(user_optimizer + "'s state and step on the host (" + offload_label + ")");
+  }
+  // Micro-batches accumulate in place whatever the variant says.
+  if (v.zero_grad_in_place && micro_batch == 0) parts.push_back("zero_grad in place");
+  if (micro_batch > 0) parts.push_back("micro-batches of " + std::to_string(micro_batch));
+  if (parts.empty()) return "the plain step";
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : "; ") + p;
+  return out;
+}
+
+namespace {
+
+// Recorded times of the last iteration, in ns.
+struct StepTimes {
+  double forward = 0;  // forward and loss
+  double optimizer = 0;  // optimizer step and zero_grad
+  double total = 0;
+};
+
+StepTimes step_times(const Timeline& t) {
+  StepTimes out;
+  const auto& spans = t.phase_spans();
+  const auto& ev = t.events();
+  if (spans.empty() || ev.empty()) return out;
+  int last = 0;
+  for (const auto& s : spans) last = std::max(last, s.iteration);
+  for (size_t i = 0; i < spans.size(); ++i) {
+    const auto& s = spans[i];
+    if (s.iteration != last || s.first_event >= ev.size()) continue;
+    const size_t next = i + 1 < spans.size() ? spans[i + 1].first_event : ev.size() - 1;
+    const double ns = static_cast<double>(ev[std::min(next, ev.size() - 1)].time_ns -
+                                          ev[s.first_event].time_ns);
+    const std::string& name = t.phase_name(s.phase);
+    if (name == kPhaseInputs || name == kPhaseParameters) continue;
+    out.total += ns;
+    if (name == kPhaseForward || name == kPhaseLoss) out.forward += ns;
+    if (name == kPhaseOptimizerStep || name == kPhaseZeroGrad) out.optimizer += ns;
+  }
+  return out;
+}
+
+struct Tried {
+  StepVariant variant;
+  int64_t micro_batch = 0;
+  int64_t peak = 0;
+};
+
+class Planner {
+ public:
+  Planner(const AdviseMeasurer& m, const AdviseSettings& s) : m_(m), s_(s) {
+    has_budget_ = s.budget >= 0;
+    limit_ = has_budget_ ? s.budget - s.reserve_bytes : std::numeric_limits<int64_t>::max() / 4;
+    n_ = s.chain.size();
+  }
+
+  Advice run();
+
+ private:
+  RecordedStep record(const StepVariant& v, int64_t batch, bool cheap) {
+    s_.progress.step((cheap ? "record " : "record on the device ") +
+                     describe(v, s_.optimizer, s_.offload_label) + " at batch " +
+                     std::to_string(batch));
+    RecordedStep r = m_.record(v, batch, cheap);
+    if (!r.meta) ++a_.recordings;
+    return r;
+  }
+  const RecordedStep& plain_like(bool meta) const { return meta ? *plain_cheap_ : plain_; }
+  double estimate_ratio(const RecordedStep& r, int64_t micro_batch) const;
+  AdviseRow& add_row(std::string name, StrategyKind kind, const StepVariant& v,
+                     std::optional<RecordedStep> given = std::nullopt);
+  void checkpoint_rows();
+  void combination_rows();
+  bool search(StepVariant base, bool approximate_only_every);
+  bool try_level(const StepVariant& base, int64_t c, bool every_only);
+  bool verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real = std::nullopt);
+  void finish_plan();
+
+  const AdviseMeasurer& m_;
+  const AdviseSettings& s_;
+  bool has_budget_ = false;
+  int64_t limit_ = 0;
+  size_t n_ = 0;
+  Advice a_;
+  RecordedStep plain_;
+  std::optional<RecordedStep> plain_cheap_;
+  StepTimes plain_times_;
+  std::vector<double> forward_ns_;
+  std::optional<RecordedStep> every_cheap_;
+  std::optional<Tried> accepted_;
+  std::optional<Tried> closest_;
+  std::optional<RecordedStep> accepted_recording_;
+  // The chain calibrated at each micro-batch the search reached.
+  std::vector<std::pair<int64_t, std::pair<std::vector<ChainSegment>, ChainMemory>>> chains_;
+};
+
+double Planner::estimate_ratio(const RecordedStep& r, int64_t micro_batch) const {
+  if (r.meta || plain_times_.total <= 0) return -1;
+  const StepTimes t = step_times(r.timeline);
+  if (micro_batch <= 0) return t.total / plain_times_.total;
+  const int64_t chunks = (s_.batch + micro_batch - 1) / micro_batch;
+  return (static_cast<double>(chunks) * (t.total - t.optimizer) + t.optimizer) /
+         plain_times_.total;
+}
+
+AdviseRow& Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
+                            std::optional<RecordedStep> given) {
+  const RecordedStep r = given ? std::move(*given) : record(v, s_.batch, true);
+  AdviseRow row;
+  row.name = std::move(name);
+  row.kind = kind;
+  row.variant = v;
+  row.peak_bytes = r.report.peak_bytes;
+  row.meta = r.meta;
+  row.saving_bytes = plain_like(r.meta).report.peak_bytes - row.peak_bytes;
+  row.fits = has_budget_ && row.peak_bytes <= limit_;
+  const double step = plain_times_.total;
+  if (v.checkpointed() > 0 && step > 0) {
+    row.recompute_ns = chain_recompute_ns(a_.segments, v.checkpoint);
+    row.predicted_peak_bytes = chain_peak(a_.segments, a_.chain_memory, v.checkpoint);
+    row.time_ratio = 1.0 + row.recompute_ns / step;
+  } else if (v.step != StepKind::kTrain && step > 0) {
+    row.time_ratio = plain_times_.forward / step;
+  } else if (kind == StrategyKind::kMemory) {
+    row.time_ratio = 1.0;  // zeroing in place instead of freeing: no more work
+  } else {
+    row.time_ratio = estimate_ratio(r, 0);
+  }
+  a_.rows.push_back(std::move(row));
+  return a_.rows.back();
+}
+
+void Planner::checkpoint_rows() {
+  StepVariant every;
+  every.checkpoint.assign(n_, true);
+  every_cheap_ = record(every, s_.batch, true);
+  const RecordedStep& base = plain_like(every_cheap_->meta);
+  calibrate_chain(base.report, base.timeline, every_cheap_->report, every_cheap_->timeline,
+                  s_.chain, forward_ns_, a_.segments, a_.chain_memory);
+  a_.chain_batch = s_.batch;
+  const AdviseRow every_row = add_row("checkpoint every block (" + std::to_string(n_) + " of " +
+                                          std::to_string(n_) + ")",
+                                      StrategyKind::kCheckpointing, every, *every_cheap_);
+  const ChainPlan sq = chain_plan_sqrt(a_.segments, a_.chain_memory, limit_);
+  if (sq.count() > 0 && sq.count() < static_cast<int>(n_)) {
+    StepVariant v;
+    v.checkpoint = sq.checkpointed;
+    add_row("checkpoint sqrt(n): blocks " + sq.indices(), StrategyKind::kCheckpointing, v);
+  }
+  a_.chain_plans = compare_chain_plans(a_.segments, a_.chain_memory, limit_);
+  if (!has_budget_) {
+    a_.notes.push_back("no budget: give one for the planned checkpointing and a plan");
+    return;
+  }
+  // See Note [Calibrating the chain from two profiles]: the planner's choice
+  // is recorded, and the budget it plans for moved by what it missed.
+  StepVariant best = every;
+  int64_t best_peak = every_row.peak_bytes;
+  double best_ns = best_peak <= limit_ ? chain_recompute_ns(a_.segments, every.checkpoint)
+                                       : std::numeric_limits<double>::infinity();
+  std::optional<std::pair<StepVariant, int64_t>> first;
+  std::vector<std::vector<bool>> tried = {every.checkpoint};
+  int64_t aim = limit_;
+  std::optional<RecordedStep> best_rec;
+  for (int round = 0; round < 4; ++round) {
+    const ChainPlan cp = chain_plan_optimal(a_.segments, a_.chain_memory, aim);
+    if (!cp.fits) break;
+    StepVariant v;
+    v.checkpoint = cp.checkpointed;
+    if (!first) first = {v, cp.predicted_peak};
+    if (std::find(tried.begin(), tried.end(), cp.checkpointed) != tried.end()) break;
+    tried.push_back(cp.checkpointed);
+    RecordedStep r = record(v, s_.batch, true);
+    const int64_t peak = r.report.peak_bytes;
+    if (peak <= limit_ && cp.recompute_ns < best_ns) {
+      best = v;
+      best_peak = peak;
+      best_ns = cp.recompute_ns;
+      best_rec = std::move(r);
+    }
+    aim += limit_ - peak;
+  }
+  if (first && !(first->first == best)) {
+    a_.notes.push_back("the planner's first choice, blocks " + indices(first->first.checkpoint) +
+                       " (predicted " + format_bytes(first->second) +
+                       "), measured above the budget or costlier; the planned row is the "
+                       "cheapest choice that measured within it");
+  }
+  if (best_peak <= limit_) {
+    const bool same = best == every;
+    add_row("checkpoint planned: blocks " + indices(best.checkpoint) +
+                (same ? " (the same as every block)" : ""),
+            StrategyKind::kCheckpointing, best, same ? *every_cheap_ : std::move(*best_rec));
+  } else {
+    a_.notes.push_back("no checkpointing choice fits " + format_bytes(limit_) +
+                       ": every block checkpointed peaks at " + format_bytes(every_row.peak_bytes));
+  }
+}
+
+// When no single strategy the plan may use fits: every block checkpointed
+// with each of the others, so the table shows how low the step goes.
+void Planner::combination_rows() {
+  bool usable_fits = false;
+  bool in_place_saves = false;
+  for (const auto& r : a_.rows) {
+    if (r.kind != StrategyKind::kEval && (r.variant.exact() || s_.allow_approximate) && r.fits)
+      usable_fits = true;
+    if (r.kind == StrategyKind::kMemory && r.saving_bytes > 0) in_place_saves = true;
+  }
+  if (!has_budget_ || usable_fits) return;
+  std::vector<StepVariant> combos;
+  StepVariant every;
+  every.checkpoint.assign(n_, n_ > 0);
+  if (n_ > 0 && in_place_saves) {
+    StepVariant v = every;
+    v.zero_grad_in_place = true;
+    combos.push_back(v);
+  }
+  if (n_ > 0 && s_.can_offload) {
+    StepVariant v = every;
+    v.host_state = true;
+    combos.push_back(v);
+  }
+  if (s_.allow_approximate) {
+    if (n_ > 0) {
+      StepVariant v = every;
+      v.autocast_bf16 = true;
+      combos.push_back(v);
+    }
+    for (const auto& o : s_.lighter) {
+      StepVariant v = every;
+      v.optimizer = o;
+      combos.push_back(v);
+      v.autocast_bf16 = true;
+      combos.push_back(v);
+    }
+  }
+  std::vector<StepVariant> done;
+  for (const auto& v : combos) {
+    if (std::find(done.begin(), done.end(), v) != done.end()) continue;
+    done.push_back(v);
+    add_row(describe(v, s_.optimizer, s_.offload_label), StrategyKind::kCombination, v);
+  }
+}
+
+// Records `v` at micro-batch c on a real device; accepts it if it fits.
+bool Planner::verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real) {
+  RecordedStep r = real ? std::move(*real) : record(v, c, false);
+  const int64_t peak = r.report.peak_bytes;
+  const int64_t mb = c < s_.batch ? c : 0;
+  if (peak <= limit_) {
+    accepted_ = Tried{v, mb, peak};
+    accepted_recording_ = std::move(r);
+    return true;
+  }
+  if (!closest_ || peak < closest_->peak) closest_ = Tried{v, mb, peak};
+  return false;
+}
+
+bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
+  const bool users_whole = c == s_.batch && base == StepVariant{};
+  // The step without checkpointing at c, recorded cheaply: a candidate
+  // itself, and the chain's baseline.
+  std::optional<RecordedStep> plain_c;
+  if (users_whole) {
+    plain_c = *plain_cheap_;
+    if (!every_only && verify(base, c, plain_)) return true;
+  } else if (!every_only || n_ == 0) {
+    plain_c = record(base, c, true);
+    if (plain_c->report.peak_bytes <= limit_ &&
+        verify(base, c, plain_c->meta ? std::nullopt : plain_c))
+      return true;
+  }
+  if (n_ == 0) return false;
+  StepVariant every = base;
+  every.checkpoint.assign(n_, true);
+  const RecordedStep every_c = users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
+  if (every_c.report.peak_bytes > limit_) {
+    if (!closest_ || every_c.report.peak_bytes < closest_->peak)
+      closest_ = Tried{every, c < s_.batch ? c : 0, every_c.report.peak_bytes};
+    return false;
+  }
+  if (every_only) return verify(every, c, every_c.meta ? std::nullopt : std::optional(every_c));
+  if (!plain_c || plain_c->meta != every_c.meta) plain_c = record(base, c, every_c.meta);
+  const RecordedStep& base_c = *plain_c;
+  // The chain at this micro-batch, and the least recompute that fits.
+  std::vector<ChainSegment> segs;
+  ChainMemory mem;
+  calibrate_chain(base_c.report, base_c.timeline, every_c.report, every_c.timeline, s_.chain,
+                  forward_ns_, segs, mem);
+  chains_.push_back({c, {segs, mem}});
+  struct Fitting {
+    double recompute_ns;
+    StepVariant variant;
+    std::optional<RecordedStep> real;  // the cheap recording, when it was real
+  };
+  std::vector<Fitting> fitting;
+  fitting.push_back({chain_recompute_ns(segs, every.checkpoint), every,
+                     every_c.meta ? std::nullopt : std::optional(every_c)});
+  std::vector<std::vector<bool>> tried = {every.checkpoint};
+  int64_t aim = limit_;
+  for (int round = 0; round < 4; ++round) {
+    const ChainPlan cp = chain_plan_optimal(segs, mem, aim);
+    if (!cp.fits || std::find(tried.begin(), tried.end(), cp.checkpointed) != tried.end()) break;
+    tried.push_back(cp.checkpointed);
+    StepVariant v = base;
+    v.checkpoint = cp.checkpointed;
+    RecordedStep r = record(v, c, true);
+    const int64_t peak = r.report.peak_bytes;
+    if (peak <= limit_)
+      fitting.push_back({cp.recompute_ns, v, r.meta ? std::nullopt : std::optional(std::move(r))});
+    aim += limit_ - peak;
+  }
+  // Verified cheapest first; every block checkpointed is the last resort.
+  std::sort(fitting.begin(), fitting.end(),
+            [](const Fitting& x, const Fitting& y) { return x.recompute_ns < y.recompute_ns; });
+  for (auto& f : fitting) {
+    if (verify(f.variant, c, std::move(f.real))) return true;
+  }
+  return false;
+}
+
+bool Planner::search(StepVariant base, bool every_only) {
+  for (int64_t c = s_.batch;; c = (c + 1) / 2) {
+    StepVariant level = base;
+    // Between micro-batches the gradients accumulate: zeroed in place.
+    level.zero_grad_in_place = base.zero_grad_in_place || c < s_.batch;
+    if (try_level(level, c, every_only)) return true;
+    if (c == 1) return false;
+  }
+}
+
+void Planner::finish_plan() {
+  AdvisePlan& p = a_.plan;
+  const std::optional<Tried>& t = accepted_ ? accepted_ : closest_;
+  if (!t) return;
+  p.found = accepted_.has_value();
+  p.variant = t->variant;
+  p.micro_batch = t->micro_batch;
+  p.peak_bytes = t->peak;
+  p.exact = t->variant.exact();
+  p.optimizer = t->variant.optimizer.empty() ? s_.optimizer : t->variant.optimizer;
+  if (t->variant.host_state) p.optimizer += "-offload";
+  p.summary = describe(p.variant, s_.optimizer, s_.offload_label, p.micro_batch);
+  if (p.found) {
+    if (m_.time_ratio) {
+      s_.progress.step("time the plan against the plain step");
+      p.time_ratio = m_.time_ratio(p.variant, p.micro_batch);
+      p.time_measured = true;
+    } else {
+      p.time_ratio = estimate_ratio(*accepted_recording_, p.micro_batch);
+    }
+    // The rules are compared on the chain the plan's checkpointing was made for.
+    for (const auto& [c, chain] : chains_) {
+      if (c == (p.micro_batch > 0 ? p.micro_batch : s_.batch) && p.variant.checkpointed() > 0) {
+        a_.segments = chain.first;
+        a_.chain_memory = chain.second;
+        a_.chain_batch = c;
+        a_.chain_plans = compare_chain_plans(a_.segments, a_.chain_memory, limit_);
+      }
+    }
+  }
+}
+
+Advice Planner::run() {
+  a_.batch = s_.batch;
+  a_.budget = s_.budget;
+  a_.reserve_bytes = s_.reserve_bytes;
+  a_.optimizer = s_.optimizer;
+  // The plain step: cheap first, since a front that cannot record on meta
+  // returns a real recording there, which is all the plain step needs.
+  RecordedStep first = record(StepVariant{}, s_.batch, true);
+  if (first.meta) {
+    plain_cheap_ = std::move(first);
+    plain_ = record(StepVariant{}, s_.batch, false);
+  } else {
+    plain_ = std::move(first);
+    plain_cheap_ = plain_;
+  }
+  a_.plain_peak = plain_.report.peak_bytes;
+  plain_times_ = step_times(plain_.timeline);
+  a_.plain_step_ms = plain_times_.total / 1e6;
+  forward_ns_ = block_forward_ns(plain_.timeline, s_.chain);
+
+  {
+    AdviseRow row;
+    row.name = "plain (zero_grad set_to_none)";
+    row.kind = StrategyKind::kBaseline;
+    row.peak_bytes = a_.plain_peak;
+    row.time_ratio = 1.0;
+    row.time_measured = true;
+    row.fits = has_budget_ && a_.plain_peak <= limit_;
+    a_.rows.push_back(row);
+  }
+  if (s_.has_optimizer) {
+    StepVariant v;
+    v.zero_grad_in_place = true;
+    add_row("zero_grad in place", StrategyKind::kMemory, v);
+  } else {
+    a_.notes.push_back("no optimizer: zero_grad in place and lighter optimizers do not apply");
+  }
+  if (n_ > 0) {
+    checkpoint_rows();
+  } else {
+    a_.notes.push_back(
+        "no chain of blocks (an nn.Sequential or nn.ModuleList of two or more blocks with "
+        "parameters): activation checkpointing does not apply");
+  }
+  {
+    StepVariant v;
+    v.autocast_bf16 = true;
+    add_row("autocast bf16", StrategyKind::kPrecision, v);
+  }
+  if (s_.can_offload) {
+    StepVariant v;
+    v.host_state = true;
+    add_row(s_.optimizer + "'s state and step on the host (" + s_.offload_label + ")",
+            StrategyKind::kOptimizer, v);
+  }
+  if (s_.has_optimizer) {
+    for (const auto& o : s_.other_optimizers) {
+      StepVariant v;
+      v.optimizer = o;
+      add_row("optimizer " + o + " instead of " + s_.optimizer, StrategyKind::kOptimizer, v);
+    }
+  }
+  for (StepKind k : {StepKind::kEvalNoGrad, StepKind::kEvalInference}) {
+    StepVariant v;
+    v.step = k;
+    add_row(std::string("eval step under ") + to_string(k), StrategyKind::kEval, v);
+  }
+  combination_rows();
+
+  if (has_budget_) {
+    bool found = search(StepVariant{}, false);
+    if (!found && s_.can_offload) {
+      // The state on the host: the same training, slower steps beside a GPU
+      // (three transfers of the parameters, a step on the CPU).
+      StepVariant v;
+      v.host_state = true;
+      found = search(v, false);
+    }
+    if (!found && s_.allow_approximate) {
+      std::vector<StepVariant> variants;
+      StepVariant bf16;
+      bf16.autocast_bf16 = true;
+      variants.push_back(bf16);
+      for (const auto& o : s_.lighter) {
+        StepVariant v;
+        v.optimizer = o;
+        variants.push_back(v);
+        v.autocast_bf16 = true;
+        variants.push_back(v);
+      }
+      for (const auto& v : variants) {
+        if ((found = search(v, true))) break;
+      }
+    }
+    finish_plan();
+    if (!a_.plan.found) {
+      int64_t outside = 0;
+      for (const auto& ph : plain_.report.phases) {
+        if (ph.name != kPhaseForward && ph.name != kPhaseLoss && ph.name != kPhaseBackward)
+          outside = std::max(outside, ph.peak_bytes);
+      }
+      a_.notes.push_back(
+          "nothing measured fits " + format_bytes(s_.budget) + ": the lowest peak is " +
+          format_bytes(a_.plan.peak_bytes) +
+          (s_.allow_approximate ? "" : "; allowing approximate strategies (bf16, a lighter "
+                                       "optimizer) may help") +
+          "; outside forward and backward the step peaks at " + format_bytes(outside) +
+          " whatever the batch");
+      const OomPhase phase = oom_phase_of(plain_.report.peak_phase);
+      const OomDiagnosis d =
+          diagnose_oom(phase, oom_memory_of(plain_.report.categories_at_peak), s_.budget,
+                       false);
+      a_.notes.push_back(std::string("the plain step peaks in ") + to_string(phase) + ", with " +
+                         d.what_fills + ": " + d.advice);
+    }
+  } else {
+    a_.plan.summary = "the plain step";
+    a_.plan.peak_bytes = a_.plain_peak;
+    a_.plan.optimizer = s_.optimizer;
+  }
+  return std::move(a_);
+}
+
+}  // namespace
+
+Advice plan_advice(const AdviseMeasurer& measurer, const AdviseSettings& settings) {
+  if (settings.batch < 1) {
+    throw std::invalid_argument("[advise] batch must be >= 1, got " +
+                                std::to_string(settings.batch));
+  }
+  if (!measurer.record) {
+    throw std::invalid_argument("[advise] the measurer cannot record a step");
+  }
+  return Planner(measurer, settings).run();
+}
+
+}  // namespace memfit

@@ -54,11 +54,18 @@ bool refit(ProbedModel& pm, int64_t limit) {
 // Measures one batch into pm, predicted first from pm's model when it has
 // one; returns whether it stayed under the limit.
 bool measure_into(ProbedModel& pm, const MeasureStep& measure, int64_t batch,
-                  bool verification, const ProbePlan& plan) {
+                  bool verification, const ProbePlan& plan, const Progress& progress) {
   ProbeRecord rec;
   rec.batch = batch;
   rec.verification = verification;
   if (!pm.model.phases.empty()) rec.predicted_bytes = pm.model.predict(batch);
+  if (progress.enabled()) {
+    progress.step(std::string(verification ? "verify" : "probe") + " batch " +
+                  std::to_string(batch) +
+                  (rec.predicted_bytes >= 0
+                       ? " (predicted " + format_bytes(rec.predicted_bytes) + ")"
+                       : std::string()));
+  }
   StepMeasurement m = measure(batch);
   rec.out_of_memory = m.out_of_memory;
   rec.peak_bytes = m.out_of_memory ? 0 : m.report.peak_bytes;
@@ -173,7 +180,7 @@ int64_t ProbedModel::largest_probe() const {
 
 ProbedModel probe_toward(const MeasureStep& measure,
                          const std::function<int64_t(const PeakModel&)>& target,
-                         const ProbePlan& plan) {
+                         const ProbePlan& plan, const Progress& progress) {
   if (plan.first.empty()) throw std::invalid_argument("[probe] no first probes given");
   ProbedModel pm;
   std::vector<int64_t> first = plan.first;
@@ -184,12 +191,12 @@ ProbedModel probe_toward(const MeasureStep& measure,
                                 std::to_string(first.front()));
   }
   for (int64_t b : first) {
-    if (!measure_into(pm, measure, b, false, plan)) break;
+    if (!measure_into(pm, measure, b, false, plan, progress)) break;
     refit(pm, plan.limit_bytes);
   }
   if (fitting_by_batch(pm, plan.limit_bytes).size() < 2 && first.front() > 1) {
     // The smallest probe is already over: batch 1 says whether anything fits.
-    measure_into(pm, measure, 1, false, plan);
+    measure_into(pm, measure, 1, false, plan, progress);
   }
   if (!refit(pm, plan.limit_bytes)) return pm;
 
@@ -205,7 +212,7 @@ ProbedModel probe_toward(const MeasureStep& measure,
     // A probe predicted past the limit would not fit (or would take the
     // machine's memory): stop, and the prediction says it extrapolates.
     if (pm.model.predict(next) > plan.limit_bytes) break;
-    const bool under = measure_into(pm, measure, next, false, plan);
+    const bool under = measure_into(pm, measure, next, false, plan, progress);
     const ProbeRecord& got = pm.probes.back();
     last_check_ok = got.out_of_memory ||
                     std::fabs(static_cast<double>(got.peak_bytes - got.predicted_bytes)) <=
@@ -268,7 +275,7 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       return 0;
     }
   };
-  ProbedModel pm = probe_toward(measure, target, plan);
+  ProbedModel pm = probe_toward(measure, target, plan, options.progress);
 
   const Report* reference = nullptr;
   for (size_t i = 0; i < pm.probes.size() && reference == nullptr; ++i) {
@@ -344,7 +351,7 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
         break;
       }
       ++f.trials;
-      measure_into(pm, measure, candidate, true, plan);
+      measure_into(pm, measure, candidate, true, plan, options.progress);
       const bool ok = fits(pm.probes.back(), usable);
       const ProbeRecord& tried = pm.probes.back();
       if (ok) {

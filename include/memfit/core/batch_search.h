@@ -13,6 +13,7 @@
 
 #include "memfit/core/batch_fit.h"
 #include "memfit/core/peak_model.h"
+#include "memfit/core/progress.h"
 #include "memfit/core/report.h"
 #include "memfit/core/timeline.h"
 
@@ -68,9 +69,11 @@ struct ProbedModel {
 // probe: for a fit the target is the answer itself). Throws
 // std::invalid_argument when fewer than two probes could be measured under
 // the limit (the caller decides what that means: batch 1 does not fit).
+// Says "probe batch B" to `progress` before each step it measures.
 ProbedModel probe_toward(const MeasureStep& measure,
                          const std::function<int64_t(const PeakModel&)>& target,
-                         const ProbePlan& plan);
+                         const ProbePlan& plan,
+                         const Progress& progress = Progress());
 
 // How sure a prediction at `batch` is, for reports.
 struct PredictionCertainty {
@@ -106,6 +109,9 @@ struct SearchOptions {
   // No batch above this is wanted (a Trainer's whole batch): the search
   // stops there, and costs at most a step at it.
   int64_t max_batch = kMaxBatch;
+  // Told before each step runs: "probe batch 64", "verify batch 412"
+  // (with the model's prediction once there is one). Silent by default.
+  Progress progress;
 };
 
 // What one measured step in `mode` may take: on meta no memory at all

@@ -4,6 +4,8 @@
 
 #include <functional>
 #include <random>
+#include <string>
+#include <vector>
 
 namespace memfit {
 namespace {
@@ -233,6 +235,49 @@ TEST(BatchSearch, StopsAtTheLargestBatchWanted) {
   EXPECT_EQ(f.max_batch, 100);
   EXPECT_TRUE(f.verified);
   for (int64_t b : s.measured) EXPECT_LE(b, 100);
+}
+
+TEST(BatchSearch, SaysEachProbeAndVerificationBeforeItRuns) {
+  // Affine, and curved (the model's first answer misses: more verifications).
+  for (const auto& act : std::vector<std::function<int64_t(int64_t)>>{
+           [](int64_t b) { return 4096 * b; },
+           [](int64_t b) { return 4096 * b + 64 * b * b; }}) {
+    Step s{act};
+    SearchOptions o = budget_of(64 << 20);
+    std::vector<std::string> lines;
+    std::vector<size_t> measured_before;  // steps run when each line came
+    o.progress = Progress([&](const std::string& line) {
+      lines.push_back(line);
+      measured_before.push_back(s.measured.size());
+    });
+    const BatchFit f = search_batch(s.measure(), o);
+    ASSERT_EQ(lines.size(), f.probes.size());
+    for (size_t i = 0; i < lines.size(); ++i) {
+      const ProbeRecord& p = f.probes[i];
+      const std::string what = std::string(p.verification ? "] verify" : "] probe") +
+                               " batch " + std::to_string(p.batch);
+      EXPECT_EQ(lines[i].rfind("[", 0), 0u) << lines[i];  // the elapsed seconds
+      EXPECT_NE(lines[i].find(what), std::string::npos) << lines[i] << " vs " << what;
+      EXPECT_EQ(lines[i].find("predicted") != std::string::npos, p.predicted_bytes >= 0)
+          << lines[i];
+      EXPECT_EQ(measured_before[i], i) << "said after the step ran: " << lines[i];
+    }
+    EXPECT_GE(f.trials, 1);
+  }
+}
+
+TEST(ProbeToward, SaysEachProbe) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  std::vector<std::string> lines;
+  const ProbedModel pm = probe_toward(
+      s.measure(), [](const PeakModel&) { return 256; }, ProbePlan(),
+      Progress([&](const std::string& line) { lines.push_back(line); }));
+  ASSERT_EQ(lines.size(), pm.probes.size());
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_NE(lines[i].find("] probe batch " + std::to_string(pm.probes[i].batch)),
+              std::string::npos)
+        << lines[i];
+  }
 }
 
 TEST(ProbeToward, PredictionSaysWhenItExtrapolates) {

@@ -1,5 +1,8 @@
 #include "args.h"
 
+#include <unistd.h>
+
+#include <iostream>
 #include <stdexcept>
 
 #include "commands.h"
@@ -89,6 +92,15 @@ std::string Args::choice(const std::string& name, const std::string& fallback,
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
   throw UsageError("--" + name + " must be one of " + list + ", got '" + v + "'");
+}
+
+Progress progress_of(const Args& args) {
+  if (args.has("progress") && args.has("quiet")) {
+    throw UsageError("--progress and --quiet contradict each other: give one");
+  }
+  if (args.has("quiet")) return Progress();
+  if (!args.has("progress") && isatty(STDERR_FILENO) != 1) return Progress();
+  return Progress([](const std::string& line) { std::cerr << line << std::endl; });
 }
 
 ModelOptions model_options(const Args& args) {

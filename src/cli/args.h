@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "memfit/core/progress.h"
+
 namespace memfit::cli {
 
 class Args {
@@ -38,5 +40,11 @@ class Args {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Progress lines to stderr ("[   2.4s] probe batch 64") when stderr is a
+// terminal or --progress is given, none with --quiet. stdout is untouched:
+// what scripts parse stays the same with and without them. The commands
+// that take them list "progress" and "quiet" among their switches.
+Progress progress_of(const Args& args);
 
 }  // namespace memfit::cli

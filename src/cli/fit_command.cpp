@@ -11,7 +11,7 @@ namespace memfit::cli {
 int fit_command(const std::vector<std::string>& argv) {
   Args args(argv, {"model", "budget", "optimizer", "mode", "margin", "layers",
                    "width", "heads", "context"},
-            {"json", "ddp", "no-verify"});
+            {"json", "ddp", "no-verify", "progress", "quiet"});
   const std::string name = args.require("model");
   FitOptions o;
   o.budget = args.get_size("budget");
@@ -19,6 +19,7 @@ int fit_command(const std::vector<std::string>& argv) {
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   if (args.has("margin")) o.extra_margin = args.get_size("margin");
   o.verify = !args.has("no-verify");
+  o.progress = progress_of(args);
   auto model = make_model(name, model_options(args));
   if (args.has("ddp")) {
     // Each rank's batch: DDP's buckets (one copy of the gradients) are held

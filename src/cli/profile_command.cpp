@@ -130,13 +130,14 @@ int profile_command(const std::vector<std::string>& argv) {
             {"model", "batch", "optimizer", "mode", "target", "iterations", "svg",
              "html", "budget", "x-axis", "repeats", "probes", "cuda-workspace",
              "layers", "width", "heads", "context", "world-size", "bucket-cap"},
-            {"json", "predict", "bucket-view", "advise"});
+            {"json", "predict", "bucket-view", "advise", "progress", "quiet"});
   const std::string name = args.require("model");
   ProfileOptions o;
   o.batch = args.get_count("batch", 64);
   o.optimizer = args.choice("optimizer", "adam", optimizer_names());
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   o.iterations = static_cast<int>(args.get_count("iterations", 2));
+  o.progress = progress_of(args);
   const std::string target = args.choice("target", "cpu", {"cpu", "cuda"});
   const PlotAxis x_axis = plot_axis_from_string(args.choice("x-axis", "time", {"time", "events"}));
   const int64_t budget = args.has("budget") ? args.get_size("budget") : 0;
@@ -163,9 +164,11 @@ int profile_command(const std::vector<std::string>& argv) {
       ProbePlan plan;
       plan.limit_bytes = probe_memory_limit(o.mode);
       const int64_t target = o.batch;
-      const ProbedModel probed =
-          probe_toward(measure_model(*model, o), [target](const PeakModel&) { return target; },
-                       plan);
+      ProfileOptions each = o;  // the probes say their batch; their phases stay quiet
+      each.progress = Progress();
+      const ProbedModel probed = probe_toward(
+          measure_model(*model, each), [target](const PeakModel&) { return target; }, plan,
+          o.progress);
       if (probed.model.phases.empty()) {
         throw UsageError("not even two probes fit this machine's memory: give --probes");
       }
@@ -190,6 +193,8 @@ int profile_command(const std::vector<std::string>& argv) {
     const int64_t workspace = args.has("cuda-workspace")
                                   ? args.get_size("cuda-workspace")
                                   : kDefaultCudaWorkspace;
+    o.progress.step("replay " + std::to_string(p.timeline.events().size()) +
+                    " allocations and frees through the CUDA caching allocator");
     CudaReplay replay = replay_cuda(p.timeline, std::nullopt, workspace);
     p.report.cuda = CudaEstimate{replay.peak_allocated + workspace, replay.peak_reserved,
                                  workspace};
@@ -206,6 +211,7 @@ int profile_command(const std::vector<std::string>& argv) {
       d.bucket_cap_bytes = args.get_size("bucket-cap");
       if (d.bucket_cap_bytes < 1) throw UsageError("--bucket-cap must be at least 1 byte");
     }
+    o.progress.step("each rank's peak over " + std::to_string(world) + " ranks");
     p.report.data_parallel = DataParallelEstimate{d, per_rank_peaks(p.timeline, d)};
   }
   const std::string title = "memfit profile: " + name + ", batch " +
@@ -229,6 +235,7 @@ int profile_command(const std::vector<std::string>& argv) {
       ao.budget = budget;
       ao.optimizer = o.optimizer;
       ao.timing_repeats = static_cast<int>(repeats);
+      o.progress.step("advise: measure the strategies under " + format_bytes(budget));
       ho.advice = advice_table(advise(*model, ao));
     }
     write_file("html", args.get("html", ""), html_report(p.report, p.timeline, ho));

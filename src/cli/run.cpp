@@ -56,6 +56,9 @@ commands:
                           [--optimizer ...] [--allow-approximate]
                           [--repeats K] [--json]
 
+profile, fit and train say each long step (a probe, a verification, a
+recorded phase) on stderr as it starts, when stderr is a terminal or with
+--progress; --quiet silences them. stdout is the same either way.
 --optimizer adam-offload: Adam with its state and step on the host (CPU RAM
 beside a GPU); the device keeps parameters and gradients only.
 SIZE is a byte count or a number with KiB, MiB, GiB, TiB: 16GiB, 512MiB.

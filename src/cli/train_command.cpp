@@ -20,7 +20,7 @@ namespace memfit::cli {
 int train_command(const std::vector<std::string>& argv) {
   Args args(argv, {"model", "batch", "budget", "steps", "optimizer", "coupled",
                    "layers", "width", "heads", "context", "plan", "seed"},
-            {"no-split", "json", "allow-approximate"});
+            {"no-split", "json", "allow-approximate", "progress", "quiet"});
   const std::string name = args.require("model");
   const int64_t batch = args.get_count("batch", 64);
   const int64_t steps = args.get_count("steps", 3);
@@ -33,6 +33,7 @@ int train_command(const std::vector<std::string>& argv) {
                   ? CoupledLayers::kAllow
                   : CoupledLayers::kError;
   const bool json = args.has("json");
+  const Progress progress = progress_of(args);
   std::optional<AdvisePlan> plan;
   std::string opt_used = opt_name;
   if (args.choice("plan", "none", {"none", "auto"}) == "auto") {
@@ -48,6 +49,8 @@ int train_command(const std::vector<std::string>& argv) {
     auto generator = at::detail::getDefaultCPUGenerator();
     const at::Tensor rng_state = generator.get_state();
     auto probe = make_model(name, model_options(args));
+    progress.step("plan: measure the strategies for batch " + std::to_string(batch) +
+                  " under " + format_bytes(budget));
     const Advice advice = advise(*probe, ao);
     generator.set_state(rng_state);
     plan = advice.plan;
@@ -73,6 +76,9 @@ int train_command(const std::vector<std::string>& argv) {
     // through the forward: measure the step that way.
     fo.strategies.zero_grad_set_to_none = false;
     fo.max_batch = batch;
+    fo.progress = progress;
+    progress.step("micro-batch: the largest of " + std::to_string(batch) + " that fits " +
+                  format_bytes(budget));
     try {
       const BatchFit fit = fit_model(*probe, fo);
       if (fit.max_batch < batch) o.micro_batch = fit.max_batch;
@@ -128,6 +134,8 @@ int train_command(const std::vector<std::string>& argv) {
               << format_bytes(budget) << " ..." << std::endl;
   }
   for (int64_t s = 0; s < steps; ++s) {
+    progress.step("train step " + std::to_string(s + 1) + " of " + std::to_string(steps) +
+                  ", batch " + std::to_string(batch));
     StepReport r;
     int64_t data_bytes = 0;
     try {

@@ -40,6 +40,7 @@ BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
   s.verify = options.verify;
   s.max_batch = options.max_batch;
   s.host_limit_bytes = probe_memory_limit(options.mode);
+  s.progress = options.progress;
   return search_batch(measure_model(model, base), s);
 }
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <optional>
 #include <stdexcept>
+#include <string_view>
 
 #include "memfit/core/units.h"
 #include "memfit/torch/cpu_autocast.h"
@@ -123,11 +124,20 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
   Recorder r;
   // See Note [Meta kernels allocate only their outputs] (op_frames.h).
   if (device.is_meta()) r.drop_meta_kernel_intermediates();
-  r.begin_phase(kPhaseParameters, 1);
+  const std::string recording =
+      "record batch " + std::to_string(o.batch) + " on " + device.str() + ": ";
+  auto begin_phase = [&](const char* phase, int it) {
+    r.begin_phase(phase, it);
+    if (!o.progress.enabled()) return;
+    const bool per_iteration = o.iterations > 1 && std::string_view(phase) != kPhaseParameters;
+    o.progress.step(recording + phase +
+                    (per_iteration ? " (iteration " + std::to_string(it) + ")" : std::string()));
+  };
+  begin_phase(kPhaseParameters, 1);
   materialize(module, device, r);
   auto optimizer = make_optimizer(o.optimizer, module.parameters(), o.lr);
   for (int it = 1; it <= o.iterations; ++it) {
-    r.begin_phase(kPhaseInputs, it);
+    begin_phase(kPhaseInputs, it);
     Batch b{cpu_batch.inputs.to(device, false, /*copy=*/true),
             cpu_batch.target.to(device, false, /*copy=*/true)};
     at::Tensor loss;
@@ -138,9 +148,9 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
       if (st.step == StepStrategies::Step::kEvalInference) inference.emplace();
       std::optional<CpuAutocast> autocast;
       if (st.autocast_bf16) autocast.emplace(true);
-      r.begin_phase(kPhaseForward, it);
+      begin_phase(kPhaseForward, it);
       auto out = model.forward(b.inputs);
-      r.begin_phase(kPhaseLoss, it);
+      begin_phase(kPhaseLoss, it);
       loss = model.loss(out, b.target);
       out.reset();  // See Note [The order of a training iteration].
     }
@@ -153,14 +163,14 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
       r.end_phase();
       continue;
     }
-    r.begin_phase(kPhaseBackward, it);
+    begin_phase(kPhaseBackward, it);
     loss.backward();
     if (optimizer) {
-      r.begin_phase(kPhaseOptimizerStep, it);
+      begin_phase(kPhaseOptimizerStep, it);
       optimizer->step();
     }
     // See Note [The order of a training iteration].
-    r.begin_phase(kPhaseZeroGrad, it);
+    begin_phase(kPhaseZeroGrad, it);
     if (st.zero_grad_set_to_none) {
       drop_gradients(module);
     } else {
@@ -242,10 +252,17 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
                       "Python: run `memfit` as installed by pip, or python -m memfit");
       mode = "cpu";
       snapshot.restore();
+      if (options.progress.enabled()) {
+        options.progress.step("meta mode unavailable (" + what + "): again on cpu");
+      }
     }
   }
   if (mode == "cpu") {
     timeline = run_recorded(model, options, at::Device(at::kCPU), host_bytes);
+  }
+  if (options.progress.enabled()) {
+    options.progress.step("explain " + std::to_string(timeline.events().size()) +
+                          " allocations and frees");
   }
   Profile p;
   p.report = make_report(timeline, {model.name(), options.batch,

@@ -27,6 +27,7 @@ struct FitOptions {
   // next micro-batch's forward.
   StepStrategies strategies;
   int64_t max_batch = kMaxBatch;  // none larger is wanted: the search stops there
+  Progress progress;  // told each probe and verification (SearchOptions::progress)
 };
 
 // The step of `model` as `base` runs it, at any batch: what the batch search

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "memfit/core/peak_model.h"
+#include "memfit/core/progress.h"
 #include "memfit/core/report.h"
 #include "memfit/core/timeline.h"
 #include "memfit/torch/models.h"
@@ -45,6 +46,10 @@ struct ProfileOptions {
   uint64_t seed = 0;
   double lr = 1e-3;
   StepStrategies strategies;
+  // Told each phase as its recording starts ("record batch 64 on meta:
+  // forward (iteration 1)") and the explaining after: a meta step of a
+  // large model takes seconds a phase. Silent by default.
+  Progress progress;
 };
 
 struct Profile {

@@ -2,6 +2,14 @@
 profile (Report.data_parallel), against real runs: 2 ranks, gloo on CPU,
 every allocation of each rank tracked. Prints predicted/measured per model.
 
+linear3 (three equal 1024x1024 Linear layers, batch 4) is the case where the
+optimizer step is the peak: torch's ZeroRedundancyOptimizer hands each rank
+its parameters sorted largest first, so two equal weights become neighbours
+in the rank's for-loop Adam, whose `denom` of one parameter is still alive
+while the next one's sqrt and division are made. The fullest rank's step
+then holds one weight more of temporaries than the single process, where a
+bias sits between two weights.
+
     PYTHONPATH=build/python .venv/bin/python bench/data_parallel_memory.py [--quick]
 """
 
@@ -19,6 +27,16 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _models  # noqa: E402
 import memfit  # noqa: E402
 
+
+def _linear3():
+    return torch.nn.Sequential(*(torch.nn.Linear(1024, 1024) for _ in range(3)))
+
+
+# name -> (make model, make batch(b) -> (inputs, target), loss_fn or None)
+MODELS = dict(_models.MODELS)
+MODELS["linear3"] = (_linear3, lambda b: (torch.randn(b, 1024), torch.randn(b, 1024)),
+                     torch.nn.functional.mse_loss)
+
 # (label, DDP's gradient_as_bucket_view, ZeroRedundancyOptimizer or Adam)
 RUNS = [("ddp", False, False), ("ddp, grads as bucket views", True, False),
         ("zero1 (ZeroRedundancyOptimizer)", False, True)]
@@ -35,7 +53,7 @@ def _rank(rank, world, init_file, out_dir, cases):
                             world_size=world)
     peaks = {}
     for name, batch in cases:
-        make_model, make_batch, loss_fn = _models.MODELS[name]
+        make_model, make_batch, loss_fn = MODELS[name]
         torch.manual_seed(0)
         xs, ys = make_batch(batch)
         for label, as_view, zero in RUNS:
@@ -65,12 +83,13 @@ def _rank(rank, world, init_file, out_dir, cases):
 def main(argv=None):
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--only", help="one model of the list, e.g. resnet18-twin")
+    ap.add_argument("--only", help="one model of the list, e.g. resnet18-twin or linear3")
     args = ap.parse_args(argv)
     cases = [("mlp", 64), ("lstm", 32)]
     if not args.quick:
         cases += [("gpt", 4), ("cnn", 32)]
         cases.append(("resnet18" if _models.available("resnet18") else "resnet18-twin", 16))
+        cases.append(("linear3", 4))
     if args.only:
         cases = [(args.only, dict(cases + [("resnet18-twin", 16)]).get(args.only, 16))]
 
@@ -84,7 +103,7 @@ def main(argv=None):
     print("|---|---|---|---|---|---|---|")
     worst = 0.0
     for name, batch in cases:
-        make_model, make_batch, loss_fn = _models.MODELS[name]
+        make_model, make_batch, loss_fn = MODELS[name]
         torch.manual_seed(0)
         xs, ys = make_batch(batch)
         torch.manual_seed(0)

@@ -1,10 +1,12 @@
-// Trainer and batch fitting. Python callables become the C++ callbacks; the
+// Trainer, its chunk schedule (also memfit.lazy's), and OOM explanations. Python callables become the C++ callbacks; the
 // step runs without the GIL (autograd's device threads may need it for
 // Python functions) and each callback takes it back.
 #include <torch/csrc/utils/pybind.h>
 
 #include "bindings.h"
 #include "memfit/core/batch_fit.h"
+#include "memfit/core/chunk_coverage.h"
+#include "memfit/core/chunk_schedule.h"
 #include "memfit/core/oom_cause.h"
 #include "memfit/torch/trainer.h"
 
@@ -28,6 +30,37 @@ namespace {
 }  // namespace
 
 void init_trainer(py::module_& m) {
+  // The schedule memfit.lazy drives its chunks with, as the Trainer does.
+  py::class_<Chunk>(m, "Chunk")
+      .def(py::init([](int64_t start, int64_t size) { return Chunk{start, size}; }),
+           py::arg("start"), py::arg("size"))
+      .def_readonly("start", &Chunk::start)
+      .def_readonly("size", &Chunk::size)
+      .def("__repr__", [](const Chunk& c) {
+        return "Chunk(start=" + std::to_string(c.start) + ", size=" + std::to_string(c.size) +
+               ")";
+      });
+  py::class_<ChunkSchedule>(m, "ChunkSchedule",
+                            "Balanced chunks of a batch, an OOM halved and redone "
+                            "(see include/memfit/core/chunk_schedule.h).")
+      .def(py::init<int64_t, int64_t, bool>(), py::arg("batch"), py::arg("limit"),
+           py::arg("can_split") = true)
+      .def_property_readonly("done", &ChunkSchedule::done)
+      .def("next", &ChunkSchedule::next, "The chunk to run now.")
+      .def("succeeded", &ChunkSchedule::succeeded, "It completed: move past it.")
+      .def("failed", &ChunkSchedule::failed,
+           "It ran out of memory: True when it is redone smaller, False when the "
+           "schedule cannot go on.")
+      .def_property_readonly("position", &ChunkSchedule::position)
+      .def_property_readonly("size", &ChunkSchedule::size)
+      .def_property_readonly("ooms_recovered", &ChunkSchedule::ooms_recovered);
+  py::class_<ChunkCoverage>(m, "ChunkCoverage",
+                            "Which gradients (by index) a chunk still owes its samples to "
+                            "(see include/memfit/core/chunk_coverage.h).")
+      .def(py::init<size_t>(), py::arg("items"))
+      .def("owed", &ChunkCoverage::owed, py::arg("chunk"))
+      .def("add", &ChunkCoverage::add, py::arg("chunk"), py::arg("items"));
+
   py::class_<StepReport>(m, "StepReport")
       .def_readonly("batch", &StepReport::batch)
       .def_readonly("micro_batch", &StepReport::micro_batch)

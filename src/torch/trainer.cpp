@@ -6,6 +6,7 @@
 #include <mutex>
 #include <sstream>
 
+#include "memfit/core/chunk_schedule.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/tracking.h"
@@ -84,19 +85,17 @@ int64_t Trainer::untracked_parameter_bytes() const {
 }
 
 // Note [Why a retried micro-batch never counts twice]
-// An OOM can strike in the middle of a micro-batch's backward, after some
-// parameters have accumulated their share of it. Each parameter therefore
-// carries how far along the batch its gradient is complete
-// (`covered_until`). A micro-batch [a, a+n) is computed for the parameters
-// covered exactly up to a: all of them normally, with a plain backward that
-// accumulates in place and costs no extra memory; a hook on each parameter
-// notes which ones received their share before an OOM, and those are marked
-// covered through a+n. The retry, in halves, asks autograd::grad for the
-// others only, and micro-batches never straddle a parameter's coverage
-// boundary. Gradients that were accumulated stay; none is added twice. A
-// gradient the failed backward created (none existed before) is dropped
-// instead, and recomputed by the redo: the first micro-batch of a step is
-// then redone exactly as if it had been asked for at the smaller size.
+// The micro-batches are a ChunkSchedule, their gradients a ChunkCoverage
+// over the parameters (see Note [Why a retried chunk never counts twice] in
+// chunk_coverage.h). A micro-batch owed by every parameter runs a plain
+// backward that accumulates in place and costs no extra memory; a hook on
+// each parameter notes which ones received their share before an OOM, and
+// those are covered through the failed micro-batch. A redo owed by some
+// only asks autograd::grad for them. Gradients that were accumulated stay;
+// none is added twice. A gradient the failed backward created (none existed
+// before) is dropped instead, and recomputed by the redo: the first
+// micro-batch of a step is then redone exactly as if it had been asked for
+// at the smaller size.
 namespace impl {
 
 // Hooks noting which parameters received a gradient in the current backward;
@@ -126,13 +125,11 @@ class TouchHooks {
 
 }  // namespace impl
 
-void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
-                        std::vector<int64_t>& covered_until, impl::TouchHooks& hooks,
-                        const ChunkLoss& chunk_loss, StepReport& report) {
-  std::vector<size_t> needed;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    if (covered_until[i] == start) needed.push_back(i);
-  }
+void Trainer::run_chunk(const Chunk& chunk, int64_t batch, ChunkCoverage& coverage,
+                        impl::TouchHooks& hooks, const ChunkLoss& chunk_loss,
+                        StepReport& report) {
+  const int64_t count = chunk.size;
+  const std::vector<size_t> needed = coverage.owed(chunk);
   std::vector<char> had_grad(params_.size());
   for (size_t i = 0; i < params_.size(); ++i) had_grad[i] = params_[i].grad().defined();
   at::Tensor loss;
@@ -140,7 +137,7 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
   {
     std::optional<CpuAutocast> autocast;
     if (options_.autocast_bf16) autocast.emplace(true);
-    loss = chunk_loss(start, count);
+    loss = chunk_loss(chunk.start, count);
   }
   if (!loss.defined() || loss.dim() != 0) {
     throw std::invalid_argument(
@@ -164,13 +161,15 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
       // rounding as accumulating them by hand, under bf16 too), and its
       // memory is free for the redo. One that existed was updated in place
       // right after its hook: it keeps this micro-batch's share.
+      std::vector<size_t> kept;
       for (size_t i = 0; i < params_.size(); ++i) {
         if (!had_grad[i]) {
           params_[i].mutable_grad() = at::Tensor();
         } else if (hooks.touched(i)) {
-          covered_until[i] = start + count;
+          kept.push_back(i);
         }
       }
+      coverage.add(chunk, kept);
       throw;
     }
   } else {
@@ -191,7 +190,7 @@ void Trainer::run_chunk(int64_t start, int64_t count, int64_t batch,
       grads[k].reset();
     }
   }
-  for (size_t i : needed) covered_until[i] = start + count;
+  coverage.add(chunk, needed);
   report.loss += loss.item<double>() * weight;
 }
 
@@ -239,22 +238,18 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss, int64_t bat
   }
   drop_gradients();
   impl::TouchHooks hooks(params_);
-  std::vector<int64_t> covered_until(params_.size(), 0);
-  int64_t c = options_.split && micro_ > 0 ? std::min(micro_, batch) : batch;
-  int64_t pos = 0;
-  while (pos < batch) {
-    // Never straddle a parameter's coverage boundary.
-    int64_t end = std::min(batch, pos + c);
-    for (int64_t u : covered_until) {
-      if (u > pos) end = std::min(end, u);
-    }
-    const int64_t n = end - pos;
+  ChunkCoverage coverage(params_.size());
+  // See Note [How chunks are scheduled] (chunk_schedule.h).
+  ChunkSchedule schedule(batch, options_.split ? micro_ : 0, options_.split);
+  while (!schedule.done()) {
+    const Chunk chunk = schedule.next();
+    const int64_t n = chunk.size;
     if (n < batch && !coupled_.empty() && options_.coupled == CoupledLayers::kError) {
       // Say why it is split: the memory, or a micro-batch asked for.
       const std::string why =
-          report.ooms_recovered > 0 || micro_ == 0
+          schedule.ooms_recovered() > 0 || micro_ == 0
               ? " does not fit whole and must be split"
-              : " is to be split into micro-batches of " + std::to_string(c) +
+              : " is to be split into micro-batches of " + std::to_string(schedule.size()) +
                     " (micro_batch, or what fitted last step)";
       throw std::invalid_argument(
           "[Trainer::step] the batch of " + std::to_string(batch) + why +
@@ -265,11 +260,11 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss, int64_t bat
           "LayerNorm), or give the step more memory.");
     }
     try {
-      run_chunk(pos, n, batch, covered_until, hooks, chunk_loss, report);
+      run_chunk(chunk, batch, coverage, hooks, chunk_loss, report);
     } catch (const c10::OutOfMemoryError& e) {
       // Whatever the micro-batch held died with the stack. See Note [Why a
       // retried micro-batch never counts twice].
-      if (!options_.split || n == 1) {
+      if (!schedule.failed()) {
         const std::string msg = out_of_memory(
             n == 1 ? "even one sample does not fit"
                    : "the batch of " + std::to_string(n) + " does not fit whole (split=False)",
@@ -277,8 +272,6 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss, int64_t bat
         drop_gradients();
         C10_THROW_ERROR(OutOfMemoryError, msg);
       }
-      ++report.ooms_recovered;
-      c = std::max<int64_t>(1, n / 2);
       continue;
     } catch (...) {
       // Any other error (the user's forward or loss, a refused in-place
@@ -286,12 +279,13 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss, int64_t bat
       drop_gradients();
       throw;
     }
-    pos += n;
+    schedule.succeeded();
     report.chunks.push_back(n);
     report.micro_batch = std::max(report.micro_batch, n);
   }
+  report.ooms_recovered = schedule.ooms_recovered();
   report.micro_batches = static_cast<int64_t>(report.chunks.size());
-  report.samples = pos;
+  report.samples = schedule.position();
   phase_ = OomPhase::kOptimizerStep;
   try {
     optimizer_step_();
@@ -303,7 +297,8 @@ StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss, int64_t bat
     C10_THROW_ERROR(OutOfMemoryError, msg);
   }
   drop_gradients();  // See Note [The order of a training iteration].
-  if (report.ooms_recovered > 0 || c < batch) micro_ = c;
+  // Later steps start from the size that worked.
+  if (schedule.ooms_recovered() > 0 || schedule.size() < batch) micro_ = schedule.size();
   report.peak_bytes = watcher.peak();
   return report;
 }

@@ -12,6 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "memfit/core/chunk_coverage.h"
 #include "memfit/core/oom_cause.h"
 
 namespace torch::nn {
@@ -92,9 +93,8 @@ class Trainer {
   void set_micro_batch(int64_t micro_batch);
 
  private:
-  void run_chunk(int64_t start, int64_t count, int64_t batch,
-                 std::vector<int64_t>& covered_until, impl::TouchHooks& hooks,
-                 const ChunkLoss& chunk_loss, StepReport& report);
+  void run_chunk(const Chunk& chunk, int64_t batch, ChunkCoverage& coverage,
+                 impl::TouchHooks& hooks, const ChunkLoss& chunk_loss, StepReport& report);
   void drop_gradients();
   int64_t untracked_parameter_bytes() const;
   std::string out_of_memory(const std::string& what, const std::string& oom,

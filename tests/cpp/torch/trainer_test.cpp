@@ -144,7 +144,7 @@ TEST(TrainerTest, SetMicroBatchStartsTheNextStepThere) {
   t.set_micro_batch(5);
   EXPECT_EQ(t.micro_batch(), 5);
   const StepReport r = c.step(t);
-  EXPECT_EQ(r.micro_batches, 5);  // 21 = 5 + 5 + 5 + 5 + 1
+  EXPECT_EQ(r.micro_batches, 5);  // 21 = 5 + 4 + 4 + 4 + 4 (balanced)
   EXPECT_EQ(r.samples, kBatch);
   expect_close(got, full);
   EXPECT_THROW(t.set_micro_batch(-1), c10::Error);

@@ -1,7 +1,9 @@
 """Gradient bookkeeping: the tensors whose .grad a chunk's backward may
 accumulate into, whether chunks must retain a shared autograd history, and
-which .grad a failed backward left untouched (for OOM recovery).
+which .grad a failed backward touched (for OOM recovery).
 """
+
+import weakref
 
 import torch
 
@@ -87,29 +89,26 @@ def retain_needed(order, sources):
     return False
 
 
-def grad_snapshot(cands):
-    import weakref
-
+def grad_snapshot(tensors):
+    """What the .grad of each of `tensors` is before a chunk's attempt."""
     snap = []
-    for p in cands:
+    for p in tensors:
         g = p.grad
         snap.append((weakref.ref(g), g._version) if g is not None else None)
     return snap
 
 
-def unchanged_grads(cands, snap, subset):
-    """Those of `subset` whose .grad the failed backward did not touch."""
-    keep = {id(p) for p in subset}
+def changed_grads(tensors, snap):
+    """Indices of `tensors` whose .grad the failed backward touched (made,
+    replaced or accumulated into) since grad_snapshot."""
     out = []
-    for p, s in zip(cands, snap):
-        if id(p) not in keep:
-            continue
+    for i, (p, s) in enumerate(zip(tensors, snap)):
         g = p.grad
         if s is None:
             changed = g is not None
         else:
             ref, version = s
             changed = ref() is not g or g is None or g._version != version
-        if not changed:
-            out.append(p)
+        if changed:
+            out.append(i)
     return out

@@ -66,7 +66,7 @@ Sharding sharding_from_string(std::string_view name) {
     if (name == to_string(s)) return s;
   }
   if (name == "fsdp") return Sharding::kZero3;
-  throw std::invalid_argument("unknown sharding '" + std::string(name) +
+  throw std::invalid_argument("[sharding] unknown sharding '" + std::string(name) +
                               "': use ddp, zero1, zero2, zero3 (or fsdp)");
 }
 
@@ -142,14 +142,14 @@ std::vector<Kind> classify(const Timeline& t, const std::vector<const PhaseSpan*
 
 std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup& d) {
   if (d.world_size < 1) {
-    throw std::invalid_argument("world_size must be >= 1, got " +
+    throw std::invalid_argument("[per_rank_peaks] world_size must be >= 1 ranks, got " +
                                 std::to_string(d.world_size));
   }
   if (d.gradient_bytes < 0 || d.bucket_cap_bytes < 0 || d.broadcast_bucket_bytes < 0 ||
       d.largest_unit_bytes < 0 || d.optimizer_shard_fraction < 0 ||
       d.optimizer_shard_fraction > 1) {
     throw std::invalid_argument(
-        "data parallel setup: byte counts (gradient_bytes, bucket_cap_bytes, "
+        "[per_rank_peaks] the setup's byte counts (gradient_bytes, bucket_cap_bytes, "
         "broadcast_bucket_bytes, largest_unit_bytes) must be >= 0 and "
         "optimizer_shard_fraction in [0, 1]");
   }
@@ -228,11 +228,15 @@ std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup&
 
 double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_size) {
   if (world_size < 1) {
-    throw std::invalid_argument("world_size must be >= 1, got " + std::to_string(world_size));
+    throw std::invalid_argument("[largest_partition_fraction] world_size must be >= 1 ranks, "
+                                "got " + std::to_string(world_size));
   }
   int64_t total = 0;
   for (int64_t b : param_bytes) {
-    if (b < 0) throw std::invalid_argument("parameter sizes must be >= 0");
+    if (b < 0) {
+      throw std::invalid_argument("[largest_partition_fraction] parameter sizes must be >= 0 "
+                                  "bytes, got " + std::to_string(b));
+    }
     total += b;
   }
   if (total == 0) return 1.0 / world_size;

@@ -8,7 +8,7 @@ namespace memfit {
 
 DataParallelSetup data_parallel_setup(const torch::nn::Module& model, int world_size) {
   if (world_size < 1) {
-    throw std::invalid_argument("world size must be >= 1, got " +
+    throw std::invalid_argument("[data_parallel_setup] world size must be >= 1 ranks, got " +
                                 std::to_string(world_size));
   }
   DataParallelSetup d;

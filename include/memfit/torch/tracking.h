@@ -58,7 +58,8 @@ std::optional<int64_t> budget(Device d);
 
 // Test hook: the n-th tracked allocation from now (1 = the next one) on
 // device d throws c10::OutOfMemoryError as if the budget were exceeded, so
-// recovery can be tested at every point of a step. 0 disarms.
+// recovery can be tested at every point of a step. 0 disarms; n < 0 throws
+// std::invalid_argument.
 void fail_allocation_after(Device d, int64_t n);
 // How many tracked allocations were made on d since the process started.
 int64_t allocation_count(Device d);

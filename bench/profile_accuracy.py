@@ -102,15 +102,18 @@ def _measured_phase(report_json):
 
 def accuracy_python(memfit, name, batch, probes):
     """(predicted, measured, details) through memfit.profile: the prediction
-    from a profile at the largest probe batch (memfit probes b/4, b/2, b)."""
+    of a profile at the largest first probe batch, report.prediction(batch):
+    probes from b/4, b/2, b grown toward the batch (Note [Probing toward the
+    answer]), the same path the HTML page's curve and find_batch_size take."""
     probes = probes or DEFAULT_PROBES
     small = max(probes)
     model, x, y, loss_fn = _models.make(name, batch)
     t0 = time.perf_counter()
     xs, ys = x[:small].clone(), y[:small].clone()
     report_small = memfit.profile(model, xs, target=ys, loss_fn=loss_fn, optimizer=OPTIMIZER)
-    pm = report_small.peak_model()
-    predicted = pm.predict(batch)
+    sure = report_small.prediction(batch)
+    pm = report_small.peak_model(batch)  # the model prediction() fitted
+    predicted = sure.predicted_bytes
     phase = pm.peak_phase(batch)
     t1 = time.perf_counter()
     report = memfit.profile(model, x, target=y, loss_fn=loss_fn, optimizer=OPTIMIZER)
@@ -120,8 +123,9 @@ def accuracy_python(memfit, name, batch, probes):
         measured_peak_bytes=report.peak_bytes,
         predicted_phase=_phase_name(phase),
         measured_phase=f"{report.peak_phase}#{report._native.peak_iteration}",
-        probes=list(pm.probe_batches),
+        probes=list(sure.probes),
         max_rel_residual=pm.max_rel_residual(),
+        held_out_error=sure.held_out_error,
         # PeakModel.notes is not bound in every build of the module.
         notes=list(getattr(pm, "notes", [])) + list(report.notes),
         predict_seconds=t1 - t0,

@@ -19,21 +19,48 @@ from .training_step import (OPTIMIZERS, call_model, check_loss_trains, check_opt
 DEFAULT_CUDA_WORKSPACE = (8 << 20) + (128 << 10)
 
 
-def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device):
+# Note [A rehearsal inside the user's autocast]
+# A step profiled inside torch.autocast (memfit.Trainer plans its micro-batch
+# inside the user's autocast region) shares autocast's cache of the weights'
+# casts, which lives until the outermost autocast region exits: keyed by the
+# Parameter, it would hand the rehearsal casts made before it (and not
+# measure them: the Trainer's first plan came out a micro-batch too large,
+# by the bf16 copy of the weights, and step 2 recovered an OOM), and hand
+# the user's next forward casts of the rehearsal's copies (of meta tensors,
+# in meta mode). So the cache is cleared before the rehearsal, which then
+# measures its own casts as a step of its own would, and after it: the
+# user's next forward casts the weights again, the values it would have
+# had.
+def _autocast_on():
+    return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+
+
+def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_to_none=True):
     """_record_step on copies of the weights, inputs and optimizer state; the
     model, its gradients and the optimizer are put back as they were."""
     saved = ModelTensors(model)
     opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
+    autocast = _autocast_on()
+    if autocast:  # See Note [A rehearsal inside the user's autocast].
+        torch.clear_autocast_cache()
     try:
-        return _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device)
+        return _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
+                            set_to_none)
     finally:
+        if autocast:
+            torch.clear_autocast_cache()
         saved.restore()
         if opt_state is not None:
             opt_state.restore()
 
 
-def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device):
-    """Runs `iterations` training iterations under a recorder; returns it."""
+def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
+                 set_to_none=True):
+    """Runs `iterations` training iterations under a recorder; returns it.
+    set_to_none=False zeroes the gradients in place: they stay alive through
+    the next iteration's forward, as between the micro-batches of an
+    accumulated step. Either way the rehearsal's gradients are dropped when
+    `saved` is restored: the user's .grad come back."""
     t = Tracking()
     if device.type == "meta":
         # The device's bytes only: what stays on the host (AdamW's step
@@ -69,9 +96,9 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
             # See Note [The order of a training iteration] (report.h).
             t.phase("zero_grad", it)
             if optimizer is not None:
-                optimizer.zero_grad(set_to_none=True)
+                optimizer.zero_grad(set_to_none=set_to_none)
             else:
-                model.zero_grad(set_to_none=True)
+                model.zero_grad(set_to_none=set_to_none)
             t._recorder.end_phase()
             del x, y, out, loss
     finally:
@@ -84,12 +111,10 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
 class Report:
     """One profiled step: phases, categories at the peak, modules, timeline."""
 
-    def __init__(self, native, timeline, prober=None, model_sizes=((), 0), record_at=None):
+    def __init__(self, native, timeline, model_sizes=((), 0), record_at=None):
         self._native = native
         self.timeline = timeline
-        self._prober = prober
         self._record_at = record_at
-        self._peak_model = None
         self._probed = None  # see prediction()
         self._trainable_sizes, self._largest_unit_bytes = model_sizes
 
@@ -133,7 +158,7 @@ class Report:
         category over time and activations by module (hover for exact bytes), the
         tables, the notes, the peak over batch sizes with the `budget` line, and
         `advice` (a memfit.advise() result) as the advise table. predict=True runs
-        the probes of predict_peak_bytes(). Returns `path`."""
+        the probes of prediction() (peak_model()). Returns `path`."""
         return report_page.save_html(self, path, title=title, budget=budget, advice=advice,
                                      x_axis=x_axis, predict=predict)
 
@@ -142,13 +167,12 @@ class Report:
         with open(path, "w") as f:
             f.write(self.timeline.svg(title or f"memfit profile: {self._native.model}"))
 
-    def peak_model(self):
-        """The fitted peak-vs-batch model (probes run on first use)."""
-        if self._peak_model is None:
-            if self._prober is None:
-                raise ValueError("[predict_peak_bytes] this report cannot probe other batches")
-            self._peak_model = self._prober()
-        return self._peak_model
+    def peak_model(self, batch=None):
+        """The fitted peak-vs-batch model (a PeakModel) behind prediction(batch):
+        the same probes, grown toward `batch` (default: this report's batch),
+        run on first use and kept."""
+        batch = self.batch if batch is None else count(batch, "peak_model", "batch")
+        return self._probe_toward(batch).model
 
     native = property(lambda self: self._native, doc="The C++ report, for memfit's planners.")
 
@@ -158,7 +182,7 @@ class Report:
         if self._record_at is None:
             raise ValueError("[at_batch] this report cannot record other batches")
         native, timeline = self._record_at(count(batch, "at_batch", "batch"))
-        return Report(native, timeline, None, (self._trainable_sizes, self._largest_unit_bytes),
+        return Report(native, timeline, (self._trainable_sizes, self._largest_unit_bytes),
                       self._record_at)
 
     def measure_step(self, batch):
@@ -176,22 +200,27 @@ class Report:
         each checked against the ones before it. Returns a
         PredictionCertainty: predicted_bytes, probes, held_out_error (worst
         relative miss), affine, beyond_probes; text() says it in a line."""
-        return self._certainty(count(batch, "prediction", "batch"))
+        batch = count(batch, "prediction", "batch")
+        return self._probe_toward(batch).certainty_at(batch)
 
-    def _certainty(self, batch):
+    def _probe_toward(self, batch):
+        """The one way a report probes other batches (prediction(),
+        predict_peak_bytes(), peak_model(), the HTML page's curve): probes
+        grown from around this report's batch toward `batch`, kept and grown
+        further when a later call asks for a batch past 8x the largest."""
         if self._probed is None or self._probed.largest_probe() * 8 < batch:
             if self._record_at is None:
                 raise ValueError("[predict_peak_bytes] this report cannot probe other batches")
             self._probed = _memfit.probe_toward(self.measure_step, batch,
                                                 _probe_batches(self.batch),
                                                 _memfit.probe_memory_limit(self.mode))
-        return self._probed.certainty_at(batch)
+        return self._probed
 
     def predict_peak_bytes(self, batch):
         """Predicted peak bytes of the same step at `batch`, from probes grown
         toward it (each phase's events fitted as M0 + m*batch on the largest
         probes; the largest wins). prediction(batch) says how sure it is."""
-        return self._certainty(count(batch, "predict_peak_bytes", "batch")).predicted_bytes
+        return self.prediction(count(batch, "predict_peak_bytes", "batch")).predicted_bytes
 
     def data_parallel(self, world_size, gradient_as_bucket_view=False, bucket_cap_mb=25,
                       largest_unit=None, optimizer_shards="flat"):
@@ -227,11 +256,12 @@ def _probe_batches(b):
 
 
 def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations=2,
-            batch_dim=0, mode="cpu", target_device="cpu", cuda_workspace=DEFAULT_CUDA_WORKSPACE):
+            batch_dim=0, mode="cpu", target_device="cpu", cuda_workspace=DEFAULT_CUDA_WORKSPACE,
+            set_to_none=True):
     """Profile `iterations` training iterations of `model` on `inputs`.
 
     Each iteration runs the phases inputs, forward, loss, backward,
-    optimizer_step, zero_grad (set_to_none; after a first "parameters" phase that puts a
+    optimizer_step, zero_grad (after a first "parameters" phase that puts a
     copy of the weights on the device) under memfit's recorder, and the
     report explains each phase's delta, the categories at the peak and the
     activations each module saves.
@@ -252,6 +282,13 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
       saying so in the report's notes, where this torch lacks a meta kernel.
     - target_device="cuda" adds the CUDA caching allocator's view (rounding,
       segments, `cuda_workspace` bytes of cuBLAS workspace).
+    - set_to_none: how zero_grad ends each iteration. True (the default, as
+      torch's): the gradients are freed. False: zeroed in place, so they stay
+      alive through the next iteration's forward and backward, as the
+      accumulated gradients do between the micro-batches of a split step:
+      the step memfit.Trainer measures to choose its micro-batch (see Note
+      [The first micro-batch from the fit], trainer.py). The report's notes
+      say so.
 
     The step runs on copies: the model's weights, buffers and .grad, the
     optimizer's state and learning rate, the inputs and the RNG state are
@@ -268,6 +305,8 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
     if mode not in ("cpu", "meta"):
         raise ValueError(f"[profile] mode must be 'cpu' or 'meta', got {mode!r}")
     iterations = count(iterations, "profile", "iterations")
+    if not isinstance(set_to_none, bool):
+        raise ValueError(f"[profile] set_to_none must be True or False, got {set_to_none!r}")
     b = batch_size(inputs, batch_dim, "profile")
     if target is not None:
         tb = batch_size(target, first_batch_dim(batch_dim), "profile target")
@@ -295,14 +334,14 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
                     with reads.answering(), foreach_as_on_cuda(
                             optimizer if target_device == "cuda" else None) as foreach:
                         rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                        torch.device(mode))
+                                        torch.device(mode), set_to_none)
                     if foreach:
                         notes.append("the optimizer ran its foreach implementation, as torch "
                                      "does for CUDA parameters (temporaries as large as all "
                                      "parameters); see Note [The optimizer a GPU would run]")
                 else:
                     rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                    torch.device(mode))
+                                    torch.device(mode), set_to_none)
             except (NotImplementedError, RuntimeError) as e:
                 if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
                     raise
@@ -320,7 +359,11 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
                     )
                 mode = "cpu"
                 rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                torch.device("cpu"))
+                                torch.device("cpu"), set_to_none)
+        if not set_to_none:
+            notes.append("zero_grad in place (set_to_none=False): the gradients stay alive "
+                         "through the next iteration, as between the micro-batches of an "
+                         "accumulated step")
         if meta:
             notes.append(f"unverified: the {meta} on the meta device (shapes without "
                          f"values), so no step can run for real to check these figures")
@@ -340,17 +383,6 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
     if target_device == "cuda":
         native.set_cuda_estimate(timeline, cuda_workspace)
 
-    def prober():
-        batches = _probe_batches(b)
-        reports, timelines = [], []
-        for n in batches:
-            x = resize_batch(inputs, n, batch_dim)
-            y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
-            report, timeline = run(x, y, mode)
-            reports.append(report)
-            timelines.append(timeline)
-        return _memfit.fit_peak_model(batches, reports, timelines)
-
     def record_at(n):
         # The cut or repeated batch is memfit's, made on the host: only the
         # step's own copy of it counts (under a simulated device too).
@@ -360,7 +392,7 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         return run(x, y, mode)
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
-    return Report(native, timeline, prober, sizes, record_at)
+    return Report(native, timeline, sizes, record_at)
 
 
 def _meta_tensors(model, inputs, target):

@@ -48,9 +48,10 @@ def html_page(report, title=None, budget=None, advice=None, x_axis="time", predi
     - advice: a memfit.advise() result, shown as the advise table.
     - x_axis: "time" (wall time of each allocation) or "events" (event
       order, each allocation one step).
-    - predict: draw the peak over batch sizes; the first call runs the
-      report's probes at small batches (report.peak_model()). Reports that
-      cannot probe are drawn without it.
+    - predict: draw the peak over batch sizes, from the model of the
+      probes report.prediction() grows (report.peak_model(): run on first
+      use, kept by the report; the one probing path). Reports that cannot
+      probe are drawn without it.
     """
     native, timeline = _native_of(report)
     budget_bytes = 0 if budget is None else to_bytes(budget, "save_html")

@@ -318,3 +318,79 @@ def test_a_batch_that_is_not_a_positive_int_is_refused(bad):
         r.predict_peak_bytes(bad)
     with pytest.raises(ValueError, match=r"^\[profile\] iterations must be an int >= 1"):
         memfit.profile(mlp(), x, y, iterations=bad)
+
+
+# -- set_to_none=False: the gradients kept, as between accumulated micro-batches --
+
+
+def test_zero_grad_in_place_keeps_the_gradients_through_the_next_iteration():
+    x, y = batch(16)
+    freed = memfit.profile(mlp(), x, y, optimizer="sgd")
+    kept = memfit.profile(mlp(), x, y, optimizer="sgd", set_to_none=False)
+
+    def after(r, name, it):
+        return next(p for p in r.phases if p["name"] == name and p["iteration"] == it)
+
+    grads = 4 * PARAMS_MLP
+    # zero_grad frees the gradients, or zeroes them and keeps them.
+    assert after(freed, "zero_grad", 1)["delta_bytes"] == -grads
+    assert after(kept, "zero_grad", 1)["delta_bytes"] == 0
+    # So the second iteration's forward runs beside them.
+    assert (after(kept, "forward", 2)["live_bytes_after"]
+            == after(freed, "forward", 2)["live_bytes_after"] + grads)
+    assert kept.peak_bytes >= freed.peak_bytes
+    assert any("set_to_none=False" in n for n in kept.notes)
+    assert not any("set_to_none=False" in n for n in freed.notes)
+
+
+def test_zero_grad_in_place_leaves_the_users_gradients_and_optimizer():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = batch(8)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    grads = [p.grad for p in model.parameters()]
+    values = [g.clone() for g in grads]
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    momentum = [opt.state[p]["momentum_buffer"].clone() for p in model.parameters()]
+    memfit.profile(model, x, y, optimizer=opt, set_to_none=False)
+    assert all(p.grad is g for p, g in zip(model.parameters(), grads))
+    assert all(torch.equal(g, v) for g, v in zip(grads, values))
+    assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+    assert all(torch.equal(opt.state[p]["momentum_buffer"], m)
+               for p, m in zip(model.parameters(), momentum))
+
+
+@pytest.mark.parametrize("bad", [None, 0, "no"])
+def test_set_to_none_must_be_a_bool(bad):
+    x, y = batch(4)
+    with pytest.raises(ValueError, match=r"^\[profile\] set_to_none must be True or False"):
+        memfit.profile(mlp(), x, y, set_to_none=bad)
+
+
+def test_peak_model_is_the_model_prediction_probed():
+    x, y = batch(8)
+    r = memfit.profile(mlp(), x, y, optimizer="sgd")
+    pm = r.peak_model()
+    assert list(pm.probe_batches) == [2, 4, 8]  # b/4, b/2, b: toward the report's batch
+    sure = r.prediction(512)  # grows the probes toward 512
+    assert sure.probes[-1] >= 512 // 8
+    grown = r.peak_model()  # the same probes, kept
+    assert list(grown.probe_batches) == list(sure.probes)
+    assert grown.predict(512) == sure.predicted_bytes
+
+
+def test_a_profile_inside_autocast_measures_its_own_weight_casts_and_leaves_none():
+    # See Note [A rehearsal inside the user's autocast].
+    model = mlp()
+    x, y = batch(8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fresh = memfit.profile(model, x, y, optimizer="sgd")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        want = model(x)  # autocast caches its casts of the weights
+        warm = memfit.profile(model, x, y, optimizer="sgd")
+        meta = memfit.profile(model, x, y, optimizer="sgd", mode="meta")
+        got = model(x)  # casts of the weights themselves, not of a rehearsal's copies
+    assert warm.peak_bytes == fresh.peak_bytes
+    assert meta.mode == "meta" and not got.is_meta
+    assert torch.equal(got, want)

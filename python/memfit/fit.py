@@ -16,7 +16,7 @@ from .training_step import check_optimizer
 DoesNotFit = _memfit.DoesNotFit
 
 
-def _model_tracked_bytes(model):
+def model_tracked_bytes(model):
     """Bytes of the model's own weights and buffers that the simulated device
     counts: the rehearsal keeps them on the host while the step runs (see
     Note [A rehearsed step leaves no trace]), so they leave room for it."""
@@ -30,18 +30,33 @@ def _model_tracked_bytes(model):
     return total
 
 
-def _available_bytes(budget, model):
+def others_live_bytes(model):
+    """Bytes the simulated device holds that are not `model`'s weights and
+    buffers (the batch, optimizer state, the user's other tensors): a
+    rehearsed step of `model` counts its own copy of the weights, and
+    finds only the rest of the budget free, as on a GPU."""
+    return max(0, _memfit.tracked_live_bytes("cpu") - model_tracked_bytes(model))
+
+
+def cuda_free_bytes():
+    """The current CUDA device's free memory, with what the caching
+    allocator holds but does not use counted as free: it is free to us."""
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+
+def available_bytes(budget, model):
+    """What find_batch_size fits the step in: `budget` as given; else what
+    the simulated device's budget leaves beside the live tensors that are not
+    the model's; else the free CUDA memory."""
     if budget is not None:
         return to_bytes(budget, "find_batch_size")
     simulated = _memfit.budget("cpu")
     if simulated is not None:
         # As a GPU's free memory: what other live tensors hold is not ours.
-        others = _memfit.tracked_live_bytes("cpu") - _model_tracked_bytes(model)
-        return max(0, simulated - max(0, others))
+        return max(0, simulated - others_live_bytes(model))
     if torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        # What the caching allocator holds but does not use is free to us.
-        return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+        return cuda_free_bytes()
     raise ValueError(
         "[find_batch_size] no budget: pass budget= ('16GiB' or bytes), run inside "
         "memfit.simulated_device(...), or run on a CUDA device"
@@ -84,7 +99,7 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     not fit.
     """
     check_optimizer(model, optimizer, "find_batch_size")
-    available = _available_bytes(budget, model)
+    available = available_bytes(budget, model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
         buckets = sum(trainable_sizes(model))
@@ -98,9 +113,19 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
         available -= buckets
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode)
-    return _memfit.search_batch(report.measure_step, available, to_bytes(margin, "margin"),
-                                verify=bool(verify),
-                                host_limit=_memfit.probe_memory_limit(report.mode))
+    return search(report, available, to_bytes(margin, "margin"), verify=bool(verify))
+
+
+def search(report, available, margin=0, verify=True, max_batch=None):
+    """The largest batch whose step, as `report` (a memfit.profile Report)
+    measures it at other batches, fits `available` bytes less `margin`: the
+    search of find_batch_size (see Note [Probing toward the answer] and Note
+    [Verifying the answer]). max_batch: no larger batch is wanted (a
+    Trainer's whole batch); the search stops there. Returns a BatchFit;
+    raises DoesNotFit when even batch 1 does not fit."""
+    kwargs = {} if max_batch is None else {"max_batch": count(max_batch, "search", "max_batch")}
+    return _memfit.search_batch(report.measure_step, available, margin, verify=bool(verify),
+                                host_limit=_memfit.probe_memory_limit(report.mode), **kwargs)
 
 
 def auto_batch_size(starting_batch_size=128, *, model, inputs, target=None, loss_fn=None,

@@ -1,11 +1,15 @@
 """memfit.Trainer: the batch you asked for, in micro-batches that fit."""
 
+import dataclasses
+
 import torch
 
 from . import _memfit
-from .batching import batch_size, count, map_tensors, narrow_batch, tensors_in
+from . import fit as fitting
+from .batching import batch_size, count, first_batch_dim, map_tensors, narrow_batch, tensors_in
 from .device import to_bytes
 from .distributed import DistributedStep, batch_signature, is_distributed
+from .profiling import DEFAULT_CUDA_WORKSPACE, profile
 from .training_step import call_model, check_loss_trains, check_optimizer, compute_loss
 
 
@@ -81,6 +85,83 @@ def _scaled_step(optimizer, scaler):
     return step
 
 
+# Note [The first micro-batch from the fit]
+# Under a budget, the Trainer's first micro-batch is not found by running out
+# of memory (halve on each OOM, so that the first step of a batch that must
+# be split recovered OOMs): before the first step that has a budget (its
+# own, or a memfit.simulated_device around it, on the CPU; the card's free
+# memory on CUDA) the step is measured on the user's model with
+# find_batch_size's search (Report.measure_step -> _memfit.search_batch, see
+# Note [Probing toward the answer] and Note [Verifying the answer]), capped
+# at the batch, as `memfit train` does (train_command.cpp). Two questions:
+#
+# 1. Does the batch fit whole? Measured as a whole step runs (gradients
+#    freed by zero_grad(set_to_none=True)): probes grown toward the batch,
+#    not verified: the fit's answer, its residual kept free, is trusted and
+#    the step itself is the check. Cost: the probes, fewer samples in all
+#    than a quarter of the batch, two iterations each.
+# 2. If not: the largest micro-batch. From the second micro-batch on the
+#    accumulated gradients are alive through the next forward and backward,
+#    so the step is measured with them kept (profile(set_to_none=False));
+#    measured with set_to_none the C++ fit came out one sample too large and
+#    step 2 recovered an OOM. Verified by one to four whole steps at the
+#    answer (two iterations each), on top of the probes again. The batch is
+#    then cut into as many micro-batches as that answer needs, of equal size
+#    (256 samples with an answer of 67: 4 x 64, not 67, 67, 67, 55): never
+#    above the measured answer, and no more micro-batches.
+#
+# The probes run on the first two samples of the user's batch repeated to
+# each probe's size (only shapes matter to memory), under the user's
+# autocast, on copies: the weights, .grad, buffers, optimizer state, inputs
+# and RNG are left as they were (Note [A rehearsed step leaves no trace],
+# snapshot.py). The room is the budget less the live tracked tensors that
+# are not the model's (the batch on the device, optimizer state); the
+# probes' memory shows in a memfit.track() around the step, not in the
+# StepReport. OOM recovery stays the safety net: a micro-batch that runs out
+# of memory all the same is halved and redone as before.
+#
+# Not planned (nothing measured, nothing spent): split=False, micro_batch=
+# given, plan=False, a DistributedDataParallel model (the ranks agree on the
+# micro-batch they start from, see distributed.py; each would plan alone),
+# BatchNorm in training mode with coupled="error" (the batch cannot be split
+# anyway), a batch of one sample, no budget (the CPU without one), and a
+# target batched along another dimension than the inputs (the probes resize
+# both along the inputs'). Planned again after set_budget(), and when a batch
+# larger than the one planned whole arrives. When the plan cannot answer
+# (even one sample does not fit, or a probe raised), the step runs as it did
+# without it, and its own message says what does not fit; trainer.planned
+# says why.
+#
+# On CUDA the probes are CPU steps (as find_batch_size's), which verify
+# nothing about the card: question 2 runs unverified, with cuBLAS's
+# workspace kept free, and the caching allocator's slack is left to the
+# safety net. Not checked on a GPU yet.
+
+
+@dataclasses.dataclass
+class MicroBatchPlan:
+    """What the Trainer measured before its first step under a budget (see
+    Note [The first micro-batch from the fit]): the batch planned for, the
+    micro-batch it starts from (0: whole), the fits of the two questions
+    (`whole`: does the batch fit whole; `split`: the largest micro-batch
+    with the gradients accumulated, None when not asked), the room in bytes
+    and, when no plan was made, why."""
+
+    batch: int
+    micro_batch: int = 0
+    room_bytes: int = 0
+    whole: object = None
+    split: object = None
+    failed: str = ""
+
+
+def even_micro_batch(batch, largest):
+    """The micro-batch that cuts `batch` samples into as many equal parts as
+    micro-batches of `largest` would: never above `largest`."""
+    parts = -(-batch // largest)
+    return -(-batch // parts)
+
+
 def _reduction(loss_fn, reduction):
     if reduction is not None:
         if reduction not in ("mean", "sum"):
@@ -110,6 +191,18 @@ class Trainer:
     and zero_grad(set_to_none=True). An OOM in a micro-batch halves it and
     redoes it: gradients already accumulated stay, no sample is dropped or
     counted twice, and later steps start from the size that worked.
+
+    Under a budget the first micro-batch is measured, not found by running
+    out of memory: before the first step with a budget, memfit probes the
+    step on a few samples (on copies: nothing of yours changes) and starts
+    from the largest micro-batch that find_batch_size's search verifies
+    fits with the gradients accumulated, cut evenly; OOM recovery stays the
+    safety net. It costs the probes (under a quarter of the batch's
+    samples, two iterations each) and, when the batch must be split, one
+    to four steps at the micro-batch. plan=False skips it (then the first
+    micro-batch is found by OOM recovery); micro_batch=, split=False and a
+    DDP model skip it too. trainer.planned says what was measured. See Note
+    [The first micro-batch from the fit].
 
     - budget: "16GiB", bytes, or None. On CPU it simulates a device of that
       size (the model's parameters count); on CUDA leave it None: the card
@@ -158,11 +251,16 @@ class Trainer:
 
     def __init__(self, model, optimizer, loss_fn=None, budget=None, batch_dim=0,
                  target_batch_dim=0, coupled="error", reduction=None, split=True,
-                 micro_batch=0, scaler=None):
+                 micro_batch=0, scaler=None, plan=True):
         if coupled not in ("error", "allow"):
             raise ValueError(f"[Trainer] coupled must be 'error' or 'allow', got {coupled!r}")
+        if not isinstance(plan, bool):
+            raise ValueError(f"[Trainer] plan must be True or False, got {plan!r}")
         check_optimizer(model, optimizer, "Trainer", instance_only=True)
         micro_batch = count(micro_batch, "Trainer", "micro_batch", minimum=0)
+        # See Note [The first micro-batch from the fit].
+        self._plan = plan and split and micro_batch == 0
+        self.planned = None  # a MicroBatchPlan once one was made
         self.model = model
         self.optimizer = optimizer
         self.loss_fn = loss_fn
@@ -204,8 +302,11 @@ class Trainer:
         return self._native.micro_batch
 
     def set_budget(self, budget):
-        """Change the budget (bytes, "8GiB", or None) for the next steps."""
+        """Change the budget (bytes, "8GiB", or None) for the next steps; the
+        next step plans its micro-batch again (Note [The first micro-batch
+        from the fit])."""
         self._native.set_budget(None if budget is None else to_bytes(budget, "Trainer"))
+        self.planned = None
 
     def step(self, inputs, target=None):
         """One optimizer step on the whole batch; returns a StepReport with
@@ -217,6 +318,8 @@ class Trainer:
         # The native step sets the parameters' gradients to None before and
         # after (see Note [The order of a training iteration]).
         n = self._batch(inputs, target)
+        if self._plan and self._wants_plan(native, target, n):
+            self._plan_micro_batch(native, inputs, target, n)
         buffers = BufferGuard(self._module)
         try:
             return native.step(n, self._chunk_loss(inputs, target, buffers),
@@ -224,6 +327,68 @@ class Trainer:
         except BaseException:
             buffers.restore_before_step()
             raise
+
+    def _wants_plan(self, native, target, n):
+        """Whether this step plans its micro-batch first: see Note [The first
+        micro-batch from the fit] for when it does not."""
+        if n < 2 or (coupled_layers(self._module) and not self._options[2]):
+            return False
+        if target is not None and self.target_batch_dim != first_batch_dim(self.batch_dim):
+            return False
+        if self.planned is not None:
+            # Planned: again only for a larger batch than the one that ran whole.
+            return native.micro_batch == 0 and n > self.planned.batch
+        return self._room() is not None
+
+    def _room(self):
+        """(bytes the step may take, whether a step measured here verifies
+        it), or None without a budget."""
+        device = self._device()
+        model = self._module
+        if device.type == "cuda":
+            room = fitting.cuda_free_bytes()
+            if self._native.budget is not None:
+                room = min(room, self._native.budget)
+            return room, False
+        if device.type != "cpu":
+            return None
+        budgets = [b for b in (self._native.budget, _memfit.budget("cpu")) if b is not None]
+        if not budgets:
+            return None
+        # The native step counts the weights made before tracking on top of
+        # the tracked bytes; the rehearsal counts its own copy of every
+        # weight: what is left is the budget less the tensors that are not
+        # the model's.
+        return max(0, min(budgets) - fitting.others_live_bytes(model)), True
+
+    def _plan_micro_batch(self, native, inputs, target, n):
+        """Sets the micro-batch the step starts from, measured: see Note [The
+        first micro-batch from the fit]."""
+        room, on_device = self._room()
+        plan = MicroBatchPlan(batch=n, room_bytes=room)
+        self.planned = plan
+        k = min(n, 2)
+        example = narrow_batch(inputs, 0, k, self.batch_dim)
+        example_target = None if target is None else map_tensors(
+            target, lambda t: t.narrow(self.target_batch_dim, 0, k))
+
+        def fit(set_to_none, verify, margin):
+            report = profile(self._module, example, example_target, loss_fn=self.loss_fn,
+                             optimizer=self.optimizer, batch_dim=self.batch_dim,
+                             set_to_none=set_to_none)
+            return fitting.search(report, room, margin, verify=verify, max_batch=n)
+
+        margin = 0 if on_device else DEFAULT_CUDA_WORKSPACE
+        try:
+            plan.whole = fit(True, False, margin)
+            if plan.whole.max_batch < n:
+                plan.split = fit(False, on_device, margin)
+                if plan.split.max_batch < n:
+                    plan.micro_batch = even_micro_batch(n, plan.split.max_batch)
+        except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
+            plan.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return
+        native.set_micro_batch(plan.micro_batch)
 
     def _batch(self, inputs, target):
         n = batch_size(inputs, self.batch_dim, "Trainer.step")

@@ -1,5 +1,8 @@
 // Glue for batch_fit.h and batch_search.h: the search runs in C++ and calls
 // back into Python to measure a step of the user's model.
+#include <algorithm>
+#include <stdexcept>
+
 #include <pybind11/functional.h>
 #include <pybind11/stl.h>
 
@@ -72,8 +75,6 @@ void init_fit(py::module_& m) {
                ", verified=" + (f.verified ? "True" : "False") + ")";
       })
       .def("text", &BatchFit::text);
-  m.def("fit_batch", &fit_batch, py::arg("model"), py::arg("reference"),
-        py::arg("budget_bytes"), py::arg("extra_margin_bytes") = 0);
 
   py::class_<PredictionCertainty>(m, "PredictionCertainty")
       .def_readonly("batch", &PredictionCertainty::batch)
@@ -115,19 +116,26 @@ void init_fit(py::module_& m) {
   m.def(
       "search_batch",
       [](py::function measure, int64_t budget, int64_t margin, std::vector<int64_t> first,
-         bool verify, int64_t host_limit) {
+         bool verify, int64_t host_limit, int64_t max_batch) {
+        if (max_batch < 1) {
+          throw std::invalid_argument("[fit] max_batch must be >= 1, got " +
+                                      std::to_string(max_batch));
+        }
         SearchOptions o;
         o.host_limit_bytes = host_limit;
         o.budget_bytes = budget;
         o.extra_margin_bytes = margin;
         if (!first.empty()) o.probes.first = std::move(first);
         o.verify = verify;
+        o.max_batch = std::min(max_batch, kMaxBatch);
         return search_batch(from_python(std::move(measure)), o);
       },
       py::arg("measure"), py::arg("budget"), py::arg("margin") = 0,
       py::arg("first") = std::vector<int64_t>{}, py::arg("verify") = true,
-      py::arg("host_limit") = INT64_MAX,
-      "The largest batch that fits, verified: see Note [Verifying the answer].");
+      py::arg("host_limit") = INT64_MAX, py::arg("max_batch") = kMaxBatch,
+      "The largest batch that fits, verified: see Note [Verifying the answer]. "
+      "max_batch: no batch above it is wanted (a Trainer's whole batch): the search "
+      "stops there.");
 }
 
 }  // namespace memfit::python

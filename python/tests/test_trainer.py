@@ -99,7 +99,8 @@ class PerSample(torch.nn.Module):
         return self.count[ids] + self.body(x).squeeze(1)
 
 
-def test_budget_splits_and_counts_every_sample_exactly_once():
+@pytest.mark.parametrize("plan", [False, True])
+def test_budget_splits_and_counts_every_sample_exactly_once(plan):
     n = 2048
     ids, x = torch.arange(n), torch.randn(n, 256)
     loss_fn = lambda out, _: out.sum()  # noqa: E731
@@ -109,12 +110,15 @@ def test_budget_splits_and_counts_every_sample_exactly_once():
         # What the whole batch needs, then a budget well below it.
         with memfit.track() as t:
             start = t.live_bytes
-            memfit.Trainer(model, opt, loss_fn, reduction="sum").step((ids, x), ids)
+            memfit.Trainer(model, opt, loss_fn, reduction="sum", plan=False).step((ids, x), ids)
         base = memfit._memfit.tracked_live_bytes()
         budget = base + (t.peak_bytes - start) // 3
-        trainer = memfit.Trainer(model, opt, loss_fn, reduction="sum", budget=budget)
+        trainer = memfit.Trainer(model, opt, loss_fn, reduction="sum", budget=budget, plan=plan)
         r = trainer.step((ids, x), ids)
-    assert r.ooms_recovered > 0 and r.micro_batches > 1
+    # plan=False: the micro-batch is found by recovering OOMs; planned: it
+    # is measured first, and the step recovers none.
+    assert (r.ooms_recovered > 0) if not plan else (r.ooms_recovered == 0)
+    assert r.micro_batches > 1
     assert r.samples == n and sum(r.chunks) == n
     assert torch.equal(opt.grads[0], torch.ones(n))  # each sample once
 

@@ -34,6 +34,14 @@ def run(cmd):
     return out, time.time() - t0
 
 
+def _ratio(row):
+    """'1.25x' timed, '~1.25x' estimated from the recorded times, '-' unknown."""
+    r = row["time_ratio"]
+    if r is None:
+        return "-"
+    return ("" if row["time_measured"] else "~") + f"{r:.2f}x"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", default=os.environ.get("MEMFIT_BUILD", "build"))
@@ -69,7 +77,7 @@ def main(argv=None):
     for s in a["strategies"]:
         result = "no training" if s["kind"] == "eval" else ("same" if s["exact"] else "changes")
         print(f"{s['name']:50s} {s['peak_bytes'] / plain:9.2f}x "
-              f"{s['saving_bytes'] / MIB:7.2f} MiB {s['time_ratio']:5.2f}x  "
+              f"{s['saving_bytes'] / MIB:7.2f} MiB {_ratio(s):>6s}  "
               f"{'yes' if s['fits'] else 'no ':3s}   {result}")
     rules = a["checkpoint_rules"]
     every = next((r for r in rules if r["rule"] == "every layer"), None)
@@ -83,7 +91,7 @@ def main(argv=None):
     p = a["plan"]
     print(f"\nplan: {p['summary']}: " + (
         f"peak {p['peak_bytes'] / MIB:.2f} MiB = {p['peak_bytes'] / budget:.2f}x of the budget, "
-        f"time {p['time_ratio']:.2f}x of the plain step"
+        f"time {_ratio(p)} of the plain step"
         if p["found"] else "nothing measured fits"))
     for n in a["notes"]:
         print("note:", n)

@@ -1,10 +1,13 @@
-// The checkpointing planner of core/checkpoint_plan.h, for memfit.advise:
-// Python measures the chain on the user's model, C++ plans over it.
+// memfit.advise's planner (core/advise_plan.h) and the checkpointing
+// planner under it (core/checkpoint_plan.h): Python records the user's
+// model when the planner asks, the planner does the rest.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "memfit/core/advise_plan.h"
 #include "memfit/core/checkpoint_plan.h"
+#include "memfit/core/progress.h"
 
 namespace py = pybind11;
 
@@ -80,6 +83,128 @@ void init_strategies(py::module_& m) {
         "programming); fits is false when no choice does.");
   m.def("compare_chain_plans", &compare_chain_plans, py::arg("segments"),
         py::arg("memory"), py::arg("budget"));
+
+  py::class_<StepVariant>(m, "StepVariant")
+      .def(py::init([](std::vector<bool> checkpoint, bool autocast_bf16, bool zero_grad_in_place,
+                       std::string optimizer, bool host_state, std::string step) {
+             StepVariant v;
+             v.checkpoint = std::move(checkpoint);
+             v.autocast_bf16 = autocast_bf16;
+             v.zero_grad_in_place = zero_grad_in_place;
+             v.optimizer = std::move(optimizer);
+             v.host_state = host_state;
+             v.step = step == "no_grad"          ? StepKind::kEvalNoGrad
+                      : step == "inference_mode" ? StepKind::kEvalInference
+                                                 : StepKind::kTrain;
+             return v;
+           }),
+           py::arg("checkpoint") = std::vector<bool>{}, py::arg("autocast_bf16") = false,
+           py::arg("zero_grad_in_place") = false, py::arg("optimizer") = "",
+           py::arg("host_state") = false, py::arg("step") = "train")
+      .def_readonly("checkpoint", &StepVariant::checkpoint)
+      .def_readonly("autocast_bf16", &StepVariant::autocast_bf16)
+      .def_readonly("zero_grad_in_place", &StepVariant::zero_grad_in_place)
+      .def_readonly("optimizer", &StepVariant::optimizer)
+      .def_readonly("host_state", &StepVariant::host_state)
+      .def_property_readonly("step", [](const StepVariant& v) { return to_string(v.step); })
+      .def("exact", &StepVariant::exact);
+
+  py::class_<AdviseRow>(m, "AdviseRow")
+      .def_readonly("name", &AdviseRow::name)
+      .def_property_readonly("kind", [](const AdviseRow& r) { return to_string(r.kind); })
+      .def_readonly("variant", &AdviseRow::variant)
+      .def_readonly("peak_bytes", &AdviseRow::peak_bytes)
+      .def_readonly("saving_bytes", &AdviseRow::saving_bytes)
+      .def_readonly("meta", &AdviseRow::meta)
+      .def_readonly("time_ratio", &AdviseRow::time_ratio)
+      .def_readonly("time_measured", &AdviseRow::time_measured)
+      .def_readonly("fits", &AdviseRow::fits)
+      .def_readonly("recompute_ns", &AdviseRow::recompute_ns)
+      .def_readonly("predicted_peak_bytes", &AdviseRow::predicted_peak_bytes);
+
+  py::class_<AdvisePlan>(m, "AdvisePlan")
+      .def_readonly("found", &AdvisePlan::found)
+      .def_readonly("variant", &AdvisePlan::variant)
+      .def_readonly("micro_batch", &AdvisePlan::micro_batch)
+      .def_readonly("peak_bytes", &AdvisePlan::peak_bytes)
+      .def_readonly("time_ratio", &AdvisePlan::time_ratio)
+      .def_readonly("time_measured", &AdvisePlan::time_measured)
+      .def_readonly("exact", &AdvisePlan::exact)
+      .def_readonly("verified", &AdvisePlan::verified)
+      .def_readonly("optimizer", &AdvisePlan::optimizer)
+      .def_readonly("summary", &AdvisePlan::summary);
+
+  py::class_<Advice>(m, "NativeAdvice")
+      .def_readwrite("model", &Advice::model)
+      .def_readwrite("chain_description", &Advice::chain_description)
+      .def_readwrite("parameter_bytes", &Advice::parameter_bytes)
+      .def_readonly("batch", &Advice::batch)
+      .def_readonly("budget", &Advice::budget)
+      .def_readonly("optimizer", &Advice::optimizer)
+      .def_readonly("plain_peak", &Advice::plain_peak)
+      .def_readonly("plain_step_ms", &Advice::plain_step_ms)
+      .def_readonly("rows", &Advice::rows)
+      .def_readonly("chain_batch", &Advice::chain_batch)
+      .def_readonly("segments", &Advice::segments)
+      .def_readonly("chain_memory", &Advice::chain_memory)
+      .def_readonly("chain_plans", &Advice::chain_plans)
+      .def_readonly("plan", &Advice::plan)
+      .def_readonly("recordings", &Advice::recordings)
+      .def_readwrite("notes", &Advice::notes)
+      .def("table", &Advice::table)
+      .def("to_json", &Advice::to_json, py::arg("pretty") = true);
+
+  m.def(
+      "plan_advice",
+      [](py::function record, py::object time_ratio, int64_t batch, int64_t budget,
+         std::string optimizer, bool has_optimizer, bool can_offload,
+         std::vector<std::string> other_optimizers, std::vector<std::string> lighter,
+         std::vector<std::string> chain, bool allow_approximate, py::object progress) {
+        AdviseSettings s;
+        s.batch = batch;
+        s.budget = budget;
+        s.optimizer = std::move(optimizer);
+        s.has_optimizer = has_optimizer;
+        s.can_offload = can_offload;
+        s.offload_label = "memfit.offload";
+        s.other_optimizers = std::move(other_optimizers);
+        s.lighter = std::move(lighter);
+        s.chain = std::move(chain);
+        s.allow_approximate = allow_approximate;
+        if (!progress.is_none()) {
+          s.progress = Progress([progress](const std::string& line) { progress(line); });
+        }
+        AdviseMeasurer m;
+        m.record = [record](const StepVariant& v, int64_t b, bool cheap) {
+          // (report, timeline, meta), or a str: why this variant cannot be recorded.
+          py::object r = record(v, b, cheap);
+          RecordedStep out;
+          if (py::isinstance<py::str>(r)) {
+            out.unavailable = r.cast<std::string>();
+            return out;
+          }
+          py::tuple t = r;
+          out.report = t[0].cast<Report>();
+          out.timeline = t[1].cast<Timeline>();
+          out.meta = t[2].cast<bool>();
+          return out;
+        };
+        if (!time_ratio.is_none()) {
+          m.time_ratio = [time_ratio](const StepVariant& v, int64_t micro_batch) {
+            return time_ratio(v, micro_batch).cast<double>();
+          };
+        }
+        return plan_advice(m, s);
+      },
+      py::arg("record"), py::arg("time_ratio"), py::arg("batch"), py::arg("budget"),
+      py::arg("optimizer"), py::arg("has_optimizer"), py::arg("can_offload"),
+      py::arg("other_optimizers"), py::arg("lighter"), py::arg("chain"),
+      py::arg("allow_approximate"), py::arg("progress") = py::none(),
+      "memfit.advise's planner: see Note [How advise plans]. record(variant, batch, cheap) "
+      "returns (native report, timeline, recorded on meta); time_ratio(variant, "
+      "micro_batch) or None.");
+  m.def("describe_variant", &describe, py::arg("variant"), py::arg("user_optimizer"),
+        py::arg("offload_label") = "memfit.offload", py::arg("micro_batch") = 0);
 }
 
 }  // namespace memfit::python

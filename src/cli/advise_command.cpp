@@ -13,7 +13,7 @@ namespace memfit::cli {
 
 int advise_command(const std::vector<std::string>& argv) {
   Args args(argv,
-            {"model", "batch", "budget", "optimizer", "repeats", "seed",
+            {"model", "batch", "budget", "optimizer", "repeats", "seed", "mode",
              "layers", "width", "heads", "context"},
             {"json", "allow-approximate", "progress", "quiet"});
   const std::string name = args.require("model");
@@ -22,7 +22,9 @@ int advise_command(const std::vector<std::string>& argv) {
   o.budget = args.get_size("budget");
   o.optimizer =
       args.choice("optimizer", "adam", optimizer_names());
-  o.timing_repeats = static_cast<int>(args.get_count("repeats", 3));
+  o.timing_repeats = static_cast<int>(args.get_int("repeats", 3));
+  if (o.timing_repeats < 0) throw UsageError("--repeats must be >= 0 (0: the plan's time estimated)");
+  o.meta = args.choice("mode", "cpu", {"cpu", "meta"}) == "meta";
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
   o.allow_approximate = args.has("allow-approximate");
   auto model = make_model(name, model_options(args));

@@ -48,13 +48,17 @@ commands:
                          [--json]
             --plan auto: when even one sample does not fit, train with the
             plan `memfit advise` measures (checkpointing, micro-batches)
-  advise    when even one sample does not fit: each strategy measured on the
-            model (peak, saving, time against the plain step, fits or not),
-            the checkpointing rules compared, and the cheapest combination
-            that fits the budget
+  advise    when even one sample does not fit: each strategy recorded on the
+            model (peak, saving, time estimated from the recorded step, fits
+            or not), the checkpointing rules compared, and the plan: the
+            largest micro-batch where the plain step or checkpointing fits,
+            recorded to fit and timed against the plain step
             memfit advise --model NAME --batch B --budget SIZE
                           [--optimizer ...] [--allow-approximate]
-                          [--repeats K] [--json]
+                          [--mode cpu|meta] [--repeats K] [--json]
+                          [--progress | --quiet]
+            --mode meta: rows recorded on the meta device (no compute);
+            --repeats 0: the plan's time estimated, not timed
 
 profile, fit and train say each long step (a probe, a verification, a
 recorded phase) on stderr as it starts, when stderr is a terminal or with

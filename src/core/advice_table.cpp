@@ -104,7 +104,8 @@ std::string Advice::table() const {
   }
   out << "\nplan: " << plan.summary;
   if (plan.found) {
-    out << ": peak " << format_bytes(plan.peak_bytes) << " (measured), time "
+    out << ": peak " << format_bytes(plan.peak_bytes)
+        << (plan.verified ? " (measured)" : " (meta, unverified)") << ", time "
         << time_cell(plan.time_ratio, plan.time_measured) << " of the plain step, "
         << (plan.exact ? "same result" : "changes the numbers") << "\n";
   } else if (has_budget) {
@@ -178,6 +179,7 @@ std::string Advice::to_json(bool pretty) const {
   optional_number(w, "time_ratio", plan.time_ratio, plan.time_ratio >= 0);
   w.member("time_measured", plan.time_measured)
       .member("exact", plan.exact)
+      .member("verified", plan.verified)
       .member("recordings", static_cast<int64_t>(recordings))
       .end_object();
   w.key("notes").begin_array();

@@ -165,8 +165,8 @@ class Planner {
   }
   const RecordedStep& plain_like(bool meta) const { return meta ? *plain_cheap_ : plain_; }
   double estimate_ratio(const RecordedStep& r, int64_t micro_batch) const;
-  AdviseRow& add_row(std::string name, StrategyKind kind, const StepVariant& v,
-                     std::optional<RecordedStep> given = std::nullopt);
+  void add_row(std::string name, StrategyKind kind, const StepVariant& v,
+               std::optional<RecordedStep> given = std::nullopt);
   void checkpoint_rows();
   void combination_rows();
   bool search(StepVariant base, bool approximate_only_every);
@@ -188,6 +188,7 @@ class Planner {
   std::optional<Tried> accepted_;
   std::optional<Tried> closest_;
   std::optional<RecordedStep> accepted_recording_;
+  bool accepted_verified_ = false;
   // The chain calibrated at each micro-batch the search reached.
   std::vector<std::pair<int64_t, std::pair<std::vector<ChainSegment>, ChainMemory>>> chains_;
 };
@@ -201,9 +202,13 @@ double Planner::estimate_ratio(const RecordedStep& r, int64_t micro_batch) const
          plain_times_.total;
 }
 
-AdviseRow& Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
-                            std::optional<RecordedStep> given) {
+void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
+                      std::optional<RecordedStep> given) {
   const RecordedStep r = given ? std::move(*given) : record(v, s_.batch, true);
+  if (!r.unavailable.empty()) {
+    a_.notes.push_back(name + ": not recorded (" + r.unavailable + ")");
+    return;
+  }
   AdviseRow row;
   row.name = std::move(name);
   row.kind = kind;
@@ -225,20 +230,24 @@ AdviseRow& Planner::add_row(std::string name, StrategyKind kind, const StepVaria
     row.time_ratio = estimate_ratio(r, 0);
   }
   a_.rows.push_back(std::move(row));
-  return a_.rows.back();
 }
 
 void Planner::checkpoint_rows() {
   StepVariant every;
   every.checkpoint.assign(n_, true);
   every_cheap_ = record(every, s_.batch, true);
+  if (!every_cheap_->unavailable.empty()) {
+    a_.notes.push_back("checkpointing: not recorded (" + every_cheap_->unavailable + ")");
+    every_cheap_.reset();
+    return;
+  }
   const RecordedStep& base = plain_like(every_cheap_->meta);
   calibrate_chain(base.report, base.timeline, every_cheap_->report, every_cheap_->timeline,
                   s_.chain, forward_ns_, a_.segments, a_.chain_memory);
   a_.chain_batch = s_.batch;
-  const AdviseRow every_row = add_row("checkpoint every block (" + std::to_string(n_) + " of " +
-                                          std::to_string(n_) + ")",
-                                      StrategyKind::kCheckpointing, every, *every_cheap_);
+  add_row("checkpoint every block (" + std::to_string(n_) + " of " + std::to_string(n_) + ")",
+          StrategyKind::kCheckpointing, every, *every_cheap_);
+  const int64_t every_peak = every_cheap_->report.peak_bytes;
   const ChainPlan sq = chain_plan_sqrt(a_.segments, a_.chain_memory, limit_);
   if (sq.count() > 0 && sq.count() < static_cast<int>(n_)) {
     StepVariant v;
@@ -253,7 +262,7 @@ void Planner::checkpoint_rows() {
   // See Note [Calibrating the chain from two profiles]: the planner's choice
   // is recorded, and the budget it plans for moved by what it missed.
   StepVariant best = every;
-  int64_t best_peak = every_row.peak_bytes;
+  int64_t best_peak = every_peak;
   double best_ns = best_peak <= limit_ ? chain_recompute_ns(a_.segments, every.checkpoint)
                                        : std::numeric_limits<double>::infinity();
   std::optional<std::pair<StepVariant, int64_t>> first;
@@ -269,6 +278,7 @@ void Planner::checkpoint_rows() {
     if (std::find(tried.begin(), tried.end(), cp.checkpointed) != tried.end()) break;
     tried.push_back(cp.checkpointed);
     RecordedStep r = record(v, s_.batch, true);
+    if (!r.unavailable.empty()) break;
     const int64_t peak = r.report.peak_bytes;
     if (peak <= limit_ && cp.recompute_ns < best_ns) {
       best = v;
@@ -291,7 +301,7 @@ void Planner::checkpoint_rows() {
             StrategyKind::kCheckpointing, best, same ? *every_cheap_ : std::move(*best_rec));
   } else {
     a_.notes.push_back("no checkpointing choice fits " + format_bytes(limit_) +
-                       ": every block checkpointed peaks at " + format_bytes(every_row.peak_bytes));
+                       ": every block checkpointed peaks at " + format_bytes(every_peak));
   }
 }
 
@@ -344,10 +354,12 @@ void Planner::combination_rows() {
 // Records `v` at micro-batch c on a real device; accepts it if it fits.
 bool Planner::verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real) {
   RecordedStep r = real ? std::move(*real) : record(v, c, false);
+  if (!r.unavailable.empty()) return false;
   const int64_t peak = r.report.peak_bytes;
   const int64_t mb = c < s_.batch ? c : 0;
   if (peak <= limit_) {
     accepted_ = Tried{v, mb, peak};
+    accepted_verified_ = !r.meta;
     accepted_recording_ = std::move(r);
     return true;
   }
@@ -365,6 +377,7 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
     if (!every_only && verify(base, c, plain_)) return true;
   } else if (!every_only || n_ == 0) {
     plain_c = record(base, c, true);
+    if (!plain_c->unavailable.empty()) return false;
     if (plain_c->report.peak_bytes <= limit_ &&
         verify(base, c, plain_c->meta ? std::nullopt : plain_c))
       return true;
@@ -373,6 +386,7 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   StepVariant every = base;
   every.checkpoint.assign(n_, true);
   const RecordedStep every_c = users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
+  if (!every_c.unavailable.empty()) return false;
   if (every_c.report.peak_bytes > limit_) {
     if (!closest_ || every_c.report.peak_bytes < closest_->peak)
       closest_ = Tried{every, c < s_.batch ? c : 0, every_c.report.peak_bytes};
@@ -404,6 +418,7 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
     StepVariant v = base;
     v.checkpoint = cp.checkpointed;
     RecordedStep r = record(v, c, true);
+    if (!r.unavailable.empty()) break;
     const int64_t peak = r.report.peak_bytes;
     if (peak <= limit_)
       fitting.push_back({cp.recompute_ns, v, r.meta ? std::nullopt : std::optional(std::move(r))});
@@ -433,6 +448,11 @@ void Planner::finish_plan() {
   const std::optional<Tried>& t = accepted_ ? accepted_ : closest_;
   if (!t) return;
   p.found = accepted_.has_value();
+  p.verified = p.found && accepted_verified_;
+  if (p.found && !p.verified) {
+    a_.notes.push_back("the plan is unverified: it was recorded on the meta device only (the "
+                       "model's weights are there), so no real step measured it");
+  }
   p.variant = t->variant;
   p.micro_batch = t->micro_batch;
   p.peak_bytes = t->peak;
@@ -468,6 +488,9 @@ Advice Planner::run() {
   // The plain step: cheap first, since a front that cannot record on meta
   // returns a real recording there, which is all the plain step needs.
   RecordedStep first = record(StepVariant{}, s_.batch, true);
+  if (!first.unavailable.empty()) {
+    throw std::invalid_argument("[advise] the plain step cannot be recorded: " + first.unavailable);
+  }
   if (first.meta) {
     plain_cheap_ = std::move(first);
     plain_ = record(StepVariant{}, s_.batch, false);

@@ -61,6 +61,10 @@ struct RecordedStep {
   Report report;
   Timeline timeline;
   bool meta = false;  // recorded on the meta device (no real compute)
+  // Non-empty: the front cannot record this variant here, and why (bf16 on
+  // a model whose weights are on meta): the row is left out, the plan
+  // does not use it.
+  std::string unavailable;
 };
 
 // What the planner asks of a front.
@@ -115,6 +119,9 @@ struct AdvisePlan {
   double time_ratio = 0;    // < 0: unknown
   bool time_measured = false;
   bool exact = true;
+  // Recorded on a real device and measured within the budget; false when
+  // the front could only record on meta (a model larger than the machine).
+  bool verified = false;
   std::string optimizer;  // what it trains with: the user's, a lighter one, "<x>-offload"
   std::string summary;    // "checkpoint blocks 0,2 (2 of 4); micro-batches of 4"
 };

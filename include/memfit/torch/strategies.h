@@ -23,7 +23,10 @@ struct AdviseOptions {
   uint64_t seed = 0;
   double lr = 1e-3;
   int timing_repeats = 3;  // timed steps of the plan and the plain step (median); 0: estimate
-  bool meta = true;        // cheap recordings on the meta device where the step allows
+  // Rows recorded on the meta device where the step allows (nothing
+  // computed; each saving against the plain step recorded there too). The
+  // plain step and the plan are recorded on the CPU either way.
+  bool meta = false;
   // The plan may only use strategies that leave the result as it is
   // (checkpointing, micro-batching); true also lets it use bf16 autocast and
   // a lighter optimizer, which change the numbers (and, for the optimizer,

@@ -1,10 +1,9 @@
-"""What memfit.advise returns: the measured rows, the plan, and the Advice
-that prints them and applies the plan to a model."""
+"""What memfit.advise returns: the recorded rows, the plan, and the Advice
+that prints them (the core's table and JSON, as `memfit advise` prints)
+and applies the plan to a model."""
 
 import dataclasses
-import json
 
-from .. import _memfit
 from . import Strategy, applied
 
 
@@ -17,12 +16,14 @@ class Row:
     kind: str
     strategy: Strategy
     peak_bytes: int  # memfit.profile of the transformed step
-    saving_bytes: int  # plain peak - peak (negative: costs memory)
-    time_ratio: float  # median step time / the plain step's, same process
+    saving_bytes: int  # plain peak (recorded the same way) - peak; negative: costs memory
+    time_ratio: float  # step time / the plain step's; None: unknown
     fits: bool  # peak <= budget; None without a budget
     exact: bool  # same result as the plain step
     recompute_ns: float = None  # checkpointing: forward time recomputed
     predicted_peak_bytes: int = None  # checkpointing: the planner's prediction
+    meta: bool = False  # recorded on the meta device
+    time_measured: bool = False  # False: time_ratio estimated from the recorded times
 
     def to_dict(self):
         d = dataclasses.asdict(self)
@@ -39,11 +40,13 @@ class Plan:
     strategy: Strategy
     summary: str
     peak_bytes: int
-    time_ratio: float
+    time_ratio: float  # None: unknown
     exact: bool
     # the optimizer to train with (adam, momentum, sgd, ...); "-offload" after
     # it: that optimizer wrapped in memfit.offload
     optimizer: str
+    micro_batch: int = 0  # memfit.Trainer(micro_batch=...); 0: the whole batch
+    time_measured: bool = False
 
 
 class _Applied:
@@ -78,7 +81,8 @@ class Advice:
     recompute_ns, predicted_peak_bytes); segments and chain_memory (what
     the core planner was given); chain_plans (its rules compared:
     rule, checkpointed, predicted_peak, recompute_ns, fits); plan (Plan:
-    found, strategy, summary, peak_bytes, time_ratio, exact, optimizer);
+    found, strategy, summary, peak_bytes, time_ratio, exact, optimizer,
+    micro_batch, time_measured);
     notes.
     """
 
@@ -121,84 +125,15 @@ class Advice:
         return optimizer if isinstance(optimizer, OffloadedOptimizer) else offload(optimizer)
 
     def table(self):
-        fb = _memfit.format_bytes
-        budget = "none" if self.budget_bytes is None else fb(self.budget_bytes)
-        out = [
-            f"memfit advise: {self.model}, batch {self.batch}, optimizer {self.optimizer}, "
-            f"budget {budget}",
-            f"plain step: peak {fb(self.plain_peak_bytes)}, {self.plain_step_ms:.1f} ms per "
-            f"step; parameters and buffers {fb(self.parameter_bytes)}",
-            f"chain: {self.chain.describe() if self.chain else 'none'}",
-            "",
-        ]
-        yn = {True: "yes", False: "no", None: "-"}
-        rows = [
-            [r.name, fb(r.peak_bytes), fb(r.saving_bytes), f"{r.time_ratio:.2f}x", yn[r.fits],
-             "no training" if r.kind == "eval" else "same" if r.exact else "changes"]
-            for r in self.rows
-        ]
-        out += _text_table(["strategy", "peak", "saving", "time", "fits", "result"], rows, "lrrrll")
-        if self.chain_plans:
-            every = next((p for p in self.chain_plans if p.rule == "every layer"), None)
-            base = every.recompute_ns if every and every.recompute_ns > 0 else 0
-            out += ["", "checkpointing rules on the chain (predicted; recompute as a share of "
-                    "checkpointing every block's)"]
-            rules = [
-                [p.rule, p.indices(), fb(p.predicted_peak),
-                 f"{p.recompute_ns / base if base else 0:.2f}x", yn[p.fits if self.budget_bytes
-                                                                   is not None else None]]
-                for p in self.chain_plans
-            ]
-            out += _text_table(["rule", "blocks", "predicted peak", "recompute", "fits"], rules,
-                               "llrrl")
-        p = self.plan
-        line = f"plan: {p.summary}"
-        if p.found:
-            line += (f": peak {fb(p.peak_bytes)} (measured), time {p.time_ratio:.2f}x of the "
-                     f"plain step, {'same result' if p.exact else 'changes the numbers'}")
-        elif self.budget_bytes is not None:
-            line += f": does not fit (the lowest measured peak, {fb(p.peak_bytes)})"
-        else:
-            line += " (no budget to plan for)"
-        out += ["", line]
-        out += [f"note: {n}" for n in self.notes]
-        return "\n".join(out) + "\n"
+        """The table `memfit advise` prints: the rows, the checkpointing
+        rules, the plan and the notes."""
+        return self.native.table()
 
     def to_json(self, pretty=True):
         """Keys: model, batch, budget_bytes, optimizer, parameter_bytes,
         plain_peak_bytes, plain_step_ms, chain, strategies, checkpoint_rules,
-        plan, notes."""
-        plan = dataclasses.asdict(self.plan)
-        plan["strategy"]["checkpoint"] = list(self.plan.strategy.checkpoint)
-        doc = dict(
-            model=self.model,
-            batch=self.batch,
-            budget_bytes=self.budget_bytes,
-            optimizer=self.optimizer,
-            parameter_bytes=self.parameter_bytes,
-            plain_peak_bytes=self.plain_peak_bytes,
-            plain_step_ms=self.plain_step_ms,
-            chain=None if self.chain is None else dataclasses.asdict(self.chain),
-            strategies=[r.to_dict() for r in self.rows],
-            checkpoint_rules=[
-                dict(rule=c.rule, blocks=c.indices(), predicted_peak_bytes=c.predicted_peak,
-                     recompute_ns=c.recompute_ns, fits=c.fits)
-                for c in self.chain_plans
-            ],
-            plan=plan,
-            notes=self.notes,
-        )
-        return json.dumps(doc, indent=2 if pretty else None)
+        plan, notes (as `memfit advise --json`)."""
+        return self.native.to_json(pretty)
 
     def __repr__(self):
         return self.table()
-
-
-def _text_table(header, rows, align):
-    widths = [max(len(str(r[i])) for r in [header] + rows) for i in range(len(header))]
-
-    def line(cells):
-        parts = [c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(cells, widths, align)]
-        return "  ".join(parts).rstrip()
-
-    return [line(header)] + [line(r) for r in rows]

@@ -1,18 +1,13 @@
-"""Activation checkpointing over a chain of blocks: finding the chain,
-running chosen blocks under torch.utils.checkpoint, and measuring what each
-block saves and costs for the core's planner."""
+"""Activation checkpointing over a chain of blocks: finding the chain and
+running chosen blocks under torch.utils.checkpoint. What each block saves
+and costs is read from the recorded steps by the core's planner
+(core/chain_calibration.h)."""
 
 import contextlib
 import dataclasses
-import statistics
-import time
 
 import torch
 import torch.utils.checkpoint
-
-from .. import _memfit
-from ..training_step import call_model
-from ..snapshot import ModelTensors
 
 
 @dataclasses.dataclass
@@ -143,96 +138,3 @@ def checkpointed(blocks):
         for b in blocks:
             stack.enter_context(override_forward(b, _checkpointed_forward))
         yield blocks
-
-
-def block_of(path, block_paths):
-    """Index of the block `path` belongs to; -1 for none."""
-    for i, b in enumerate(block_paths):
-        if not b or path == b or path.startswith(b + "."):
-            return i
-    return -1
-
-
-def block_activations(report, block_paths):
-    """Activation bytes each block holds at the end of the first forward."""
-    out = [0] * len(block_paths)
-    for path, nbytes in report.modules:
-        i = block_of(path, block_paths)
-        if i >= 0:
-            out[i] += nbytes
-    return out
-
-
-def block_forward_ns(model, inputs, block_paths, repeats, sync=lambda: None):
-    """Median forward time of each block (ns), timed by hooks over `repeats`
-    plain forwards (after one warm-up) with gradients on: the price of
-    recomputing it. `sync` waits for a device's queued work."""
-    blocks = [model.get_submodule(p) for p in block_paths]
-    saved = ModelTensors(model)
-    saved.swap_in_copies()  # forwards in training mode update buffers (BatchNorm)
-    starts = [0] * len(blocks)
-    times = [[] for _ in blocks]
-    hooks = []
-    for i, b in enumerate(blocks):
-
-        def pre(_m, _in, i=i):
-            sync()
-            starts[i] = time.perf_counter_ns()
-
-        def post(_m, _in, _out, i=i):
-            sync()
-            times[i].append(time.perf_counter_ns() - starts[i])
-
-        hooks.append(b.register_forward_pre_hook(pre))
-        hooks.append(b.register_forward_hook(post))
-    try:
-        for r in range(repeats + 1):
-            if r == 1:
-                for t in times:
-                    t.clear()
-            out = call_model(model, inputs)
-            del out
-    finally:
-        for h in hooks:
-            h.remove()
-        saved.restore()
-    return [float(max(1, statistics.median(t))) if t else 1.0 for t in times]
-
-
-# Note [Calibrating the chain from two profiles] (src/torch/strategies.cpp)
-# applies here as it does to the built-in models: a plain profile and one with
-# every block checkpointed, at the same batch, fill the planner's model.
-def calibrate(plain, every, block_paths, forward_ns):
-    """(segments, memory) for the core planner from a plain profile and one
-    with every block checkpointed."""
-    kept = block_activations(plain, block_paths)
-    outs = block_activations(every, block_paths)
-    segments = []
-    for path, k, o, ns in zip(block_paths, kept, outs, forward_ns):
-        segments.append(
-            _memfit.ChainSegment(name=path, activation_bytes=max(0, k - o), recompute_ns=ns)
-        )
-    total = sum(s.activation_bytes for s in segments)
-    largest = max((s.activation_bytes for s in segments), default=0)
-    fwd, bwd, other = _phase_peaks(plain)
-    _, bwd_every, _ = _phase_peaks(every)
-    # See Note [Calibrating the chain from two profiles] (chain_calibration.cpp).
-    memory = _memfit.ChainMemory(
-        forward_fixed=max(fwd, bwd) - total,
-        backward_fixed=min(bwd - total, max(0, bwd_every - largest)),
-        other_peak=other,
-    )
-    return segments, memory
-
-
-def _phase_peaks(report):
-    """(forward and loss, backward, other phases) peaks of a report."""
-    fwd = bwd = other = 0
-    for p in report.phases:
-        if p["name"] in ("forward", "loss"):
-            fwd = max(fwd, p["peak_bytes"])
-        elif p["name"] == "backward":
-            bwd = max(bwd, p["peak_bytes"])
-        else:
-            other = max(other, p["peak_bytes"])
-    return fwd, bwd, other

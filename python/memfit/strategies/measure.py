@@ -6,6 +6,7 @@ import time
 
 import torch
 
+from ..batching import batch_size, narrow_batch, resize_batch
 from ..profiling import profile
 from ..training_step import call_model, compute_loss
 from ..snapshot import ModelTensors, private_copy
@@ -44,23 +45,30 @@ class Bench:
         self.plain_ms = []  # every plain step timed, in milliseconds
         self.devices = cuda_devices(model)
 
-    def profile(self, s):
-        """The memfit Report of the step transformed by strategy `s`."""
+    def profile(self, s, batch=None, mode="cpu"):
+        """The memfit Report of the step transformed by strategy `s`, at
+        `batch` samples (None: the user's; others repeat or cut the samples:
+        only shapes matter to memory), on the CPU or on meta."""
         m = self.model
+        x, y = self.inputs, self.target
+        if batch is not None:
+            x = resize_batch(x, batch, self.batch_dim)
+            y = None if y is None else resize_batch(y, batch, 0)
         with applied(m, s, self.block_paths):
             if s.step != TRAIN:
-                return profile_eval(m, self.inputs, self.target, self.loss_fn, s.step,
-                                    self.batch_dim)
+                return profile_eval(m, x, y, self.loss_fn, s.step, self.batch_dim)
             opt = optimizer_for(m, self.optimizer, s.optimizer, s.zero_grad_in_place,
                                 s.host_state)
-            return profile(m, self.inputs, self.target, loss_fn=self.loss_fn, optimizer=opt,
-                           batch_dim=self.batch_dim)
+            return profile(m, x, y, loss_fn=self.loss_fn, optimizer=opt,
+                           batch_dim=self.batch_dim, mode=mode)
 
-    def time_ratio(self, s):
+    def time_ratio(self, s, micro_batch=0):
         """Median time of a step with strategy `s` over the plain step's:
         `repeats` of each, interleaved (plain, then `s`) after one untimed
         pair, so that both see the same machine. Eval strategies time
-        forward and loss. The plain times are kept in `plain_ms`."""
+        forward and loss; micro_batch > 0 runs the batch in micro-batches of
+        that many samples, accumulating. The plain times are kept in
+        `plain_ms`."""
         m = self.model
         saved = ModelTensors(m)
         saved.swap_in_copies()  # the timed steps train these copies
@@ -77,7 +85,7 @@ class Bench:
                 t1 = time.perf_counter()
                 with applied(m, s, self.block_paths):
                     if s.step == TRAIN:
-                        self._train_step(opt, s.zero_grad_in_place)
+                        self._train_step(opt, s.zero_grad_in_place, micro_batch)
                     else:
                         with eval_mode(m):
                             run_eval(m, self.inputs, self.target, self.loss_fn, s.step)
@@ -92,14 +100,22 @@ class Bench:
         base = statistics.median(plain)
         return statistics.median(ms) / base if base > 0 else 0.0
 
-    def _train_step(self, opt, in_place):
+    def _train_step(self, opt, in_place, micro_batch=0):
         if not in_place:  # the other step of the pair may have left gradients
             for p in self.model.parameters():
                 p.grad = None
-        out = call_model(self.model, self.inputs)
-        loss = compute_loss(out, self.target, self.loss_fn)
-        out = None
-        loss.backward()
+        n = batch_size(self.inputs, self.batch_dim, "advise")
+        size = micro_batch if 0 < micro_batch < n else n
+        for start in range(0, n, size):
+            k = min(size, n - start)
+            x = narrow_batch(self.inputs, start, k, self.batch_dim) if size < n else self.inputs
+            y = self.target
+            if y is not None and size < n:
+                y = narrow_batch(y, start, k, 0)
+            out = call_model(self.model, x)
+            loss = compute_loss(out, y, self.loss_fn)
+            out = None
+            (loss * (k / n) if size < n else loss).backward()
         if opt is not None:
             opt.step()
             opt.zero_grad(set_to_none=not in_place)

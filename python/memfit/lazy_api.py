@@ -2,8 +2,9 @@
 
 import torch
 
-from .lazy_graph import BatchInt, LazyError, LazyTensor, install_module_hook, make_leaf
+from .lazy_graph import BatchInt, LazyError
 from .lazy_run import LazyRun, last_run, read
+from .lazy_tensor import LazyTensor, install_module_hook, lazy_leaf
 
 __all__ = ["lazy", "eager", "last_lazy_run", "LazyTensor", "LazyError", "LazyRun", "BatchInt"]
 
@@ -174,7 +175,7 @@ def lazy(*tensors, batch=0, allow_mixing=False, device=None):
                     f"dimension {d}: there is nothing to compute"
                 )
             sizes[i] = t.shape[d]
-        out.append(make_leaf(t, d, bool(allow_mixing), device))
+        out.append(lazy_leaf(t, d, bool(allow_mixing), device))
     if len(set(sizes.values())) > 1:
         detail = ", ".join(f"tensor {i}: {n}" for i, n in sizes.items())
         raise ValueError(
@@ -194,7 +195,7 @@ def eager(t):
     anything else is returned as is.
     """
     if isinstance(t, LazyTensor):
-        return read(t._node, grad=True)
+        return read(t.node, grad=True)
     if isinstance(t, (tuple, list)):
         return type(t)(eager(x) for x in t)
     if isinstance(t, dict):

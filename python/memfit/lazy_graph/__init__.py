@@ -1,5 +1,5 @@
-"""Recording for memfit.lazy: the lazy tensor, its graph, and what memfit
-learns about each recorded operation before anything runs at full batch.
+"""Recording for memfit.lazy: the graph of Nodes, and what memfit learns
+about each recorded operation before anything runs at full batch.
 
 Every operation on a lazy tensor becomes a Node. When it is recorded, it is
 also run on two small probes: the first p1 and the first p2 samples of every
@@ -12,14 +12,14 @@ line that wrote the operation, not later at backward().
 
 The probes are real: small tensors on the real device, so any operation,
 module or custom kernel works without a meta or shape-inference rule.
+
+This layer works on plain Nodes and imports neither lazy_run nor the
+LazyTensor above it (lazy_tensor): what the user holds for a Node, and how a
+full value is read, come in as RecordCallbacks.
 """
 
-# tensor first: it registers LazyTensor as what recorded Nodes are wrapped in
-# (node.register_node_holder), before anything records.
-from .tensor import LazyTensor  # isort: skip
 from .errors import LazyError
-from .module_hook import install_module_hook
-from .node import BatchInt
-from .recording import make_leaf
+from .node import BatchInt, Node
+from .recording import RecordCallbacks, make_leaf, record
 
-__all__ = ["BatchInt", "LazyError", "LazyTensor", "install_module_hook", "make_leaf"]
+__all__ = ["BatchInt", "LazyError", "Node", "RecordCallbacks", "make_leaf", "record"]

@@ -5,6 +5,7 @@ per sample, how they reduce), and how a reduction's chunk results add up.
 import torch
 import torch.nn.functional as F
 
+from .node import Node
 from .op_tables import bind_args
 
 
@@ -78,8 +79,9 @@ def root_kind(n, fn, op, args, kwargs, targs, tkw, first):
         n.rkind = "mean"
         if kind == "classes":
             target = arguments.get("target")
-            # a LazyTensor is a torch.Tensor to isinstance (Note [A lazy tensor is a Tensor])
-            tdtype = target.dtype if isinstance(target, torch.Tensor) else None
+            # a lazy target arrives as its Node
+            tdtype = target.dtype if type(target) is Node or isinstance(target, torch.Tensor) \
+                else None
             if tdtype is not None and not tdtype.is_floating_point:
                 tb = bind_args(fn, targs, tkw) or {}
                 n.rkind = "classes"

@@ -140,30 +140,3 @@ def probe_sizes(B):
     if B >= 4:
         return (2, 3)
     return (1, 2)
-
-
-# The types whose objects stand for a Node in user code (LazyTensor, which
-# registers itself): the graph layer unwraps them without importing the
-# tensor layer above it.
-_holder_types = set()
-
-
-_holder = []
-
-
-def register_node_holder(typ):
-    """Make objects of `typ` (typ(node), with a `.node`) stand for Nodes:
-    read as their Node when a call's arguments are scanned, and made by
-    wrap_node for each recorded result."""
-    _holder_types.add(typ)
-    _holder[:] = [typ]
-
-
-def wrap_node(node):
-    """What user code gets for a recorded Node (a LazyTensor)."""
-    return _holder[0](node)
-
-
-def node_of(obj):
-    """The Node an object stands for, or None for anything else."""
-    return obj.node if type(obj) in _holder_types else None

@@ -1,7 +1,14 @@
-"""record(): an operation on lazy tensors becomes a Node, checked for mixing,
-run on the probes (or filled from the probe cache) and described; and the
-leaves that memfit.lazy() makes. See the lazy_graph package docstring.
+"""record(): an operation on Nodes becomes a Node, checked for mixing, run
+on the probes (or filled from the probe cache) and described; and the leaves
+that memfit.lazy() makes. See the lazy_graph package docstring.
+
+The graph layer works on plain Nodes: the layer above (lazy_tensor) passes
+them in place of its lazy tensors, and says through RecordCallbacks what its
+user holds for a result and how a full value is computed.
 """
+
+import dataclasses
+import typing
 
 import torch
 
@@ -10,7 +17,7 @@ from .errors import LazyError, OutOfMemoryError, mix_error, inplace_error
 from .losses import root_kind
 from .mixing import bdim_set, check_mixing, getitem_analysis
 from .names import INPLACE_DUNDERS, user_line, display_name, op_name
-from .node import Node, node_of, probe_sizes, wrap_node
+from .node import Node, probe_sizes
 from .op_tables import (
     DATA_DEPENDENT,
     DATA_VALUED,
@@ -45,20 +52,35 @@ from .template import (
 )
 
 
-def record(fn, args, kwargs, name=None, module=None):
-    """Record fn(*args, **kwargs) where some args are lazy tensors; returns
-    the lazy result (or, for operations returning plain Python values,
-    the value)."""
+@dataclasses.dataclass(frozen=True)
+class RecordCallbacks:
+    """What record() needs from the layers above it: `hold(node)`, what the
+    user gets for a recorded Node (a LazyTensor); `read(node)`, its full
+    value, for the operations that return a Python value of the data
+    (torch.equal, allclose), computed on the full batch."""
+
+    hold: typing.Callable
+    read: typing.Callable
+
+
+def _node_or_none(obj):
+    return obj if type(obj) is Node else None
+
+
+def record(fn, args, kwargs, callbacks, name=None, module=None):
+    """Record fn(*args, **kwargs) where some args are Nodes; returns the
+    result with callbacks.hold() of each result Node in it (or, for
+    operations returning plain Python values, the value)."""
     op = op_name(fn)
     if module is None:
         if (op.endswith("_") and not op.startswith("__") and op not in ("__", "_")) \
                 or op in INPLACE_DUNDERS:
-            raise inplace_error(f"{display_name(fn)}()", node_of(args[0]) if args else None)
+            raise inplace_error(f"{display_name(fn)}()", _node_or_none(args[0]) if args else None)
         if kwargs.get("out") is not None:
             raise inplace_error(f"{display_name(fn)}(..., out=...)")
         if kwargs.get("inplace") or (op in INPLACE_ARG and inplace_positional(fn, args, kwargs)):
             raise inplace_error(f"{display_name(fn)}(..., inplace=True)",
-                                node_of(args[0]) if args else None)
+                                _node_or_none(args[0]) if args else None)
     where = user_line()
     name = name or display_name(fn)
     nodes, plains, bints, eager = [], [], [], []
@@ -75,18 +97,17 @@ def record(fn, args, kwargs, name=None, module=None):
     if op in PYTHON_VALUED and nodes:
         # A value of the data, over the full batch: the probes' few samples
         # would not match a plain full-batch tensor beside them.
-        from ..lazy_run.values import read
-
+        read = callbacks.read
         return fn(*materialize_args(targs, read), **materialize_args(tkw, read))
     allow = any(n.allow for n in nodes)
     parents = tuple(dict.fromkeys(nodes))
     mixes = next((n.mixes for n in parents if n.mixes), None)
     first = None
     for a in list(args) + list(kwargs.values()):
-        first = node_of(a)
+        first = _node_or_none(a)
         if first is not None:
             break
-    first_arg_lazy = bool(args) and node_of(args[0]) is not None
+    first_arg_lazy = bool(args) and type(args[0]) is Node
     batched_parents = [n for n in parents if n.state == "batched"]
 
     if B is not None and B >= 2:
@@ -141,7 +162,7 @@ def record(fn, args, kwargs, name=None, module=None):
         real_args = subst(targs, EagerCtx())
         real_kw = subst(tkw, EagerCtx())
         out = fn(*real_args, **real_kw)
-        return _wrap_eager(out, B, allow, name, where)
+        return _wrap_eager(out, B, allow, name, where, callbacks.hold)
 
     data_dep = op in DATA_DEPENDENT or (op == "getitem" and _has_bool_lazy_index(targs))
     derived = bool(batched_parents or bints or any(p.state == "reduced" for p in parents))
@@ -184,10 +205,8 @@ def record(fn, args, kwargs, name=None, module=None):
                     return rebuild(o1, o2, sizes, B, fn, (), None)
                 except LazyError:
                     pass
-            from ..lazy_run.values import read
-
-            full_args = materialize_args(targs, read)
-            full_kw = materialize_args(tkw, read)
+            full_args = materialize_args(targs, callbacks.read)
+            full_kw = materialize_args(tkw, callbacks.read)
             return fn(*full_args, **full_kw)
         desc = describe_result(o1, o2, sizes, B, op, name, data_dep, derived, fn)
         if key is not None:
@@ -216,7 +235,7 @@ def record(fn, args, kwargs, name=None, module=None):
     if type(desc) is ResultInfo:
         finish(node, desc)
         node.probe = probes or ()
-        return wrap_node(node)
+        return callbacks.hold(node)
 
     node.state = "struct"
     node.probe = probes or ()
@@ -234,7 +253,7 @@ def record(fn, args, kwargs, name=None, module=None):
         finish(item, info)
         if probes is not None:
             item.probe = tuple(pluck(o, path) for o in probes)
-        return wrap_node(item)
+        return callbacks.hold(item)
 
     return rebuild_skel(desc, make, ())
 
@@ -256,8 +275,8 @@ def _has_bool_lazy_index(targs):
     return any(type(e) is Node and e.dtype == torch.bool for e in idx)
 
 
-def _wrap_eager(out, B, allow, name, where):
-    """Results computed at once (no batch to split): lazy tensors that hold
+def _wrap_eager(out, B, allow, name, where, hold):
+    """Results computed at once (no batch to split): held Nodes that hold
     their value."""
 
     def wrap(o):
@@ -268,7 +287,7 @@ def _wrap_eager(out, B, allow, name, where):
             n.B, n.allow, n.name, n.where = B, allow, name, where
             n.shape = tuple(o.shape)
             n.dtype, n.device, n.requires_grad = o.dtype, o.device, o.requires_grad
-            return wrap_node(n)
+            return hold(n)
         if isinstance(o, (tuple, list)):
             return make_seq(type(o), [wrap(x) for x in o])
         if isinstance(o, dict):
@@ -279,7 +298,7 @@ def _wrap_eager(out, B, allow, name, where):
 
 
 def make_leaf(tensor, batch, allow, device=None):
-    """The lazy tensor for a tensor given to memfit.lazy(); with `device`, a
+    """The leaf Node for a tensor given to memfit.lazy(); with `device`, a
     tensor on the host stays there and its chunks move to `device` as they
     run (see placement.py)."""
     moves = device is not None and on_host(tensor, device)
@@ -299,7 +318,7 @@ def make_leaf(tensor, batch, allow, device=None):
     if not sizes:
         n.state = "eager"  # no batch, or one sample: on the device whole, now
         n.value = to_device(tensor, device) if moves else tensor
-        return wrap_node(n)
+        return n
     n.state = "batched"
     n.bdims = ((batch, 1),)
     if moves:
@@ -307,4 +326,4 @@ def make_leaf(tensor, batch, allow, device=None):
         n.probe = tuple(to_device(tensor.narrow(batch, 0, p), device) for p in sizes)
     else:
         n.probe = tuple(tensor.narrow(batch, 0, p) for p in sizes)  # views: see ProbeCtx
-    return wrap_node(n)
+    return n

@@ -6,20 +6,20 @@ the whole batch.
 import torch
 
 from .errors import LazyError
-from .node import Arange, BatchInt, Node, Sliced, node_of
+from .node import Arange, BatchInt, Node, Sliced
 
 
 def scan_args(obj, nodes, plains, bints, eager):
-    """Template of obj: LazyTensor -> its Node (or its value, when already
-    computed); collects nodes, plain tensors, BatchInts, computed nodes."""
+    """Template of obj (a call's arguments, Nodes where the user passed lazy
+    tensors): a computed Node becomes its value; collects nodes, plain
+    tensors, BatchInts, computed nodes."""
     t = type(obj)
-    n = node_of(obj)
-    if n is not None:
-        if n.state == "eager":
-            eager.append(n)
-            return n.value
-        nodes.append(n)
-        return n
+    if t is Node:
+        if obj.state == "eager":
+            eager.append(obj)
+            return obj.value
+        nodes.append(obj)
+        return obj
     if t is tuple or t is list:
         out = [scan_args(o, nodes, plains, bints, eager) for o in obj]
         return out if t is list else tuple(out)

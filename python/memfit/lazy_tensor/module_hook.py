@@ -4,11 +4,10 @@ recorded as one step (see Note [Module calls are recorded whole]).
 
 import torch
 
-from .errors import OutOfMemoryError, mix_error
-from .mixing import bdim_set
-from .names import user_line
-from .recording import record
-from .tensor import LazyTensor
+from ..lazy_graph.errors import OutOfMemoryError, mix_error
+from ..lazy_graph.mixing import bdim_set
+from ..lazy_graph.names import user_line
+from .tensor import LazyTensor, recorded
 
 
 _orig_module_call = None
@@ -97,9 +96,9 @@ def record_module_call(module, args, kwargs):
     first = None
     for a in list(args) + list(kwargs.values()):
         if isinstance(a, LazyTensor):
-            first = a._node
+            first = a.node
             break
-    allow = any(isinstance(a, LazyTensor) and a._node.allow
+    allow = any(isinstance(a, LazyTensor) and a.node.allow
                 for a in list(args) + list(kwargs.values()))
     where = user_line()
     label = f"{type(module).__name__} at {where}"
@@ -121,7 +120,7 @@ def record_module_call(module, args, kwargs):
                 break
         expect = _expected_batch_dim(module)
         if expect is not None and args and isinstance(args[0], LazyTensor):
-            x = args[0]._node
+            x = args[0].node
             ndim = len(x.shape)
             ok = bdim_set(x) == {expect} if ndim >= 3 else False
             if not ok:
@@ -134,7 +133,7 @@ def record_module_call(module, args, kwargs):
                 if not allow:
                     raise e
                 mixes = mixes or str(e)
-    out = record(module, args, kwargs, name=type(module).__name__, module=module)
+    out = recorded(module, args, kwargs, name=type(module).__name__, module=module)
     if mixes:
         _mark_mixes(out, mixes)
     if batched and _has_reduced(out):
@@ -151,9 +150,9 @@ def record_module_call(module, args, kwargs):
 
 def _mark_mixes(out, why):
     if isinstance(out, LazyTensor):
-        out._node.mixes = out._node.mixes or why
-        if out._node.parent is not None:
-            out._node.parent.mixes = out._node.parent.mixes or why
+        out.node.mixes = out.node.mixes or why
+        if out.node.parent is not None:
+            out.node.parent.mixes = out.node.parent.mixes or why
     elif isinstance(out, (tuple, list)):
         for o in out:
             _mark_mixes(o, why)
@@ -164,7 +163,7 @@ def _mark_mixes(out, why):
 
 def _has_reduced(out):
     if isinstance(out, LazyTensor):
-        return out._node.state == "reduced"
+        return out.node.state == "reduced"
     if isinstance(out, (tuple, list)):
         return any(_has_reduced(o) for o in out)
     if isinstance(out, dict):

@@ -1,16 +1,23 @@
 """The lazy tensor: metadata known from the probes, values computed when
-needed, and torch functions, methods and operators forwarded to record().
+needed, and torch functions, methods and operators recorded on its Node.
+
+The only place that wraps and unwraps: a LazyTensor holds a Node of the
+graph layer (lazy_graph); its arguments reach record() as Nodes (unwrap) and
+the Nodes recorded come back as LazyTensors (RecordCallbacks.hold); values
+and gradients are computed by the run layer (lazy_run) on the Node.
 """
 
 import weakref
 
 import torch
 
-from .errors import LazyError, inplace_error
-from .names import display_name
-from .node import BatchInt, register_node_holder
-from .probe import ensure_probe
-from .recording import record
+from ..lazy_graph.errors import LazyError, inplace_error
+from ..lazy_graph.names import display_name
+from ..lazy_graph.node import BatchInt
+from ..lazy_graph.probe import ensure_probe
+from ..lazy_graph.recording import RecordCallbacks, make_leaf, record
+from ..lazy_run.backward import backward as run_backward
+from ..lazy_run.values import read
 
 
 class LazyTensor:
@@ -47,7 +54,7 @@ class LazyTensor:
         special = _TORCH_FUNCTION_SPECIAL.get(func)
         if special is not None:
             return special(*args, **(kwargs or {}))
-        return record(func, args, kwargs or {})
+        return recorded(func, args, kwargs or {})
 
     # -- metadata, known without running -------------------------------------
 
@@ -185,12 +192,12 @@ class LazyTensor:
     @property
     def T(self):
         """The transpose (lazy), like Tensor.T."""
-        return record(_prop_T, (self,), {})
+        return recorded(_prop_T, (self,), {})
 
     @property
     def mT(self):
         """The matrix transpose (lazy), like Tensor.mT."""
-        return record(_prop_mT, (self,), {})
+        return recorded(_prop_mT, (self,), {})
 
     def _sample(self):
         n = self._node
@@ -227,7 +234,7 @@ class LazyTensor:
         """The type string, or (with a dtype) a lazy conversion."""
         if dtype is None:
             return self._sample().type()
-        return record(torch.Tensor.type, (self, dtype, non_blocking), kwargs)
+        return recorded(torch.Tensor.type, (self, dtype, non_blocking), kwargs)
 
     def stride(self, dim=None):
         """Refused: strides are known only once computed."""
@@ -268,15 +275,13 @@ class LazyTensor:
     def backward(self, gradient=None, retain_graph=None, create_graph=False, inputs=None):
         """Compute the recorded computation chunk by chunk and accumulate the
         gradients of the full batch into the leaves' .grad (see memfit.lazy)."""
-        from ..lazy_run.backward import backward
-
         if isinstance(inputs, LazyTensor):
             inputs = [inputs]
         if inputs is not None and not isinstance(inputs, torch.Tensor):
             inputs = [i._node.value if type(i) is LazyTensor else i for i in inputs]
         if type(gradient) is LazyTensor:
             gradient = gradient._node
-        backward(self._node, gradient, retain_graph, create_graph, inputs)
+        run_backward(self._node, gradient, retain_graph, create_graph, inputs)
 
     def item(self):
         """The value of a one-element lazy tensor (computes it once)."""
@@ -295,8 +300,6 @@ class LazyTensor:
         return a if dtype is None else a.astype(dtype)
 
     def _value(self):
-        from ..lazy_run.values import read
-
         return read(self._node)
 
     def __bool__(self):
@@ -333,7 +336,7 @@ class LazyTensor:
             raise TypeError("iteration over a 0-d tensor")
         if any(d == 0 for d, _ in n.bdims) or 0 in n.ragged:
             return iter(self._value())  # dimension 0 holds the samples
-        return iter(record(torch.Tensor.unbind, (self, 0), {}))
+        return iter(recorded(torch.Tensor.unbind, (self, 0), {}))
 
     def __contains__(self, item):
         return item in self._value()
@@ -361,7 +364,7 @@ class LazyTensor:
             return _Method(self, attr)
         # a property (real, imag, H, ...): compute it as an operation
         getter = _property_getter(name)
-        return record(getter, (self,), {})
+        return recorded(getter, (self,), {})
 
     def __dir__(self):
         return sorted(set(dir(type(self))) | set(dir(torch.Tensor)))
@@ -385,7 +388,7 @@ class _Method:
         self.obj, self.fn = obj, fn
 
     def __call__(self, *args, **kwargs):
-        return record(self.fn, (self.obj,) + args, kwargs)
+        return recorded(self.fn, (self.obj,) + args, kwargs)
 
     def __repr__(self):
         return f"<lazy method {display_name(self.fn)}>"
@@ -424,7 +427,7 @@ def _property_getter(name):
 
 def _binary(fn):
     def method(self, other):
-        return record(fn, (self, other), {})
+        return recorded(fn, (self, other), {})
 
     method.__name__ = fn.__name__
     return method
@@ -432,7 +435,7 @@ def _binary(fn):
 
 def _unary(fn):
     def method(self):
-        return record(fn, (self,), {})
+        return recorded(fn, (self,), {})
 
     method.__name__ = fn.__name__
     return method
@@ -497,4 +500,31 @@ def _special_setitem(self, key, value):
 _TORCH_FUNCTION_SPECIAL[torch.Tensor.__setitem__] = _special_setitem
 
 
-register_node_holder(LazyTensor)
+def unwrap(obj):
+    """obj with each LazyTensor replaced by its Node, in the tuples, lists
+    and dicts that record() looks into (see scan_args)."""
+    t = type(obj)
+    if t is LazyTensor:
+        return obj._node
+    if t is tuple or t is list:
+        out = [unwrap(o) for o in obj]
+        return out if t is list else tuple(out)
+    if t is dict:
+        return {k: unwrap(v) for k, v in obj.items()}
+    return obj
+
+
+# What the graph layer gives back for a recorded Node, and how it reads a
+# full value (see RecordCallbacks).
+_CALLBACKS = RecordCallbacks(hold=LazyTensor, read=read)
+
+
+def recorded(fn, args, kwargs, name=None, module=None):
+    """Record fn(*args, **kwargs) on lazy tensors: the lazy result (or, for
+    operations returning plain Python values, the value)."""
+    return record(fn, unwrap(args), unwrap(kwargs), _CALLBACKS, name=name, module=module)
+
+
+def lazy_leaf(tensor, batch, allow, device=None):
+    """The lazy tensor for a tensor given to memfit.lazy() (see make_leaf)."""
+    return LazyTensor(make_leaf(tensor, batch, allow, device))

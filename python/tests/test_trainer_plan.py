@@ -86,7 +86,7 @@ class TinyGPT2(torch.nn.Module):
         transformers = pytest.importorskip("transformers")
         config = transformers.GPT2Config(vocab_size=128, n_positions=32, n_embd=64, n_layer=2,
                                          n_head=2, resid_pdrop=0.0, embd_pdrop=0.0,
-                                         attn_pdrop=0.0)
+                                         attn_pdrop=0.0, bos_token_id=0, eos_token_id=0)
         torch.manual_seed(0)
         self.gpt = transformers.GPT2LMHeadModel(config)
 

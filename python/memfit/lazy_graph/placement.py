@@ -11,7 +11,7 @@ common speed tips say), so the device holds one micro-batch of it at a time.
 
 import torch
 
-from .. import _memfit
+from .._memfit import allocation_id
 
 
 def on_host(tensor, device):
@@ -21,7 +21,7 @@ def on_host(tensor, device):
     if tensor.device.type != device.type:
         return True
     if device.type == "cpu":
-        return _memfit.allocation_id(tensor) is None
+        return allocation_id(tensor) is None
     return device.index is not None and tensor.device.index != device.index
 
 

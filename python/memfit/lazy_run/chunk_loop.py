@@ -9,7 +9,7 @@ import traceback
 
 import torch
 
-from .. import _memfit
+from .._memfit import ChunkCoverage, ChunkSchedule
 from ..lazy_graph.errors import LazyError, OutOfMemoryError
 from .buffers import BufferSnapshot
 from .grad_bookkeeping import grad_snapshot, changed_grads
@@ -42,9 +42,9 @@ def drive_chunks(B, limit, attempt, commit, info, cands=None, can_split=True, wh
     trace] in buffers.py). Returns the chunk size later runs should start from."""
     kept = BufferSnapshot(buffers) if buffers else None
     resident = inputs.resident if inputs is not None else ()
-    schedule = _memfit.ChunkSchedule(B, 0 if limit is None else int(max(1, min(limit, B))),
-                                     can_split)
-    coverage = _memfit.ChunkCoverage(len(cands)) if cands is not None else None
+    schedule = ChunkSchedule(B, 0 if limit is None else int(max(1, min(limit, B))),
+                             can_split)
+    coverage = ChunkCoverage(len(cands)) if cands is not None else None
     while not schedule.done:
         chunk = schedule.next()
         start, size = chunk.start, chunk.size

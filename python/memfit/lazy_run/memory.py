@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from .. import _memfit
+from .._memfit import allocation_id, budget, format_bytes, tracked_live_bytes
 from ..lazy_graph.placement import on_host
 
 
@@ -17,10 +17,10 @@ def device_available(device):
         free, _total = torch.cuda.mem_get_info(device)
         return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
     if device.type in ("cpu", "meta"):
-        b = _memfit.budget(device.type)
+        b = budget(device.type)
         if b is None:
             return None
-        return b - _memfit.tracked_live_bytes(device.type)
+        return b - tracked_live_bytes(device.type)
     return None
 
 
@@ -45,7 +45,7 @@ def profile_memory(device, fn):
 
     with track() as t:
         kept = fn()
-        persistent = {_memfit.allocation_id(g) for g in (kept or ()) if g is not None}
+        persistent = {allocation_id(g) for g in (kept or ()) if g is not None}
         kept = None
     events = t.timeline.events()
     del t
@@ -153,7 +153,7 @@ def _capacity(device):
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     if device.type in ("cpu", "meta"):
-        return _memfit.budget(device.type)
+        return budget(device.type)
     return None
 
 
@@ -161,7 +161,7 @@ def batch_note(data, info):
     """What the batch's own data has to do with an OOM, in one sentence (or
     ""): a batch on the device that leaves too little for the step, or a
     batch on the host, which is not the cause."""
-    fmt = _memfit.format_bytes
+    fmt = format_bytes
     resident = sum(t.numel() * t.element_size() for t in data.resident
                    if not on_host(t, t.device))
     if resident:

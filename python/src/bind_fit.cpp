@@ -118,8 +118,9 @@ void init_fit(py::module_& m) {
       [](py::function measure, int64_t budget, int64_t margin, std::vector<int64_t> first,
          bool verify, int64_t host_limit, int64_t max_batch) {
         if (max_batch < 1) {
-          throw std::invalid_argument("[fit] max_batch must be >= 1, got " +
-                                      std::to_string(max_batch));
+          throw std::invalid_argument("[search_batch] max_batch must be >= 1, got " +
+                                      std::to_string(max_batch) +
+                                      ": pass the largest batch wanted");
         }
         SearchOptions o;
         o.host_limit_bytes = host_limit;

@@ -109,3 +109,17 @@ def test_a_budget_between_the_model_and_one_sample_says_one_sample_does_not_fit(
     fixed = memfit.profile(model, x, y, optimizer="adam").at_batch(1).peak_bytes // 2
     with pytest.raises(memfit.DoesNotFit, match="even one sample does not fit"):
         memfit.find_batch_size(model, x, y, optimizer="adam", budget=fixed)
+
+
+def test_a_search_capped_at_a_batch_stops_there():
+    # The Trainer's question: does its batch fit? No batch above it is
+    # measured, and the answer is the batch itself when it fits.
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    x, y = torch.randn(2, 16), torch.randint(0, 4, (2,))
+    report = memfit.profile(model, x, y, optimizer="sgd")
+    fit = memfit.fit.search(report, 1 << 30, max_batch=40)
+    assert fit.max_batch == 40 and fit.verified
+    assert max(p.batch for p in fit.probes) == 40
+    with pytest.raises(ValueError, match=r"^\[search_batch\] max_batch must be >= 1, got 0"):
+        memfit._memfit.search_batch(report.measure_step, 1 << 30, max_batch=0)

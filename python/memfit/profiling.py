@@ -1,6 +1,8 @@
 """memfit.profile: where a training step's memory goes, and what a bigger
 batch would need."""
 
+import traceback
+
 import torch
 
 from . import _memfit
@@ -46,12 +48,34 @@ def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set
     try:
         return _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
                             set_to_none)
+    except BaseException as e:
+        # See Note [A rehearsal that runs out of memory puts everything back].
+        traceback.clear_frames(e.__traceback__)
+        raise
     finally:
         if autocast:
             torch.clear_autocast_cache()
-        saved.restore()
-        if opt_state is not None:
-            opt_state.restore()
+        for p in saved.parameters:
+            p.grad = None  # the rehearsal's: restore() gives back the user's
+        if opt_state is not None and not isinstance(optimizer, OffloadedOptimizer):
+            optimizer.state.clear()  # the rehearsal's: restore() gives back the user's
+        try:
+            saved.restore()
+        finally:
+            if opt_state is not None:
+                opt_state.restore()
+
+
+# Note [A rehearsal that runs out of memory puts everything back]
+# Putting the weights back allocates them on the device again (their values
+# waited on the host, see ModelTensors), one at a time. A rehearsal that ran
+# out of memory on a simulated device left it nearly full: its activations
+# held by the exception's frames, its gradients, its optimizer state. The
+# first weight put back then ran out of memory too, and the optimizer's state
+# was never put back (a Trainer's plan that failed left Adam's state from its
+# probes on the user's optimizer). So the rehearsal's own memory is dropped
+# first (the frames' locals, .grad, the optimizer's state), and the
+# optimizer is put back even if the weights could not be.
 
 
 def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,

@@ -394,3 +394,24 @@ def test_a_profile_inside_autocast_measures_its_own_weight_casts_and_leaves_none
     assert warm.peak_bytes == fresh.peak_bytes
     assert meta.mode == "meta" and not got.is_meta
     assert torch.equal(got, want)
+
+
+def test_a_profile_that_runs_out_of_memory_puts_everything_back():
+    # See Note [A rehearsal that runs out of memory puts everything back].
+    with memfit.simulated_device("16MiB"):
+        torch.manual_seed(0)
+        model = mlp()
+        opt = torch.optim.Adam(model.parameters())
+        x, y = batch(2048)  # on the device: 6.14 MiB of it
+        weights = {k: v.clone() for k, v in model.state_dict().items()}
+        live = memfit._memfit.tracked_live_bytes("cpu")
+        try:
+            memfit.profile(model, x, y, optimizer=opt)
+        except torch.cuda.OutOfMemoryError:
+            pass
+        else:
+            pytest.fail("expected an out-of-memory error")
+        assert len(opt.state) == 0
+        assert all(p.grad is None for p in model.parameters())
+        assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
+        assert memfit._memfit.tracked_live_bytes("cpu") == live

@@ -6,7 +6,8 @@ batch against the measured peak, and fit's cost in plain steps at its answer
 their path (and their workspace) by batch and by thread count.
 
     PYTHONPATH=build/python .venv/bin/python bench/fit_corpus.py [--quick]
-        [--groups base,tv,tvseg,timm,hf] [--only a,b] [--threads 1,2]
+        [--groups base,tv,tvseg,timm,hf] [--only a,b] [--skip a,b] [--threads 1,2]
+    ... bench/fit_corpus.py --summarize LOG [LOG...]   # the summary of earlier runs' rows
 
 Groups: base (memfit's twins, three hand-written conv nets, HF GPT-2, BERT,
 Llama: what torch 2.13's CPU wheel runs), tv (torchvision's classification
@@ -23,6 +24,7 @@ for the heavy ones, so that the whole corpus runs on a 2-core CPU.
 import argparse
 import gc
 import os
+import re
 import statistics
 import sys
 import time
@@ -384,14 +386,62 @@ def summary(rows, label):
           flush=True)
 
 
+def report(rows, failed, threads_list):
+    print()
+    for threads in threads_list:
+        summary([row for row in rows if row[1] == threads], f"{threads} thread(s)")
+    summary(rows, "all")
+    print("\nworst prediction errors at 2B:")
+    for name, threads, r in sorted(rows, key=lambda row: -abs(row[2]["pred_err"]))[:6]:
+        print(f"  {name} ({threads} thr): {100 * r['pred_err']:+.2f}%")
+    print("lowest found/true:")
+    for name, threads, r in sorted(rows, key=lambda row: row[2]["found"] / row[2]["truth"])[:6]:
+        print(f"  {name} ({threads} thr): {r['found']}/{r['truth']} = "
+              f"{r['found'] / r['truth']:.3f}, trials {r['trials']}, affine {r['affine']}")
+    for name, threads, r in rows:
+        if r["overshoot"]:
+            print(f"OVERSHOOT {name} ({threads} thr): batch {r['found']} measured "
+                  f"{r['over_bytes']} B over the budget")
+    for name, threads, why in failed:
+        print(f"failed {name} ({threads} thr): {why}")
+    return 1 if any(r["overshoot"] for _, _, r in rows) else 0
+
+
+ROW = re.compile(r"^(\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+\s+(YES|no)\s+(\d+)\s+(True|False)\s+"
+                 r"([-+\d.]+)%\s+([\d.]+)x\s+(\d+)\s+\d+\s*$")
+
+
+def rows_from_logs(paths):
+    """The rows printed by earlier runs (a run cut short, or split by thread
+    count or by model): the last row of each (model, threads) wins."""
+    rows = {}
+    for path in paths:
+        for line in open(path):
+            m = ROW.match(line.rstrip("\n"))
+            if not m:
+                continue
+            name, thr, found, truth, over, trials, affine, err, cost, b = m.groups()
+            rows[(name, int(thr))] = dict(
+                found=int(found), truth=int(truth), overshoot=over == "YES", over_bytes=0,
+                trials=int(trials), affine=affine == "True", pred_err=float(err) / 100,
+                cost=float(cost), large=2 * int(b))
+    return [(name, thr, r) for (name, thr), r in rows.items()]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--groups", default=",".join(GROUPS),
                     help=f"comma-separated, of {', '.join(GROUPS)}")
     ap.add_argument("--only", help="comma-separated model names (as printed)")
+    ap.add_argument("--skip", help="comma-separated model names not to run")
     ap.add_argument("--threads", default=None, help="e.g. 1,2 (default: 1 with --quick, else 1,2)")
+    ap.add_argument("--summarize", nargs="+", metavar="LOG",
+                    help="run nothing: the summary of the rows these logs of earlier runs print")
     args = ap.parse_args()
+    if args.summarize:
+        rows = rows_from_logs(args.summarize)
+        return report(rows, [], sorted({t for _, t, _ in rows}))
     budget_batch = 48 if args.quick else 96
     threads_list = ([int(t) for t in args.threads.split(",")] if args.threads
                     else [1] if args.quick else [1, 2])
@@ -399,6 +449,8 @@ def main():
     if args.only:
         wanted = args.only.split(",")
         specs = {k: v for k, v in specs.items() if k in wanted}
+    if args.skip:
+        specs = {k: v for k, v in specs.items() if k not in args.skip.split(",")}
     print(f"torch {torch.__version__}; {len(specs)} models, threads {threads_list}; "
           f"budget = the measured peak at B, prediction checked at 2B", flush=True)
     for group, why in missing.items():
@@ -426,24 +478,7 @@ def main():
                   f"{r['trials']:>6} {str(r['affine']):>6} {100 * r['pred_err']:>+8.2f}% "
                   f"{r['cost']:>5.1f}x {r['large'] // 2:>4} {time.perf_counter() - t0:>5.0f}",
                   flush=True)
-    print()
-    for threads in threads_list:
-        summary([row for row in rows if row[1] == threads], f"{threads} thread(s)")
-    summary(rows, "all")
-    print("\nworst prediction errors at 2B:")
-    for name, threads, r in sorted(rows, key=lambda row: -abs(row[2]["pred_err"]))[:6]:
-        print(f"  {name} ({threads} thr): {100 * r['pred_err']:+.2f}%")
-    print("lowest found/true:")
-    for name, threads, r in sorted(rows, key=lambda row: row[2]["found"] / row[2]["truth"])[:6]:
-        print(f"  {name} ({threads} thr): {r['found']}/{r['truth']} = "
-              f"{r['found'] / r['truth']:.3f}, trials {r['trials']}, affine {r['affine']}")
-    for name, threads, r in rows:
-        if r["overshoot"]:
-            print(f"OVERSHOOT {name} ({threads} thr): batch {r['found']} measured "
-                  f"{r['over_bytes']} B over the budget")
-    for name, threads, why in failed:
-        print(f"failed {name} ({threads} thr): {why}")
-    return 1 if any(r["overshoot"] for _, _, r in rows) else 0
+    return report(rows, failed, threads_list)
 
 
 if __name__ == "__main__":

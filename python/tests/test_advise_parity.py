@@ -61,12 +61,21 @@ def test_cli_and_python_plan_the_same_on_the_same_model(capfd, gpt_twin):
         py = memfit.advise(model, ids, target, loss_fn=loss_fn, budget=limit, repeats=0)
         assert status == (0 if py.plan.found else 2)
         assert cli["plan"]["found"] == py.plan.found
-        assert cli["plan"]["summary"] == py.plan.summary, (cli["plan"], py.table())
+        # The same plan: as many blocks checkpointed, the same micro-batch,
+        # the same peak. Which of equal-memory blocks it picks follows their
+        # recorded forward times (the least recompute), one noisy sample of
+        # a clock in each process, so the block indices may differ.
+        c, p = cli["plan"]["strategy"], py.plan.strategy
+        assert len(c["checkpoint"]) == len(p.checkpoint), (cli["plan"], py.table())
+        assert (c["host_state"], c["autocast_bf16"]) == (p.host_state, p.autocast_bf16)
         assert cli["plan"]["micro_batch"] == py.plan.micro_batch
         assert abs(cli["plan"]["peak_bytes"] - py.plan.peak_bytes) <= 0.01 * py.plan.peak_bytes
-        # The same rows, in the same order, within 1% of each other.
-        names = [r["name"] for r in cli["strategies"]]
-        assert [n.replace("adam-offload", "memfit.offload") for n in names] == [
-            r.name for r in py.rows]
+        # The same rows, in the same order, within 1% of each other (the
+        # planned row's blocks as the plan's, above).
+        def kind(name):
+            name = name.replace("adam-offload", "memfit.offload")
+            return name.split(": blocks")[0] if name.startswith("checkpoint planned") else name
+
+        assert [kind(r["name"]) for r in cli["strategies"]] == [kind(r.name) for r in py.rows]
         for c, p in zip(cli["strategies"], py.rows):
             assert abs(c["peak_bytes"] - p.peak_bytes) <= 0.01 * p.peak_bytes, p.name

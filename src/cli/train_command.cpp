@@ -43,6 +43,7 @@ int train_command(const std::vector<std::string>& argv) {
     ao.budget = budget;
     ao.optimizer = opt_name;
     ao.allow_approximate = args.has("allow-approximate");
+    ao.timing_repeats = 0;  // the plan is what trains; its time is only said, estimated
     // Advising must not move the weights the run starts from (the probe's
     // initialisation draws from the default generator): the same command
     // with and without --plan trains the same model.

@@ -138,6 +138,20 @@ StepTimes step_times(const Timeline& t) {
   return out;
 }
 
+// What no micro-batch or checkpointing lowers: the peak of the phases outside
+// forward, loss and backward (the weights, their gradients, the optimizer's
+// state and step). The inputs phase is left out: it holds the batch.
+int64_t batch_free_floor(const Report& r) {
+  int64_t floor = 0;
+  for (const auto& ph : r.phases) {
+    if (ph.name == kPhaseParameters || ph.name == kPhaseOptimizerStep ||
+        ph.name == kPhaseZeroGrad) {
+      floor = std::max(floor, ph.peak_bytes);
+    }
+  }
+  return floor;
+}
+
 struct Tried {
   StepVariant variant;
   int64_t micro_batch = 0;
@@ -189,6 +203,9 @@ class Planner {
   std::optional<Tried> closest_;
   std::optional<RecordedStep> accepted_recording_;
   bool accepted_verified_ = false;
+  // batch_free_floor of each optimizer setting (optimizer, state on the
+  // host) recorded at the whole batch: a search it rules out is skipped.
+  std::vector<std::pair<std::pair<std::string, bool>, int64_t>> floors_;
   // The chain calibrated at each micro-batch the search reached.
   std::vector<std::pair<int64_t, std::pair<std::vector<ChainSegment>, ChainMemory>>> chains_;
 };
@@ -217,6 +234,8 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
   row.meta = r.meta;
   row.saving_bytes = plain_like(r.meta).report.peak_bytes - row.peak_bytes;
   row.fits = has_budget_ && row.peak_bytes <= limit_;
+  if (v.step == StepKind::kTrain && !v.autocast_bf16 && v.checkpointed() == 0)
+    floors_.push_back({{v.optimizer, v.host_state}, batch_free_floor(r.report)});
   const double step = plain_times_.total;
   if (v.checkpointed() > 0 && step > 0) {
     row.recompute_ns = chain_recompute_ns(a_.segments, v.checkpoint);
@@ -434,6 +453,15 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
 }
 
 bool Planner::search(StepVariant base, bool every_only) {
+  for (const auto& [key, floor] : floors_) {
+    if (key == std::make_pair(base.optimizer, base.host_state) && floor > limit_) {
+      // Outside forward and backward the step needs more than the budget at
+      // any micro-batch: nothing to record.
+      s_.progress.step("skip " + describe(base, s_.optimizer, s_.offload_label) + ": " +
+                       format_bytes(floor) + " outside forward and backward");
+      return false;
+    }
+  }
   for (int64_t c = s_.batch;; c = (c + 1) / 2) {
     StepVariant level = base;
     // Between micro-batches the gradients accumulate: zeroed in place.
@@ -445,6 +473,14 @@ bool Planner::search(StepVariant base, bool every_only) {
 
 void Planner::finish_plan() {
   AdvisePlan& p = a_.plan;
+  if (!accepted_ && !closest_) {
+    // Every search was ruled out before recording: the closest is the
+    // lowest row the plan may use.
+    for (const auto& r : a_.rows) {
+      if (r.kind == StrategyKind::kEval || !(r.variant.exact() || s_.allow_approximate)) continue;
+      if (!closest_ || r.peak_bytes < closest_->peak) closest_ = Tried{r.variant, 0, r.peak_bytes};
+    }
+  }
   const std::optional<Tried>& t = accepted_ ? accepted_ : closest_;
   if (!t) return;
   p.found = accepted_.has_value();
@@ -465,6 +501,11 @@ void Planner::finish_plan() {
       s_.progress.step("time the plan against the plain step");
       p.time_ratio = m_.time_ratio(p.variant, p.micro_batch);
       p.time_measured = true;
+    } else if (p.micro_batch == 0 && p.variant.checkpointed() > 0 && plain_times_.total > 0 &&
+               p.variant.checkpoint.size() == a_.segments.size()) {
+      // As the checkpointing rows are: the plain step plus the recompute.
+      p.time_ratio = 1.0 + chain_recompute_ns(a_.segments, p.variant.checkpoint) /
+                               plain_times_.total;
     } else {
       p.time_ratio = estimate_ratio(*accepted_recording_, p.micro_batch);
     }
@@ -499,6 +540,7 @@ Advice Planner::run() {
     plain_cheap_ = plain_;
   }
   a_.plain_peak = plain_.report.peak_bytes;
+  floors_.push_back({{"", false}, batch_free_floor(plain_.report)});
   plain_times_ = step_times(plain_.timeline);
   a_.plain_step_ms = plain_times_.total / 1e6;
   forward_ns_ = block_forward_ns(plain_.timeline, s_.chain);

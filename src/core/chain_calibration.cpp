@@ -46,6 +46,10 @@ std::vector<int64_t> block_activations(const Timeline& t,
 }
 
 // From the block's first event to the first event after its last one.
+// Blocks that allocate alike (the same count and bytes of allocations in
+// their forward: a stack of identical layers) get their median time: a
+// recorded forward is one sample of a noisy clock, and identical blocks
+// must tie, or the planner's choice among them follows the noise.
 std::vector<double> block_forward_ns(const Timeline& t,
                                      const std::vector<std::string>& chain) {
   std::vector<double> ns(chain.size(), 1.0);
@@ -57,12 +61,17 @@ std::vector<double> block_forward_ns(const Timeline& t,
   const auto& ev = t.events();
   std::vector<size_t> first(chain.size(), kNoEvent),
       last(chain.size(), kNoEvent);
+  std::vector<std::pair<int64_t, int64_t>> alike(chain.size(), {0, 0});
   for (size_t e = fwd->first_event; e < fwd->end_event; ++e) {
     const int i = block_of(t.module_name(ev[e].module), chain);
     if (i < 0) continue;
-    if (first[static_cast<size_t>(i)] == kNoEvent)
-      first[static_cast<size_t>(i)] = e;
-    last[static_cast<size_t>(i)] = e;
+    const auto b = static_cast<size_t>(i);
+    if (first[b] == kNoEvent) first[b] = e;
+    last[b] = e;
+    if (ev[e].kind == EventKind::kAlloc) {
+      alike[b].first += 1;
+      alike[b].second += ev[e].bytes;
+    }
   }
   for (size_t i = 0; i < chain.size(); ++i) {
     if (first[i] == kNoEvent) continue;
@@ -70,7 +79,17 @@ std::vector<double> block_forward_ns(const Timeline& t,
     ns[i] = std::max<double>(
         1.0, static_cast<double>(ev[after].time_ns - ev[first[i]].time_ns));
   }
-  return ns;
+  std::vector<double> out = ns;
+  for (size_t i = 0; i < chain.size(); ++i) {
+    std::vector<double> group;
+    for (size_t j = 0; j < chain.size(); ++j) {
+      if (alike[j] == alike[i] && first[j] != kNoEvent) group.push_back(ns[j]);
+    }
+    if (group.size() < 2) continue;
+    std::sort(group.begin(), group.end());
+    out[i] = group[group.size() / 2];
+  }
+  return out;
 }
 
 namespace {

@@ -11,6 +11,7 @@ from .batching import count
 from .data_parallel import trainable_sizes
 from .device import to_bytes
 from .profiling import profile
+from .progress import as_progress
 from .training_step import check_optimizer
 
 DoesNotFit = _memfit.DoesNotFit
@@ -64,7 +65,7 @@ def available_bytes(budget, model):
 
 
 def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, budget=None,
-                    batch_dim=0, mode="cpu", margin=0, verify=True):
+                    batch_dim=0, mode="cpu", margin=0, verify=True, progress=None):
     """The largest batch whose whole training step fits `budget`, verified.
 
     `inputs`/`target` are an example batch of any size: memfit records the
@@ -81,7 +82,8 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     budget: bytes or "16GiB"; default: what the simulated device's budget
     leaves beside the live tensors that are not the model's, else the free
     CUDA memory. margin: extra bytes to keep free (e.g. for a real
-    GPU's allocator).
+    GPU's allocator). progress: None, True (a line on stderr per recorded
+    phase, probe and verification) or a callable given each line.
 
     A model wrapped in DistributedDataParallel gets each rank's batch: the
     budget first loses DDP's gradient buckets, one copy of the trainable
@@ -111,12 +113,14 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
                 f"or shard (report.data_parallel() shows ZeRO/FSDP per rank)"
             )
         available -= buckets
+    said = as_progress(progress, "find_batch_size")
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
-                     batch_dim=batch_dim, mode=mode)
-    return search(report, available, to_bytes(margin, "margin"), verify=bool(verify))
+                     batch_dim=batch_dim, mode=mode, progress=said)
+    return search(report, available, to_bytes(margin, "margin"), verify=bool(verify),
+                  progress=said)
 
 
-def search(report, available, margin=0, verify=True, max_batch=None):
+def search(report, available, margin=0, verify=True, max_batch=None, progress=None):
     """The largest batch whose step, as `report` (a memfit.profile Report)
     measures it at other batches, fits `available` bytes less `margin`: the
     search of find_batch_size (see Note [Probing toward the answer] and Note
@@ -125,7 +129,8 @@ def search(report, available, margin=0, verify=True, max_batch=None):
     raises DoesNotFit when even batch 1 does not fit."""
     kwargs = {} if max_batch is None else {"max_batch": count(max_batch, "search", "max_batch")}
     return _memfit.search_batch(report.measure_step, available, margin, verify=bool(verify),
-                                host_limit=_memfit.probe_memory_limit(report.mode), **kwargs)
+                                host_limit=_memfit.probe_memory_limit(report.mode),
+                                progress=as_progress(progress, "search").relay(), **kwargs)
 
 
 def auto_batch_size(starting_batch_size=128, *, model, inputs, target=None, loss_fn=None,

@@ -12,6 +12,7 @@ from .device import host_memory
 from .batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
 from .host_offload import OffloadedOptimizer
 from .meta_reads import MetaReads, foreach_as_on_cuda
+from .progress import as_progress
 from .snapshot import ModelTensors, OptimizerState, kept_rng, private_copy
 from .tracking import Tracking
 from .training_step import (OPTIMIZERS, call_model, check_loss_trains, check_optimizer,
@@ -37,7 +38,8 @@ def _autocast_on():
     return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
-def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_to_none=True):
+def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_to_none=True,
+              say=None):
     """_record_step on copies of the weights, inputs and optimizer state; the
     model, its gradients and the optimizer are put back as they were."""
     saved = ModelTensors(model)
@@ -47,7 +49,7 @@ def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set
         torch.clear_autocast_cache()
     try:
         return _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                            set_to_none)
+                            set_to_none, say)
     except BaseException as e:
         # See Note [A rehearsal that runs out of memory puts everything back].
         traceback.clear_frames(e.__traceback__)
@@ -79,7 +81,7 @@ def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set
 
 
 def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                 set_to_none=True):
+                 set_to_none=True, say=None):
     """Runs `iterations` training iterations under a recorder; returns it.
     set_to_none=False zeroes the gradients in place: they stay alive through
     the next iteration's forward, as between the micro-batches of an
@@ -93,32 +95,39 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
         # See Note [Meta kernels allocate only their outputs] (op_frames.h).
         t._recorder.drop_meta_kernel_intermediates()
     t.watch_modules(model)
+    said = as_progress(say)
+
+    def phase(name, it):
+        t.phase(name, it)
+        said.step(f"record on {device.type}: {name}"
+                  + (f" (iteration {it})" if iterations > 1 and name != "parameters" else ""))
+
     try:
-        t.phase("parameters", 1)
+        phase("parameters", 1)
         saved.swap_in_copies(device, t.classify)
         if isinstance(optimizer, str):
             optimizer = OPTIMIZERS[optimizer](saved.parameters)
         for it in range(1, iterations + 1):
-            t.phase("inputs", it)
+            phase("inputs", it)
             x = private_copy(inputs, device)
             y = None if target is None else private_copy(target, device)
-            t.phase("forward", it)
+            phase("forward", it)
             out = call_model(model, x)
-            t.phase("loss", it)
+            phase("loss", it)
             loss = compute_loss(out, y, loss_fn)
             check_loss_trains(loss, model, "profile")
             out = None  # See Note [The order of a training iteration] (report.h).
-            t.phase("backward", it)
+            phase("backward", it)
             loss.backward()
             if optimizer is not None:
-                t.phase("optimizer_step", it)
+                phase("optimizer_step", it)
                 optimizer.step()
                 for state in optimizer.state.values():
                     for v in state.values():
                         if isinstance(v, torch.Tensor):
                             t.classify(v, "optimizer_state")
             # See Note [The order of a training iteration] (report.h).
-            t.phase("zero_grad", it)
+            phase("zero_grad", it)
             if optimizer is not None:
                 optimizer.zero_grad(set_to_none=set_to_none)
             else:
@@ -281,7 +290,7 @@ def _probe_batches(b):
 
 def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations=2,
             batch_dim=0, mode="cpu", target_device="cpu", cuda_workspace=DEFAULT_CUDA_WORKSPACE,
-            set_to_none=True):
+            set_to_none=True, progress=None):
     """Profile `iterations` training iterations of `model` on `inputs`.
 
     Each iteration runs the phases inputs, forward, loss, backward,
@@ -313,6 +322,9 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
       the step memfit.Trainer measures to choose its micro-batch (see Note
       [The first micro-batch from the fit], trainer.py). The report's notes
       say so.
+    - progress: None (silent), True (a line on stderr as each phase is
+      recorded: a meta step of a large model takes seconds), or a callable
+      given each line.
 
     The step runs on copies: the model's weights, buffers and .grad, the
     optimizer's state and learning rate, the inputs and the RNG state are
@@ -322,6 +334,7 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
     data_parallel(world_size): each rank's peak under DDP, ZeRO-1/2/3.
     """
     check_optimizer(model, optimizer, "profile")
+    said = as_progress(progress, "profile")
     if target_device not in ("cpu", "cuda"):
         raise ValueError(
             f"[profile] target_device must be 'cpu' or 'cuda', got {target_device!r}"
@@ -358,14 +371,14 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
                     with reads.answering(), foreach_as_on_cuda(
                             optimizer if target_device == "cuda" else None) as foreach:
                         rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                        torch.device(mode), set_to_none)
+                                        torch.device(mode), set_to_none, said)
                     if foreach:
                         notes.append("the optimizer ran its foreach implementation, as torch "
                                      "does for CUDA parameters (temporaries as large as all "
                                      "parameters); see Note [The optimizer a GPU would run]")
                 else:
                     rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                    torch.device(mode), set_to_none)
+                                    torch.device(mode), set_to_none, said)
             except (NotImplementedError, RuntimeError) as e:
                 if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
                     raise
@@ -383,7 +396,7 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
                     )
                 mode = "cpu"
                 rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                torch.device("cpu"), set_to_none)
+                                torch.device("cpu"), set_to_none, said)
         if not set_to_none:
             notes.append("zero_grad in place (set_to_none=False): the gradients stay alive "
                          "through the next iteration, as between the micro-batches of an "
@@ -394,6 +407,7 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         if rec is not None and mode == "meta" and reads.note():
             notes.append(reads.note())
         n = batch_size(inputs, batch_dim, "profile")
+        said.step(f"explain batch {n}'s {len(rec.timeline)} allocations and frees")
         native = _memfit.make_report(rec.timeline, type(model).__name__, n,
                                      optimizer_name(optimizer), mode)
         if rec.host_bytes:

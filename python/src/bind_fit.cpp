@@ -7,6 +7,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "memfit/core/progress.h"
 #include "memfit/core/batch_fit.h"
 #include "memfit/core/batch_search.h"
 
@@ -116,7 +117,7 @@ void init_fit(py::module_& m) {
   m.def(
       "search_batch",
       [](py::function measure, int64_t budget, int64_t margin, std::vector<int64_t> first,
-         bool verify, int64_t host_limit, int64_t max_batch) {
+         bool verify, int64_t host_limit, int64_t max_batch, py::object progress) {
         if (max_batch < 1) {
           throw std::invalid_argument("[search_batch] max_batch must be >= 1, got " +
                                       std::to_string(max_batch) +
@@ -129,11 +130,17 @@ void init_fit(py::module_& m) {
         if (!first.empty()) o.probes.first = std::move(first);
         o.verify = verify;
         o.max_batch = std::min(max_batch, kMaxBatch);
+        // None: silent; else a callable given each line (the GIL is held,
+        // as for measure).
+        if (!progress.is_none()) {
+          o.progress = Progress([progress](const std::string& line) { progress(line); });
+        }
         return search_batch(from_python(std::move(measure)), o);
       },
       py::arg("measure"), py::arg("budget"), py::arg("margin") = 0,
       py::arg("first") = std::vector<int64_t>{}, py::arg("verify") = true,
       py::arg("host_limit") = INT64_MAX, py::arg("max_batch") = kMaxBatch,
+      py::arg("progress") = py::none(),
       "The largest batch that fits, verified: see Note [Verifying the answer]. "
       "max_batch: no batch above it is wanted (a Trainer's whole batch): the search "
       "stops there.");

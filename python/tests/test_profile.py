@@ -415,3 +415,23 @@ def test_a_profile_that_runs_out_of_memory_puts_everything_back():
         assert all(p.grad is None for p in model.parameters())
         assert all(torch.equal(model.state_dict()[k], v) for k, v in weights.items())
         assert memfit._memfit.tracked_live_bytes("cpu") == live
+
+
+def test_progress_says_each_phase_probe_and_verification():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    x, y = torch.randn(8, 16), torch.randint(0, 4, (8,))
+    lines = []
+    memfit.profile(model, x, y, optimizer="adam", progress=lines.append)
+    phases = [line.split(": ", 1)[1] for line in lines if "record on cpu:" in line]
+    assert phases[:3] == ["parameters", "inputs (iteration 1)", "forward (iteration 1)"]
+    assert "zero_grad (iteration 2)" in phases and lines[-1].split("] ")[1].startswith("explain")
+    lines.clear()
+    fit = memfit.find_batch_size(model, x, y, optimizer="adam", budget="4MiB",
+                                 progress=lines.append)
+    said = [line.split("] ", 1)[1] for line in lines]
+    assert sum(s.startswith("probe batch") for s in said) == sum(
+        not p.verification for p in fit.probes)
+    assert sum(s.startswith("verify batch") for s in said) == fit.trials
+    with pytest.raises(ValueError, match="progress must be None, True or a callable"):
+        memfit.profile(model, x, y, progress="yes")

@@ -273,9 +273,12 @@ class Report:
         unit = self._largest_unit_bytes if largest_unit is None else _dp.unit_bytes(largest_unit)
         share = _dp.optimizer_shard_fraction(optimizer_shards, list(self._trainable_sizes),
                                              world_size)
+        # See Note [A rank's optimizer step deals parameters in another order].
+        reorder = (_memfit.step_reorder_bytes(list(self._trainable_sizes), world_size)
+                   if optimizer_shards == "parameters" else 0)
         self._native.set_data_parallel(
             self.timeline, world_size, sum(self._trainable_sizes), bool(gradient_as_bucket_view),
-            int(bucket_cap_mb * 1024 * 1024), unit, share)
+            int(bucket_cap_mb * 1024 * 1024), unit, share, reorder)
         return list(self._native.data_parallel)
 
     def __repr__(self):

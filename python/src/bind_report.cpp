@@ -82,7 +82,7 @@ void init_report(py::module_& m) {
       .def("set_data_parallel", [](Report& r, const Timeline& t, int world_size,
                                    int64_t gradient_bytes, bool gradient_as_bucket_view,
                                    int64_t bucket_cap_bytes, int64_t largest_unit_bytes,
-                                   double optimizer_shard_fraction) {
+                                   double optimizer_shard_fraction, int64_t step_reorder_bytes) {
         DataParallelSetup d;
         d.world_size = world_size;
         d.gradient_bytes = gradient_bytes;
@@ -90,10 +90,12 @@ void init_report(py::module_& m) {
         d.bucket_cap_bytes = bucket_cap_bytes;
         d.largest_unit_bytes = largest_unit_bytes;
         d.optimizer_shard_fraction = optimizer_shard_fraction;
+        d.step_reorder_bytes = step_reorder_bytes;
         r.data_parallel = DataParallelEstimate{d, per_rank_peaks(t, d)};
       }, py::arg("timeline"), py::arg("world_size"), py::arg("gradient_bytes"),
          py::arg("gradient_as_bucket_view"), py::arg("bucket_cap_bytes"),
-         py::arg("largest_unit_bytes"), py::arg("optimizer_shard_fraction"))
+         py::arg("largest_unit_bytes"), py::arg("optimizer_shard_fraction"),
+         py::arg("step_reorder_bytes") = 0)
       .def_property_readonly("data_parallel", [](const Report& r) -> py::object {
         if (!r.data_parallel) return py::none();
         return py::cast(r.data_parallel->per_rank);
@@ -101,6 +103,9 @@ void init_report(py::module_& m) {
 
   m.def("largest_partition_fraction", &largest_partition_fraction,
         py::arg("param_bytes"), py::arg("world_size"));
+  m.def("step_reorder_bytes", &step_reorder_bytes, py::arg("param_bytes"),
+        py::arg("world_size"),
+        "See Note [A rank's optimizer step deals parameters in another order].");
 
   m.def("make_report", [](const Timeline& t, const std::string& model,
                           int64_t batch, const std::string& optimizer,

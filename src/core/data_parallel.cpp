@@ -210,8 +210,11 @@ std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup&
             : sharded_away(state, W);
 
     const int64_t ddp = d.gradient_as_bucket_view ? live - grads + arriving + G : live + G;
-    const int64_t zero1 = ddp - step_sharded;
-    const int64_t zero2 = live - step_sharded - grads + ceil_div(grads, W) + arriving + bucket;
+    // See Note [A rank's optimizer step deals parameters in another order].
+    const int64_t reorder = phase == "optimizer_step" ? d.step_reorder_bytes : 0;
+    const int64_t zero1 = ddp - step_sharded + reorder;
+    const int64_t zero2 =
+        live - step_sharded - grads + ceil_div(grads, W) + arriving + bucket + reorder;
     int64_t gathered = 0;
     if (phase == "forward" || phase == "loss") gathered = 2 * L;
     if (phase == "backward") gathered = 3 * L;
@@ -245,6 +248,40 @@ double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_si
   for (int64_t b : param_bytes) *std::min_element(load.begin(), load.end()) += b;
   return static_cast<double>(*std::max_element(load.begin(), load.end())) /
          static_cast<double>(total);
+}
+
+namespace {
+
+// The largest (previous + 2 x current) over neighbouring parameters.
+int64_t step_pair_peak(const std::vector<int64_t>& order) {
+  int64_t best = 0, previous = 0;
+  for (int64_t b : order) {
+    best = std::max(best, previous + 2 * b);
+    previous = b;
+  }
+  return best;
+}
+
+}  // namespace
+
+int64_t step_reorder_bytes(const std::vector<int64_t>& param_bytes, int world_size) {
+  if (world_size < 1) {
+    throw std::invalid_argument("[step_reorder_bytes] world_size must be >= 1 ranks, got " +
+                                std::to_string(world_size));
+  }
+  if (world_size == 1) return 0;
+  std::vector<int64_t> sorted = param_bytes;
+  std::sort(sorted.begin(), sorted.end(), std::greater<>());
+  std::vector<std::vector<int64_t>> ranks(static_cast<size_t>(world_size));
+  std::vector<int64_t> load(static_cast<size_t>(world_size), 0);
+  for (int64_t b : sorted) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    ranks[r].push_back(b);
+    load[r] += b;
+  }
+  int64_t worst = 0;
+  for (const auto& order : ranks) worst = std::max(worst, step_pair_peak(order));
+  return std::max<int64_t>(0, worst - step_pair_peak(param_bytes));
 }
 
 RankPeak per_rank_peak(const Timeline& t, const DataParallelSetup& d, Sharding s) {

@@ -44,6 +44,10 @@ struct DataParallelSetup {
   // (flat even shards: DeepSpeed, FSDP); torch's ZeroRedundancyOptimizer
   // shards whole parameters: see largest_partition_fraction().
   double optimizer_shard_fraction = 0;
+  // Extra temporaries the fullest rank's optimizer step holds over the
+  // single process's: see step_reorder_bytes(). Added in optimizer_step to
+  // ZeRO-1/2/3; 0 for flat shards.
+  int64_t step_reorder_bytes = 0;
 };
 
 // The share of `param_bytes` the fullest of `world_size` ranks gets when
@@ -51,6 +55,20 @@ struct DataParallelSetup {
 // ZeroRedundancyOptimizer). 1/W at best; 1 for a single parameter. Throws
 // std::invalid_argument for world_size < 1 or a negative size.
 double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_size);
+
+// Note [A rank's optimizer step deals parameters in another order]
+// torch's for-loop Adam keeps one parameter's denominator alive while the
+// next parameter's sqrt and division are made: its step's temporaries peak
+// at the largest (previous + 2 x current) over neighbouring parameters. In
+// the single process a bias or a norm usually sits between two large
+// weights; ZeroRedundancyOptimizer deals each rank its parameters largest
+// first, so equal large weights become neighbours and the fullest rank's
+// step holds one more weight of temporaries (resnet18 on 2 ranks: rank 0's
+// step peaked 9 MiB, one 512x512x3x3 weight, above what the single process
+// implied). The bytes returned are that difference, never negative: the
+// worst rank's (previous + 2 x current) less the single process's, with
+// ranks dealt as largest_partition_fraction() deals them.
+int64_t step_reorder_bytes(const std::vector<int64_t>& param_bytes, int world_size);
 
 struct RankPeak {
   Sharding sharding = Sharding::kDdp;

@@ -226,3 +226,21 @@ TEST(DataParallel, ReportShowsPerRankPeaks) {
 
 }  // namespace
 }  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// See Note [A rank's optimizer step deals parameters in another order]:
+// three equal weights with biases between them; on 2 ranks one rank gets
+// two weights side by side, the step holding one more weight than the
+// single process's bias-separated order implied.
+TEST(StepReorderBytes, EqualWeightsDealtSideBySideHoldOneMore) {
+  EXPECT_EQ(step_reorder_bytes({100, 1, 100, 1, 100, 1}, 2), 300 - 201);
+  EXPECT_EQ(step_reorder_bytes({100, 1, 100, 1, 100, 1}, 1), 0);  // nothing dealt
+  // Already side by side in the single process: no more than it implied.
+  EXPECT_EQ(step_reorder_bytes({100, 100, 100, 1, 1, 1}, 2), 0);
+  EXPECT_THROW(step_reorder_bytes({1}, 0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace memfit

@@ -364,3 +364,35 @@ def test_nothing_fits_names_the_phase_and_the_cause_not_a_smaller_batch():
             "batch cannot help; use a bigger card, shard the model") in msg
     assert "a smaller batch lowers" not in msg
     del e
+
+
+def test_a_model_on_the_meta_device_is_advised_on_meta_and_its_plan_is_unverified():
+    # Issue #18: a model larger than the machine, built on meta (here a tiny
+    # HF Llama from its config): every row and the plan are recorded on meta,
+    # nothing runs for real, and the advice says the plan is unverified.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=4, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg)
+    ids = torch.empty(2, 32, dtype=torch.long, device="meta")
+
+    def loss_fn(out, target):
+        return torch.nn.functional.cross_entropy(out.logits.flatten(0, 1), target.flatten())
+
+    free = memfit.advise(model, ids, ids, loss_fn=loss_fn, optimizer="adam")
+    assert free.chain.path == "model.layers" and len(free.chain) == 3
+    assert all(r.meta for r in free.rows[1:]) and all(r.kind != "eval" for r in free.rows)
+    # A meta clock times dispatch, not work: no time is estimated from it.
+    assert all(r.time_ratio is None for r in free.rows if r.kind not in ("baseline", "memory"))
+    assert any("not recorded" in n and "autocast bf16" in n for n in free.notes)
+    every = row(free, "checkpoint every").peak_bytes
+    assert every < free.plain_peak_bytes
+    budget = (free.plain_peak_bytes + every) // 2
+    a = memfit.advise(model, ids, ids, loss_fn=loss_fn, optimizer="adam", budget=budget)
+    assert a.plan.found and a.plan.strategy.checkpoint and a.plan.peak_bytes <= budget
+    assert not a.native.plan.verified
+    assert "meta, unverified" in a.table()
+    assert any("the plan is unverified" in n for n in a.notes)
+    assert all(p.is_meta for p in model.parameters())  # nothing moved off meta

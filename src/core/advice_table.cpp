@@ -82,8 +82,8 @@ std::string Advice::table() const {
   out << t.str();
   if (any_estimate) out << "~: time estimated from the recorded step's times, not timed\n";
   if (any_meta) {
-    out << "(meta): recorded on the meta device, against the plain step recorded there; the "
-           "plan is recorded on the device\n";
+    out << "(meta): recorded on the meta device, against the plain step recorded there"
+        << (plan.found && !plan.verified ? "\n" : "; the plan is recorded on the device\n");
   }
   if (!chain_plans.empty()) {
     const ChainPlan* every = nullptr;

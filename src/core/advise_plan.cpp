@@ -237,10 +237,10 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
   if (v.step == StepKind::kTrain && !v.autocast_bf16 && v.checkpointed() == 0)
     floors_.push_back({{v.optimizer, v.host_state}, batch_free_floor(r.report)});
   const double step = plain_times_.total;
-  if (v.checkpointed() > 0 && step > 0) {
+  if (v.checkpointed() > 0) {
     row.recompute_ns = chain_recompute_ns(a_.segments, v.checkpoint);
     row.predicted_peak_bytes = chain_peak(a_.segments, a_.chain_memory, v.checkpoint);
-    row.time_ratio = 1.0 + row.recompute_ns / step;
+    row.time_ratio = step > 0 ? 1.0 + row.recompute_ns / step : -1;
   } else if (v.step != StepKind::kTrain && step > 0) {
     row.time_ratio = plain_times_.forward / step;
   } else if (kind == StrategyKind::kMemory) {
@@ -541,7 +541,9 @@ Advice Planner::run() {
   }
   a_.plain_peak = plain_.report.peak_bytes;
   floors_.push_back({{"", false}, batch_free_floor(plain_.report)});
-  plain_times_ = step_times(plain_.timeline);
+  // A meta recording's clock times the dispatch, not the work: no time is
+  // estimated from it (the rows say "-").
+  if (!plain_.meta) plain_times_ = step_times(plain_.timeline);
   a_.plain_step_ms = plain_times_.total / 1e6;
   forward_ns_ = block_forward_ns(plain_.timeline, s_.chain);
 

@@ -203,8 +203,6 @@ void init_strategies(py::module_& m) {
       "memfit.advise's planner: see Note [How advise plans]. record(variant, batch, cheap) "
       "returns (native report, timeline, recorded on meta); time_ratio(variant, "
       "micro_batch) or None.");
-  m.def("describe_variant", &describe, py::arg("variant"), py::arg("user_optimizer"),
-        py::arg("offload_label") = "memfit.offload", py::arg("micro_batch") = 0);
 }
 
 }  // namespace memfit::python

@@ -69,18 +69,6 @@ bool StepVariant::operator==(const StepVariant& o) const {
          host_state == o.host_state && step == o.step;
 }
 
-namespace {
-
-std::string indices(const std::vector<bool>& flags) {
-  std::string out;
-  for (size_t i = 0; i < flags.size(); ++i) {
-    if (flags[i]) out += (out.empty() ? "" : ",") + std::to_string(i);
-  }
-  return out.empty() ? "-" : out;
-}
-
-}  // namespace
-
 std::string describe(const StepVariant& v, const std::string& user_optimizer,
                      const std::string& offload_label, int64_t micro_batch) {
   std::vector<std::string> parts;
@@ -90,8 +78,8 @@ std::string describe(const StepVariant& v, const std::string& user_optimizer,
   if (k > 0 && k == n) {
     parts.push_back("checkpoint every block (" + std::to_string(n) + " of " + std::to_string(n) + ")");
   } else if (k > 0) {
-    parts.push_back("checkpoint blocks " + indices(v.checkpoint) + " (" + std::to_string(k) +
-                    " of " + std::to_string(n) + ")");
+    parts.push_back("checkpoint blocks " + checkpoint_indices(v.checkpoint) + " (" +
+                    std::to_string(k) + " of " + std::to_string(n) + ")");
   }
   if (v.autocast_bf16) parts.push_back("autocast bf16");
   if (!v.optimizer.empty()) parts.push_back("optimizer " + v.optimizer + " instead of " + user_optimizer);
@@ -183,6 +171,15 @@ class Planner {
                std::optional<RecordedStep> given = std::nullopt);
   void checkpoint_rows();
   void combination_rows();
+  struct Choice {
+    double recompute_ns = 0;
+    StepVariant variant;
+    RecordedStep recording;  // cheap: on meta when the front could
+  };
+  std::vector<Choice> fitting_choices(const std::vector<ChainSegment>& segs,
+                                      const ChainMemory& mem, const StepVariant& base, int64_t c,
+                                      const RecordedStep& every,
+                                      std::optional<std::pair<StepVariant, int64_t>>* first);
   bool search(StepVariant base, bool approximate_only_every);
   bool try_level(const StepVariant& base, int64_t c, bool every_only);
   bool verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real = std::nullopt);
@@ -278,50 +275,62 @@ void Planner::checkpoint_rows() {
     a_.notes.push_back("no budget: give one for the planned checkpointing and a plan");
     return;
   }
-  // See Note [Calibrating the chain from two profiles]: the planner's choice
-  // is recorded, and the budget it plans for moved by what it missed.
-  StepVariant best = every;
-  int64_t best_peak = every_peak;
-  double best_ns = best_peak <= limit_ ? chain_recompute_ns(a_.segments, every.checkpoint)
-                                       : std::numeric_limits<double>::infinity();
   std::optional<std::pair<StepVariant, int64_t>> first;
-  std::vector<std::vector<bool>> tried = {every.checkpoint};
-  int64_t aim = limit_;
-  std::optional<RecordedStep> best_rec;
-  for (int round = 0; round < 4; ++round) {
-    const ChainPlan cp = chain_plan_optimal(a_.segments, a_.chain_memory, aim);
-    if (!cp.fits) break;
-    StepVariant v;
-    v.checkpoint = cp.checkpointed;
-    if (!first) first = {v, cp.predicted_peak};
-    if (std::find(tried.begin(), tried.end(), cp.checkpointed) != tried.end()) break;
-    tried.push_back(cp.checkpointed);
-    RecordedStep r = record(v, s_.batch, true);
-    if (!r.unavailable.empty()) break;
-    const int64_t peak = r.report.peak_bytes;
-    if (peak <= limit_ && cp.recompute_ns < best_ns) {
-      best = v;
-      best_peak = peak;
-      best_ns = cp.recompute_ns;
-      best_rec = std::move(r);
-    }
-    aim += limit_ - peak;
-  }
+  std::vector<Choice> fitting =
+      fitting_choices(a_.segments, a_.chain_memory, StepVariant{}, s_.batch, *every_cheap_, &first);
+  // The least recompute that fits; every block when nothing does.
+  const auto cheapest = std::min_element(
+      fitting.begin(), fitting.end(),
+      [](const Choice& x, const Choice& y) { return x.recompute_ns < y.recompute_ns; });
+  const StepVariant best = cheapest == fitting.end() ? every : cheapest->variant;
   if (first && !(first->first == best)) {
-    a_.notes.push_back("the planner's first choice, blocks " + indices(first->first.checkpoint) +
+    a_.notes.push_back("the planner's first choice, blocks " +
+                       checkpoint_indices(first->first.checkpoint) +
                        " (predicted " + format_bytes(first->second) +
                        "), measured above the budget or costlier; the planned row is the "
                        "cheapest choice that measured within it");
   }
-  if (best_peak <= limit_) {
+  if (cheapest != fitting.end()) {
     const bool same = best == every;
-    add_row("checkpoint planned: blocks " + indices(best.checkpoint) +
+    add_row("checkpoint planned: blocks " + checkpoint_indices(best.checkpoint) +
                 (same ? " (the same as every block)" : ""),
-            StrategyKind::kCheckpointing, best, same ? *every_cheap_ : std::move(*best_rec));
+            StrategyKind::kCheckpointing, best, std::move(cheapest->recording));
   } else {
     a_.notes.push_back("no checkpointing choice fits " + format_bytes(limit_) +
                        ": every block checkpointed peaks at " + format_bytes(every_peak));
   }
+}
+
+// See Note [Calibrating the chain from two profiles]: the planner's choices
+// at micro-batch c, each recorded cheaply, the budget they are made for
+// moved by what each missed or spared (four rounds at most). Returns the
+// choices recorded within the budget, every block first when it fits;
+// `first` gets the planner's first choice and its predicted peak.
+std::vector<Planner::Choice> Planner::fitting_choices(
+    const std::vector<ChainSegment>& segs, const ChainMemory& mem, const StepVariant& base,
+    int64_t c, const RecordedStep& every, std::optional<std::pair<StepVariant, int64_t>>* first) {
+  StepVariant every_v = base;
+  every_v.checkpoint.assign(n_, true);
+  std::vector<Choice> fitting;
+  if (every.report.peak_bytes <= limit_)
+    fitting.push_back({chain_recompute_ns(segs, every_v.checkpoint), every_v, every});
+  std::vector<std::vector<bool>> tried = {every_v.checkpoint};
+  int64_t aim = limit_;
+  for (int round = 0; round < 4; ++round) {
+    const ChainPlan cp = chain_plan_optimal(segs, mem, aim);
+    if (!cp.fits) break;
+    StepVariant v = base;
+    v.checkpoint = cp.checkpointed;
+    if (first && !*first) *first = std::make_pair(v, cp.predicted_peak);
+    if (std::find(tried.begin(), tried.end(), cp.checkpointed) != tried.end()) break;
+    tried.push_back(cp.checkpointed);
+    RecordedStep r = record(v, c, true);
+    if (!r.unavailable.empty()) break;
+    const int64_t peak = r.report.peak_bytes;
+    if (peak <= limit_) fitting.push_back({cp.recompute_ns, v, std::move(r)});
+    aim += limit_ - peak;
+  }
+  return fitting;
 }
 
 // When no single strategy the plan may use fits: every block checkpointed
@@ -420,34 +429,15 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   calibrate_chain(base_c.report, base_c.timeline, every_c.report, every_c.timeline, s_.chain,
                   forward_ns_, segs, mem);
   chains_.push_back({c, {segs, mem}});
-  struct Fitting {
-    double recompute_ns;
-    StepVariant variant;
-    std::optional<RecordedStep> real;  // the cheap recording, when it was real
-  };
-  std::vector<Fitting> fitting;
-  fitting.push_back({chain_recompute_ns(segs, every.checkpoint), every,
-                     every_c.meta ? std::nullopt : std::optional(every_c)});
-  std::vector<std::vector<bool>> tried = {every.checkpoint};
-  int64_t aim = limit_;
-  for (int round = 0; round < 4; ++round) {
-    const ChainPlan cp = chain_plan_optimal(segs, mem, aim);
-    if (!cp.fits || std::find(tried.begin(), tried.end(), cp.checkpointed) != tried.end()) break;
-    tried.push_back(cp.checkpointed);
-    StepVariant v = base;
-    v.checkpoint = cp.checkpointed;
-    RecordedStep r = record(v, c, true);
-    if (!r.unavailable.empty()) break;
-    const int64_t peak = r.report.peak_bytes;
-    if (peak <= limit_)
-      fitting.push_back({cp.recompute_ns, v, r.meta ? std::nullopt : std::optional(std::move(r))});
-    aim += limit_ - peak;
-  }
+  std::vector<Choice> fitting = fitting_choices(segs, mem, base, c, every_c, nullptr);
   // Verified cheapest first; every block checkpointed is the last resort.
-  std::sort(fitting.begin(), fitting.end(),
-            [](const Fitting& x, const Fitting& y) { return x.recompute_ns < y.recompute_ns; });
+  std::stable_sort(fitting.begin(), fitting.end(), [](const Choice& x, const Choice& y) {
+    return x.recompute_ns < y.recompute_ns;
+  });
   for (auto& f : fitting) {
-    if (verify(f.variant, c, std::move(f.real))) return true;
+    const bool meta = f.recording.meta;
+    if (verify(f.variant, c, meta ? std::nullopt : std::optional(std::move(f.recording))))
+      return true;
   }
   return false;
 }

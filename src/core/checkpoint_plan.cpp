@@ -116,13 +116,15 @@ int ChainPlan::count() const {
       std::count(checkpointed.begin(), checkpointed.end(), true));
 }
 
-std::string ChainPlan::indices() const {
+std::string checkpoint_indices(const std::vector<bool>& checkpointed) {
   std::string out;
   for (size_t i = 0; i < checkpointed.size(); ++i) {
     if (checkpointed[i]) out += (out.empty() ? "" : ",") + std::to_string(i);
   }
   return out.empty() ? "-" : out;
 }
+
+std::string ChainPlan::indices() const { return checkpoint_indices(checkpointed); }
 
 ChainPlan chain_plan_none(const std::vector<ChainSegment>& segments,
                           const ChainMemory& memory, int64_t budget) {

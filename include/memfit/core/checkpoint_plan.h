@@ -67,6 +67,10 @@ int64_t chain_peak(const std::vector<ChainSegment>& segments,
 double chain_recompute_ns(const std::vector<ChainSegment>& segments,
                           const std::vector<bool>& checkpointed);
 
+// "0,2,3": the indices of the true flags (the checkpointed segments); "-"
+// when none.
+std::string checkpoint_indices(const std::vector<bool>& checkpointed);
+
 struct ChainPlan {
   std::string
       rule;  // "none", "every layer", "every 2nd layer", "sqrt(n)", "optimal"

@@ -29,25 +29,6 @@ class Strategy:
         """True when the step computes what the plain step computes."""
         return not self.autocast_bf16 and self.optimizer is None
 
-    def describe(self, n_blocks, user_optimizer):
-        parts = []
-        if self.step != TRAIN:
-            parts.append(f"eval step under {self.step}")
-        if len(self.checkpoint) == n_blocks > 0:
-            parts.append(f"checkpoint every block ({n_blocks} of {n_blocks})")
-        elif self.checkpoint:
-            blocks = ",".join(str(i) for i in self.checkpoint)
-            parts.append(f"checkpoint blocks {blocks} ({len(self.checkpoint)} of {n_blocks})")
-        if self.autocast_bf16:
-            parts.append("autocast bf16")
-        if self.optimizer is not None:
-            parts.append(f"optimizer {self.optimizer} instead of {user_optimizer}")
-        if self.host_state:
-            parts.append(f"{user_optimizer}'s state and step on the host (memfit.offload)")
-        if self.zero_grad_in_place:
-            parts.append("zero_grad in place")
-        return "; ".join(parts) or "the plain step"
-
 
 @contextlib.contextmanager
 def applied(model, strategy, block_paths):

@@ -42,7 +42,6 @@ class Bench:
         self.batch_dim = batch_dim
         self.block_paths = block_paths
         self.repeats = repeats
-        self.plain_ms = []  # every plain step timed, in milliseconds
         self.devices = cuda_devices(model)
 
     def profile(self, s, batch=None, mode="cpu"):
@@ -67,8 +66,7 @@ class Bench:
         `repeats` of each, interleaved (plain, then `s`) after one untimed
         pair, so that both see the same machine. Eval strategies time
         forward and loss; micro_batch > 0 runs the batch in micro-batches of
-        that many samples, accumulating. The plain times are kept in
-        `plain_ms`."""
+        that many samples, accumulating."""
         m = self.model
         saved = ModelTensors(m)
         saved.swap_in_copies()  # the timed steps train these copies
@@ -96,7 +94,6 @@ class Bench:
                     ms.append((t2 - t1) * 1e3)
         finally:
             saved.restore()
-        self.plain_ms += plain
         base = statistics.median(plain)
         return statistics.median(ms) / base if base > 0 else 0.0
 

@@ -56,3 +56,22 @@ def optimizer_shard_fraction(optimizer_shards, sizes, world_size):
 def check_world_size(world_size, who):
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"[{who}] world_size must be an int >= 1 (ranks), got {world_size!r}")
+
+
+def rank_peaks(native, timeline, trainable_sizes, largest_unit_bytes, world_size,
+               gradient_as_bucket_view=False, bucket_cap_mb=25, largest_unit=None,
+               optimizer_shards="flat"):
+    """Report.data_parallel's work: sets the native report's per-rank peaks
+    from its timeline and returns them."""
+    check_world_size(world_size, "data_parallel")
+    if not bucket_cap_mb > 0:
+        raise ValueError(f"[data_parallel] bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+    unit = largest_unit_bytes if largest_unit is None else unit_bytes(largest_unit)
+    share = optimizer_shard_fraction(optimizer_shards, list(trainable_sizes), world_size)
+    # See Note [A rank's optimizer step deals parameters in another order].
+    reorder = (_memfit.step_reorder_bytes(list(trainable_sizes), world_size)
+               if optimizer_shards == "parameters" else 0)
+    native.set_data_parallel(
+        timeline, world_size, sum(trainable_sizes), bool(gradient_as_bucket_view),
+        int(bucket_cap_mb * 1024 * 1024), unit, share, reorder)
+    return list(native.data_parallel)

@@ -255,8 +255,7 @@ class Report:
         probes; the largest wins). prediction(batch) says how sure it is."""
         return self.prediction(count(batch, "predict_peak_bytes", "batch")).predicted_bytes
 
-    def data_parallel(self, world_size, gradient_as_bucket_view=False, bucket_cap_mb=25,
-                      largest_unit=None, optimizer_shards="flat"):
+    def data_parallel(self, world_size, **options):
         """Each rank's peak when this step runs on `world_size` ranks, each on
         this report's batch: under DDP (its gradient buckets: one more copy of
         the gradients, or none with gradient_as_bucket_view), ZeRO-1
@@ -266,20 +265,10 @@ class Report:
         deals whole parameters as torch's ZeroRedundancyOptimizer does, and
         the fullest rank is predicted. Returns one RankPeak per sharding
         (sharding, peak_bytes, phase, iteration, formula); table() and
-        to_json() show them from then on."""
-        _dp.check_world_size(world_size, "data_parallel")
-        if not bucket_cap_mb > 0:
-            raise ValueError(f"[data_parallel] bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
-        unit = self._largest_unit_bytes if largest_unit is None else _dp.unit_bytes(largest_unit)
-        share = _dp.optimizer_shard_fraction(optimizer_shards, list(self._trainable_sizes),
-                                             world_size)
-        # See Note [A rank's optimizer step deals parameters in another order].
-        reorder = (_memfit.step_reorder_bytes(list(self._trainable_sizes), world_size)
-                   if optimizer_shards == "parameters" else 0)
-        self._native.set_data_parallel(
-            self.timeline, world_size, sum(self._trainable_sizes), bool(gradient_as_bucket_view),
-            int(bucket_cap_mb * 1024 * 1024), unit, share, reorder)
-        return list(self._native.data_parallel)
+        to_json() show them from then on. The options are
+        memfit.data_parallel.rank_peaks's."""
+        return _dp.rank_peaks(self._native, self.timeline, self._trainable_sizes,
+                              self._largest_unit_bytes, world_size, **options)
 
     def __repr__(self):
         return self.table()

@@ -92,8 +92,9 @@ PredictionCertainty certainty_at(const ProbedModel& probed, int64_t batch);
 // is returned. If it does not fit, the next candidate comes from the
 // measured peak, not from halving: the secant through the largest batch
 // known to fit and the failed one, solved for the budget; and it is
-// verified again. If it fits with room for another 0.5% of batch, the same
-// secant is tried upward once. The answer is always a batch that was
+// verified again. If it fits with room for another 2% of batch, the same
+// secant is tried upward (a full-size step costs more than all the probes:
+// the goal is >= 98% of the true maximum with one such step). The answer is always a batch that was
 // measured to fit (a probe or a verification step) unless verify is false;
 // then it is the model's answer and BatchFit::verified is false.
 struct SearchOptions {

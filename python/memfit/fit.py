@@ -128,7 +128,14 @@ def search(report, available, margin=0, verify=True, max_batch=None, progress=No
     Trainer's whole batch); the search stops there. Returns a BatchFit;
     raises DoesNotFit when even batch 1 does not fit."""
     kwargs = {} if max_batch is None else {"max_batch": count(max_batch, "search", "max_batch")}
-    return _memfit.search_batch(report.measure_step, available, margin, verify=bool(verify),
+
+    def measure(batch):
+        # The report's own batch is recorded already: a probe there is free.
+        if batch == report.batch:
+            return report.native, report.timeline
+        return report.measure_step(batch)
+
+    return _memfit.search_batch(measure, available, margin, verify=bool(verify),
                                 host_limit=_memfit.probe_memory_limit(report.mode),
                                 progress=as_progress(progress, "search").relay(), **kwargs)
 

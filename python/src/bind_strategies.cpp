@@ -86,7 +86,8 @@ void init_strategies(py::module_& m) {
 
   py::class_<StepVariant>(m, "StepVariant")
       .def(py::init([](std::vector<bool> checkpoint, bool autocast_bf16, bool zero_grad_in_place,
-                       std::string optimizer, bool host_state, std::string step) {
+                       std::string optimizer, bool host_state, std::string step,
+                       std::string setting, bool setting_exact) {
              StepVariant v;
              v.checkpoint = std::move(checkpoint);
              v.autocast_bf16 = autocast_bf16;
@@ -96,18 +97,41 @@ void init_strategies(py::module_& m) {
              v.step = step == "no_grad"          ? StepKind::kEvalNoGrad
                       : step == "inference_mode" ? StepKind::kEvalInference
                                                  : StepKind::kTrain;
+             v.setting = std::move(setting);
+             v.setting_exact = setting_exact;
              return v;
            }),
            py::arg("checkpoint") = std::vector<bool>{}, py::arg("autocast_bf16") = false,
            py::arg("zero_grad_in_place") = false, py::arg("optimizer") = "",
-           py::arg("host_state") = false, py::arg("step") = "train")
+           py::arg("host_state") = false, py::arg("step") = "train", py::arg("setting") = "",
+           py::arg("setting_exact") = false)
       .def_readonly("checkpoint", &StepVariant::checkpoint)
       .def_readonly("autocast_bf16", &StepVariant::autocast_bf16)
       .def_readonly("zero_grad_in_place", &StepVariant::zero_grad_in_place)
       .def_readonly("optimizer", &StepVariant::optimizer)
       .def_readonly("host_state", &StepVariant::host_state)
       .def_property_readonly("step", [](const StepVariant& v) { return to_string(v.step); })
+      .def_readonly("setting", &StepVariant::setting)
+      .def_readonly("setting_exact", &StepVariant::setting_exact)
       .def("exact", &StepVariant::exact);
+
+  py::class_<AdviseSetting>(m, "AdviseSetting")
+      .def(py::init([](std::string label, bool exact, bool checkpoints) {
+             return AdviseSetting{std::move(label), exact, checkpoints};
+           }),
+           py::arg("label"), py::arg("exact") = false, py::arg("checkpoints") = false)
+      .def_readonly("label", &AdviseSetting::label)
+      .def_readonly("exact", &AdviseSetting::exact)
+      .def_readonly("checkpoints", &AdviseSetting::checkpoints);
+
+  py::class_<OptimizerChoices>(m, "OptimizerChoices")
+      .def_readonly("others", &OptimizerChoices::others)
+      .def_readonly("lighter", &OptimizerChoices::lighter)
+      .def_readonly("can_offload", &OptimizerChoices::can_offload);
+  m.def("optimizer_choices", &optimizer_choices, py::arg("user_kind"),
+        "The optimizers advise compares with the user's kind (adam, momentum, sgd, none, "
+        "<kind>-offload, a class name): others (rows), lighter (in the order the plan tries "
+        "them), can_offload.");
 
   py::class_<AdviseRow>(m, "AdviseRow")
       .def_readonly("name", &AdviseRow::name)
@@ -150,6 +174,7 @@ void init_strategies(py::module_& m) {
       .def_readonly("chain_plans", &Advice::chain_plans)
       .def_readonly("plan", &Advice::plan)
       .def_readonly("recordings", &Advice::recordings)
+      .def_readonly("estimated_from", &Advice::estimated_from)
       .def_readwrite("notes", &Advice::notes)
       .def("table", &Advice::table)
       .def("to_json", &Advice::to_json, py::arg("pretty") = true);
@@ -159,7 +184,9 @@ void init_strategies(py::module_& m) {
       [](py::function record, py::object time_ratio, int64_t batch, int64_t budget,
          std::string optimizer, bool has_optimizer, bool can_offload,
          std::vector<std::string> other_optimizers, std::vector<std::string> lighter,
-         std::vector<std::string> chain, bool allow_approximate, py::object progress) {
+         std::vector<std::string> chain, bool allow_approximate, py::object progress,
+         std::vector<AdviseSetting> settings, py::object estimate_ratio,
+         std::string estimated_from) {
         AdviseSettings s;
         s.batch = batch;
         s.budget = budget;
@@ -171,6 +198,7 @@ void init_strategies(py::module_& m) {
         s.lighter = std::move(lighter);
         s.chain = std::move(chain);
         s.allow_approximate = allow_approximate;
+        s.settings = std::move(settings);
         if (!progress.is_none()) {
           s.progress = Progress([progress](const std::string& line) { progress(line); });
         }
@@ -194,15 +222,25 @@ void init_strategies(py::module_& m) {
             return time_ratio(v, micro_batch).cast<double>();
           };
         }
+        if (!estimate_ratio.is_none()) {
+          m.estimate_ratio = [estimate_ratio](const StepVariant& v, int64_t micro_batch) {
+            return estimate_ratio(v, micro_batch).cast<double>();
+          };
+          m.estimated_from = std::move(estimated_from);
+        }
         return plan_advice(m, s);
       },
       py::arg("record"), py::arg("time_ratio"), py::arg("batch"), py::arg("budget"),
       py::arg("optimizer"), py::arg("has_optimizer"), py::arg("can_offload"),
       py::arg("other_optimizers"), py::arg("lighter"), py::arg("chain"),
       py::arg("allow_approximate"), py::arg("progress") = py::none(),
+      py::arg("settings") = std::vector<AdviseSetting>{}, py::arg("estimate_ratio") = py::none(),
+      py::arg("estimated_from") = "",
       "memfit.advise's planner: see Note [How advise plans]. record(variant, batch, cheap) "
       "returns (native report, timeline, recorded on meta); time_ratio(variant, "
-      "micro_batch) or None.");
+      "micro_batch) or None; settings: the front's AdviseSettings, applied by record when a "
+      "variant names one; estimate_ratio(variant, micro_batch) or None: a time ratio "
+      "estimated where the plain step has no recorded times (what it counts: estimated_from).");
 }
 
 }  // namespace memfit::python

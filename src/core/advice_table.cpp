@@ -39,7 +39,11 @@ void write_variant(JsonWriter& w, const StepVariant& v) {
   } else {
     w.value(v.optimizer);
   }
-  w.member("host_state", v.host_state).member("step", to_string(v.step)).end_object();
+  w.member("host_state", v.host_state).member("step", to_string(v.step));
+  // Only a front's setting adds the key: the JSON of advice without one
+  // stays as it was.
+  if (!v.setting.empty()) w.member("setting", v.setting).member("setting_exact", v.setting_exact);
+  w.end_object();
 }
 
 void optional_number(JsonWriter& w, const char* name, double v, bool present) {
@@ -80,7 +84,11 @@ std::string Advice::table() const {
                                              : "changes"});
   }
   out << t.str();
-  if (any_estimate) out << "~: time estimated from the recorded step's times, not timed\n";
+  if (any_estimate) {
+    out << "~: time estimated from "
+        << (estimated_from.empty() ? "the recorded step's times" : estimated_from)
+        << ", not timed\n";
+  }
   if (any_meta) {
     out << "(meta): recorded on the meta device, against the plain step recorded there"
         << (plan.found && !plan.verified ? "\n" : "; the plan is recorded on the device\n");

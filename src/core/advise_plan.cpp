@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 #include <optional>
+#include <tuple>
 #include <stdexcept>
 
 #include "memfit/core/chain_calibration.h"
@@ -31,6 +32,19 @@ namespace memfit {
 // was recorded on a real device at its micro-batch and measured within the
 // budget: a cheap recording only says where to look. Times are estimated
 // from the recorded times (labelled so) unless the front times the plan.
+//
+// A front may also name settings (AdviseSetting): changes to the model or
+// its optimizer that only it can make (bf16 weights, Adafactor, LoRA,
+// HF gradient checkpointing), which it applies to a copy of the model when
+// a variant names one. Each is a row at the whole batch, always listed. The
+// search tries them after the state on the host: first those that keep the
+// result, then, with allow_approximate, the others, in the front's order,
+// before bf16 autocast and the lighter optimizers. A setting is searched as
+// a lighter optimizer is: every block checkpointed (none when the setting
+// checkpoints the model itself) at halving micro-batches, and skipped when
+// its row's peak outside forward and backward is over the budget. Which
+// optimizers are rows and which are lighter is one rule for both fronts,
+// optimizer_choices().
 
 const char* to_string(StrategyKind kind) {
   switch (kind) {
@@ -41,6 +55,7 @@ const char* to_string(StrategyKind kind) {
     case StrategyKind::kOptimizer: return "optimizer";
     case StrategyKind::kEval: return "eval";
     case StrategyKind::kCombination: return "combination";
+    case StrategyKind::kSetting: return "setting";
   }
   return "?";
 }
@@ -66,13 +81,37 @@ bool StepVariant::operator==(const StepVariant& o) const {
   };
   return flags(checkpoint) == flags(o.checkpoint) && autocast_bf16 == o.autocast_bf16 &&
          zero_grad_in_place == o.zero_grad_in_place && optimizer == o.optimizer &&
-         host_state == o.host_state && step == o.step;
+         host_state == o.host_state && step == o.step && setting == o.setting;
+}
+
+OptimizerChoices optimizer_choices(const std::string& user_kind) {
+  OptimizerChoices c;
+  if (user_kind == "none") return c;
+  const std::string suffix = "-offload";
+  const bool offloaded = user_kind.size() > suffix.size() &&
+                         user_kind.compare(user_kind.size() - suffix.size(), suffix.size(),
+                                           suffix) == 0;
+  const std::string kind = offloaded ? user_kind.substr(0, user_kind.size() - suffix.size())
+                                     : user_kind;
+  for (const char* o : {"adam", "momentum", "sgd"}) {
+    if (kind != o) c.others.push_back(o);
+  }
+  // Lighter: less state per parameter. Another optimizer's class (AdamW,
+  // Adafactor) is taken to keep Adam's two states.
+  if (kind == "momentum") {
+    c.lighter = {"sgd"};
+  } else if (kind != "sgd") {
+    c.lighter = {"momentum", "sgd"};
+  }
+  c.can_offload = kind != "sgd" && !offloaded;
+  return c;
 }
 
 std::string describe(const StepVariant& v, const std::string& user_optimizer,
                      const std::string& offload_label, int64_t micro_batch) {
   std::vector<std::string> parts;
   if (v.step != StepKind::kTrain) parts.push_back(std::string("eval step under ") + to_string(v.step));
+  if (!v.setting.empty()) parts.push_back(v.setting);
   const int k = v.checkpointed();
   const int n = static_cast<int>(v.checkpoint.size());
   if (k > 0 && k == n) {
@@ -140,6 +179,14 @@ int64_t batch_free_floor(const Report& r) {
   return floor;
 }
 
+// The step under the front's setting `st`, nothing else.
+StepVariant variant_of(const AdviseSetting& st) {
+  StepVariant v;
+  v.setting = st.label;
+  v.setting_exact = st.exact;
+  return v;
+}
+
 struct Tried {
   StepVariant variant;
   int64_t micro_batch = 0;
@@ -167,6 +214,13 @@ class Planner {
   }
   const RecordedStep& plain_like(bool meta) const { return meta ? *plain_cheap_ : plain_; }
   double estimate_ratio(const RecordedStep& r, int64_t micro_batch) const;
+  // The front's estimate (FLOPs) where the plain step has no recorded times;
+  // -1 otherwise.
+  double counted_ratio(const StepVariant& v, int64_t micro_batch) {
+    if (!m_.estimate_ratio || plain_times_.total > 0) return -1;
+    a_.estimated_from = m_.estimated_from;
+    return m_.estimate_ratio(v, micro_batch);
+  }
   void add_row(std::string name, StrategyKind kind, const StepVariant& v,
                std::optional<RecordedStep> given = std::nullopt);
   void checkpoint_rows();
@@ -184,6 +238,15 @@ class Planner {
   bool try_level(const StepVariant& base, int64_t c, bool every_only);
   bool verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real = std::nullopt);
   void finish_plan();
+  const AdviseSetting* setting_of(const StepVariant& v) const;
+  // The blocks the planner may checkpoint under `v`: none when its setting
+  // checkpoints the model itself.
+  size_t chain_of(const StepVariant& v) const {
+    const AdviseSetting* st = setting_of(v);
+    return st && st->checkpoints ? 0 : n_;
+  }
+  void setting_rows();
+  bool search_settings(bool exact);
 
   const AdviseMeasurer& m_;
   const AdviseSettings& s_;
@@ -200,9 +263,12 @@ class Planner {
   std::optional<Tried> closest_;
   std::optional<RecordedStep> accepted_recording_;
   bool accepted_verified_ = false;
-  // batch_free_floor of each optimizer setting (optimizer, state on the
-  // host) recorded at the whole batch: a search it rules out is skipped.
-  std::vector<std::pair<std::pair<std::string, bool>, int64_t>> floors_;
+  // batch_free_floor of each optimizer and setting (the front's setting,
+  // optimizer, state on the host) recorded at the whole batch: a search it
+  // rules out is skipped.
+  using FloorKey = std::tuple<std::string, std::string, bool>;
+  static FloorKey floor_key(const StepVariant& v) { return {v.setting, v.optimizer, v.host_state}; }
+  std::vector<std::pair<FloorKey, int64_t>> floors_;
   // The chain calibrated at each micro-batch the search reached.
   std::vector<std::pair<int64_t, std::pair<std::vector<ChainSegment>, ChainMemory>>> chains_;
 };
@@ -232,7 +298,7 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
   row.saving_bytes = plain_like(r.meta).report.peak_bytes - row.peak_bytes;
   row.fits = has_budget_ && row.peak_bytes <= limit_;
   if (v.step == StepKind::kTrain && !v.autocast_bf16 && v.checkpointed() == 0)
-    floors_.push_back({{v.optimizer, v.host_state}, batch_free_floor(r.report)});
+    floors_.push_back({floor_key(v), batch_free_floor(r.report)});
   const double step = plain_times_.total;
   if (v.checkpointed() > 0) {
     row.recompute_ns = chain_recompute_ns(a_.segments, v.checkpoint);
@@ -245,6 +311,7 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
   } else {
     row.time_ratio = estimate_ratio(r, 0);
   }
+  if (row.time_ratio < 0 && v.step == StepKind::kTrain) row.time_ratio = counted_ratio(v, 0);
   a_.rows.push_back(std::move(row));
 }
 
@@ -371,12 +438,42 @@ void Planner::combination_rows() {
       combos.push_back(v);
     }
   }
+  for (const auto& st : s_.settings) {
+    if (n_ == 0 || st.checkpoints || !(st.exact || s_.allow_approximate)) continue;
+    StepVariant v = variant_of(st);
+    v.checkpoint = every.checkpoint;
+    combos.push_back(v);
+  }
   std::vector<StepVariant> done;
   for (const auto& v : combos) {
     if (std::find(done.begin(), done.end(), v) != done.end()) continue;
     done.push_back(v);
     add_row(describe(v, s_.optimizer, s_.offload_label), StrategyKind::kCombination, v);
   }
+}
+
+const AdviseSetting* Planner::setting_of(const StepVariant& v) const {
+  if (v.setting.empty()) return nullptr;
+  for (const auto& st : s_.settings) {
+    if (st.label == v.setting) return &st;
+  }
+  throw std::logic_error("[advise] the variant's setting '" + v.setting + "' is not the front's");
+}
+
+// Each of the front's settings at the whole batch, listed whether or not
+// the plan may use it.
+void Planner::setting_rows() {
+  for (const auto& st : s_.settings) add_row(st.label, StrategyKind::kSetting, variant_of(st));
+}
+
+// The settings that keep the result (exact) or change it, in the front's
+// order, each searched as a lighter optimizer is: every block checkpointed
+// (unless it checkpoints itself) and halving micro-batches.
+bool Planner::search_settings(bool exact) {
+  for (const auto& st : s_.settings) {
+    if (st.exact == exact && search(variant_of(st), true)) return true;
+  }
+  return false;
 }
 
 // Records `v` at micro-batch c on a real device; accepts it if it fits.
@@ -403,14 +500,14 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   if (users_whole) {
     plain_c = *plain_cheap_;
     if (!every_only && verify(base, c, plain_)) return true;
-  } else if (!every_only || n_ == 0) {
+  } else if (!every_only || chain_of(base) == 0) {
     plain_c = record(base, c, true);
     if (!plain_c->unavailable.empty()) return false;
     if (plain_c->report.peak_bytes <= limit_ &&
         verify(base, c, plain_c->meta ? std::nullopt : plain_c))
       return true;
   }
-  if (n_ == 0) return false;
+  if (chain_of(base) == 0) return false;
   StepVariant every = base;
   every.checkpoint.assign(n_, true);
   const RecordedStep every_c = users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
@@ -444,7 +541,7 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
 
 bool Planner::search(StepVariant base, bool every_only) {
   for (const auto& [key, floor] : floors_) {
-    if (key == std::make_pair(base.optimizer, base.host_state) && floor > limit_) {
+    if (key == floor_key(base) && floor > limit_) {
       // Outside forward and backward the step needs more than the budget at
       // any micro-batch: nothing to record.
       s_.progress.step("skip " + describe(base, s_.optimizer, s_.offload_label) + ": " +
@@ -499,6 +596,7 @@ void Planner::finish_plan() {
     } else {
       p.time_ratio = estimate_ratio(*accepted_recording_, p.micro_batch);
     }
+    if (p.time_ratio < 0) p.time_ratio = counted_ratio(p.variant, p.micro_batch);
     // The rules are compared on the chain the plan's checkpointing was made for.
     for (const auto& [c, chain] : chains_) {
       if (c == (p.micro_batch > 0 ? p.micro_batch : s_.batch) && p.variant.checkpointed() > 0) {
@@ -530,7 +628,7 @@ Advice Planner::run() {
     plain_cheap_ = plain_;
   }
   a_.plain_peak = plain_.report.peak_bytes;
-  floors_.push_back({{"", false}, batch_free_floor(plain_.report)});
+  floors_.push_back({floor_key(StepVariant{}), batch_free_floor(plain_.report)});
   // A meta recording's clock times the dispatch, not the work: no time is
   // estimated from it (the rows say "-").
   if (!plain_.meta) plain_times_ = step_times(plain_.timeline);
@@ -585,6 +683,7 @@ Advice Planner::run() {
       add_row("optimizer " + o + " instead of " + s_.optimizer, StrategyKind::kOptimizer, v);
     }
   }
+  setting_rows();
   for (StepKind k : {StepKind::kEvalNoGrad, StepKind::kEvalInference}) {
     StepVariant v;
     v.step = k;
@@ -601,6 +700,8 @@ Advice Planner::run() {
       v.host_state = true;
       found = search(v, false);
     }
+    if (!found) found = search_settings(true);
+    if (!found && s_.allow_approximate) found = search_settings(false);
     if (!found && s_.allow_approximate) {
       std::vector<StepVariant> variants;
       StepVariant bf16;
@@ -619,6 +720,10 @@ Advice Planner::run() {
     }
     finish_plan();
     if (!a_.plan.found) {
+      std::string approximate_settings;
+      for (const auto& st : s_.settings) {
+        if (!st.exact) approximate_settings += (approximate_settings.empty() ? "" : ", ") + st.label;
+      }
       int64_t outside = 0;
       for (const auto& ph : plain_.report.phases) {
         if (ph.name != kPhaseForward && ph.name != kPhaseLoss && ph.name != kPhaseBackward)
@@ -627,8 +732,11 @@ Advice Planner::run() {
       a_.notes.push_back(
           "nothing measured fits " + format_bytes(s_.budget) + ": the lowest peak is " +
           format_bytes(a_.plan.peak_bytes) +
-          (s_.allow_approximate ? "" : "; allowing approximate strategies (bf16, a lighter "
-                                       "optimizer) may help") +
+          (s_.allow_approximate ? ""
+           : approximate_settings.empty()
+               ? "; allowing approximate strategies (bf16, a lighter optimizer) may help"
+               : "; allowing approximate strategies (bf16, a lighter optimizer, " +
+                     approximate_settings + ") may help") +
           "; outside forward and backward the step peaks at " + format_bytes(outside) +
           " whatever the batch");
       const OomPhase phase = oom_phase_of(plain_.report.peak_phase);

@@ -179,14 +179,12 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
   }
   s.optimizer = o.optimizer;
   s.has_optimizer = o.optimizer != "none";
-  s.can_offload = o.optimizer == "adam";
+  OptimizerChoices choices = optimizer_choices(o.optimizer);
+  // This front offloads Adam only (adam-offload).
+  s.can_offload = choices.can_offload && o.optimizer == "adam";
   s.offload_label = "adam-offload";
-  for (const std::string name : {"adam", "momentum", "sgd"}) {
-    if (name != o.optimizer && !(name == "adam" && o.optimizer == "adam-offload"))
-      s.other_optimizers.push_back(name);
-  }
-  if (o.optimizer == "adam" || o.optimizer == "adam-offload") s.lighter = {"momentum", "sgd"};
-  if (o.optimizer == "momentum") s.lighter = {"sgd"};
+  s.other_optimizers = std::move(choices.others);
+  s.lighter = std::move(choices.lighter);
   s.chain = model.chain();
   s.allow_approximate = o.allow_approximate;
   s.progress = progress;

@@ -27,9 +27,10 @@ enum class StrategyKind {
   kOptimizer,
   kEval,
   kCombination,
+  kSetting,  // a front's setting (bf16 weights, LoRA ...) at the whole batch
 };
 // "baseline", "memory", "checkpointing", "precision", "optimizer", "eval",
-// "combination".
+// "combination", "setting".
 const char* to_string(StrategyKind kind);
 
 enum class StepKind {
@@ -49,9 +50,15 @@ struct StepVariant {
   std::string optimizer;            // "": the user's; else adam | momentum | sgd
   bool host_state = false;          // the optimizer's state and step on the host
   StepKind step = StepKind::kTrain;
+  // "": none; else the label of an AdviseSetting the front applies to a copy
+  // of the model and its optimizer (bf16 weights, LoRA r=16 ...).
+  std::string setting;
+  bool setting_exact = false;  // the setting keeps what is trained (its AdviseSetting's exact)
 
   // Same result as the plain step (float tolerance).
-  bool exact() const { return !autocast_bf16 && optimizer.empty(); }
+  bool exact() const {
+    return !autocast_bf16 && optimizer.empty() && (setting.empty() || setting_exact);
+  }
   int checkpointed() const;
   bool operator==(const StepVariant& o) const;
 };
@@ -78,7 +85,37 @@ struct AdviseMeasurer {
   // micro-batches of `micro_batch` samples (0: whole), over the plain
   // step's, both timed now. Empty: the plan's time is an estimate.
   std::function<double(const StepVariant&, int64_t micro_batch)> time_ratio;
+  // The same ratio estimated without a clock (from FLOPs counted on meta),
+  // for rows and a plan when the plain step was recorded on meta and has no
+  // times. Empty: those times are unknown ("-").
+  std::function<double(const StepVariant&, int64_t micro_batch)> estimate_ratio;
+  std::string estimated_from;  // what estimate_ratio counts: "FLOPs counted on meta"
 };
+
+// A transformation of the model or its optimizer that only the front knows
+// how to apply (bf16 weights, Adafactor, LoRA via peft, HF gradient
+// checkpointing). The planner records it as a row and, when nothing else
+// fits, searches it like a lighter optimizer. See Note [How advise plans].
+struct AdviseSetting {
+  std::string label;  // the row's name and StepVariant::setting
+  // Keeps what is trained (HF gradient checkpointing). false: it changes
+  // the training (dtype, optimizer, trainable parameters): the plan may use
+  // it only with allow_approximate; the row is listed either way.
+  bool exact = false;
+  // It checkpoints the model itself: the planner adds no checkpointing of
+  // the chain to it, only micro-batches.
+  bool checkpoints = false;
+};
+
+// Which optimizers advise compares with the user's: the rule both fronts
+// follow, for the user's optimizer kind ("adam", "momentum", "sgd", "none",
+// "<kind>-offload", or another optimizer's class name).
+struct OptimizerChoices {
+  std::vector<std::string> others;   // rows "optimizer <o> instead of <user>", in order
+  std::vector<std::string> lighter;  // the plan may switch to, with allow_approximate, in order
+  bool can_offload = false;          // has state, and it is not on the host yet
+};
+OptimizerChoices optimizer_choices(const std::string& user_kind);
 
 struct AdviseSettings {
   int64_t batch = 0;
@@ -91,6 +128,7 @@ struct AdviseSettings {
   std::vector<std::string> other_optimizers;  // rows: adam | momentum | sgd
   std::vector<std::string> lighter;           // tried with allow_approximate, in order
   std::vector<std::string> chain;             // block paths; empty: no chain
+  std::vector<AdviseSetting> settings;        // the front's, in the order it prefers them
   bool allow_approximate = false;
   Progress progress;
 };
@@ -143,6 +181,7 @@ struct Advice {
   std::vector<ChainPlan> chain_plans;
   AdvisePlan plan;
   int recordings = 0;         // real-device recordings the plan ran
+  std::string estimated_from;  // "": "~" times come from the recorded times
   std::vector<std::string> notes;
 
   std::string table() const;

@@ -1,0 +1,190 @@
+// The advise planner on fake recordings: a step whose peak is a floor (the
+// weights, gradients and optimizer state, whatever the batch) plus
+// activations per sample, under the front's settings and optimizers.
+#include "memfit/core/advise_plan.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+namespace memfit {
+namespace {
+
+struct Shape {
+  int64_t floor;       // outside forward and backward
+  int64_t per_sample;  // activations
+};
+
+// Adam on the weights: 400 bytes outside forward and backward, 50 per
+// sample. The settings: bf16 weights halve both; LoRA keeps the frozen
+// weights and little else; "recompute" (exact, checkpoints itself) keeps
+// 10 per sample.
+Shape shape_of(const StepVariant& v) {
+  Shape s{400, 50};
+  if (v.setting == "bf16 weights") s = {200, 25};
+  if (v.setting == "LoRA r=16") s = {60, 20};
+  if (v.setting == "recompute") s = {400, 10};
+  if (v.optimizer == "momentum") s.floor = 300;
+  if (v.optimizer == "sgd") s.floor = 200;
+  if (v.autocast_bf16) s.per_sample /= 2;
+  if (v.step != StepKind::kTrain) s.floor = 100;
+  return s;
+}
+
+RecordedStep fake(const StepVariant& v, int64_t batch) {
+  const Shape s = shape_of(v);
+  RecordedStep r;
+  r.report.peak_bytes = s.floor + s.per_sample * batch;
+  r.report.peak_phase = kPhaseBackward;
+  r.report.phases = {{kPhaseParameters, 1, 0, 0, 100, ""},
+                     {kPhaseBackward, 1, 0, 0, r.report.peak_bytes, ""},
+                     {kPhaseOptimizerStep, 1, 0, 0, s.floor, ""}};
+  r.meta = true;  // as a model on meta is recorded: nothing verified
+  return r;
+}
+
+struct Fake {
+  std::vector<std::pair<StepVariant, int64_t>> recorded;
+  AdviseMeasurer measurer() {
+    AdviseMeasurer m;
+    m.record = [this](const StepVariant& v, int64_t batch, bool) {
+      recorded.push_back({v, batch});
+      return fake(v, batch);
+    };
+    return m;
+  }
+};
+
+AdviseSettings settings(int64_t budget, bool allow_approximate) {
+  AdviseSettings s;
+  s.batch = 4;
+  s.budget = budget;
+  s.optimizer = "AdamW";
+  s.settings = {{"bf16 weights", false, false}, {"LoRA r=16", false, false}};
+  s.allow_approximate = allow_approximate;
+  return s;
+}
+
+const AdviseRow* row(const Advice& a, const std::string& name) {
+  for (const auto& r : a.rows) {
+    if (r.name == name) return &r;
+  }
+  return nullptr;
+}
+
+TEST(AdvisePlanTest, EachSettingIsARowAtTheWholeBatch) {
+  Fake f;
+  const Advice a = plan_advice(f.measurer(), settings(-1, false));
+  const AdviseRow* bf16 = row(a, "bf16 weights");
+  const AdviseRow* lora = row(a, "LoRA r=16");
+  ASSERT_NE(bf16, nullptr);
+  ASSERT_NE(lora, nullptr);
+  EXPECT_EQ(bf16->kind, StrategyKind::kSetting);
+  EXPECT_EQ(bf16->peak_bytes, 200 + 25 * 4);
+  EXPECT_EQ(lora->peak_bytes, 60 + 20 * 4);
+  EXPECT_EQ(lora->saving_bytes, 600 - 140);
+  EXPECT_FALSE(lora->variant.exact());
+  EXPECT_EQ(lora->variant.setting, "LoRA r=16");
+  EXPECT_NE(a.table().find("LoRA r=16"), std::string::npos);
+  const std::string json = a.to_json(false);
+  EXPECT_NE(json.find("\"name\":\"LoRA r=16\",\"kind\":\"setting\""),
+            std::string::npos)
+      << json;
+  EXPECT_NE(json.find("\"setting\":\"LoRA r=16\""), std::string::npos);
+}
+
+TEST(AdvisePlanTest, AnApproximateSettingIsPlannedOnlyWithAllowApproximate) {
+  // 150 bytes: Adam needs 400 outside forward and backward, bf16 weights
+  // 200; only LoRA (60 + 20 a sample) fits, at the whole batch.
+  Fake strict;
+  const Advice no = plan_advice(strict.measurer(), settings(150, false));
+  EXPECT_FALSE(no.plan.found);
+  EXPECT_TRUE(row(no, "LoRA r=16")->fits);  // listed, not used
+  // Recorded once, for its row: the search did not try it.
+  EXPECT_EQ(std::count_if(
+                strict.recorded.begin(), strict.recorded.end(),
+                [](const auto& r) { return r.first.setting == "LoRA r=16"; }),
+            1);
+  const std::string& last = no.notes[no.notes.size() - 2];
+  EXPECT_NE(
+      last.find(
+          "(bf16, a lighter optimizer, bf16 weights, LoRA r=16) may help"),
+      std::string::npos)
+      << last;
+
+  Fake loose;
+  const Advice yes = plan_advice(loose.measurer(), settings(150, true));
+  ASSERT_TRUE(yes.plan.found);
+  EXPECT_EQ(yes.plan.variant.setting, "LoRA r=16");
+  EXPECT_EQ(yes.plan.micro_batch, 0);
+  EXPECT_EQ(yes.plan.peak_bytes, 140);
+  EXPECT_FALSE(yes.plan.exact);
+  EXPECT_EQ(yes.plan.summary, "LoRA r=16");
+  // bf16 weights came first in the front's order: its 200 bytes outside
+  // forward and backward ruled it out without recording a micro-batch.
+  for (const auto& [v, batch] : loose.recorded) {
+    if (v.setting == "bf16 weights") EXPECT_EQ(batch, 4);
+  }
+}
+
+TEST(AdvisePlanTest, SettingsAreSearchedWithHalvingMicroBatches) {
+  // 110 bytes: LoRA at 2 samples (60 + 40), accumulating.
+  Fake f;
+  const Advice a = plan_advice(f.measurer(), settings(110, true));
+  ASSERT_TRUE(a.plan.found);
+  EXPECT_EQ(a.plan.variant.setting, "LoRA r=16");
+  EXPECT_EQ(a.plan.micro_batch, 2);
+  EXPECT_EQ(a.plan.peak_bytes, 100);
+  EXPECT_EQ(a.plan.summary, "LoRA r=16; micro-batches of 2");
+}
+
+TEST(AdvisePlanTest, AnExactSettingIsPlannedWithoutAllowApproximate) {
+  // 430 bytes: the plain step needs 450 at one sample; "recompute" keeps
+  // the result and fits at 2 (400 + 20).
+  AdviseSettings s = settings(430, false);
+  s.settings.push_back({"recompute", true, true});
+  Fake f;
+  const Advice a = plan_advice(f.measurer(), s);
+  ASSERT_TRUE(a.plan.found);
+  EXPECT_EQ(a.plan.variant.setting, "recompute");
+  EXPECT_TRUE(a.plan.exact);
+  EXPECT_EQ(a.plan.micro_batch, 2);
+  EXPECT_TRUE(row(a, "recompute")->variant.exact());
+}
+
+TEST(AdvisePlanTest, WithoutSettingsNoSettingRowOrKey) {
+  AdviseSettings s = settings(-1, false);
+  s.settings.clear();
+  Fake f;
+  const Advice a = plan_advice(f.measurer(), s);
+  for (const auto& r : a.rows) EXPECT_NE(r.kind, StrategyKind::kSetting);
+  EXPECT_EQ(a.to_json().find("setting"), std::string::npos);
+  for (const auto& [v, batch] : f.recorded) EXPECT_TRUE(v.setting.empty());
+}
+
+TEST(AdvisePlanTest, OptimizerChoicesAreOneRuleForBothFronts) {
+  using V = std::vector<std::string>;
+  const OptimizerChoices adam = optimizer_choices("adam");
+  EXPECT_EQ(adam.others, (V{"momentum", "sgd"}));
+  EXPECT_EQ(adam.lighter, (V{"momentum", "sgd"}));
+  EXPECT_TRUE(adam.can_offload);
+  const OptimizerChoices offloaded = optimizer_choices("adam-offload");
+  EXPECT_EQ(offloaded.others, (V{"momentum", "sgd"}));
+  EXPECT_EQ(offloaded.lighter, (V{"momentum", "sgd"}));
+  EXPECT_FALSE(offloaded.can_offload);
+  EXPECT_EQ(optimizer_choices("momentum").lighter, V{"sgd"});
+  EXPECT_TRUE(optimizer_choices("momentum").can_offload);
+  EXPECT_EQ(optimizer_choices("sgd").others, (V{"adam", "momentum"}));
+  EXPECT_TRUE(optimizer_choices("sgd").lighter.empty());
+  EXPECT_FALSE(optimizer_choices("sgd").can_offload);
+  // Another optimizer's class: every built-in is a row, and lighter.
+  EXPECT_EQ(optimizer_choices("AdamW").others, (V{"adam", "momentum", "sgd"}));
+  EXPECT_EQ(optimizer_choices("AdamW").lighter, (V{"momentum", "sgd"}));
+  const OptimizerChoices none = optimizer_choices("none");
+  EXPECT_TRUE(none.others.empty() && none.lighter.empty() && !none.can_offload);
+}
+
+}  // namespace
+}  // namespace memfit

@@ -3,6 +3,9 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <stdexcept>
+
 #include "bindings.h"
 #include "memfit/core/data_parallel.h"
 #include "memfit/core/report.h"
@@ -20,6 +23,7 @@ void init_data_parallel(py::module_& m) {
       .def_readonly("phase", &RankPeak::phase)
       .def_readonly("iteration", &RankPeak::iteration)
       .def_readonly("formula", &RankPeak::formula)
+      .def_readonly("host_bytes", &RankPeak::host_bytes)
       .def("__repr__", [](const RankPeak& r) {
         return "RankPeak(" + std::string(to_string(r.sharding)) + ", peak_bytes=" +
                std::to_string(r.peak_bytes) + ", phase=" + r.phase + ")";
@@ -43,10 +47,55 @@ void init_data_parallel(py::module_& m) {
          py::arg("gradient_as_bucket_view"), py::arg("bucket_cap_bytes"),
          py::arg("largest_unit_bytes"), py::arg("optimizer_shard_fraction"),
          py::arg("step_reorder_bytes") = 0)
+      .def("add_fsdp2", [](Report& r, const Timeline& t, const Fsdp2Setup& d) {
+        // After set_data_parallel: one more row, replacing an earlier fsdp2.
+        if (!r.data_parallel) {
+          throw std::logic_error("[add_fsdp2] call set_data_parallel first");
+        }
+        auto& rows = r.data_parallel->per_rank;
+        rows.erase(std::remove_if(rows.begin(), rows.end(),
+                                  [](const RankPeak& p) { return p.sharding == Sharding::kFsdp2; }),
+                   rows.end());
+        rows.push_back(fsdp2_rank_peak(t, d));
+        return rows.back();
+      }, py::arg("timeline"), py::arg("setup"))
       .def_property_readonly("data_parallel", [](const Report& r) -> py::object {
         if (!r.data_parallel) return py::none();
         return py::cast(r.data_parallel->per_rank);
       });
+
+  py::class_<Fsdp2Unit>(m, "Fsdp2Unit")
+      .def(py::init([](std::string path, int64_t param_bytes, int64_t shard_bytes,
+                       int64_t gathered_bytes, int64_t reduce_bytes,
+                       int64_t gather_input_bytes, int64_t grad_cast_bytes) {
+             return Fsdp2Unit{std::move(path), param_bytes, shard_bytes, gathered_bytes,
+                              reduce_bytes, gather_input_bytes, grad_cast_bytes};
+           }), py::arg("path"), py::arg("param_bytes"), py::arg("shard_bytes"),
+           py::arg("gathered_bytes"), py::arg("reduce_bytes"),
+           py::arg("gather_input_bytes") = 0, py::arg("grad_cast_bytes") = 0)
+      .def_readonly("path", &Fsdp2Unit::path)
+      .def_readonly("param_bytes", &Fsdp2Unit::param_bytes)
+      .def_readonly("shard_bytes", &Fsdp2Unit::shard_bytes)
+      .def_readonly("gathered_bytes", &Fsdp2Unit::gathered_bytes)
+      .def_readonly("reduce_bytes", &Fsdp2Unit::reduce_bytes)
+      .def_readonly("gather_input_bytes", &Fsdp2Unit::gather_input_bytes)
+      .def_readonly("grad_cast_bytes", &Fsdp2Unit::grad_cast_bytes)
+      .def("__repr__", [](const Fsdp2Unit& u) {
+        return "Fsdp2Unit('" + u.path + "', param_bytes=" + std::to_string(u.param_bytes) +
+               ", shard_bytes=" + std::to_string(u.shard_bytes) + ")";
+      });
+  py::class_<Fsdp2Setup>(m, "Fsdp2Setup")
+      .def(py::init([](int world_size, std::vector<Fsdp2Unit> units, double grad_scale,
+                       bool cpu_offload) {
+             return Fsdp2Setup{world_size, std::move(units), grad_scale, cpu_offload};
+           }), py::arg("world_size"), py::arg("units"), py::arg("grad_scale") = 1.0,
+           py::arg("cpu_offload") = false)
+      .def_readonly("world_size", &Fsdp2Setup::world_size)
+      .def_readonly("units", &Fsdp2Setup::units)
+      .def_readonly("grad_scale", &Fsdp2Setup::grad_scale)
+      .def_readonly("cpu_offload", &Fsdp2Setup::cpu_offload);
+  m.def("fsdp2_rank_peak", &fsdp2_rank_peak, py::arg("timeline"), py::arg("setup"),
+        "See Note [One rank's memory under FSDP2].");
 
   m.def("largest_partition_fraction", &largest_partition_fraction,
         py::arg("param_bytes"), py::arg("world_size"));

@@ -56,23 +56,26 @@ std::string_view to_string(Sharding s) {
     case Sharding::kZero1: return "zero1";
     case Sharding::kZero2: return "zero2";
     case Sharding::kZero3: return "zero3";
+    case Sharding::kFsdp2: return "fsdp2";
   }
   return "?";
 }
 
 Sharding sharding_from_string(std::string_view name) {
-  for (int i = 0; i < kNumShardings; ++i) {
+  for (int i = 0; i <= static_cast<int>(Sharding::kFsdp2); ++i) {
     const auto s = static_cast<Sharding>(i);
     if (name == to_string(s)) return s;
   }
   if (name == "fsdp") return Sharding::kZero3;
   throw std::invalid_argument("[sharding] unknown sharding '" + std::string(name) +
-                              "': use ddp, zero1, zero2, zero3 (or fsdp)");
+                              "': use ddp, zero1, zero2, zero3 (or fsdp), fsdp2");
 }
 
 namespace {
 
-enum Kind : uint8_t { kParam, kParamGrad, kState, kRest, kNumKinds };
+// kStepTemp: the optimizer step's own allocations (on the host under
+// FSDP2's CPU offload); every other sharding counts them with kRest.
+enum Kind : uint8_t { kParam, kParamGrad, kState, kRest, kStepTemp, kNumKinds };
 
 int64_t ceil_div(int64_t x, int64_t w) { return (x + w - 1) / w; }
 int64_t sharded_away(int64_t x, int64_t w) { return x - ceil_div(x, w); }
@@ -101,6 +104,7 @@ std::string formula_of(Sharding s, const DataParallelSetup& d) {
                    " (L: largest unit's parameters)"
                  : "zero2 - parameters x (1 - 1/W) (largest unit unknown: no "
                    "gathered unit counted)";
+    case Sharding::kFsdp2: break;
   }
   return "";
 }
@@ -133,10 +137,46 @@ std::vector<Kind> classify(const Timeline& t, const std::vector<const PhaseSpan*
                t.phase_name(span_of[i]->phase) == "backward" &&
                (partner == kNoEvent || partner >= span_of[i]->end_event)) {
       kind[i] = kParamGrad;  // outlives the backward that made it
+    } else if (span_of[i] != nullptr &&
+               t.phase_name(span_of[i]->phase) == "optimizer_step") {
+      kind[i] = kStepTemp;
     }
   }
   return kind;
 }
+
+// Note [Gradients the reducer has not yet moved]
+// With gradient_as_bucket_view (and ZeRO-2's per-bucket reduce) a new
+// gradient lives beside its bucket until autograd's AccumulateGrad hands it
+// to the reducer, which copies it in and drops it. That happens once the
+// backward node that made it returns, so every gradient a node makes is
+// live at once until then: a Linear's weight and bias gradients, and all
+// four of an LSTM layer's, made by one mkldnn_rnn_layer_backward beside its
+// 4 MiB workspace (counting one gradient at a time was 3.34% low there,
+// bench/data_parallel_memory.py). The timeline has no node boundaries, so
+// gradients made one after another, and anything else their op allocates,
+// count as arriving until another op allocates something that is not a
+// gradient.
+class ArrivingGradients {
+ public:
+  void add(const Event& e, Kind kind) {
+    if (e.kind == EventKind::kFree) {
+      if (kind == kParamGrad) bytes_ = std::max<int64_t>(0, bytes_ - e.bytes);
+      return;
+    }
+    if (kind == kParamGrad) {
+      bytes_ += e.bytes;
+      op_ = e.op;
+    } else if (e.op != op_) {
+      bytes_ = 0;
+    }
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  int64_t bytes_ = 0;
+  uint32_t op_ = 0;
+};
 
 }  // namespace
 
@@ -176,6 +216,7 @@ std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup&
   const std::vector<Kind> kind = classify(t, span_of);
   std::array<int64_t, kNumKinds> live_by{};
   int64_t live = 0;
+  ArrivingGradients arriving;
   const PhaseSpan* previous = nullptr;
   auto close_span = [&](const PhaseSpan* s) {
     // DDP(model) runs once the parameters are on the device.
@@ -200,21 +241,21 @@ std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup&
     const std::string& phase = span_of[i] ? t.phase_name(span_of[i]->phase) : kNone;
     const int iteration = span_of[i] ? span_of[i]->iteration : 0;
     const int64_t grads = live_by[kParamGrad];
-    // A gradient the reducer has not yet moved into its bucket.
-    const int64_t arriving =
-        e.kind == EventKind::kAlloc && kind[i] == kParamGrad ? e.bytes : 0;
+    // See Note [Gradients the reducer has not yet moved].
+    arriving.add(e, kind[i]);
     const int64_t state = live_by[kState];
     const int64_t step_sharded =
         d.optimizer_shard_fraction > 0
             ? state - static_cast<int64_t>(std::ceil(state * d.optimizer_shard_fraction))
             : sharded_away(state, W);
 
-    const int64_t ddp = d.gradient_as_bucket_view ? live - grads + arriving + G : live + G;
+    const int64_t ddp =
+        d.gradient_as_bucket_view ? live - grads + arriving.bytes() + G : live + G;
     // See Note [A rank's optimizer step deals parameters in another order].
     const int64_t reorder = phase == "optimizer_step" ? d.step_reorder_bytes : 0;
     const int64_t zero1 = ddp - step_sharded + reorder;
     const int64_t zero2 =
-        live - step_sharded - grads + ceil_div(grads, W) + arriving + bucket + reorder;
+        live - step_sharded - grads + ceil_div(grads, W) + arriving.bytes() + bucket + reorder;
     int64_t gathered = 0;
     if (phase == "forward" || phase == "loss") gathered = 2 * L;
     if (phase == "backward") gathered = 3 * L;
@@ -286,6 +327,178 @@ int64_t step_reorder_bytes(const std::vector<int64_t>& param_bytes, int world_si
 
 RankPeak per_rank_peak(const Timeline& t, const DataParallelSetup& d, Sharding s) {
   return per_rank_peaks(t, d)[static_cast<size_t>(s)];
+}
+
+// Note [One rank's memory under FSDP2]
+// torch's fully_shard (FSDP2, torch 2.x; read in
+// torch/distributed/fsdp/_fully_shard and measured with gloo on 2 CPU
+// ranks, bench/fsdp2_gloo.py) keeps each parameter as a DTensor sharded on
+// dim 0, padded to a multiple of W. Per unit (one fully_shard call), on
+// the single-process timeline's live bytes:
+//   P, S, G  sharded: x s = (sum of padded shards) / (parameter bytes).
+//            Gradients become sharded per unit as its reduce-scatter ends;
+//            until then the current unit's (and the root's, reduced last)
+//            are whole, in the param dtype (grad_scale): c of them.
+//   forward  a unit's all-gather output (flat, W x shard) is held until
+//            the next unit's copy-out; the unsharded parameters are copied
+//            out of it and freed after the unit's forward (reshard after
+//            forward); gloo's all-gather makes one more output-sized
+//            temporary. Worst gathering instant: g[k-1] + 2 g[k] (+ the
+//            shard's cast or host copy). The root stays gathered: gR.
+//   backward unit k runs with its parameters g[k], the next unit's
+//            all-gather prefetched g[k-1] (+ gloo's temporary while it is
+//            made), and the reduce-scatter input of the unit before, r[k+1],
+//            held until k's own reduce-scatter; then k's reduce-scatter
+//            input, gloo's copy of it, and its output r[k]/W (cast to the
+//            parameters' dtype if the reduce dtype differs).
+// Which unit a backward event belongs to is not recorded, so every event
+// takes the worst unit (the largest value over k): exact for equal units,
+// high otherwise. Activations are the single process's: with a
+// mixed-precision param_dtype they are smaller on the rank (high again).
+// CPU offload moves P, S, sharded G and the optimizer step's temporaries to
+// the host (RankPeak::host_bytes); the device keeps the rest.
+
+namespace {
+
+struct Fsdp2Terms {
+  int64_t gathered = 0;  // X: buffers on top of the sharded state
+  int64_t whole = 0;     // c's cap: the gradients still unsharded
+};
+
+// The gathering and reducing instants of forward and backward (see the
+// Note), each with the gradients it may hold whole.
+struct Fsdp2Instants {
+  std::vector<Fsdp2Terms> forward, backward;
+};
+
+Fsdp2Instants fsdp2_instants(const Fsdp2Setup& d) {
+  const int64_t W = d.world_size;
+  Fsdp2Unit root;
+  std::vector<const Fsdp2Unit*> units;
+  for (const Fsdp2Unit& u : d.units) {
+    if (u.path.empty()) root = u;
+    else units.push_back(&u);
+  }
+  const int64_t gR = root.gathered_bytes;
+  const int64_t rootP = root.param_bytes;
+  Fsdp2Instants in;
+  in.forward.push_back({2 * gR + root.gather_input_bytes, 0});
+  const size_t n = units.size();
+  auto g = [&](size_t k) { return k < n ? units[k]->gathered_bytes : 0; };
+  auto r = [&](size_t k) { return k < n ? units[k]->reduce_bytes : 0; };
+  for (size_t k = 0; k < n; ++k) {
+    const Fsdp2Unit& u = *units[k];
+    const int64_t before = k == 0 ? gR : g(k - 1);
+    in.forward.push_back({gR + before + 2 * u.gathered_bytes + u.gather_input_bytes, 0});
+    // Backward runs k = n-1 .. 0: prefetches k-1 (none for the first unit:
+    // the root is still gathered), holds k+1's reduce-scatter input.
+    const int64_t prefetch = k == 0 ? 0 : g(k - 1);
+    const int64_t prefetch_input = k == 0 ? 0 : units[k - 1]->gather_input_bytes;
+    const int64_t held = r(k + 1);
+    in.backward.push_back({gR + u.gathered_bytes + held + 2 * prefetch + prefetch_input, rootP});
+    in.backward.push_back({gR + u.gathered_bytes + held + prefetch, rootP + u.param_bytes});
+    in.backward.push_back(
+        {gR + prefetch + 2 * u.reduce_bytes + ceil_div(u.reduce_bytes, W) + u.grad_cast_bytes,
+         rootP + u.param_bytes});
+  }
+  in.backward.push_back({gR + 2 * root.reduce_bytes + ceil_div(root.reduce_bytes, W) +
+                             root.grad_cast_bytes, rootP});
+  return in;
+}
+
+void check_fsdp2_setup(const Fsdp2Setup& d) {
+  if (d.world_size < 1) {
+    throw std::invalid_argument("[fsdp2_rank_peak] world_size must be >= 1 ranks, got " +
+                                std::to_string(d.world_size));
+  }
+  if (d.units.empty()) {
+    throw std::invalid_argument(
+        "[fsdp2_rank_peak] no units: give the modules fully_shard wraps, the root included");
+  }
+  for (const Fsdp2Unit& u : d.units) {
+    if (u.param_bytes < 0 || u.shard_bytes < 0 || u.gathered_bytes < 0 ||
+        u.reduce_bytes < 0 || u.gather_input_bytes < 0 || u.grad_cast_bytes < 0) {
+      throw std::invalid_argument("[fsdp2_rank_peak] unit '" + u.path +
+                                  "' has a negative byte count: give sizes >= 0");
+    }
+  }
+  if (!(d.grad_scale > 0 && d.grad_scale <= 1)) {
+    throw std::invalid_argument(
+        "[fsdp2_rank_peak] grad_scale must be in (0, 1] (the param dtype's bytes over the "
+        "recorded gradients'), got " + std::to_string(d.grad_scale));
+  }
+}
+
+}  // namespace
+
+RankPeak fsdp2_rank_peak(const Timeline& t, const Fsdp2Setup& d) {
+  check_fsdp2_setup(d);
+  int64_t param_total = 0, shard_total = 0;
+  for (const Fsdp2Unit& u : d.units) {
+    param_total += u.param_bytes;
+    shard_total += u.shard_bytes;
+  }
+  // x bytes of the single process held as this rank's padded shards.
+  auto shard = [&](int64_t x) {
+    if (param_total == 0) return ceil_div(x, d.world_size);
+    return static_cast<int64_t>(std::ceil(static_cast<double>(x) * shard_total / param_total));
+  };
+  const Fsdp2Instants instants = fsdp2_instants(d);
+  static const std::vector<Fsdp2Terms> kNoInstant{{0, 0}};
+
+  RankPeak out;
+  out.sharding = Sharding::kFsdp2;
+  out.formula = std::string(d.cpu_offload ? "device: " : "") +
+                "activations + gathered units (forward g[k-1] + 2g[k], backward g[k] + "
+                "prefetch + held reduce-scatter)" +
+                (d.cpu_offload ? "; host: parameters, gradients, optimizer state x s"
+                               : " + parameters, gradients, optimizer state x s") +
+                ", s: padded shard (Note [One rank's memory under FSDP2])";
+  const auto& ev = t.events();
+  const std::vector<const PhaseSpan*> span_of = span_of_events(t);
+  const std::vector<Kind> kind = classify(t, span_of);
+  std::array<int64_t, kNumKinds> live_by{};
+  int64_t live = 0;
+  bool first = true;
+  for (size_t i = 0; i < ev.size(); ++i) {
+    const Event& e = ev[i];
+    const int64_t signed_bytes = e.kind == EventKind::kAlloc ? e.bytes : -e.bytes;
+    live += signed_bytes;
+    live_by[kind[i]] += signed_bytes;
+
+    static const std::string kNone;
+    const std::string& phase = span_of[i] ? t.phase_name(span_of[i]->phase) : kNone;
+    const std::vector<Fsdp2Terms>& at = phase == "forward" ? instants.forward
+                                        : phase == "backward" || phase == "loss"
+                                            ? instants.backward
+                                            : kNoInstant;
+    const int64_t G = live_by[kParamGrad];
+    const int64_t steps = d.cpu_offload ? live_by[kStepTemp] : 0;
+    const int64_t others = live - live_by[kParam] - live_by[kState] - G - steps;
+    const int64_t sharded_state = shard(live_by[kParam]) + shard(live_by[kState]);
+    int64_t device = 0, host = 0;
+    for (const Fsdp2Terms& x : at) {
+      const int64_t whole = std::min(G, x.whole);
+      const int64_t whole_bytes =
+          static_cast<int64_t>(std::ceil(static_cast<double>(whole) * d.grad_scale));
+      const int64_t sharded = sharded_state + shard(G - whole) + steps;
+      const int64_t on_device = others + x.gathered + whole_bytes;
+      if (d.cpu_offload) {
+        device = std::max(device, on_device);
+        host = std::max(host, sharded);
+      } else {
+        device = std::max(device, on_device + sharded);
+      }
+    }
+    if (device > out.peak_bytes || first) {
+      out.peak_bytes = device;
+      out.phase = phase;
+      out.iteration = span_of[i] ? span_of[i]->iteration : 0;
+      first = false;
+    }
+    out.host_bytes = std::max(out.host_bytes, host);
+  }
+  return out;
 }
 
 }  // namespace memfit

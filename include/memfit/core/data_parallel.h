@@ -17,10 +17,13 @@ enum class Sharding : uint8_t {
   kZero1,  // DDP + optimizer state sharded (ZeroRedundancyOptimizer)
   kZero2,  // + gradients sharded (reduce-scatter per bucket)
   kZero3,  // + parameters sharded, one unit gathered at a time (FSDP)
+  kFsdp2,  // torch's fully_shard, unit by unit: see fsdp2_rank_peak()
 };
+// The ZeRO family per_rank_peaks() returns; kFsdp2 comes from
+// fsdp2_rank_peak(), which needs the units.
 inline constexpr int kNumShardings = 4;
 
-// "ddp", "zero1", "zero2", "zero3".
+// "ddp", "zero1", "zero2", "zero3", "fsdp2".
 std::string_view to_string(Sharding s);
 // Inverse of to_string(); "fsdp" is accepted for zero3. Throws
 // std::invalid_argument naming the accepted names.
@@ -76,6 +79,10 @@ struct RankPeak {
   std::string phase;      // where it is reached; "ddp_construction" for the
   int iteration = 0;      // broadcast and bucket allocation of DDP(model)
   std::string formula;    // the rule applied, in words
+  // FSDP2 with CPU offload: the most bytes the host holds for this rank
+  // (sharded parameters, gradients, optimizer state, the step's
+  // temporaries); peak_bytes is then the device's alone. 0 otherwise.
+  int64_t host_bytes = 0;
 };
 
 // The per-rank peak of `single_step` (a profile's timeline: phases
@@ -87,5 +94,49 @@ RankPeak per_rank_peak(const Timeline& single_step, const DataParallelSetup& set
 // All four, in enum order.
 std::vector<RankPeak> per_rank_peaks(const Timeline& single_step,
                                      const DataParallelSetup& setup);
+
+// One fully_shard unit: the parameters one fully_shard(module) call owns
+// (those of its subtree not owned by a unit below it).
+struct Fsdp2Unit {
+  // The module's path; "" for the root, whose parameters stay gathered
+  // from its forward to the end of backward.
+  std::string path;
+  // Bytes of the unit's parameters as the single process holds them.
+  int64_t param_bytes = 0;
+  // This rank's sharded parameters: each parameter's dim 0 padded to a
+  // multiple of W, 1/W of it, in the parameters' own dtype.
+  int64_t shard_bytes = 0;
+  // The all-gathered unsharded parameters: W x the padded shard, in the
+  // mixed-precision param_dtype if any. Gradients come in the same dtype.
+  int64_t gathered_bytes = 0;
+  // The reduce-scatter input: W x the padded shard in the reduce dtype.
+  int64_t reduce_bytes = 0;
+  // A copy made of the shard before its all-gather: the cast to
+  // param_dtype, or the host-to-device copy under CPU offload; 0 when the
+  // all-gather reads the shard in place.
+  int64_t gather_input_bytes = 0;
+  // The sharded gradient cast back from the reduce dtype to the
+  // parameters' dtype; 0 when they are the same.
+  int64_t grad_cast_bytes = 0;
+};
+
+struct Fsdp2Setup {
+  int world_size = 2;
+  // The root unit (path "") first if it has parameters, then the others in
+  // the order their forwards run.
+  std::vector<Fsdp2Unit> units;
+  // Unsharded gradient bytes per byte the single process recorded (its
+  // gradients are in the parameters' dtype): 0.5 for bf16 over fp32.
+  double grad_scale = 1.0;
+  // CPUOffloadPolicy: sharded parameters, gradients and optimizer state
+  // (and the step) on the host.
+  bool cpu_offload = false;
+};
+
+// The per-rank peak of `single_step` under torch's fully_shard with
+// `setup`'s units (see Note [One rank's memory under FSDP2] in
+// data_parallel.cpp). Throws std::invalid_argument for world_size < 1, no
+// units, negative byte counts or a grad_scale outside (0, 1].
+RankPeak fsdp2_rank_peak(const Timeline& single_step, const Fsdp2Setup& setup);
 
 }  // namespace memfit

@@ -135,6 +135,10 @@ def search(report, available, margin=0, verify=True, max_batch=None, progress=No
             return report.native, report.timeline
         return report.measure_step(batch)
 
+    # Probes end at the example batch when it fits and is large enough to
+    # start from: small batches cost their fixed overhead for little.
+    if report.batch >= 16 and report.peak_bytes <= available - margin:
+        kwargs["first"] = [report.batch // 4, report.batch // 2, report.batch]
     return _memfit.search_batch(measure, available, margin, verify=bool(verify),
                                 host_limit=_memfit.probe_memory_limit(report.mode),
                                 progress=as_progress(progress, "search").relay(), **kwargs)

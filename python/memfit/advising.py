@@ -2,7 +2,9 @@
 memory recorded on the user's own model, and the cheapest plan that fits.
 The planner is the core's, the same as `memfit advise` runs (See Note [How
 advise plans], src/core/advise_plan.cpp); this module records the user's
-model when it asks, and times the plan."""
+model when it asks (a setting on a copy of it), and times the plan."""
+
+import dataclasses
 
 import torch
 
@@ -13,8 +15,10 @@ from .fit import DoesNotFit
 from .training_step import check_optimizer
 from .strategies import Strategy, resolve_chain
 from .strategies.advice import Advice, Plan, Row
+from .strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
 from .strategies.measure import Bench, cuda_devices
-from .strategies.optimizer import LIGHTER, can_offload, kind_of
+from .strategies.optimizer import kind_of
+from .step_cost import count_step_flops
 
 
 def _parameter_bytes(model):
@@ -23,7 +27,8 @@ def _parameter_bytes(model):
 
 
 def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=None, batch_dim=0,
-           chain=None, allow_approximate=False, repeats=2, mode="cpu", progress=None):
+           chain=None, allow_approximate=False, repeats=2, mode="cpu", progress=None,
+           settings="auto"):
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
 
@@ -40,7 +45,18 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     - the optimizer's state and step on the host (memfit.offload);
     - bf16 autocast and a lighter optimizer (Adam -> SGD with momentum ->
       SGD): approximate, planned only with allow_approximate;
-    - eval steps under no_grad and inference_mode: for comparison only.
+    - eval steps under no_grad and inference_mode: for comparison only;
+    - settings: changes to a copy of the model or its optimizer.
+      settings="auto" (the default) proposes, for an HF causal LM (a
+      transformers *ForCausalLM), HF gradient checkpointing (exact), bf16
+      weights, Adafactor, SGD and LoRA r=64/16/8 on q_proj and v_proj via
+      peft (all on bf16 weights when the model's are fp32), and nothing for
+      other models; None: none; or a list of
+      memfit.strategies.llm_settings.Setting. Each is a row; the plan tries
+      them after the state on the host (approximate ones with
+      allow_approximate), each with every block checkpointed and halving
+      micro-batches. The user's model is never changed: each setting is
+      applied to a copy (on a real device, a copy of the weights).
 
     mode="cpu" records every row for real. mode="meta" records the rows on
     the meta device where the step allows (not bf16, not the state on the
@@ -51,7 +67,11 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     machine) is recorded on meta throughout: its plan is unverified, and
     the notes say so. Times are estimated from the recorded times (marked
     ~ in the table) except the plan's, timed over `repeats` steps against
-    as many plain steps (repeats=0, or a meta model: estimated too).
+    as many plain steps (repeats=0: estimated too). A meta model has no
+    times: they are estimated from FLOPs counted on meta
+    (memfit.step_cost.count_step_flops; the table says so), micro-batches
+    and the state on the host left out. A plan with a setting on a real
+    model is not timed (it trains a changed copy).
 
     The plan halves the micro-batch from the whole batch and stops at the
     largest one where the plain step, else checkpointing, fits; then the
@@ -71,8 +91,10 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     n = batch_size(inputs, batch_dim, "advise")
     limit = None if budget is None else to_bytes(budget, "advise")
     param_bytes = _parameter_bytes(model)
+    proposed, setting_notes = _settings_for(model, settings)
     fb = _memfit.format_bytes
-    if limit is not None and limit < param_bytes:
+    lighter_weights = allow_approximate and any(not st.exact for st in proposed)
+    if limit is not None and limit < param_bytes and not lighter_weights:
         raise DoesNotFit(
             f"[advise] the budget of {fb(limit)} is below the model's own parameters and "
             f"buffers, {fb(param_bytes)}: no strategy keeps less than the weights"
@@ -83,6 +105,9 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     user = kind_of(optimizer)
     on_meta = any(p.is_meta for p in model.parameters())
     plain = {}
+    benches = _SettingBenches(bench, proposed, paths)
+    # On meta a cheap recording and a real one are the same: each once.
+    recorded = {}
 
     def record(variant, batch, cheap):
         s = _strategy(variant)
@@ -91,21 +116,42 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
                     "nothing and eval steps and the host's state are not recorded")
         meta = on_meta or (cheap and mode == "meta" and s.step == "train" and not (
             s.autocast_bf16 or s.host_state))
-        report = bench.profile(s, batch, "meta" if meta else "cpu")
+        key = (s, batch)
+        if meta and key in recorded:
+            return recorded[key]
+        report = benches.of(s).profile(s, batch, "meta" if meta else "cpu")
         if s == Strategy() and batch == n and "report" not in plain:
             plain["report"] = report
-        return report.native, report.timeline, meta
+        out = report.native, report.timeline, meta
+        if on_meta:
+            recorded[key] = out
+        return out
 
     def time_ratio(variant, micro_batch):
-        return bench.time_ratio(_strategy(variant), micro_batch)
+        s = _strategy(variant)
+        if s.setting is not None:
+            return -1.0  # a changed copy of the model: not timed against the user's
+        return bench.time_ratio(s, micro_batch)
 
-    others = [] if optimizer is None else [
-        o for o in ("adam", "momentum", "sgd") if o != user and o != user.removesuffix("-offload")]
+    flops = {}
+
+    def estimate_ratio(variant, micro_batch):
+        s = _strategy(variant)
+        return _flop_ratio(benches, flops, s, loss_fn, len(paths))
+
+    choices = _memfit.optimizer_choices(user)
     with torch.random.fork_rng(devices=cuda_devices(model)):
         native = _memfit.plan_advice(
-            record, time_ratio if repeats > 0 and not on_meta else None, n, -1 if limit is None else limit,
-            user, optimizer is not None, can_offload(optimizer), others,
-            LIGHTER.get(user, ["momentum", "sgd"]), paths, allow_approximate, progress)
+            record, time_ratio if repeats > 0 and not on_meta else None, n,
+            -1 if limit is None else limit, user, optimizer is not None, choices.can_offload,
+            choices.others, choices.lighter, paths, allow_approximate, progress,
+            [_memfit.AdviseSetting(st.label, st.exact, st.checkpoints) for st in proposed],
+            estimate_ratio if on_meta else None, "FLOPs counted on meta (forward, backward, "
+            "recompute)")
+    native.notes = native.notes + setting_notes
+    if native.plan.found and native.plan.variant.setting and native.plan.time_measured:
+        native.notes = native.notes + [
+            "the plan's time is not timed: it trains a changed copy of the model"]
     native.model = type(model).__name__
     native.parameter_bytes = param_bytes
     if found_chain:
@@ -117,11 +163,75 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
         parameter_bytes=param_bytes, plain_peak_bytes=native.plain_peak,
         plain_step_ms=native.plain_step_ms, chain=found_chain, segments=list(native.segments),
         chain_memory=native.chain_memory, chain_plans=list(native.chain_plans), rows=rows,
-        plan=plan, notes=list(native.notes),
+        plan=plan, notes=list(native.notes), settings=proposed,
     )
     if limit is not None and not plan.found:
         raise _does_not_fit(advice, plain["report"], allow_approximate)
     return advice
+
+
+def _settings_for(model, settings):
+    """The settings advise proposes, and notes on those it leaves out."""
+    if isinstance(settings, str) and settings == "auto":
+        return llm_settings(model)
+    if settings is None:
+        return [], []
+    if (not isinstance(settings, (list, tuple))
+            or not all(isinstance(st, Setting) for st in settings)):
+        raise ValueError(
+            f"[advise] settings must be 'auto', None or a list of "
+            f"memfit.strategies.llm_settings.Setting, got {settings!r}")
+    labels = [st.label for st in settings]
+    if len(set(labels)) != len(labels) or not all(labels):
+        raise ValueError(f"[advise] settings need distinct, non-empty labels, got {labels}: "
+                         f"name each setting once")
+    return list(settings), []
+
+
+class _SettingBenches:
+    """The Bench of each setting: a copy of the model with the setting
+    applied, made the first time the planner asks for it."""
+
+    def __init__(self, bench, settings, paths):
+        self.bench = bench
+        self.settings = {st.label: st for st in settings}
+        self.paths = paths
+        self.made = {}
+
+    def of(self, s):
+        if s.setting is None:
+            return self.bench
+        if s.setting not in self.made:
+            b = self.bench
+            st = self.settings[s.setting]
+            m, prefix = materialize(b.model, st)
+            opt = (st.optimizer(m, b.optimizer) if st.optimizer is not None
+                   else user_optimizer_on(m, b.optimizer))
+            paths = [f"{prefix}.{p}" if prefix else p for p in self.paths]
+            self.made[s.setting] = Bench(m, b.inputs, b.target, b.loss_fn, opt, b.batch_dim,
+                                         paths, b.repeats)
+        return self.made[s.setting]
+
+
+def _flop_ratio(benches, flops, s, loss_fn, n_blocks):
+    """Step FLOPs under strategy `s` over the plain step's, counted on meta
+    (See Note [Time estimated from FLOPs and bytes]): the setting's forward
+    and backward plus the forward of the blocks `s` checkpoints."""
+    def counted(setting):
+        if setting not in flops:
+            b = benches.of(dataclasses.replace(Strategy(), setting=setting))
+            flops[setting] = count_step_flops(b.model, b.inputs, b.target, b.loss_fn)
+        return flops[setting]
+
+    plain, f = counted(None), counted(s.setting)
+    total = f.forward + f.backward
+    if s.checkpoint:
+        blocks = list(f.blocks.values())
+        if len(blocks) != n_blocks:  # a wrapper hid the chain: blocks share the forward
+            blocks = [f.forward / max(1, n_blocks)] * n_blocks
+        total += sum(blocks[i] for i in s.checkpoint)
+    base = plain.forward + plain.backward
+    return total / base if base > 0 else -1.0
 
 
 def _strategy(variant):
@@ -130,7 +240,8 @@ def _strategy(variant):
                     autocast_bf16=variant.autocast_bf16,
                     zero_grad_in_place=variant.zero_grad_in_place,
                     optimizer=variant.optimizer or None, host_state=variant.host_state,
-                    step=variant.step)
+                    step=variant.step, setting=variant.setting or None,
+                    setting_exact=variant.setting_exact)
 
 
 def _row(r, limit):
@@ -165,8 +276,10 @@ def _does_not_fit(advice, plain, allow_approximate):
         msg += (f"; allow_approximate=True reaches {fb(lowest.peak_bytes)} with {lowest.name}, "
                 f"changing the numbers")
     elif not allow_approximate and any(not r.exact for r in measured):
-        msg += ("; allow_approximate=True also tries bf16 autocast and lighter optimizers "
-                "combined with these, changing the numbers")
+        settings = [r.name for r in measured if r.kind == "setting" and not r.exact]
+        msg += ("; allow_approximate=True also tries bf16 autocast and lighter optimizers"
+                + (f" and the settings ({', '.join(settings)})" if settings else "")
+                + " combined with these, changing the numbers")
     outside = max(p["peak_bytes"] for p in plain.phases
                   if p["name"] not in ("forward", "loss", "backward"))
     cats = plain.categories_at_peak

@@ -12,7 +12,7 @@ class Row:
     """One strategy measured at the user's whole batch."""
 
     name: str
-    # baseline | memory | checkpointing | precision | optimizer | eval | combination
+    # baseline | memory | checkpointing | precision | optimizer | eval | combination | setting
     kind: str
     strategy: Strategy
     peak_bytes: int  # memfit.profile of the transformed step
@@ -82,8 +82,8 @@ class Advice:
     the core planner was given); chain_plans (its rules compared:
     rule, checkpointed, predicted_peak, recompute_ns, fits); plan (Plan:
     found, strategy, summary, peak_bytes, time_ratio, exact, optimizer,
-    micro_batch, time_measured);
-    notes.
+    micro_batch, time_measured); settings (the Settings proposed, as
+    memfit.strategies.llm_settings.Setting); notes.
     """
 
     def __init__(self, **fields):
@@ -97,6 +97,11 @@ class Advice:
         gives the one the plan trains with); memfit.Trainer frees gradients
         itself."""
         s = what.strategy if isinstance(what, Row) else what or self.plan.strategy
+        if s.setting is not None:
+            raise ValueError(
+                f"[Advice.apply] the strategy uses the setting {s.setting!r}, which changes the "
+                f"model itself: apply advice.setting({s.setting!r}).apply to your model (or a "
+                f"copy), then checkpoint and micro-batch as the plan says")
         paths = self.chain.block_paths if self.chain else []
         for i in s.checkpoint:
             try:
@@ -107,6 +112,14 @@ class Advice:
                     f" to checkpoint: apply the advice to the model it was made for"
                 ) from None
         return _Applied(model, s, paths)
+
+    def setting(self, label):
+        """The proposed Setting named `label` (a row's name, plan.strategy.setting)."""
+        for st in getattr(self, "settings", []):
+            if st.label == label:
+                return st
+        raise ValueError(f"[Advice.setting] no setting {label!r} was proposed: one of "
+                         f"{[st.label for st in getattr(self, 'settings', [])]}")
 
     def optimizer_for(self, optimizer, what=None):
         """The optimizer to train with under the plan (or a Row's / Strategy's

@@ -6,7 +6,8 @@ import torch
 from ..host_offload import OffloadedOptimizer, construct, offload
 from ..training_step import OPTIMIZERS
 
-LIGHTER = {"adam": ["momentum", "sgd"], "momentum": ["sgd"], "sgd": []}
+# Which optimizers advise compares, and which are lighter, is the core's
+# rule (optimizer_choices, core/advise_plan.h), for both fronts.
 
 
 def kind_of(optimizer):
@@ -34,13 +35,6 @@ def _clone(optimizer):
         return optimizer.fresh()
     groups = [dict(g) for g in optimizer.param_groups]
     return construct(type(optimizer), groups, optimizer.defaults)
-
-
-def can_offload(user_optimizer):
-    """Whether keeping the optimizer's state on the host would lower the
-    device's memory: it has state (not plain SGD) and is not offloaded yet."""
-    kind = kind_of(user_optimizer)
-    return kind not in ("none", "sgd") and not kind.endswith("-offload")
 
 
 def _zero_grad_in_place(optimizer):

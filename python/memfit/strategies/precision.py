@@ -13,12 +13,23 @@ def _to_float32(t):
     return t.float() if t.dtype == torch.bfloat16 else t
 
 
+def _outputs_to_float32(out):
+    if isinstance(out, dict) and type(out) is not dict:
+        # A dict's subclass (HF's ModelOutput) stays its class: the loss may
+        # read out.logits.
+        try:
+            return type(out)(**{k: map_tensors(v, _to_float32) for k, v in out.items()})
+        except TypeError:
+            pass
+    return map_tensors(out, _to_float32)
+
+
 def _autocast_forward(forward):
     def run(*args, **kwargs):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             out = forward(*args, **kwargs)
         # The loss runs outside autocast, as in the plain step.
-        return map_tensors(out, _to_float32)
+        return _outputs_to_float32(out)
 
     return run
 

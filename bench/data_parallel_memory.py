@@ -1,6 +1,7 @@
 """Each rank's peak under DDP and ZeRO-1, predicted from one single-process
 profile (Report.data_parallel), against real runs: 2 ranks, gloo on CPU,
-every allocation of each rank tracked. Prints predicted/measured per model.
+every allocation of each rank tracked. Prints predicted/measured per model;
+fails if any is off by 3% or predicted under the measured at all.
 
 linear3 (three equal 1024x1024 Linear layers, batch 4) is the case where the
 optimizer step is the peak: torch's ZeroRedundancyOptimizer hands each rank
@@ -101,7 +102,7 @@ def main(argv=None):
     print("| model | batch per rank | run | one process | predicted rank peak | "
           "measured (fullest rank) | error |")
     print("|---|---|---|---|---|---|---|")
-    worst = 0.0
+    worst, under = 0.0, 0
     for name, batch in cases:
         make_model, make_batch, loss_fn = MODELS[name]
         torch.manual_seed(0)
@@ -117,11 +118,15 @@ def main(argv=None):
             measured = max(r[f"{name}|{label}"] for r in ranks)
             err = (predicted - measured) / measured
             worst = max(worst, abs(err))
+            # Under by a few bytes still prints -0.00%: say how many.
+            low = f" ({predicted - measured:,} B)" if predicted < measured else ""
+            under += predicted < measured
             print(f"| {name} | {batch} | {label} | {memfit.format_bytes(report.peak_bytes)} | "
                   f"{memfit.format_bytes(predicted)} | {memfit.format_bytes(measured)} | "
-                  f"{err * 100:+.2f}% |")
-    print(f"\nworst error {worst * 100:.2f}% (goal: within 3%)")
-    return 0 if worst < 0.03 else 1
+                  f"{err * 100:+.2f}%{low} |")
+    print(f"\nworst error {worst * 100:.2f}% (goal: within 3%); {under} rows under the "
+          f"measured (goal: none)")
+    return 0 if worst < 0.03 and under == 0 else 1
 
 
 if __name__ == "__main__":

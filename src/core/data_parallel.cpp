@@ -156,26 +156,35 @@ std::vector<Kind> classify(const Timeline& t, const std::vector<const PhaseSpan*
 // bench/data_parallel_memory.py). The timeline has no node boundaries, so
 // gradients made one after another, and anything else their op allocates,
 // count as arriving until another op allocates something that is not a
-// gradient.
+// gradient, or backward ends. Allocations of no known op (op 0) keep the
+// old rule: one gradient at a time.
 class ArrivingGradients {
  public:
-  void add(const Event& e, Kind kind) {
+  void add(const Event& e, Kind kind, bool in_backward) {
+    if (!in_backward) {
+      bytes_ = 0;
+      last_was_grad_ = false;
+      return;
+    }
     if (e.kind == EventKind::kFree) {
       if (kind == kParamGrad) bytes_ = std::max<int64_t>(0, bytes_ - e.bytes);
       return;
     }
     if (kind == kParamGrad) {
+      if (e.op == 0 || (!last_was_grad_ && e.op != op_)) bytes_ = 0;
       bytes_ += e.bytes;
       op_ = e.op;
-    } else if (e.op != op_) {
+    } else if (e.op == 0 || e.op != op_) {
       bytes_ = 0;
     }
+    last_was_grad_ = kind == kParamGrad;
   }
   int64_t bytes() const { return bytes_; }
 
  private:
   int64_t bytes_ = 0;
-  uint32_t op_ = 0;
+  uint32_t op_ = 0;  // the op of the latest gradient
+  bool last_was_grad_ = false;
 };
 
 }  // namespace
@@ -240,9 +249,9 @@ std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup&
     static const std::string kNone;
     const std::string& phase = span_of[i] ? t.phase_name(span_of[i]->phase) : kNone;
     const int iteration = span_of[i] ? span_of[i]->iteration : 0;
-    const int64_t grads = live_by[kParamGrad];
     // See Note [Gradients the reducer has not yet moved].
-    arriving.add(e, kind[i]);
+    arriving.add(e, kind[i], phase == "backward");
+    const int64_t grads = live_by[kParamGrad];
     const int64_t state = live_by[kState];
     const int64_t step_sharded =
         d.optimizer_shard_fraction > 0

@@ -12,13 +12,14 @@ namespace {
 class Step {
  public:
   void phase(const char* name, int iteration) { t.begin_phase(name, iteration); }
-  void alloc(uint64_t id, int64_t bytes, Category c) {
+  void alloc(uint64_t id, int64_t bytes, Category c, const char* op = "") {
     Event e;
     e.kind = EventKind::kAlloc;
     e.id = id;
     e.bytes = bytes;
     e.category = c;
     e.phase = t.current_phase();
+    e.op = t.op_index(op);
     t.record(e);
   }
   void free(uint64_t id) {
@@ -88,6 +89,31 @@ TEST(DataParallel, BucketViewsReplaceTheGradients) {
   d.gradient_as_bucket_view = true;
   const RankPeak p = per_rank_peak(one_step(), d, Sharding::kDdp);
   EXPECT_EQ(p.peak_bytes, 4110 - 600 + 600 + 1000);
+  EXPECT_EQ(p.phase, "backward");
+}
+
+// See Note [Gradients the reducer has not yet moved]: one backward op (an
+// LSTM layer's) makes two gradients and then a workspace; the reducer takes
+// them only after the op returns, so both sit beside the buckets.
+TEST(DataParallel, BucketViewsCountEveryGradientOfOneOp) {
+  Step s;
+  s.phase("parameters", 0);
+  s.alloc(1, 1000, Category::kParameter);
+  s.phase("backward", 1);
+  s.alloc(2, 300, Category::kGradient, "rnn_backward");     // 1300
+  s.alloc(3, 200, Category::kGradient, "rnn_backward");     // 1500
+  s.alloc(4, 1000, Category::kTemporary, "rnn_backward");   // 2500
+  s.free(4);                                                // 1500
+  s.alloc(5, 100, Category::kGradient, "mm");               // 1600: input's gradient
+  s.free(5);
+  s.phase("optimizer_step", 1);
+  s.t.end_phase();
+  DataParallelSetup d = two_ranks();
+  d.gradient_bytes = 500;
+  d.gradient_as_bucket_view = true;
+  const RankPeak p = per_rank_peak(s.t, d, Sharding::kDdp);
+  // At the workspace: live 2500 - gradients 500 + both arriving + buckets.
+  EXPECT_EQ(p.peak_bytes, 2500 - 500 + 500 + 500);
   EXPECT_EQ(p.phase, "backward");
 }
 
@@ -199,6 +225,8 @@ TEST(DataParallel, RejectsBadSetup) {
 
 TEST(DataParallel, ShardingNames) {
   EXPECT_EQ(sharding_from_string("zero2"), Sharding::kZero2);
+  EXPECT_EQ(sharding_from_string("fsdp2"), Sharding::kFsdp2);
+  EXPECT_EQ(to_string(Sharding::kFsdp2), "fsdp2");
   EXPECT_EQ(sharding_from_string("fsdp"), Sharding::kZero3);
   EXPECT_EQ(to_string(Sharding::kZero1), "zero1");
   try {
@@ -240,6 +268,74 @@ TEST(StepReorderBytes, EqualWeightsDealtSideBySideHoldOneMore) {
   // Already side by side in the single process: no more than it implied.
   EXPECT_EQ(step_reorder_bytes({100, 100, 100, 1, 1, 1}, 2), 0);
   EXPECT_THROW(step_reorder_bytes({1}, 0), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace memfit
+
+namespace memfit {
+namespace {
+
+// one_step()'s parameters as two fully_shard units on 2 ranks: "a" (600
+// bytes, gathered and reduced whole) and "b" (400), the root holding none.
+Fsdp2Setup two_units() {
+  Fsdp2Setup d;
+  d.world_size = 2;
+  d.units = {Fsdp2Unit{"", 0, 0, 0, 0, 0, 0}, Fsdp2Unit{"a", 600, 300, 600, 600, 0, 0},
+             Fsdp2Unit{"b", 400, 200, 400, 400, 0, 0}};
+  return d;
+}
+
+// See Note [One rank's memory under FSDP2]. At p1.grad's arrival (live
+// 4110: parameters 1000, p1.grad 600, the rest 2510) the worst instant is
+// a's reduce-scatter: sharded parameters 500, p1.grad whole 600, the
+// prefetched-nothing + a's reduce-scatter input, gloo's copy and its
+// output (600 + 600 + 300).
+TEST(Fsdp2, ShardsAndGathersUnitByUnit) {
+  const RankPeak p = fsdp2_rank_peak(one_step(), two_units());
+  EXPECT_EQ(p.sharding, Sharding::kFsdp2);
+  EXPECT_EQ(p.peak_bytes, 2510 + 500 + 600 + 1500);
+  EXPECT_EQ(p.phase, "backward");
+  EXPECT_EQ(p.host_bytes, 0);
+  // The gathered units cost more than the shards save on so small a model.
+  EXPECT_GT(p.peak_bytes, 4500);
+}
+
+// Offloaded, the device keeps activations, gathered units and the unit's
+// whole gradients; the host the shards (500 + 1000 + 500) and the step's
+// 500-byte temporary.
+TEST(Fsdp2, CpuOffloadSplitsDeviceAndHost) {
+  Fsdp2Setup d = two_units();
+  d.cpu_offload = true;
+  const RankPeak p = fsdp2_rank_peak(one_step(), d);
+  EXPECT_EQ(p.peak_bytes, 2510 + 600 + 1500);
+  EXPECT_EQ(p.phase, "backward");
+  EXPECT_EQ(p.host_bytes, 500 + 1000 + 500 + 500);
+}
+
+// bf16 gradients of fp32 parameters: the whole ones cost half, and a's
+// reduce-scatter (2510 + 500 + 300 + 1500) falls below b's backward while a
+// is prefetched: p1.grad sharded (300), b gathered (400), a's all-gather
+// output and gloo's copy (1200).
+TEST(Fsdp2, MixedPrecisionHalvesTheUnshardedGradients) {
+  Fsdp2Setup d = two_units();
+  d.grad_scale = 0.5;
+  EXPECT_EQ(fsdp2_rank_peak(one_step(), d).peak_bytes, 2510 + 500 + 300 + 400 + 1200);
+}
+
+TEST(Fsdp2, RejectsBadSetup) {
+  Fsdp2Setup d = two_units();
+  d.world_size = 0;
+  EXPECT_THROW(fsdp2_rank_peak(one_step(), d), std::invalid_argument);
+  d = two_units();
+  d.units.clear();
+  EXPECT_THROW(fsdp2_rank_peak(one_step(), d), std::invalid_argument);
+  d = two_units();
+  d.units[1].shard_bytes = -1;
+  EXPECT_THROW(fsdp2_rank_peak(one_step(), d), std::invalid_argument);
+  d = two_units();
+  d.grad_scale = 0;
+  EXPECT_THROW(fsdp2_rank_peak(one_step(), d), std::invalid_argument);
 }
 
 }  // namespace

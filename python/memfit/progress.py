@@ -1,13 +1,15 @@
-"""What a long call is doing, as it does it: the Python side of
-core/progress.h. progress= on profile, find_batch_size and advise takes
+"""What a long call is doing, as it does it: core/progress.h's Progress,
+through the binding. progress= on profile, find_batch_size and advise takes
 None (silent), True (lines on stderr) or a callable given each line."""
 
 import sys
-import time
+
+from . import _memfit
 
 
 class Progress:
-    """One stamped line a step: "[  2.4s] record batch 8 on meta: forward"."""
+    """One stamped line a step: "[  2.4s] record batch 8 on meta: forward".
+    `native` is the core Progress that stamps them, for memfit's C++ steps."""
 
     def __init__(self, progress=None, what="progress"):
         if progress is True:
@@ -15,20 +17,18 @@ class Progress:
         elif progress is not None and progress is not False and not callable(progress):
             raise ValueError(f"[{what}] progress must be None, True or a callable taking a "
                              f"line, got {type(progress).__name__}")
-        self._sink = progress or None
-        self._start = time.monotonic()
+        self.native = _memfit.Progress(progress) if progress else _memfit.Progress()
 
     def __bool__(self):
-        return self._sink is not None
+        return self.native.enabled
 
     def step(self, what):
-        if self._sink is not None:
-            self._sink(f"[{time.monotonic() - self._start:6.1f}s] {what}")
+        self.native.step(what)
 
     def relay(self):
         """For the C++ search: its lines, stamped from this start; None when
         silent."""
-        if self._sink is None:
+        if not self:
             return None
         return lambda line: self.step(line.split("] ", 1)[-1])
 

@@ -18,6 +18,7 @@ std::string listed(const std::vector<T>& v) {
 
 void init_errors(pybind11::module_& m);
 void init_units(pybind11::module_& m);
+void init_progress(pybind11::module_& m);
 void init_timeline(pybind11::module_& m);
 void init_tracking(pybind11::module_& m);
 void init_report(pybind11::module_& m);

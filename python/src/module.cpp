@@ -7,6 +7,7 @@ PYBIND11_MODULE(_memfit, m) {
   m.doc() = "memfit's C++ core; use the `memfit` package, not this module.";
   memfit::python::init_errors(m);
   memfit::python::init_units(m);
+  memfit::python::init_progress(m);
   memfit::python::init_timeline(m);
   memfit::python::init_tracking(m);
   memfit::python::init_report(m);

@@ -166,17 +166,7 @@ class Report:
     def phases(self):
         """Per phase and iteration: name, iteration, live_bytes_after,
         delta_bytes, peak_bytes, note."""
-        return [
-            dict(
-                name=p.name,
-                iteration=p.iteration,
-                live_bytes_after=p.live_bytes_after,
-                delta_bytes=p.delta_bytes,
-                peak_bytes=p.peak_bytes,
-                note=p.note,
-            )
-            for p in self._native.phases
-        ]
+        return [p.as_dict() for p in self._native.phases]
 
     def table(self, max_modules=10):
         """The report as a text table."""

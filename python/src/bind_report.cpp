@@ -16,14 +16,15 @@ namespace py = pybind11;
 namespace memfit::python {
 
 void init_report(py::module_& m) {
-
-  py::class_<PhaseRow>(m, "PhaseRow")
-      .def_readonly("name", &PhaseRow::name)
-      .def_readonly("iteration", &PhaseRow::iteration)
-      .def_readonly("live_bytes_after", &PhaseRow::live_after)
-      .def_readonly("delta_bytes", &PhaseRow::delta_bytes)
-      .def_readonly("peak_bytes", &PhaseRow::peak_bytes)
-      .def_readonly("note", &PhaseRow::note)
+  py::class_<PhaseRow> phase_row(m, "PhaseRow");
+  for_each_phase_row_field(
+      [&](const char* key, auto field) { phase_row.def_readonly(key, field); });
+  phase_row
+      .def("as_dict", [](const PhaseRow& r) {
+        py::dict d;
+        for_each_phase_row_field([&](const char* key, auto field) { d[key] = r.*field; });
+        return d;
+      }, "The fields as a dict, keyed as the report's JSON.")
       .def("__repr__", [](const PhaseRow& r) {
         return "PhaseRow(" + quoted(r.name) + ", iteration=" + std::to_string(r.iteration) +
                ", live_bytes_after=" + std::to_string(r.live_after) +

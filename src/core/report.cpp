@@ -246,14 +246,9 @@ std::string Report::to_json(bool pretty) const {
   w.member("peak_bytes", peak_bytes);
   w.key("phases").begin_array();
   for (const auto& p : phases) {
-    w.begin_object()
-        .member("name", p.name)
-        .member("iteration", p.iteration)
-        .member("live_bytes_after", p.live_after)
-        .member("delta_bytes", p.delta_bytes)
-        .member("peak_bytes", p.peak_bytes)
-        .member("note", p.note)
-        .end_object();
+    w.begin_object();
+    for_each_phase_row_field([&](const char* key, auto field) { w.member(key, p.*field); });
+    w.end_object();
   }
   w.end_array();
   w.key("categories_at_peak").begin_object();

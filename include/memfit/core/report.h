@@ -42,6 +42,18 @@ struct PhaseRow {
   std::string note;  // one line explaining the delta (and a transient peak)
 };
 
+// A PhaseRow's fields, listed once, by the names its JSON and Python give
+// them: f(name, &PhaseRow::member) for each, in the order shown.
+template <typename F>
+void for_each_phase_row_field(F&& f) {
+  f("name", &PhaseRow::name);
+  f("iteration", &PhaseRow::iteration);
+  f("live_bytes_after", &PhaseRow::live_after);
+  f("delta_bytes", &PhaseRow::delta_bytes);
+  f("peak_bytes", &PhaseRow::peak_bytes);
+  f("note", &PhaseRow::note);
+}
+
 struct ModuleRow {
   std::string path;
   int64_t activation_bytes = 0;  // saved for backward, at the end of forward

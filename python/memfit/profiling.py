@@ -80,6 +80,22 @@ def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set
 # optimizer is put back even if the weights could not be.
 
 
+class _StepState:
+    """What one recorded iteration holds, dropped in the order its locals
+    used to go (x, y, out, loss) when the iteration ends: the callbacks of
+    _record_step keep no tensor alive longer than the step itself would."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.x = self.y = self.out = self.loss = None
+
+    def drop(self):
+        self.x = None
+        self.y = None
+        self.out = None
+        self.loss = None
+
+
 def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
                  set_to_none=True, say=None):
     """Runs `iterations` training iterations under a recorder; returns it.
@@ -95,47 +111,48 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
         # See Note [Meta kernels allocate only their outputs] (op_frames.h).
         t._recorder.drop_meta_kernel_intermediates()
     t.watch_modules(model)
-    said = as_progress(say)
+    step = _StepState(optimizer)
 
-    def phase(name, it):
-        t.phase(name, it)
-        said.step(f"record on {device.type}: {name}"
-                  + (f" (iteration {it})" if iterations > 1 and name != "parameters" else ""))
+    def materialize():
+        saved.swap_in_copies(device, t.classify)
+        if isinstance(step.optimizer, str):
+            step.optimizer = OPTIMIZERS[step.optimizer](saved.parameters)
+
+    def inputs_():
+        step.x = private_copy(inputs, device)
+        step.y = None if target is None else private_copy(target, device)
+
+    def forward():
+        step.out = call_model(model, step.x)
+
+    def loss():
+        step.loss = compute_loss(step.out, step.y, loss_fn)
+        check_loss_trains(step.loss, model, "profile")
+        step.out = None  # See Note [The order of a training iteration] (report.h).
+
+    def optimizer_step():
+        step.optimizer.step()
+        for state in step.optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    t.classify(v, "optimizer_state")
+
+    def zero_grad():
+        (model if step.optimizer is None else step.optimizer).zero_grad(set_to_none=set_to_none)
+
+    def end_phase():
+        t._recorder.end_phase()
+        step.drop()
 
     try:
-        phase("parameters", 1)
-        saved.swap_in_copies(device, t.classify)
-        if isinstance(optimizer, str):
-            optimizer = OPTIMIZERS[optimizer](saved.parameters)
-        for it in range(1, iterations + 1):
-            phase("inputs", it)
-            x = private_copy(inputs, device)
-            y = None if target is None else private_copy(target, device)
-            phase("forward", it)
-            out = call_model(model, x)
-            phase("loss", it)
-            loss = compute_loss(out, y, loss_fn)
-            check_loss_trains(loss, model, "profile")
-            out = None  # See Note [The order of a training iteration] (report.h).
-            phase("backward", it)
-            loss.backward()
-            if optimizer is not None:
-                phase("optimizer_step", it)
-                optimizer.step()
-                for state in optimizer.state.values():
-                    for v in state.values():
-                        if isinstance(v, torch.Tensor):
-                            t.classify(v, "optimizer_state")
-            # See Note [The order of a training iteration] (report.h).
-            phase("zero_grad", it)
-            if optimizer is not None:
-                optimizer.zero_grad(set_to_none=set_to_none)
-            else:
-                model.zero_grad(set_to_none=set_to_none)
-            t._recorder.end_phase()
-            del x, y, out, loss
+        _memfit.run_step_protocol(
+            t.phase, materialize, inputs_, forward, loss, lambda: step.loss.backward(),
+            None if optimizer is None else optimizer_step, zero_grad, end_phase,
+            iterations=iterations, progress=as_progress(say).native,
+            what=f"record on {device.type}")
     finally:
         t.stop()
+    optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.
     t.host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
     return t

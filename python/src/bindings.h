@@ -22,6 +22,7 @@ void init_progress(pybind11::module_& m);
 void init_timeline(pybind11::module_& m);
 void init_tracking(pybind11::module_& m);
 void init_report(pybind11::module_& m);
+void init_step_protocol(pybind11::module_& m);  // after init_progress
 void init_data_parallel(pybind11::module_& m);  // after init_report
 void init_trainer(pybind11::module_& m);
 void init_fit(pybind11::module_& m);

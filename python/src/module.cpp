@@ -11,6 +11,7 @@ PYBIND11_MODULE(_memfit, m) {
   memfit::python::init_timeline(m);
   memfit::python::init_tracking(m);
   memfit::python::init_report(m);
+  memfit::python::init_step_protocol(m);
   memfit::python::init_data_parallel(m);
   memfit::python::init_trainer(m);
   memfit::python::init_fit(m);

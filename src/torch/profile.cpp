@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <optional>
 #include <stdexcept>
-#include <string_view>
 
+#include "memfit/core/step_protocol.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/host_offload.h"
@@ -94,6 +94,30 @@ Batch step_batch(const TrainableModel& model, int64_t batch, const at::Device& d
   return {widen(one.inputs), widen(one.target)};
 }
 
+// The step's modes (no_grad or inference for an eval step, bf16 autocast),
+// on from forward through loss; off in the reverse order they came on.
+class StepModes {
+ public:
+  explicit StepModes(const StepStrategies& st) : st_(st) {}
+  void enter() {
+    if (st_.step == StepStrategies::Step::kEvalNoGrad) no_grad_.emplace();
+    if (st_.step == StepStrategies::Step::kEvalInference) inference_.emplace();
+    if (st_.autocast_bf16) autocast_.emplace(true);
+  }
+  void leave() {
+    autocast_.reset();
+    inference_.reset();
+    no_grad_.reset();
+  }
+  ~StepModes() { leave(); }
+
+ private:
+  const StepStrategies& st_;
+  std::optional<torch::NoGradGuard> no_grad_;
+  std::optional<c10::InferenceMode> inference_;
+  std::optional<CpuAutocast> autocast_;
+};
+
 // One recorded run of `iterations` training iterations on `device`;
 // `host_bytes`: what an offloading optimizer kept on the host (not recorded).
 Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
@@ -124,53 +148,40 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
   Recorder r;
   // See Note [Meta kernels allocate only their outputs] (op_frames.h).
   if (device.is_meta()) r.drop_meta_kernel_intermediates();
-  const std::string recording =
-      "record batch " + std::to_string(o.batch) + " on " + device.str() + ": ";
-  auto begin_phase = [&](const char* phase, int it) {
-    r.begin_phase(phase, it);
-    if (!o.progress.enabled()) return;
-    const bool per_iteration = o.iterations > 1 && std::string_view(phase) != kPhaseParameters;
-    o.progress.step(recording + phase +
-                    (per_iteration ? " (iteration " + std::to_string(it) + ")" : std::string()));
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  Batch b;
+  at::Tensor out, loss;
+  StepModes modes(st);
+  StepCallbacks cb;
+  cb.train = train;
+  cb.has_optimizer = o.optimizer != "none";
+  cb.begin_phase = [&](const std::string& phase, int it) { r.begin_phase(phase, it); };
+  cb.materialize = [&] {
+    materialize(module, device, r);
+    optimizer = make_optimizer(o.optimizer, module.parameters(), o.lr);
+    TORCH_INTERNAL_ASSERT(static_cast<bool>(optimizer) == cb.has_optimizer);
   };
-  begin_phase(kPhaseParameters, 1);
-  materialize(module, device, r);
-  auto optimizer = make_optimizer(o.optimizer, module.parameters(), o.lr);
-  for (int it = 1; it <= o.iterations; ++it) {
-    begin_phase(kPhaseInputs, it);
-    Batch b{cpu_batch.inputs.to(device, false, /*copy=*/true),
-            cpu_batch.target.to(device, false, /*copy=*/true)};
-    at::Tensor loss;
-    {
-      std::optional<torch::NoGradGuard> no_grad;
-      std::optional<c10::InferenceMode> inference;
-      if (st.step == StepStrategies::Step::kEvalNoGrad) no_grad.emplace();
-      if (st.step == StepStrategies::Step::kEvalInference) inference.emplace();
-      std::optional<CpuAutocast> autocast;
-      if (st.autocast_bf16) autocast.emplace(true);
-      begin_phase(kPhaseForward, it);
-      auto out = model.forward(b.inputs);
-      begin_phase(kPhaseLoss, it);
-      loss = model.loss(out, b.target);
-      out.reset();  // See Note [The order of a training iteration].
-    }
+  cb.inputs = [&] {
+    b = Batch{cpu_batch.inputs.to(device, false, /*copy=*/true),
+              cpu_batch.target.to(device, false, /*copy=*/true)};
+  };
+  cb.forward = [&] {
+    modes.enter();
+    out = model.forward(b.inputs);
+  };
+  cb.loss = [&] {
+    loss = model.loss(out, b.target);
+    out.reset();  // See Note [The order of a training iteration].
+    modes.leave();
     if (loss.dim() != 0) {
       throw std::invalid_argument("[profile] the loss must be a scalar, got "
                                   "shape " + c10::str(loss.sizes()));
     }
-    if (!train) {
-      loss.reset();
-      r.end_phase();
-      continue;
-    }
-    begin_phase(kPhaseBackward, it);
-    loss.backward();
-    if (optimizer) {
-      begin_phase(kPhaseOptimizerStep, it);
-      optimizer->step();
-    }
-    // See Note [The order of a training iteration].
-    begin_phase(kPhaseZeroGrad, it);
+    if (!train) loss.reset();
+  };
+  cb.backward = [&] { loss.backward(); };
+  cb.optimizer_step = [&] { optimizer->step(); };
+  cb.zero_grad = [&] {
     if (st.zero_grad_set_to_none) {
       drop_gradients(module);
     } else {
@@ -179,8 +190,16 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
         if (p.grad().defined()) p.mutable_grad().zero_();
       }
     }
+  };
+  cb.end_phase = [&] {
     r.end_phase();
-  }
+    // In the order an iteration's locals went: the loss, then the batch.
+    loss.reset();
+    b.target.reset();
+    b.inputs.reset();
+  };
+  run_step_protocol(cb, o.iterations, o.progress,
+                    "record batch " + std::to_string(o.batch) + " on " + device.str());
   r.stop();
   drop_gradients(module);
   if (auto* offload = dynamic_cast<HostOffloadOptimizer*>(optimizer.get())) {

@@ -104,15 +104,8 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     available = available_bytes(budget, model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
-        buckets = sum(trainable_sizes(model))
-        if buckets >= available:
-            raise DoesNotFit(
-                f"[find_batch_size] DDP's gradient buckets alone take "
-                f"{_memfit.format_bytes(buckets)} of the "
-                f"{_memfit.format_bytes(available)} budget: use a bigger card, "
-                f"or shard (report.data_parallel() shows ZeRO/FSDP per rank)"
-            )
-        available -= buckets
+        available = _memfit.budget_beside_ddp_buckets(
+            available, sum(trainable_sizes(model)), "find_batch_size", "report.data_parallel()")
     said = as_progress(progress, "find_batch_size")
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode, progress=said)

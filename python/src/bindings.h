@@ -26,6 +26,7 @@ void init_step_protocol(pybind11::module_& m);  // after init_progress
 void init_data_parallel(pybind11::module_& m);  // after init_report
 void init_trainer(pybind11::module_& m);
 void init_fit(pybind11::module_& m);
+void init_ddp_budget(pybind11::module_& m);  // after init_fit (DoesNotFit)
 void init_strategies(pybind11::module_& m);
 void init_cli(pybind11::module_& m);
 

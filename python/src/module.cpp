@@ -15,6 +15,7 @@ PYBIND11_MODULE(_memfit, m) {
   memfit::python::init_data_parallel(m);
   memfit::python::init_trainer(m);
   memfit::python::init_fit(m);
+  memfit::python::init_ddp_budget(m);
   memfit::python::init_strategies(m);
   memfit::python::init_cli(m);
 }

@@ -2,6 +2,7 @@
 
 #include "args.h"
 #include "commands.h"
+#include "memfit/core/ddp_budget.h"
 #include "memfit/core/units.h"
 #include "memfit/torch/data_parallel.h"
 #include "memfit/torch/fit.h"
@@ -21,25 +22,17 @@ int fit_command(const std::vector<std::string>& argv) {
   o.verify = !args.has("no-verify");
   o.progress = progress_of(args);
   auto model = make_model(name, model_options(args));
-  if (args.has("ddp")) {
-    // Each rank's batch: DDP's buckets (one copy of the gradients) are held
-    // from wrapping on, at every phase (Note [One rank's memory under data
-    // parallelism]); the step gets the rest.
-    const int64_t buckets = data_parallel_setup(model->module(), 1).gradient_bytes;
-    if (buckets >= o.budget) {
-      std::cerr << "memfit fit: DDP's gradient buckets alone take " << format_bytes(buckets)
-                << " of the " << format_bytes(o.budget)
-                << " budget: use a bigger card, or shard (memfit profile --world-size W "
-                   "shows ZeRO/FSDP per rank)\n";
-      return 2;
-    }
-    o.budget -= buckets;
-    if (!args.has("json")) {
-      std::cout << "per rank under DDP: " << format_bytes(buckets)
-                << " of the budget held by gradient buckets\n";
-    }
-  }
   try {
+    if (args.has("ddp")) {
+      // Each rank's batch: the step gets what DDP's buckets leave.
+      const int64_t buckets = data_parallel_setup(model->module(), 1).gradient_bytes;
+      o.budget = budget_beside_ddp_buckets(o.budget, buckets, "",
+                                           "memfit profile --world-size W");
+      if (!args.has("json")) {
+        std::cout << "per rank under DDP: " << format_bytes(buckets)
+                  << " of the budget held by gradient buckets\n";
+      }
+    }
     BatchFit f = fit_model(*model, o);
     std::cout << (args.has("json") ? f.to_json(true) + "\n" : f.text());
   } catch (const DoesNotFit& e) {

@@ -6,6 +6,8 @@ import pytest
 import torch
 
 import memfit
+from test_trainer_loop import mlp as mnist_mlp
+from test_trainer_loop import mnist_batch as mnist_batch_of
 
 
 class Capture(torch.optim.SGD):
@@ -52,15 +54,8 @@ def tanh_batch(n=96):
     return torch.randn(n, 8, generator=g), torch.randint(0, 3, (n,), generator=g)
 
 
-def mnist_mlp():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(784, 512), torch.nn.ReLU(),
-                               torch.nn.Linear(512, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
-
-
 def mnist_batch(n=2048):
-    g = torch.Generator().manual_seed(2)
-    return torch.randn(n, 28, 28, generator=g), torch.randint(0, 10, (n,), generator=g)
+    return mnist_batch_of(n)
 
 
 def groupnorm_cnn():

@@ -12,6 +12,7 @@ from . import _memfit
 from .batching import batch_size, count
 from .device import to_bytes
 from .fit import DoesNotFit
+from .progress import as_progress
 from .training_step import check_optimizer
 from .strategies import Strategy, resolve_chain
 from .strategies.advice import Advice, Plan, Row
@@ -75,10 +76,11 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
 
     The plan halves the micro-batch from the whole batch and stops at the
     largest one where the plain step, else checkpointing, fits; then the
-    state on the host; then, with allow_approximate, bf16 and lighter
-    optimizers with every block checkpointed. plan.micro_batch (0: whole)
-    is what to give memfit.Trainer(micro_batch=...). progress: a callable
-    that gets a line per recording (print, for one).
+    state on the host; then the exact settings; then, with
+    allow_approximate, the other settings, bf16 and lighter optimizers,
+    with every block checkpointed. plan.micro_batch (0: whole) is what to
+    give memfit.Trainer(micro_batch=...). progress: None, True (a line on
+    stderr per recording) or a callable given each line.
     Returns an Advice: rows, plan, chain_plans, table(), to_json(),
     apply(model). Raises memfit.DoesNotFit (a ValueError) when the budget is
     below the model's parameters or nothing recorded fits, naming the
@@ -144,7 +146,8 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
         native = _memfit.plan_advice(
             record, time_ratio if repeats > 0 and not on_meta else None, n,
             -1 if limit is None else limit, user, optimizer is not None, choices.can_offload,
-            choices.others, choices.lighter, paths, allow_approximate, progress,
+            choices.others, choices.lighter, paths, allow_approximate,
+            as_progress(progress, "advise").relay(),
             [_memfit.AdviseSetting(st.label, st.exact, st.checkpoints) for st in proposed],
             estimate_ratio if on_meta else None, "FLOPs counted on meta (forward, backward, "
             "recompute)")

@@ -156,14 +156,16 @@ def test_a_meta_model_above_the_budget_in_fp32_is_planned_on_lighter_weights():
     assert lora.time_ratio is not None and lora.time_ratio < 1  # no weight gradients
 
 
-def test_settings_none_and_a_given_list():
+def test_settings_none_and_a_given_list(capsys):
     model = tiny_llama("meta")
     x = batch("meta")
     plain = memfit.advise(model, x, x, loss_fn=loss_fn, settings=None)
     assert not any(r.kind == "setting" for r in plain.rows)
     half = Setting("fp16 weights", lambda m: m.to(torch.float16))
-    given = memfit.advise(model, x, x, loss_fn=loss_fn, settings=[half])
+    capsys.readouterr()
+    given = memfit.advise(model, x, x, loss_fn=loss_fn, settings=[half], progress=True)
     assert [r.name for r in given.rows if r.kind == "setting"] == ["fp16 weights"]
+    assert "record fp16 weights at batch 2" in capsys.readouterr().err
     with pytest.raises(ValueError, match=r"\[advise\] settings must be"):
         memfit.advise(model, x, x, loss_fn=loss_fn, settings="lora")
     with pytest.raises(ValueError, match="distinct"):

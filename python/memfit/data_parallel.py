@@ -47,7 +47,9 @@ def optimizer_shard_fraction(optimizer_shards, sizes, world_size):
     if optimizer_shards == "flat":
         return 0.0
     if optimizer_shards == "parameters":
-        return _memfit.largest_partition_fraction(sizes, world_size)
+        # Adam's step is one scalar per parameter, 2 state bytes per
+        # parameter byte: 8 covers it (and SGD momentum's none).
+        return _memfit.largest_partition_fraction(sizes, world_size, per_parameter_bytes=8)
     raise ValueError(
         f"[data_parallel] optimizer_shards must be 'flat' (DeepSpeed, FSDP: even "
         f"shards) or 'parameters' (torch's ZeroRedundancyOptimizer: whole "

@@ -98,7 +98,7 @@ void init_data_parallel(py::module_& m) {
         "See Note [One rank's memory under FSDP2].");
 
   m.def("largest_partition_fraction", &largest_partition_fraction,
-        py::arg("param_bytes"), py::arg("world_size"));
+        py::arg("param_bytes"), py::arg("world_size"), py::arg("per_parameter_bytes") = 0);
   m.def("step_reorder_bytes", &step_reorder_bytes, py::arg("param_bytes"),
         py::arg("world_size"),
         "See Note [A rank's optimizer step deals parameters in another order].");

@@ -279,10 +279,15 @@ std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup&
   return out;
 }
 
-double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_size) {
+double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_size,
+                                  int64_t per_parameter_bytes) {
   if (world_size < 1) {
     throw std::invalid_argument("[largest_partition_fraction] world_size must be >= 1 ranks, "
                                 "got " + std::to_string(world_size));
+  }
+  if (per_parameter_bytes < 0) {
+    throw std::invalid_argument("[largest_partition_fraction] per_parameter_bytes must be >= 0, "
+                                "got " + std::to_string(per_parameter_bytes));
   }
   int64_t total = 0;
   for (int64_t b : param_bytes) {
@@ -295,9 +300,23 @@ double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_si
   if (total == 0) return 1.0 / world_size;
   std::sort(param_bytes.begin(), param_bytes.end(), std::greater<>());
   std::vector<int64_t> load(static_cast<size_t>(world_size), 0);
-  for (int64_t b : param_bytes) *std::min_element(load.begin(), load.end()) += b;
-  return static_cast<double>(*std::max_element(load.begin(), load.end())) /
-         static_cast<double>(total);
+  std::vector<int64_t> count(static_cast<size_t>(world_size), 0);
+  for (int64_t b : param_bytes) {
+    const auto r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+    load[r] += b;
+    ++count[r];
+  }
+  // Each rank's share of bytes, and of bytes + k per parameter: a state of
+  // a x bytes + c per parameter lies between the two for any k >= c / a.
+  const int64_t k = per_parameter_bytes;
+  const auto n = static_cast<int64_t>(param_bytes.size());
+  double share = 0;
+  for (size_t r = 0; r < load.size(); ++r) {
+    share = std::max(share, static_cast<double>(load[r]) / static_cast<double>(total));
+    share = std::max(share, static_cast<double>(load[r] + k * count[r]) /
+                                static_cast<double>(total + k * n));
+  }
+  return share;
 }
 
 namespace {

@@ -55,9 +55,15 @@ struct DataParallelSetup {
 
 // The share of `param_bytes` the fullest of `world_size` ranks gets when
 // whole parameters are dealt largest first to the least-loaded rank (torch's
-// ZeroRedundancyOptimizer). 1/W at best; 1 for a single parameter. Throws
+// ZeroRedundancyOptimizer). 1/W at best; 1 for a single parameter. With
+// per_parameter_bytes k > 0, the larger of that and the rank's share of
+// (bytes + k per parameter): optimizer state that holds a scalar per
+// parameter (Adam's 4-byte step) besides its per-element tensors stays
+// covered when the fullest rank holds more than its share of parameters
+// (resnet18's fullest rank was 7 bytes over the byte share). Throws
 // std::invalid_argument for world_size < 1 or a negative size.
-double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_size);
+double largest_partition_fraction(std::vector<int64_t> param_bytes, int world_size,
+                                  int64_t per_parameter_bytes = 0);
 
 // Note [A rank's optimizer step deals parameters in another order]
 // torch's for-loop Adam keeps one parameter's denominator alive while the

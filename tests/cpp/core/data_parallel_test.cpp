@@ -202,6 +202,15 @@ TEST(DataParallel, LargestPartition) {
   EXPECT_THROW(largest_partition_fraction({-1}, 2), std::invalid_argument);
 }
 
+// {1000} and {500, 300, 200}: half the bytes each, but the second rank
+// holds 3 of the 4 parameters: with 8 bytes more per parameter it holds
+// (1000 + 24) / (2000 + 32) of the state.
+TEST(DataParallel, LargestPartitionCoversPerParameterState) {
+  EXPECT_DOUBLE_EQ(largest_partition_fraction({300, 1000, 200, 500}, 2, 8), 1024.0 / 2032);
+  EXPECT_DOUBLE_EQ(largest_partition_fraction({1000, 100}, 2, 8), 1000.0 / 1100);
+  EXPECT_THROW(largest_partition_fraction({1}, 2, -1), std::invalid_argument);
+}
+
 // A rank holding 90% of the state keeps 1800 of its 2000 bytes.
 TEST(DataParallel, UnevenOptimizerShards) {
   DataParallelSetup d = two_ranks();

@@ -22,12 +22,15 @@ allocator reserves somewhat more (memfit.profile(target_device="cuda")
 estimates it)."""
 
 import argparse
+import json
 import sys
 import time
 
 import torch
 
 import memfit
+from memfit.strategies import checkpointed
+from memfit.strategies.llm_settings import materialize, user_optimizer_on
 
 
 def main(argv=None):
@@ -73,7 +76,30 @@ def main(argv=None):
     seconds = time.perf_counter() - t0
     print(advice.table())
     print(f"(memfit.advise took {seconds:.1f} s)")
+    if advice.plan.found and advice.plan.strategy.setting:
+        print(reserved_line(advice, model, ids))
     return 0
+
+
+def reserved_line(advice, model, ids):
+    """The plan's step profiled again for a CUDA target: what the caching
+    allocator would reserve, beside the allocated peak advise compares."""
+    p = advice.plan
+    st = advice.setting(p.strategy.setting)
+    m, prefix = materialize(model, st)
+    paths = [f"{prefix}.{q}" if prefix else q for q in advice.chain.block_paths]
+    mb = p.micro_batch or len(ids)
+    x = {"input_ids": ids[:mb], "labels": ids[:mb]}
+    user = torch.optim.AdamW(model.parameters())
+    opt = st.optimizer(m, user) if st.optimizer else user_optimizer_on(m, user)
+    with checkpointed([m.get_submodule(paths[i]) for i in p.strategy.checkpoint]):
+        r = memfit.profile(m, x, loss_fn=lambda out: out.loss, optimizer=opt, mode="meta",
+                           target_device="cuda", set_to_none=not p.strategy.zero_grad_in_place)
+    reserved = json.loads(r.to_json(pretty=False))["cuda"]["peak_reserved_bytes"]
+    fb = memfit.format_bytes
+    return (f"the plan's step profiled for a CUDA target (target_device='cuda', its optimizer "
+            f"as torch runs it there): "
+            f"{fb(r.peak_bytes)} allocated, {fb(reserved)} reserved by the caching allocator")
 
 
 if __name__ == "__main__":

@@ -193,6 +193,8 @@ std::string Advice::to_json(bool pretty) const {
   w.key("notes").begin_array();
   for (const auto& n : notes) w.value(n);
   w.end_array();
+  // Only where a front estimated times without a clock (FLOPs on meta).
+  if (!estimated_from.empty()) w.member("time_estimated_from", estimated_from);
   w.end_object();
   return w.str();
 }

@@ -246,6 +246,7 @@ class Planner {
     return st && st->checkpoints ? 0 : n_;
   }
   void setting_rows();
+  void note_unrecorded();
   bool search_settings(bool exact);
 
   const AdviseMeasurer& m_;
@@ -269,6 +270,8 @@ class Planner {
   using FloorKey = std::tuple<std::string, std::string, bool>;
   static FloorKey floor_key(const StepVariant& v) { return {v.setting, v.optimizer, v.host_state}; }
   std::vector<std::pair<FloorKey, int64_t>> floors_;
+  // The rows the front could not record, by its reason: one note a reason.
+  std::vector<std::pair<std::string, std::vector<std::string>>> unrecorded_;
   // The chain calibrated at each micro-batch the search reached.
   std::vector<std::pair<int64_t, std::pair<std::vector<ChainSegment>, ChainMemory>>> chains_;
 };
@@ -286,7 +289,10 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
                       std::optional<RecordedStep> given) {
   const RecordedStep r = given ? std::move(*given) : record(v, s_.batch, true);
   if (!r.unavailable.empty()) {
-    a_.notes.push_back(name + ": not recorded (" + r.unavailable + ")");
+    auto same = std::find_if(unrecorded_.begin(), unrecorded_.end(),
+                             [&](const auto& u) { return u.first == r.unavailable; });
+    if (same == unrecorded_.end()) same = unrecorded_.insert(unrecorded_.end(), {r.unavailable, {}});
+    same->second.push_back(std::move(name));
     return;
   }
   AdviseRow row;
@@ -458,6 +464,18 @@ const AdviseSetting* Planner::setting_of(const StepVariant& v) const {
     if (st.label == v.setting) return &st;
   }
   throw std::logic_error("[advise] the variant's setting '" + v.setting + "' is not the front's");
+}
+
+void Planner::note_unrecorded() {
+  for (const auto& [why, names] : unrecorded_) {
+    if (names.size() == 1) {
+      a_.notes.push_back(names[0] + ": not recorded (" + why + ")");
+      continue;
+    }
+    std::string list;  // names hold "; " themselves: quoted
+    for (const auto& n : names) list += (list.empty() ? "\"" : ", \"") + n + "\"";
+    a_.notes.push_back("not recorded (" + why + "): " + list);
+  }
 }
 
 // Each of the front's settings at the whole batch, listed whether or not
@@ -690,6 +708,7 @@ Advice Planner::run() {
     add_row(std::string("eval step under ") + to_string(k), StrategyKind::kEval, v);
   }
   combination_rows();
+  note_unrecorded();
 
   if (has_budget_) {
     bool found = search(StepVariant{}, false);

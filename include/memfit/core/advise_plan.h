@@ -187,7 +187,8 @@ struct Advice {
   std::string table() const;
   // Keys: model, batch, budget_bytes, reserve_bytes, optimizer,
   // parameter_bytes, plain_peak_bytes, plain_step_ms, chain, strategies,
-  // checkpoint_rules, plan, notes.
+  // checkpoint_rules, plan, notes (and time_estimated_from where a front
+  // estimated times from FLOPs).
   std::string to_json(bool pretty = true) const;
 };
 

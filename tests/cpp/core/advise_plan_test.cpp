@@ -47,10 +47,16 @@ RecordedStep fake(const StepVariant& v, int64_t batch) {
 
 struct Fake {
   std::vector<std::pair<StepVariant, int64_t>> recorded;
+  bool eval = true;  // false: eval steps cannot be recorded here
   AdviseMeasurer measurer() {
     AdviseMeasurer m;
     m.record = [this](const StepVariant& v, int64_t batch, bool) {
       recorded.push_back({v, batch});
+      if (!eval && v.step != StepKind::kTrain) {
+        RecordedStep r;
+        r.unavailable = "no eval here";
+        return r;
+      }
       return fake(v, batch);
     };
     return m;
@@ -162,6 +168,19 @@ TEST(AdvisePlanTest, WithoutSettingsNoSettingRowOrKey) {
   for (const auto& r : a.rows) EXPECT_NE(r.kind, StrategyKind::kSetting);
   EXPECT_EQ(a.to_json().find("setting"), std::string::npos);
   for (const auto& [v, batch] : f.recorded) EXPECT_TRUE(v.setting.empty());
+}
+
+TEST(AdvisePlanTest, RowsNotRecordedForOneReasonAreOneNote) {
+  Fake f;
+  f.eval = false;
+  const Advice a = plan_advice(f.measurer(), settings(-1, false));
+  const std::string note =
+      "not recorded (no eval here): \"eval step under no_grad\", \"eval step "
+      "under "
+      "inference_mode\"";
+  EXPECT_EQ(std::count(a.notes.begin(), a.notes.end(), note), 1);
+  for (const auto& n : a.notes)
+    EXPECT_EQ(n.find("eval step under no_grad: not"), std::string::npos);
 }
 
 TEST(AdvisePlanTest, OptimizerChoicesAreOneRuleForBothFronts) {

@@ -136,7 +136,7 @@ def llm_settings(model):
             notes.append(f"LoRA: the model has no {' and '.join(LORA_MODULES)} modules: "
                          f"no LoRA rows")
     notes.append("8-bit Adam: not a row (bitsandbytes needs CUDA)")
-    notes.append(f"settings ({', '.join(st.label for st in settings)}): each recorded on a "
+    notes.append(f"settings ({'; '.join(st.label for st in settings)}): each recorded on a "
                  f"copy of the model"
                  + ("" if all(p.is_meta for p in model.parameters())
                     else ", which costs a copy of its weights in memory"))

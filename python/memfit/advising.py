@@ -28,7 +28,7 @@ def _parameter_bytes(model):
 
 
 def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=None, batch_dim=0,
-           chain=None, allow_approximate=False, repeats=2, mode="cpu", progress=None,
+           chain=None, allow_approximate=False, repeats=1, mode="cpu", progress=None,
            settings="auto"):
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
@@ -278,7 +278,9 @@ def _does_not_fit(advice, plain, allow_approximate):
     if lowest.peak_bytes < low_peak:
         msg += (f"; allow_approximate=True reaches {fb(lowest.peak_bytes)} with {lowest.name}, "
                 f"changing the numbers")
-    elif not allow_approximate and any(not r.exact for r in measured):
+    elif not allow_approximate:
+        # Said whether or not approximate rows were recorded: without
+        # allow_approximate they are not (see the notes).
         settings = [r.name for r in measured if r.kind == "setting" and not r.exact]
         msg += ("; allow_approximate=True also tries bf16 autocast and lighter optimizers"
                 + (f" and the settings ({', '.join(settings)})" if settings else "")

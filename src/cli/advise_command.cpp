@@ -22,7 +22,7 @@ int advise_command(const std::vector<std::string>& argv) {
   o.budget = args.get_size("budget");
   o.optimizer =
       args.choice("optimizer", "adam", optimizer_names());
-  o.timing_repeats = static_cast<int>(args.get_int("repeats", 3));
+  o.timing_repeats = static_cast<int>(args.get_int("repeats", 1));
   if (o.timing_repeats < 0) throw UsageError("--repeats must be >= 0 (0: the plan's time estimated)");
   o.meta = args.choice("mode", "cpu", {"cpu", "meta"}) == "meta";
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));

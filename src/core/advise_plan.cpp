@@ -694,12 +694,17 @@ Advice Planner::run() {
     add_row(s_.optimizer + "'s state and step on the host (" + s_.offload_label + ")",
             StrategyKind::kOptimizer, v);
   }
-  if (s_.has_optimizer) {
+  if (s_.has_optimizer && s_.allow_approximate) {
     for (const auto& o : s_.other_optimizers) {
       StepVariant v;
       v.optimizer = o;
       add_row("optimizer " + o + " instead of " + s_.optimizer, StrategyKind::kOptimizer, v);
     }
+  } else if (s_.has_optimizer && !s_.other_optimizers.empty()) {
+    // As bf16: only allow_approximate lets the plan train with another
+    // optimizer, and each row is a whole recording (about 2.3 plain steps).
+    a_.notes.push_back("other optimizers: recorded with allow_approximate only (they change "
+                       "the training)");
   }
   setting_rows();
   for (StepKind k : {StepKind::kEvalNoGrad, StepKind::kEvalInference}) {

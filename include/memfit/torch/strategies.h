@@ -22,7 +22,9 @@ struct AdviseOptions {
   std::string optimizer = "adam";  // the user's: adam | momentum | sgd | none
   uint64_t seed = 0;
   double lr = 1e-3;
-  int timing_repeats = 3;  // timed steps of the plan and the plain step (median); 0: estimate
+  // Timed steps of the plan and of the plain step (median), after one
+  // untimed step; 0: estimated. One: timing is the costliest part of advise.
+  int timing_repeats = 1;
   // Rows recorded on the meta device where the step allows (nothing
   // computed; each saving against the plain step recorded there too). The
   // plain step and the plan are recorded on the CPU either way.

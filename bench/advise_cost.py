@@ -16,27 +16,10 @@ the medians are used.
 
 import argparse
 import os
-import statistics
-import subprocess
 import sys
-import time
 
-
-def wall(cmd, env=None):
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if out.returncode not in (0, 2):
-        sys.stderr.write(out.stderr)
-        raise SystemExit(f"failed ({out.returncode}): {' '.join(cmd)}")
-    return time.perf_counter() - t0, out.stdout
-
-
-def median_wall(cmd, runs, env=None):
-    times, last = [], ""
-    for _ in range(runs):
-        t, last = wall(cmd, env)
-        times.append(t)
-    return statistics.median(times), last
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import median_wall  # noqa: E402
 
 
 def main(argv=None):
@@ -63,7 +46,7 @@ def main(argv=None):
         ("cpu", [memfit, *advise, "--mode", "cpu"], None),
         ("meta", [sys.executable, "-m", "memfit", *advise, "--mode", "meta"], env),
     ):
-        t, out = median_wall(cmd, args.runs, e)
+        t, out = median_wall(cmd, args.runs, e, ok=(0, 2))
         plan = next((line for line in out.splitlines() if line.startswith("plan:")), "plan: ?")
         print(f"advise --mode {mode}: {t:.1f} s = {(t - startup) / step:.1f} plain steps; {plan}")
 

@@ -19,26 +19,10 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
-import time
 
-
-def wall(cmd):
-    t0 = time.perf_counter()
-    out = subprocess.run(cmd, capture_output=True, text=True)
-    if out.returncode != 0:
-        sys.stderr.write(out.stderr)
-        raise SystemExit(f"failed ({out.returncode}): {' '.join(cmd)}")
-    return time.perf_counter() - t0, out.stdout
-
-
-def median_wall(cmd, runs):
-    times, last = [], ""
-    for _ in range(runs):
-        t, last = wall(cmd)
-        times.append(t)
-    return statistics.median(times), last
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _timing import median_wall  # noqa: E402
 
 
 def main(argv=None):

@@ -106,7 +106,6 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     bench = Bench(model, inputs, target, loss_fn, optimizer, batch_dim, paths, max(1, repeats))
     user = kind_of(optimizer)
     on_meta = any(p.is_meta for p in model.parameters())
-    plain = {}
     benches = _SettingBenches(bench, proposed, paths)
     # On meta a cheap recording and a real one are the same: each once.
     recorded = {}
@@ -122,8 +121,6 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
         if meta and key in recorded:
             return recorded[key]
         report = benches.of(s).profile(s, batch, "meta" if meta else "cpu")
-        if s == Strategy() and batch == n and "report" not in plain:
-            plain["report"] = report
         out = report.native, report.timeline, meta
         if on_meta:
             recorded[key] = out
@@ -169,7 +166,7 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
         plan=plan, notes=list(native.notes), settings=proposed,
     )
     if limit is not None and not plan.found:
-        raise _does_not_fit(advice, plain["report"], allow_approximate)
+        raise _does_not_fit(advice)
     return advice
 
 
@@ -262,41 +259,9 @@ def _plan(p, limit):
                 micro_batch=p.micro_batch, time_measured=p.time_measured)
 
 
-def _does_not_fit(advice, plain, allow_approximate):
-    fb = _memfit.format_bytes
-    measured = [r for r in advice.rows if r.kind != "eval"]
-    allowed = [r for r in measured if r.exact or allow_approximate]
-    low = min(allowed, key=lambda r: r.peak_bytes)
-    low_peak, low_name = low.peak_bytes, low.name
-    closest = advice.plan  # the lowest the plan's search reached, micro-batches included
-    if 0 < closest.peak_bytes < low_peak:
-        low_peak, low_name = closest.peak_bytes, closest.summary
-    msg = (f"[advise] no strategy fits the budget of {fb(advice.budget_bytes)}: the smallest "
-           f"peak memfit reached is {fb(low_peak)}, with {low_name} (plain step: "
-           f"{fb(advice.plain_peak_bytes)})")
-    lowest = min(measured, key=lambda r: r.peak_bytes)
-    if lowest.peak_bytes < low_peak:
-        msg += (f"; allow_approximate=True reaches {fb(lowest.peak_bytes)} with {lowest.name}, "
-                f"changing the numbers")
-    elif not allow_approximate:
-        # Said whether or not approximate rows were recorded: without
-        # allow_approximate they are not (see the notes).
-        settings = [r.name for r in measured if r.kind == "setting" and not r.exact]
-        msg += ("; allow_approximate=True also tries bf16 autocast and lighter optimizers"
-                + (f" and the settings ({', '.join(settings)})" if settings else "")
-                + " combined with these, changing the numbers")
-    outside = max(p["peak_bytes"] for p in plain.phases
-                  if p["name"] not in ("forward", "loss", "backward"))
-    cats = plain.categories_at_peak
-    _, _, advice_text, fills, phase = _memfit.explain_oom(
-        "advise", "", plain.peak_phase, parameters=cats["parameter"] + cats["buffer"],
-        gradients=cats["gradient"], optimizer_state=cats["optimizer_state"],
-        batch=cats["input"], activations=cats["activation"], temporaries=cats["temporary"],
-        other=cats["other"], budget=advice.budget_bytes,
-        state_on_host=advice.optimizer.endswith("-offload"))
-    msg += (f". Whatever the batch, the plain step peaks at {fb(outside)} outside forward and "
-            f"backward (parameters, gradients, optimizer state). The plain step peaks in "
-            f"{phase}, with {fills}: {advice_text}")
-    err = DoesNotFit(msg)
+def _does_not_fit(advice):
+    """The core planner's line (See Note [How advise plans]), with the
+    advice attached."""
+    err = DoesNotFit("[advise] " + advice.native.does_not_fit)
     err.advice = advice
     return err

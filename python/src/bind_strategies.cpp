@@ -176,6 +176,7 @@ void init_strategies(py::module_& m) {
       .def_readonly("recordings", &Advice::recordings)
       .def_readonly("estimated_from", &Advice::estimated_from)
       .def_readwrite("notes", &Advice::notes)
+      .def_readonly("does_not_fit", &Advice::does_not_fit)
       .def("table", &Advice::table)
       .def("to_json", &Advice::to_json, py::arg("pretty") = true);
 
@@ -198,6 +199,7 @@ void init_strategies(py::module_& m) {
         s.lighter = std::move(lighter);
         s.chain = std::move(chain);
         s.allow_approximate = allow_approximate;
+        s.approximate_flag = "allow_approximate=True";  // as a Python user writes it
         s.settings = std::move(settings);
         if (!progress.is_none()) {
           s.progress = Progress([progress](const std::string& line) { progress(line); });

@@ -37,9 +37,7 @@ int advise_command(const std::vector<std::string>& argv) {
   std::cout << (args.has("json") ? a.to_json(true) + "\n" : a.table());
   if (a.plan.found) return 0;
   // Exit 2, as every out-of-memory ends, with its one line on stderr.
-  std::cerr << "memfit advise: nothing measured fits the budget of " << format_bytes(a.budget)
-            << "; the closest, " << a.plan.summary << ", peaks at "
-            << format_bytes(a.plan.peak_bytes) << "\n";
+  std::cerr << "memfit advise: " << a.does_not_fit << "\n";
   return 2;
 }
 

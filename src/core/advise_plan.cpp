@@ -239,6 +239,7 @@ class Planner {
   bool verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real = std::nullopt);
   void finish_plan();
   const AdviseSetting* setting_of(const StepVariant& v) const;
+  std::string does_not_fit_message(int64_t outside) const;
   // The blocks the planner may checkpoint under `v`: none when its setting
   // checkpoints the model itself.
   size_t chain_of(const StepVariant& v) const {
@@ -627,6 +628,50 @@ void Planner::finish_plan() {
   }
 }
 
+// The line a front raises when nothing meets the budget: the lowest peak
+// the user's terms reached (a row, or the plan's search with its
+// micro-batches), what allowing approximate strategies reaches or adds, and
+// what fills the plain step's peak whatever the batch.
+std::string Planner::does_not_fit_message(int64_t outside) const {
+  const AdviseRow* low = nullptr;     // the lowest row the plan may use
+  const AdviseRow* lowest = nullptr;  // the lowest row of all
+  std::vector<std::string> settings;  // approximate settings, by label
+  for (const auto& r : a_.rows) {
+    if (r.kind == StrategyKind::kEval) continue;
+    if (!lowest || r.peak_bytes < lowest->peak_bytes) lowest = &r;
+    if ((r.variant.exact() || s_.allow_approximate) && (!low || r.peak_bytes < low->peak_bytes))
+      low = &r;
+    if (r.kind == StrategyKind::kSetting && !r.variant.exact()) settings.push_back(r.name);
+  }
+  int64_t low_peak = low ? low->peak_bytes : a_.plain_peak;
+  std::string low_name = low ? low->name : "the plain step";
+  if (a_.plan.peak_bytes > 0 && a_.plan.peak_bytes < low_peak) {
+    low_peak = a_.plan.peak_bytes;
+    low_name = a_.plan.summary;
+  }
+  std::string m = "no strategy fits the budget of " + format_bytes(s_.budget) +
+                  ": the smallest peak memfit reached is " + format_bytes(low_peak) + ", with " +
+                  low_name + " (plain step: " + format_bytes(a_.plain_peak) + ")";
+  if (lowest && lowest->peak_bytes < low_peak) {
+    m += "; " + s_.approximate_flag + " reaches " + format_bytes(lowest->peak_bytes) + " with " +
+         lowest->name + ", changing the numbers";
+  } else if (!s_.allow_approximate) {
+    std::string listed;
+    for (const auto& n : settings) listed += (listed.empty() ? "" : ", ") + n;
+    m += "; " + s_.approximate_flag + " also tries bf16 autocast and lighter optimizers" +
+         (listed.empty() ? "" : " and the settings (" + listed + ")") +
+         " combined with these, changing the numbers";
+  }
+  const bool state_on_host =
+      s_.optimizer.size() >= 8 && s_.optimizer.compare(s_.optimizer.size() - 8, 8, "-offload") == 0;
+  const OomPhase phase = oom_phase_of(plain_.report.peak_phase);
+  const OomDiagnosis d = diagnose_oom(phase, oom_memory_of(plain_.report.categories_at_peak),
+                                      s_.budget, state_on_host);
+  return m + ". Whatever the batch, the plain step peaks at " + format_bytes(outside) +
+         " outside forward and backward (parameters, gradients, optimizer state). The plain "
+         "step peaks in " + to_string(phase) + ", with " + d.what_fills + ": " + d.advice;
+}
+
 Advice Planner::run() {
   a_.batch = s_.batch;
   a_.budget = s_.budget;
@@ -769,6 +814,7 @@ Advice Planner::run() {
                        false);
       a_.notes.push_back(std::string("the plain step peaks in ") + to_string(phase) + ", with " +
                          d.what_fills + ": " + d.advice);
+      a_.does_not_fit = does_not_fit_message(outside);
     }
   } else {
     a_.plan.summary = "the plain step";

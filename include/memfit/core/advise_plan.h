@@ -130,6 +130,9 @@ struct AdviseSettings {
   std::vector<std::string> chain;             // block paths; empty: no chain
   std::vector<AdviseSetting> settings;        // the front's, in the order it prefers them
   bool allow_approximate = false;
+  // How the front's user allows approximate strategies, as its messages say
+  // it: "--allow-approximate" (the CLI), "allow_approximate=True" (Python).
+  std::string approximate_flag = "--allow-approximate";
   Progress progress;
 };
 
@@ -183,6 +186,10 @@ struct Advice {
   int recordings = 0;         // real-device recordings the plan ran
   std::string estimated_from;  // "": "~" times come from the recorded times
   std::vector<std::string> notes;
+  // With a budget that nothing meets: the one line a front raises (without
+  // its "[advise]"), the closest peak reached and how, what allowing
+  // approximate strategies adds, and what fills the plain step's peak.
+  std::string does_not_fit;
 
   std::string table() const;
   // Keys: model, batch, budget_bytes, reserve_bytes, optimizer,

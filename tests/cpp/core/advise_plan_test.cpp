@@ -135,6 +135,34 @@ TEST(AdvisePlanTest, AnApproximateSettingIsPlannedOnlyWithAllowApproximate) {
   }
 }
 
+TEST(AdvisePlanTest, NothingFitsIsOneLineForEitherFront) {
+  // 150 bytes: no exact strategy meets it (Adam keeps 400 outside forward
+  // and backward); the LoRA row (140) would, changing the training.
+  Fake strict;
+  const Advice no = plan_advice(strict.measurer(), settings(150, false));
+  ASSERT_FALSE(no.plan.found);
+  const std::string& m = no.does_not_fit;
+  EXPECT_EQ(m.rfind("no strategy fits the budget of 150 B: the smallest peak memfit reached is ",
+                    0),
+            0u)
+      << m;
+  EXPECT_NE(m.find("--allow-approximate reaches 140 B with LoRA r=16, changing the numbers"),
+            std::string::npos)
+      << m;
+  EXPECT_NE(m.find("the plain step peaks at 400 B outside forward and backward"),
+            std::string::npos)
+      << m;
+  EXPECT_EQ(m.find('\n'), std::string::npos);
+  // The front names its own flag; a plan found has no such line.
+  AdviseSettings py = settings(150, false);
+  py.approximate_flag = "allow_approximate=True";
+  Fake again;
+  EXPECT_NE(plan_advice(again.measurer(), py).does_not_fit.find("allow_approximate=True reaches"),
+            std::string::npos);
+  Fake loose;
+  EXPECT_TRUE(plan_advice(loose.measurer(), settings(150, true)).does_not_fit.empty());
+}
+
 TEST(AdvisePlanTest, SettingsAreSearchedWithHalvingMicroBatches) {
   // 110 bytes: LoRA at 2 samples (60 + 40), accumulating.
   Fake f;

@@ -272,8 +272,10 @@ class Report:
         deals whole parameters as torch's ZeroRedundancyOptimizer does, and
         the fullest rank is predicted. Returns one RankPeak per sharding
         (sharding, peak_bytes, phase, iteration, formula); table() and
-        to_json() show them from then on. The options are
-        memfit.data_parallel.rank_peaks's."""
+        to_json() show them from then on. sharding="fsdp2", with model=
+        (and units=, mixed_precision=, cpu_offload=), plans torch's
+        fully_shard instead: one row, its host_bytes the host's share. The
+        options are memfit.data_parallel.rank_peaks's."""
         return _dp.rank_peaks(self._native, self.timeline, self._trainable_sizes,
                               self._largest_unit_bytes, world_size, **options)
 

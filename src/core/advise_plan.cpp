@@ -592,8 +592,12 @@ void Planner::finish_plan() {
   p.found = accepted_.has_value();
   p.verified = p.found && accepted_verified_;
   if (p.found && !p.verified) {
+    // Unverified and compared in allocated bytes: what a real card reserves
+    // can be more (the 8B example: 22.30 GiB allocated, 24.15 reserved).
     a_.notes.push_back("the plan is unverified: it was recorded on the meta device only (the "
-                       "model's weights are there), so no real step measured it");
+                       "model's weights are there), so no real step measured it; its peak is "
+                       "allocated bytes, and a CUDA card's caching allocator reserves more (a "
+                       "profile for a CUDA target estimates it): leave headroom");
   }
   p.variant = t->variant;
   p.micro_batch = t->micro_batch;

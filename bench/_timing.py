@@ -1,6 +1,9 @@
 """Timing helpers the overhead benchmarks share (the leading underscore keeps
 bench/run_all.py from running it)."""
 
+import statistics
+import subprocess
+import sys
 import time
 
 
@@ -15,9 +18,6 @@ def timed(fn, n):
 def wall(cmd, env=None, ok=(0,)):
     """Seconds and stdout of one run of the command `cmd` (a list); exits
     with its stderr when its status is not in `ok`."""
-    import subprocess
-    import sys
-
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if out.returncode not in ok:
@@ -29,8 +29,6 @@ def wall(cmd, env=None, ok=(0,)):
 def median_wall(cmd, runs, env=None, ok=(0,)):
     """Median seconds of `runs` runs of `cmd`, and the last run's stdout:
     these machines are noisy."""
-    import statistics
-
     times, last = [], ""
     for _ in range(runs):
         t, last = wall(cmd, env, ok)

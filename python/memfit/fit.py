@@ -122,17 +122,11 @@ def search(report, available, margin=0, verify=True, max_batch=None, progress=No
     raises DoesNotFit when even batch 1 does not fit."""
     kwargs = {} if max_batch is None else {"max_batch": count(max_batch, "search", "max_batch")}
 
-    def measure(batch):
-        # The report's own batch is recorded already: a probe there is free.
-        if batch == report.batch:
-            return report.native, report.timeline
-        return report.measure_step(batch)
-
     # Probes end at the example batch when it fits and is large enough to
     # start from: small batches cost their fixed overhead for little.
     if report.batch >= 16 and report.peak_bytes <= available - margin:
         kwargs["first"] = [report.batch // 4, report.batch // 2, report.batch]
-    return _memfit.search_batch(measure, available, margin, verify=bool(verify),
+    return _memfit.search_batch(report.measure_step, available, margin, verify=bool(verify),
                                 host_limit=_memfit.probe_memory_limit(report.mode),
                                 progress=as_progress(progress, "search").relay(), **kwargs)
 

@@ -19,7 +19,7 @@ from .training_step import (OPTIMIZERS, call_model, check_loss_trains, check_opt
                             compute_loss, optimizer_name)
 
 # cuBLAS workspace on most GPUs (8 MiB + 128 KiB); 32 MiB on Hopper.
-DEFAULT_CUDA_WORKSPACE = (8 << 20) + (128 << 10)
+DEFAULT_CUDA_WORKSPACE = _memfit.DEFAULT_CUDA_WORKSPACE
 
 
 # Note [A rehearsal inside the user's autocast]
@@ -178,6 +178,9 @@ class Report:
     categories_at_peak = property(lambda self: self._native.categories_at_peak)
     modules = property(lambda self: self._native.modules)
     notes = property(lambda self: self._native.notes)
+    # target_device="cuda": the caching allocator's view (peak_allocated,
+    # peak_reserved, workspace_bytes); else None.
+    cuda = property(lambda self: self._native.cuda)
 
     @property
     def phases(self):

@@ -5,7 +5,6 @@
 #include <utility>
 
 #include "bindings.h"
-#include "memfit/core/allocator_model.h"
 #include "memfit/core/html_report.h"
 #include "memfit/core/peak_model.h"
 #include "memfit/core/report.h"
@@ -31,6 +30,10 @@ void init_report(py::module_& m) {
                ", peak_bytes=" + std::to_string(r.peak_bytes) + ")";
       });
 
+  py::class_<CudaEstimate>(m, "CudaEstimate")
+      .def_readonly("peak_allocated", &CudaEstimate::peak_allocated)
+      .def_readonly("peak_reserved", &CudaEstimate::peak_reserved)
+      .def_readonly("workspace_bytes", &CudaEstimate::workspace_bytes);
   py::class_<Report>(m, "Report")
       .def_readonly("model", &Report::model)
       .def_readonly("batch", &Report::batch)
@@ -63,12 +66,14 @@ void init_report(py::module_& m) {
         return l;
       })
       .def_readwrite("notes", &Report::notes)
+      .def_readonly("cuda", &Report::cuda)
       .def("table", &Report::table, py::arg("max_modules") = 10)
       .def("to_json", &Report::to_json, py::arg("pretty") = true)
       .def("set_cuda_estimate", [](Report& r, const Timeline& t, int64_t workspace) {
-        CudaReplay c = replay_cuda(t, std::nullopt, workspace);
-        r.cuda = CudaEstimate{c.peak_allocated + workspace, c.peak_reserved, workspace};
-      }, py::arg("timeline"), py::arg("workspace_bytes"));
+        r.cuda = estimate_cuda(t, workspace);
+      }, py::arg("timeline"), py::arg("workspace_bytes") = kDefaultCudaWorkspaceBytes)
+      .def("budget_peak", &Report::budget_peak);
+  m.attr("DEFAULT_CUDA_WORKSPACE") = kDefaultCudaWorkspaceBytes;
 
   m.def("make_report", [](const Timeline& t, const std::string& model,
                           int64_t batch, const std::string& optimizer,

@@ -7,7 +7,6 @@
 
 #include "args.h"
 #include "commands.h"
-#include "memfit/core/allocator_model.h"
 #include "memfit/core/html_report.h"
 #include "memfit/core/json_writer.h"
 #include "memfit/core/stacked_plot.h"
@@ -20,10 +19,6 @@
 
 namespace memfit::cli {
 namespace {
-
-// cuBLAS workspace on most GPUs (8 MiB + 128 KiB per handle); Hopper uses
-// 32 MiB. Both go through the caching allocator.
-constexpr int64_t kDefaultCudaWorkspace = (8 << 20) + (128 << 10);
 
 std::vector<int64_t> parse_probes(const std::string& text) {
   std::vector<int64_t> out;
@@ -192,12 +187,10 @@ int profile_command(const std::vector<std::string>& argv) {
   if (target == "cuda") {
     const int64_t workspace = args.has("cuda-workspace")
                                   ? args.get_size("cuda-workspace")
-                                  : kDefaultCudaWorkspace;
+                                  : kDefaultCudaWorkspaceBytes;
     o.progress.step("replay " + std::to_string(p.timeline.events().size()) +
                     " allocations and frees through the CUDA caching allocator");
-    CudaReplay replay = replay_cuda(p.timeline, std::nullopt, workspace);
-    p.report.cuda = CudaEstimate{replay.peak_allocated + workspace, replay.peak_reserved,
-                                 workspace};
+    p.report.cuda = estimate_cuda(p.timeline, workspace);
   }
   if (args.has("world-size")) {
     const int64_t world = args.get_int("world-size", 2);

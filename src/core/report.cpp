@@ -6,6 +6,7 @@
 #include <sstream>
 #include <stdexcept>
 
+#include "memfit/core/allocator_model.h"
 #include "memfit/core/json_writer.h"
 #include "memfit/core/text_table.h"
 #include "memfit/core/units.h"
@@ -293,6 +294,11 @@ std::string Report::to_json(bool pretty) const {
   }
   w.end_object();
   return w.str();
+}
+
+CudaEstimate estimate_cuda(const Timeline& timeline, int64_t workspace_bytes) {
+  const CudaReplay c = replay_cuda(timeline, std::nullopt, workspace_bytes);
+  return CudaEstimate{c.peak_allocated + workspace_bytes, c.peak_reserved, workspace_bytes};
 }
 
 }  // namespace memfit

@@ -3,6 +3,7 @@
 // Timeline recorded with the phase names of memfit's training step.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <optional>
@@ -68,6 +69,14 @@ struct CudaEstimate {
   int64_t workspace_bytes = 0; // fixed per-device extra counted in reserved
 };
 
+// cuBLAS workspace on most GPUs (8 MiB + 128 KiB); 32 MiB on Hopper.
+constexpr int64_t kDefaultCudaWorkspaceBytes = (8 << 20) + (128 << 10);
+
+// The caching allocator replayed on the step's events, with a fixed
+// `workspace_bytes` per device (Note [Caching allocator rules], allocator_model.cpp).
+CudaEstimate estimate_cuda(const Timeline& timeline,
+                           int64_t workspace_bytes = kDefaultCudaWorkspaceBytes);
+
 // The same step on each of world_size ranks (Note [One rank's memory under
 // data parallelism], data_parallel.cpp).
 struct DataParallelEstimate {
@@ -95,6 +104,12 @@ struct Report {
   // The table people read: phases, then categories at the peak, then the
   // largest modules.
   std::string table(size_t max_modules = 10) const;
+  // The peak a memory budget is held against: on a CUDA target (cuda
+  // estimated) the caching allocator's reserved bytes, which a card must
+  // hold and which exceed the allocated bytes; else the recorded peak.
+  int64_t budget_peak() const {
+    return cuda ? std::max(peak_bytes, cuda->peak_reserved) : peak_bytes;
+  }
   // Top-level keys: model, batch, optimizer, mode, peak_bytes, phases,
   // categories_at_peak, modules (and cuda, data_parallel when estimated).
   std::string to_json(bool pretty = true) const;

@@ -17,12 +17,13 @@ them, AdamW. --quick: 2 layers, hidden 512, vocab 8000, 512 tokens, a
 budget of 128 MiB: seconds.
 
 Not rows: autocast (torch.autocast has no meta dispatch), 8-bit Adam
-(bitsandbytes needs CUDA). Peaks are allocated bytes; a CUDA caching
-allocator reserves somewhat more (memfit.profile(target_device="cuda")
-estimates it)."""
+(bitsandbytes needs CUDA). The budget is a card's: advise records each
+step for a CUDA target and holds the budget against the caching
+allocator's reserved bytes (--target cpu: allocated bytes, as before). The
+last line profiles the plan's step again for a CUDA target, a check of
+the plan's peak."""
 
 import argparse
-import json
 import sys
 import time
 
@@ -40,6 +41,8 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=4, help="samples per optimizer step")
     ap.add_argument("--progress", action="store_true", help="a line per recording on stderr")
+    ap.add_argument("--target", choices=("cuda", "cpu"), default="cuda",
+                    help="the device the budget is for (cuda: reserved bytes)")
     a = ap.parse_args(argv)
     try:
         import transformers
@@ -69,7 +72,8 @@ def main(argv=None):
         advice = memfit.advise(
             model, {"input_ids": ids, "labels": ids}, loss_fn=lambda out: out.loss,
             optimizer=torch.optim.AdamW(model.parameters()), budget=a.budget, mode="meta",
-            allow_approximate=True, progress=True if a.progress else None)
+            allow_approximate=True, progress=True if a.progress else None,
+            target_device=a.target)
     except memfit.DoesNotFit as e:
         advice = e.advice
         print(str(e))
@@ -95,7 +99,7 @@ def reserved_line(advice, model, ids):
     with checkpointed([m.get_submodule(paths[i]) for i in p.strategy.checkpoint]):
         r = memfit.profile(m, x, loss_fn=lambda out: out.loss, optimizer=opt, mode="meta",
                            target_device="cuda", set_to_none=not p.strategy.zero_grad_in_place)
-    reserved = json.loads(r.to_json(pretty=False))["cuda"]["peak_reserved_bytes"]
+    reserved = r.cuda.peak_reserved
     fb = memfit.format_bytes
     return (f"the plan's step profiled for a CUDA target (target_device='cuda', its optimizer "
             f"as torch runs it there): "

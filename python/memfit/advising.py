@@ -29,7 +29,7 @@ def _parameter_bytes(model):
 
 def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=None, batch_dim=0,
            chain=None, allow_approximate=False, repeats=1, mode="cpu", progress=None,
-           settings="auto"):
+           settings="auto", target_device=None):
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
 
@@ -79,7 +79,16 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     state on the host; then the exact settings; then, with
     allow_approximate, the other settings, bf16 and lighter optimizers,
     with every block checkpointed. plan.micro_batch (0: whole) is what to
-    give memfit.Trainer(micro_batch=...). progress: None, True (a line on
+    give memfit.Trainer(micro_batch=...).
+
+    target_device: the device the budget is for, "cpu" or "cuda"; None:
+    "cuda" when the model's parameters are on a CUDA device, else "cpu".
+    For "cuda" each step is recorded as for a CUDA card (the optimizer as
+    torch runs it there) and the budget is held against the caching
+    allocator's reserved bytes replayed on it (they exceed the allocated
+    bytes: cached segments that do not fit a later tensor); the table and
+    every peak say so (advice.cuda_reserved). Plan a card from a meta model
+    with target_device="cuda". progress: None, True (a line on
     stderr per recording) or a callable given each line.
     Returns an Advice: rows, plan, chain_plans, table(), to_json(),
     apply(model). Raises memfit.DoesNotFit (a ValueError) when the budget is
@@ -90,6 +99,11 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     if mode not in ("cpu", "meta"):
         raise ValueError(f"[advise] mode must be 'cpu' or 'meta', got {mode!r}")
     check_optimizer(model, optimizer, "advise")
+    if target_device is None:
+        target_device = "cuda" if cuda_devices(model) else "cpu"
+    if target_device not in ("cpu", "cuda"):
+        raise ValueError(f"[advise] target_device must be 'cpu' or 'cuda' (the card the budget "
+                         f"is for), got {target_device!r}")
     n = batch_size(inputs, batch_dim, "advise")
     limit = None if budget is None else to_bytes(budget, "advise")
     param_bytes = _parameter_bytes(model)
@@ -103,7 +117,8 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
         )
     found_chain = resolve_chain(model, chain)
     paths = found_chain.block_paths if found_chain else []
-    bench = Bench(model, inputs, target, loss_fn, optimizer, batch_dim, paths, max(1, repeats))
+    bench = Bench(model, inputs, target, loss_fn, optimizer, batch_dim, paths, max(1, repeats),
+                  target_device)
     user = kind_of(optimizer)
     on_meta = any(p.is_meta for p in model.parameters())
     benches = _SettingBenches(bench, proposed, paths)
@@ -161,6 +176,7 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     advice = Advice(
         native=native, model=native.model, batch=n, budget_bytes=limit, optimizer=user,
         parameter_bytes=param_bytes, plain_peak_bytes=native.plain_peak,
+        cuda_reserved=native.cuda_reserved,
         plain_step_ms=native.plain_step_ms, chain=found_chain, segments=list(native.segments),
         chain_memory=native.chain_memory, chain_plans=list(native.chain_plans), rows=rows,
         plan=plan, notes=list(native.notes), settings=proposed,
@@ -209,7 +225,7 @@ class _SettingBenches:
                    else user_optimizer_on(m, b.optimizer))
             paths = [f"{prefix}.{p}" if prefix else p for p in self.paths]
             self.made[s.setting] = Bench(m, b.inputs, b.target, b.loss_fn, opt, b.batch_dim,
-                                         paths, b.repeats)
+                                         paths, b.repeats, b.target_device)
         return self.made[s.setting]
 
 

@@ -166,6 +166,7 @@ void init_strategies(py::module_& m) {
       .def_readonly("budget", &Advice::budget)
       .def_readonly("optimizer", &Advice::optimizer)
       .def_readonly("plain_peak", &Advice::plain_peak)
+      .def_readonly("cuda_reserved", &Advice::cuda_reserved)
       .def_readonly("plain_step_ms", &Advice::plain_step_ms)
       .def_readonly("rows", &Advice::rows)
       .def_readonly("chain_batch", &Advice::chain_batch)

@@ -285,9 +285,11 @@ def test_table_and_json_carry_the_rows_and_the_plan(mlp_case):
     assert "plan: checkpoint blocks" in text and "same result" in text
     doc = json.loads(advice.to_json())
     assert set(doc) == {
-        "model", "batch", "budget_bytes", "optimizer", "parameter_bytes", "plain_peak_bytes",
-        "plain_step_ms", "chain", "strategies", "checkpoint_rules", "plan", "notes",
+        "model", "batch", "budget_bytes", "optimizer", "parameter_bytes", "peaks",
+        "plain_peak_bytes", "plain_step_ms", "chain", "strategies", "checkpoint_rules", "plan",
+        "notes",
     }
+    assert doc["peaks"] == "allocated"  # a CPU model is planned for the CPU
     assert doc["budget_bytes"] == mlp_case["budget"]
     assert [s["name"] for s in doc["strategies"]] == [r.name for r in advice.rows]
     assert doc["plan"]["strategy"]["checkpoint"] == list(advice.plan.strategy.checkpoint)

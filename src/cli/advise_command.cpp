@@ -14,7 +14,7 @@ namespace memfit::cli {
 int advise_command(const std::vector<std::string>& argv) {
   Args args(argv,
             {"model", "batch", "budget", "optimizer", "repeats", "seed", "mode",
-             "layers", "width", "heads", "context"},
+             "layers", "width", "heads", "context", "target", "cuda-workspace"},
             {"json", "allow-approximate", "progress", "quiet"});
   const std::string name = args.require("model");
   AdviseOptions o;
@@ -27,6 +27,8 @@ int advise_command(const std::vector<std::string>& argv) {
   o.meta = args.choice("mode", "cpu", {"cpu", "meta"}) == "meta";
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
   o.allow_approximate = args.has("allow-approximate");
+  o.cuda_target = args.choice("target", "cpu", {"cpu", "cuda"}) == "cuda";
+  if (args.has("cuda-workspace")) o.cuda_workspace = args.get_size("cuda-workspace");
   auto model = make_model(name, model_options(args));
   // What it records, as it goes, on stderr: on a terminal, or asked for.
   Progress progress;

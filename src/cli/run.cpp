@@ -56,9 +56,12 @@ commands:
             memfit advise --model NAME --batch B --budget SIZE
                           [--optimizer ...] [--allow-approximate]
                           [--mode cpu|meta] [--repeats K] [--json]
+                          [--target cpu|cuda [--cuda-workspace SIZE]]
                           [--progress | --quiet]
             --mode meta: rows recorded on the meta device (no compute);
             --repeats 0: the plan's time estimated, not timed
+            --target cuda: the budget is a card's: held against the CUDA
+            caching allocator's reserved bytes, replayed on each step
 
 profile, fit and train say each long step (a probe, a verification, a
 recorded phase) on stderr as it starts, when stderr is a terminal or with

@@ -67,6 +67,10 @@ std::string Advice::table() const {
       << (reserve_bytes > 0 ? "; " + format_bytes(reserve_bytes) + " kept for the batch's data"
                             : std::string())
       << "\n";
+  if (cuda_reserved) {
+    out << "peaks: the CUDA caching allocator's reserved bytes (replayed on each recorded "
+           "step; the budget is held against them)\n";
+  }
   out << "chain: " << (chain_description.empty() ? "none" : chain_description) << "\n\n";
   bool any_meta = false;
   bool any_estimate = false;
@@ -99,7 +103,9 @@ std::string Advice::table() const {
       if (c.rule == "every layer") every = &c;
     }
     out << "\ncheckpointing rules on the chain at batch " << chain_batch
-        << " (predicted; recompute as a share of checkpointing every block's)\n";
+        << (cuda_reserved ? " (predicted allocated bytes, not reserved; recompute as a share "
+                            "of checkpointing every block's)\n"
+                          : " (predicted; recompute as a share of checkpointing every block's)\n");
     TextTable c({"rule", "blocks", "predicted peak", "recompute", "fits"},
                 {Align::kLeft, Align::kLeft, Align::kRight, Align::kRight, Align::kLeft});
     for (const auto& p : chain_plans) {
@@ -135,6 +141,7 @@ std::string Advice::to_json(bool pretty) const {
   }
   w.member("optimizer", optimizer)
       .member("parameter_bytes", parameter_bytes)
+      .member("peaks", cuda_reserved ? "cuda_reserved" : "allocated")
       .member("plain_peak_bytes", plain_peak)
       .member("plain_step_ms", plain_step_ms);
   w.key("chain");

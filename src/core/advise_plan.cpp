@@ -300,9 +300,9 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
   row.name = std::move(name);
   row.kind = kind;
   row.variant = v;
-  row.peak_bytes = r.report.peak_bytes;
+  row.peak_bytes = r.report.budget_peak();
   row.meta = r.meta;
-  row.saving_bytes = plain_like(r.meta).report.peak_bytes - row.peak_bytes;
+  row.saving_bytes = plain_like(r.meta).report.budget_peak() - row.peak_bytes;
   row.fits = has_budget_ && row.peak_bytes <= limit_;
   if (v.step == StepKind::kTrain && !v.autocast_bf16 && v.checkpointed() == 0)
     floors_.push_back({floor_key(v), batch_free_floor(r.report)});
@@ -337,7 +337,7 @@ void Planner::checkpoint_rows() {
   a_.chain_batch = s_.batch;
   add_row("checkpoint every block (" + std::to_string(n_) + " of " + std::to_string(n_) + ")",
           StrategyKind::kCheckpointing, every, *every_cheap_);
-  const int64_t every_peak = every_cheap_->report.peak_bytes;
+  const int64_t every_peak = every_cheap_->report.budget_peak();
   const ChainPlan sq = chain_plan_sqrt(a_.segments, a_.chain_memory, limit_);
   if (sq.count() > 0 && sq.count() < static_cast<int>(n_)) {
     StepVariant v;
@@ -386,7 +386,7 @@ std::vector<Planner::Choice> Planner::fitting_choices(
   StepVariant every_v = base;
   every_v.checkpoint.assign(n_, true);
   std::vector<Choice> fitting;
-  if (every.report.peak_bytes <= limit_)
+  if (every.report.budget_peak() <= limit_)
     fitting.push_back({chain_recompute_ns(segs, every_v.checkpoint), every_v, every});
   std::vector<std::vector<bool>> tried = {every_v.checkpoint};
   int64_t aim = limit_;
@@ -400,7 +400,7 @@ std::vector<Planner::Choice> Planner::fitting_choices(
     tried.push_back(cp.checkpointed);
     RecordedStep r = record(v, c, true);
     if (!r.unavailable.empty()) break;
-    const int64_t peak = r.report.peak_bytes;
+    const int64_t peak = r.report.budget_peak();
     if (peak <= limit_) fitting.push_back({cp.recompute_ns, v, std::move(r)});
     aim += limit_ - peak;
   }
@@ -499,7 +499,7 @@ bool Planner::search_settings(bool exact) {
 bool Planner::verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real) {
   RecordedStep r = real ? std::move(*real) : record(v, c, false);
   if (!r.unavailable.empty()) return false;
-  const int64_t peak = r.report.peak_bytes;
+  const int64_t peak = r.report.budget_peak();
   const int64_t mb = c < s_.batch ? c : 0;
   if (peak <= limit_) {
     accepted_ = Tried{v, mb, peak};
@@ -522,18 +522,20 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   } else if (!every_only || chain_of(base) == 0) {
     plain_c = record(base, c, true);
     if (!plain_c->unavailable.empty()) return false;
-    if (plain_c->report.peak_bytes <= limit_ &&
-        verify(base, c, plain_c->meta ? std::nullopt : plain_c))
-      return true;
+    const int64_t peak = plain_c->report.budget_peak();
+    if (peak <= limit_ && verify(base, c, plain_c->meta ? std::nullopt : plain_c)) return true;
+    // Over the budget: still the closest the plan came, if it is.
+    if (peak > limit_ && (!closest_ || peak < closest_->peak))
+      closest_ = Tried{base, c < s_.batch ? c : 0, peak};
   }
   if (chain_of(base) == 0) return false;
   StepVariant every = base;
   every.checkpoint.assign(n_, true);
   const RecordedStep every_c = users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
   if (!every_c.unavailable.empty()) return false;
-  if (every_c.report.peak_bytes > limit_) {
-    if (!closest_ || every_c.report.peak_bytes < closest_->peak)
-      closest_ = Tried{every, c < s_.batch ? c : 0, every_c.report.peak_bytes};
+  if (every_c.report.budget_peak() > limit_) {
+    if (!closest_ || every_c.report.budget_peak() < closest_->peak)
+      closest_ = Tried{every, c < s_.batch ? c : 0, every_c.report.budget_peak()};
     return false;
   }
   if (every_only) return verify(every, c, every_c.meta ? std::nullopt : std::optional(every_c));
@@ -579,9 +581,9 @@ bool Planner::search(StepVariant base, bool every_only) {
 
 void Planner::finish_plan() {
   AdvisePlan& p = a_.plan;
-  if (!accepted_ && !closest_) {
-    // Every search was ruled out before recording: the closest is the
-    // lowest row the plan may use.
+  if (!accepted_) {
+    // A search ruled out before recording (its floor is over) never came
+    // close: the closest is also the lowest row the plan may use.
     for (const auto& r : a_.rows) {
       if (r.kind == StrategyKind::kEval || !(r.variant.exact() || s_.allow_approximate)) continue;
       if (!closest_ || r.peak_bytes < closest_->peak) closest_ = Tried{r.variant, 0, r.peak_bytes};
@@ -592,12 +594,16 @@ void Planner::finish_plan() {
   p.found = accepted_.has_value();
   p.verified = p.found && accepted_verified_;
   if (p.found && !p.verified) {
-    // Unverified and compared in allocated bytes: what a real card reserves
-    // can be more (the 8B example: 22.30 GiB allocated, 24.15 reserved).
-    a_.notes.push_back("the plan is unverified: it was recorded on the meta device only (the "
-                       "model's weights are there), so no real step measured it; its peak is "
-                       "allocated bytes, and a CUDA card's caching allocator reserves more (a "
-                       "profile for a CUDA target estimates it): leave headroom");
+    // Allocated bytes understate a card: its caching allocator reserves
+    // more (the 8B example: 22.30 GiB allocated, 24.15 reserved).
+    a_.notes.push_back(
+        std::string("the plan is unverified: it was recorded on the meta device only (the "
+                    "model's weights are there), so no real step measured it; ") +
+        (a_.cuda_reserved
+             ? "its peak is the CUDA caching allocator's reserved bytes, replayed on the "
+               "recorded step (the CUDA context and other processes are not in it)"
+             : "its peak is allocated bytes, and a CUDA card's caching allocator reserves "
+               "more: advise for a CUDA target compares the reserved bytes"));
   }
   p.variant = t->variant;
   p.micro_batch = t->micro_batch;
@@ -694,7 +700,18 @@ Advice Planner::run() {
     plain_ = std::move(first);
     plain_cheap_ = plain_;
   }
-  a_.plain_peak = plain_.report.peak_bytes;
+  a_.plain_peak = plain_.report.budget_peak();
+  a_.cuda_reserved = plain_.report.cuda.has_value();
+  if (a_.cuda_reserved && has_budget_ && plain_.report.peak_bytes <= limit_ &&
+      a_.plain_peak > limit_) {
+    // Only the allocator's cached segments are over: a setting of the card.
+    a_.notes.push_back(
+        "the plain step fits in allocated bytes (" + format_bytes(plain_.report.peak_bytes) +
+        ") but the caching allocator reserves " + format_bytes(a_.plain_peak) +
+        " for it: PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True grows segments instead "
+        "of caching rounded ones, and reserves closer to the allocated bytes (memfit does "
+        "not model it)");
+  }
   floors_.push_back({floor_key(StepVariant{}), batch_free_floor(plain_.report)});
   // A meta recording's clock times the dispatch, not the work: no time is
   // estimated from it (the rows say "-").

@@ -200,6 +200,7 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
     // Autocast does nothing on meta: a bf16 step is recorded on the CPU.
     p.mode = cheap && o.meta && !v.autocast_bf16 ? "meta" : "cpu";
     Profile prof = profile_model(model, p);
+    if (o.cuda_target) prof.report.cuda = estimate_cuda(prof.timeline, o.cuda_workspace);
     return RecordedStep{prof.report, std::move(prof.timeline), prof.report.mode == "meta"};
   };
   if (o.timing_repeats > 0) {

@@ -176,6 +176,10 @@ struct Advice {
   std::string optimizer;
   int64_t parameter_bytes = 0;
   int64_t plain_peak = 0;     // the plain step, recorded on a real device
+  // Every peak here is the CUDA caching allocator's reserved bytes, replayed
+  // on the recorded step (the front records for a CUDA target: Report's
+  // budget_peak); false: allocated bytes.
+  bool cuda_reserved = false;
   double plain_step_ms = 0;   // its recorded time
   std::vector<AdviseRow> rows;
   int64_t chain_batch = 0;    // the batch the chain below was measured at
@@ -193,7 +197,8 @@ struct Advice {
 
   std::string table() const;
   // Keys: model, batch, budget_bytes, reserve_bytes, optimizer,
-  // parameter_bytes, plain_peak_bytes, plain_step_ms, chain, strategies,
+  // parameter_bytes, peaks ("allocated" or "cuda_reserved"),
+  // plain_peak_bytes, plain_step_ms, chain, strategies,
   // checkpoint_rules, plan, notes (and time_estimated_from where a front
   // estimated times from FLOPs).
   std::string to_json(bool pretty = true) const;

@@ -34,6 +34,11 @@ struct AdviseOptions {
   // a lighter optimizer, which change the numbers (and, for the optimizer,
   // the training).
   bool allow_approximate = false;
+  // The card the budget is for: each recorded step gets the CUDA caching
+  // allocator's estimate, and the budget is held against its reserved bytes
+  // (Report::budget_peak) instead of the allocated ones.
+  bool cuda_target = false;
+  int64_t cuda_workspace = kDefaultCudaWorkspaceBytes;
 };
 
 // Records every strategy at `batch` and plans for `budget`. The model is

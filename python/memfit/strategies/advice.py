@@ -75,7 +75,9 @@ class Advice:
 
     model (class name), batch, budget_bytes (None: no budget), optimizer
     (the user's: adam, momentum, sgd, none or a class name),
-    parameter_bytes, plain_peak_bytes, plain_step_ms; chain (a Chain:
+    parameter_bytes, plain_peak_bytes, plain_step_ms; cuda_reserved
+    (True: every peak is the CUDA caching allocator's reserved bytes, for
+    target_device="cuda"; False: allocated bytes); chain (a Chain:
     path, block_paths, found; None without one); rows (Row: name, kind,
     strategy, peak_bytes, saving_bytes, time_ratio, fits, exact,
     recompute_ns, predicted_peak_bytes); segments and chain_memory (what

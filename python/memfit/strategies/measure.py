@@ -32,8 +32,9 @@ class Bench:
     (see Note [A rehearsed step leaves no trace])."""
 
     def __init__(self, model, inputs, target, loss_fn, optimizer, batch_dim, block_paths,
-                 repeats):
+                 repeats, target_device="cpu"):
         self.model = model
+        self.target_device = target_device
         # memfit's own copy: the timed steps may write into it (x.mul_(2)).
         self.inputs = private_copy(inputs)
         self.target = None if target is None else private_copy(target)
@@ -47,7 +48,8 @@ class Bench:
     def profile(self, s, batch=None, mode="cpu"):
         """The memfit Report of the step transformed by strategy `s`, at
         `batch` samples (None: the user's; others repeat or cut the samples:
-        only shapes matter to memory), on the CPU or on meta."""
+        only shapes matter to memory), on the CPU or on meta. For a CUDA
+        target_device the Report has the caching allocator's estimate."""
         m = self.model
         x, y = self.inputs, self.target
         if batch is not None:
@@ -55,11 +57,15 @@ class Bench:
             y = None if y is None else resize_batch(y, batch, 0)
         with applied(m, s, self.block_paths):
             if s.step != TRAIN:
-                return profile_eval(m, x, y, self.loss_fn, s.step, self.batch_dim)
+                report = profile_eval(m, x, y, self.loss_fn, s.step, self.batch_dim)
+                if self.target_device == "cuda":
+                    report.native.set_cuda_estimate(report.timeline)
+                return report
             opt = optimizer_for(m, self.optimizer, s.optimizer, s.zero_grad_in_place,
                                 s.host_state)
             return profile(m, x, y, loss_fn=self.loss_fn, optimizer=opt,
-                           batch_dim=self.batch_dim, mode=mode)
+                           batch_dim=self.batch_dim, mode=mode,
+                           target_device=self.target_device)
 
     def time_ratio(self, s, micro_batch=0):
         """Median time of a step with strategy `s` over the plain step's:

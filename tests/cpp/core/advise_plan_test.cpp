@@ -233,5 +233,69 @@ TEST(AdvisePlanTest, OptimizerChoicesAreOneRuleForBothFronts) {
   EXPECT_TRUE(none.others.empty() && none.lighter.empty() && !none.can_offload);
 }
 
+TEST(AdvisePlanTest, ACudaTargetHoldsTheBudgetAgainstReservedBytes) {
+  // The caching allocator reserves 100 bytes more than is allocated. At
+  // 650 bytes the whole batch fits in allocated bytes (600) but not in
+  // reserved ones (700): for a card, micro-batches of 2 (500, 600 reserved).
+  for (const bool cuda : {false, true}) {
+    AdviseMeasurer m;
+    m.record = [cuda](const StepVariant& v, int64_t batch, bool) {
+      RecordedStep r = fake(v, batch);
+      if (cuda) r.report.cuda = CudaEstimate{r.report.peak_bytes, r.report.peak_bytes + 100, 0};
+      return r;
+    };
+    AdviseSettings s = settings(650, false);
+    s.settings.clear();
+    const Advice a = plan_advice(m, s);
+    ASSERT_TRUE(a.plan.found) << cuda;
+    EXPECT_EQ(a.cuda_reserved, cuda);
+    EXPECT_EQ(a.plan.micro_batch, cuda ? 2 : 0);
+    EXPECT_EQ(a.plan.peak_bytes, cuda ? 400 + 50 * 2 + 100 : 400 + 50 * 4);
+    EXPECT_EQ(a.plain_peak, cuda ? 700 : 600);
+    EXPECT_EQ(row(a, "plain (zero_grad set_to_none)")->fits, !cuda);
+    EXPECT_EQ(a.table().find("peaks: the CUDA caching allocator's reserved bytes") != std::string::npos,
+              cuda);
+    EXPECT_NE(a.to_json(false).find(cuda ? "\"peaks\":\"cuda_reserved\""
+                                         : "\"peaks\":\"allocated\""),
+              std::string::npos);
+    // Unverified (on meta): the note names which bytes the peak counts.
+    const bool says_reserved =
+        std::any_of(a.notes.begin(), a.notes.end(), [](const std::string& n) {
+          return n.find("unverified") != std::string::npos &&
+                 n.find("caching allocator's reserved bytes, replayed") != std::string::npos;
+        });
+    EXPECT_EQ(says_reserved, cuda);
+  }
+}
+
+TEST(AdvisePlanTest, WhenNothingFitsThePlanIsTheLowestPeakReached) {
+  // 420 bytes: the plain step (400 + 50 a sample) and the state on the
+  // host (390 + 50) are searched down to one sample and neither fits; the
+  // closest is the host's at micro-batches of 1 (440), and the line says so.
+  AdviseMeasurer m;
+  m.record = [](const StepVariant& v, int64_t batch, bool) {
+    StepVariant plain = v;
+    plain.host_state = false;
+    RecordedStep r = fake(plain, batch);
+    if (v.host_state) {
+      r.report.peak_bytes -= 10;
+      r.report.phases[1].peak_bytes -= 10;
+      r.report.phases[2].peak_bytes = 390;
+    }
+    return r;
+  };
+  AdviseSettings s = settings(420, false);
+  s.settings.clear();
+  s.can_offload = true;
+  s.offload_label = "memfit.offload";
+  const Advice a = plan_advice(m, s);
+  ASSERT_FALSE(a.plan.found);
+  EXPECT_TRUE(a.plan.variant.host_state);
+  EXPECT_EQ(a.plan.micro_batch, 1);
+  EXPECT_EQ(a.plan.peak_bytes, 390 + 50);
+  EXPECT_NE(a.does_not_fit.find("the smallest peak memfit reached is 440 B"), std::string::npos)
+      << a.does_not_fit;
+}
+
 }  // namespace
 }  // namespace memfit

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# `memfit advise --target cuda`: the budget is a card's, held against the
+# caching allocator's reserved bytes. With a budget between the plain
+# step's allocated and reserved peaks, the CPU target plans the plain step
+# and the CUDA target does not.
+# Usage: advise_cuda_target.sh MEMFIT
+set -uo pipefail
+memfit=$1
+flags=(--model mlp --batch 8 --repeats 0 --quiet)
+json=$("$memfit" profile --model mlp --batch 8 --target cuda --json)
+allocated=$(echo "$json" | sed -n 's/^  "peak_bytes": \([0-9]*\).*/\1/p')
+reserved=$(echo "$json" | sed -n 's/.*"peak_reserved_bytes": \([0-9]*\).*/\1/p')
+[ -n "$allocated" ] && [ -n "$reserved" ] || { echo "FAIL: no peaks in profile --json"; exit 1; }
+[ "$reserved" -gt "$allocated" ] || { echo "FAIL: reserved $reserved <= allocated $allocated"; exit 1; }
+budget=$(( (allocated + reserved) / 2 ))
+echo "allocated $allocated B, reserved $reserved B; budget $budget B"
+
+cpu=$("$memfit" advise "${flags[@]}" --budget "$budget" --json) ||
+  { echo "FAIL: the CPU target found no plan"; exit 1; }
+echo "$cpu" | grep -q '"peaks": "allocated"' || { echo "FAIL: cpu peaks"; exit 1; }
+echo "$cpu" | grep -q '"summary": "the plain step"' || { echo "FAIL: cpu plan is not plain"; exit 1; }
+
+card=$("$memfit" advise "${flags[@]}" --budget "$budget" --target cuda --json 2>/dev/null)
+rc=$?
+[ $rc -eq 0 ] || [ $rc -eq 2 ] || { echo "FAIL: exit $rc"; exit 1; }
+echo "$card" | grep -q '"peaks": "cuda_reserved"' || { echo "FAIL: cuda peaks"; exit 1; }
+plain=$(echo "$card" | sed -n 's/^  "plain_peak_bytes": \([0-9]*\).*/\1/p')
+[ "$plain" = "$reserved" ] || { echo "FAIL: plain peak $plain, profile reserved $reserved"; exit 1; }
+if echo "$card" | grep -q '"summary": "the plain step"'; then
+  echo "FAIL: the CUDA target planned the plain step, whose reserved bytes are over"; exit 1
+fi
+bad=$("$memfit" advise "${flags[@]}" --budget "$budget" --target tpu 2>&1)
+[ $? -eq 1 ] && echo "$bad" | grep -q -- "--target must be one of cpu, cuda, got 'tpu'" ||
+  { echo "FAIL: --target tpu not refused: $bad"; exit 1; }
+echo "ok"

@@ -21,8 +21,10 @@ namespace memfit {
 // the meta device, where nothing is computed, and says so. The rows compare
 // against the plain step recorded the same way, so a saving never mixes the
 // two devices.
-// The plan halves the micro-batch from the whole batch, and stops at the
-// largest micro-batch where something fits: the plain step, else the
+// The plan halves the micro-batch from the whole batch (a level whose peak
+// is bounded over the budget is skipped unrecorded: Note [Levels the search
+// skips]), and stops at the largest micro-batch where something fits: the
+// plain step, else the
 // checkpointing with the least recompute the chain model and the recordings
 // agree on (See Note [Calibrating the chain from two profiles]). A larger
 // micro-batch is preferred to a cheaper-looking smaller one: fewer, fuller
@@ -93,8 +95,10 @@ OptimizerChoices optimizer_choices(const std::string& user_kind) {
                                            suffix) == 0;
   const std::string kind = offloaded ? user_kind.substr(0, user_kind.size() - suffix.size())
                                      : user_kind;
-  for (const char* o : {"adam", "momentum", "sgd"}) {
-    if (kind != o) c.others.push_back(o);
+  for (const std::string o : {"adam", "momentum", "sgd"}) {
+    // Another Adam (AdamW, NAdam) keeps the same two states: an adam row
+    // would cost a recording to show no saving.
+    if (kind != o && !(o == "adam" && optimizer_is_adam(kind))) c.others.push_back(o);
   }
   // Lighter: less state per parameter. Another optimizer's class (AdamW,
   // Adafactor) is taken to keep Adam's two states.
@@ -177,6 +181,16 @@ int64_t batch_free_floor(const Report& r) {
     }
   }
   return floor;
+}
+
+// The weights on the device: the parameters phase's peak (it only
+// materializes them). Forward and backward hold at least as much.
+int64_t weights_peak(const Report& r) {
+  int64_t w = 0;
+  for (const auto& ph : r.phases) {
+    if (ph.name == kPhaseParameters) w = std::max(w, ph.peak_bytes);
+  }
+  return w;
 }
 
 // The step under the front's setting `st`, nothing else.
@@ -271,6 +285,16 @@ class Planner {
   using FloorKey = std::tuple<std::string, std::string, bool>;
   static FloorKey floor_key(const StepVariant& v) { return {v.setting, v.optimizer, v.host_state}; }
   std::vector<std::pair<FloorKey, int64_t>> floors_;
+  // Each training variant recorded at the whole batch: its peak and its
+  // weights' (weights_peak), for lower_bound_at.
+  struct Whole {
+    StepVariant variant;
+    int64_t peak = 0;
+    int64_t weights = 0;
+  };
+  std::vector<Whole> wholes_;
+  // See Note [Levels the search skips].
+  std::optional<int64_t> lower_bound_at(const StepVariant& v, int64_t c) const;
   // The rows the front could not record, by its reason: one note a reason.
   std::vector<std::pair<std::string, std::vector<std::string>>> unrecorded_;
   // The chain calibrated at each micro-batch the search reached.
@@ -306,6 +330,8 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
   row.fits = has_budget_ && row.peak_bytes <= limit_;
   if (v.step == StepKind::kTrain && !v.autocast_bf16 && v.checkpointed() == 0)
     floors_.push_back({floor_key(v), batch_free_floor(r.report)});
+  if (v.step == StepKind::kTrain)
+    wholes_.push_back({v, r.report.budget_peak(), weights_peak(r.report)});
   const double step = plain_times_.total;
   if (v.checkpointed() > 0) {
     row.recompute_ns = chain_recompute_ns(a_.segments, v.checkpoint);
@@ -511,6 +537,36 @@ bool Planner::verify(const StepVariant& v, int64_t c, std::optional<RecordedStep
   return false;
 }
 
+// Note [Levels the search skips]
+// Halving the micro-batch from the whole batch records two steps a level
+// (without checkpointing, and every block checkpointed), most of them over
+// the budget. A level is skipped unrecorded when a lower bound of its peak
+// is over the budget. The bound comes from the same variant recorded at the
+// whole batch B (as a row; zero_grad freeing or in place alike), with W its
+// weights (the parameters phase's peak) and P(B) its peak:
+//   P(c) >= W + (P(B) - W) * c / B.
+// Say forward and backward peak at I + s*c (I >= W: they hold the weights)
+// and the phases outside them at F, so P(c) = max(F, I + s*c). If P(B) is
+// I + s*B, the bound is W*(1 - c/B) + (I + s*B)*c/B <= I + s*c; if it is F,
+// the bound is between W and F. (The floor outside forward and backward
+// would not do: the optimizer's temporaries can put F above I.) A step
+// that is not affine may fit where the bound says it does not: the plan
+// then takes a smaller micro-batch than it could, never one over the
+// budget, since every plan is recorded before it is accepted.
+std::optional<int64_t> Planner::lower_bound_at(const StepVariant& v, int64_t c) const {
+  const Whole* best = nullptr;  // the same variant; else the same but for zero_grad
+  for (const auto& w : wholes_) {
+    StepVariant a = w.variant;
+    a.zero_grad_in_place = v.zero_grad_in_place;
+    if (!(a == v)) continue;
+    if (!best || w.variant == v) best = &w;
+  }
+  if (!best) return std::nullopt;
+  return best->weights + static_cast<int64_t>(static_cast<double>(best->peak - best->weights) *
+                                            static_cast<double>(c) /
+                                            static_cast<double>(s_.batch));
+}
+
 bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   const bool users_whole = c == s_.batch && base == StepVariant{};
   // The step without checkpointing at c, recorded cheaply: a candidate
@@ -519,6 +575,9 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   if (users_whole) {
     plain_c = *plain_cheap_;
     if (!every_only && verify(base, c, plain_)) return true;
+  } else if (const auto bound = lower_bound_at(base, c); bound && *bound > limit_) {
+    s_.progress.step("skip " + describe(base, s_.optimizer, s_.offload_label) + " at batch " +
+                     std::to_string(c) + ": at least " + format_bytes(*bound));
   } else if (!every_only || chain_of(base) == 0) {
     plain_c = record(base, c, true);
     if (!plain_c->unavailable.empty()) return false;
@@ -531,6 +590,13 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   if (chain_of(base) == 0) return false;
   StepVariant every = base;
   every.checkpoint.assign(n_, true);
+  if (!users_whole) {
+    if (const auto bound = lower_bound_at(every, c); bound && *bound > limit_) {
+      s_.progress.step("skip " + describe(every, s_.optimizer, s_.offload_label) + " at batch " +
+                       std::to_string(c) + ": at least " + format_bytes(*bound));
+      return false;
+    }
+  }
   const RecordedStep every_c = users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
   if (!every_c.unavailable.empty()) return false;
   if (every_c.report.budget_peak() > limit_) {
@@ -713,6 +779,7 @@ Advice Planner::run() {
         "not model it)");
   }
   floors_.push_back({floor_key(StepVariant{}), batch_free_floor(plain_.report)});
+  wholes_.push_back({StepVariant{}, plain_.report.budget_peak(), weights_peak(plain_.report)});
   // A meta recording's clock times the dispatch, not the work: no time is
   // estimated from it (the rows say "-").
   if (!plain_.meta) plain_times_ = step_times(plain_.timeline);

@@ -38,7 +38,8 @@ RecordedStep fake(const StepVariant& v, int64_t batch) {
   RecordedStep r;
   r.report.peak_bytes = s.floor + s.per_sample * batch;
   r.report.peak_phase = kPhaseBackward;
-  r.report.phases = {{kPhaseParameters, 1, 0, 0, 100, ""},
+  // The weights: within the floor (the optimizer's state comes on top).
+  r.report.phases = {{kPhaseParameters, 1, 0, 0, std::min<int64_t>(100, s.floor), ""},
                      {kPhaseBackward, 1, 0, 0, r.report.peak_bytes, ""},
                      {kPhaseOptimizerStep, 1, 0, 0, s.floor, ""}};
   r.meta = true;  // as a model on meta is recorded: nothing verified
@@ -174,6 +175,28 @@ TEST(AdvisePlanTest, SettingsAreSearchedWithHalvingMicroBatches) {
   EXPECT_EQ(a.plan.summary, "LoRA r=16; micro-batches of 2");
 }
 
+TEST(AdvisePlanTest, ALevelBoundedOverTheBudgetIsNotRecorded) {
+  // 110 bytes: the plain step at 4 samples peaks at 600 with 100 of
+  // weights, so at 2 samples at least 100 + 500 / 2 = 350 and at 1 at least
+  // 225: neither is recorded. LoRA (60 of weights, 140 at 4) is bounded at
+  // 100 at 2 samples, recorded there, and fits.
+  Fake f;
+  const Advice a = plan_advice(f.measurer(), settings(110, true));
+  ASSERT_TRUE(a.plan.found);
+  EXPECT_EQ(a.plan.micro_batch, 2);
+  for (const auto& [v, batch] : f.recorded) {
+    EXPECT_FALSE(batch < 4 && v.setting.empty() && v.step == StepKind::kTrain)
+        << describe(v, "AdamW", "") << " recorded at batch " << batch;
+  }
+  // LoRA: its row at 4 samples only (its bound there is its row, 140),
+  // then 2 samples (cheaply, then on the device), never 1.
+  std::vector<int64_t> lora;
+  for (const auto& [v, batch] : f.recorded) {
+    if (v.setting == "LoRA r=16") lora.push_back(batch);
+  }
+  EXPECT_EQ(lora, (std::vector<int64_t>{4, 2, 2}));
+}
+
 TEST(AdvisePlanTest, AnExactSettingIsPlannedWithoutAllowApproximate) {
   // 430 bytes: the plain step needs 450 at one sample; "recompute" keeps
   // the result and fits at 2 (400 + 20).
@@ -226,9 +249,11 @@ TEST(AdvisePlanTest, OptimizerChoicesAreOneRuleForBothFronts) {
   EXPECT_EQ(optimizer_choices("sgd").others, (V{"adam", "momentum"}));
   EXPECT_TRUE(optimizer_choices("sgd").lighter.empty());
   EXPECT_FALSE(optimizer_choices("sgd").can_offload);
-  // Another optimizer's class: every built-in is a row, and lighter.
-  EXPECT_EQ(optimizer_choices("AdamW").others, (V{"adam", "momentum", "sgd"}));
+  // Another optimizer's class: every built-in is a row, but adam beside
+  // another Adam (the same states); momentum and sgd are lighter.
+  EXPECT_EQ(optimizer_choices("AdamW").others, (V{"momentum", "sgd"}));
   EXPECT_EQ(optimizer_choices("AdamW").lighter, (V{"momentum", "sgd"}));
+  EXPECT_EQ(optimizer_choices("Adafactor").others, (V{"adam", "momentum", "sgd"}));
   const OptimizerChoices none = optimizer_choices("none");
   EXPECT_TRUE(none.others.empty() && none.lighter.empty() && !none.can_offload);
 }

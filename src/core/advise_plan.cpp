@@ -478,10 +478,27 @@ void Planner::combination_rows() {
     combos.push_back(v);
   }
   std::vector<StepVariant> done;
+  std::string over;  // combinations not recorded: their floor alone is over
   for (const auto& v : combos) {
     if (std::find(done.begin(), done.end(), v) != done.end()) continue;
     done.push_back(v);
+    // Checkpointing lowers forward and backward only: a floor over the
+    // budget stays over, and the search skips it too. Not worth a recording.
+    const auto floor = std::find_if(floors_.begin(), floors_.end(),
+                                    [&](const auto& f) { return f.first == floor_key(v); });
+    if (floor != floors_.end() && floor->second > limit_) {
+      StepVariant alone = v;
+      alone.checkpoint.clear();
+      over += (over.empty() ? "" : ", ") + describe(alone, s_.optimizer, s_.offload_label) +
+              " (" + format_bytes(floor->second) + ")";
+      continue;
+    }
     add_row(describe(v, s_.optimizer, s_.offload_label), StrategyKind::kCombination, v);
+  }
+  if (!over.empty()) {
+    a_.notes.push_back("not combined with checkpointing every block: outside forward and "
+                       "backward these need more than the budget whatever is checkpointed: " +
+                       over);
   }
 }
 

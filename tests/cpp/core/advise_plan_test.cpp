@@ -197,6 +197,30 @@ TEST(AdvisePlanTest, ALevelBoundedOverTheBudgetIsNotRecorded) {
   EXPECT_EQ(lora, (std::vector<int64_t>{4, 2, 2}));
 }
 
+TEST(AdvisePlanTest, ACombinationWhoseFloorIsOverTheBudgetIsNotRecorded) {
+  // 130 bytes, nothing fits alone (LoRA: 140); with every block
+  // checkpointed the table combines each setting and optimizer, but bf16
+  // weights need 200 outside forward and backward (momentum 300, sgd 200,
+  // the user's AdamW 400): only LoRA (60) is combined.
+  Fake f;
+  AdviseSettings s = settings(130, true);
+  s.chain = {"blocks.0", "blocks.1"};
+  s.other_optimizers = {"momentum", "sgd"};
+  s.lighter = {"momentum", "sgd"};
+  const Advice a = plan_advice(f.measurer(), s);
+  std::vector<std::string> combined;
+  for (const auto& r : a.rows) {
+    if (r.kind == StrategyKind::kCombination) combined.push_back(r.name);
+  }
+  EXPECT_EQ(combined, std::vector<std::string>{"LoRA r=16; checkpoint every block (2 of 2)"});
+  const bool noted = std::any_of(a.notes.begin(), a.notes.end(), [](const std::string& n) {
+    return n.find("not combined with checkpointing every block") != std::string::npos &&
+           n.find("bf16 weights (200 B)") != std::string::npos &&
+           n.find("optimizer momentum instead of AdamW (300 B)") != std::string::npos;
+  });
+  EXPECT_TRUE(noted) << a.table();
+}
+
 TEST(AdvisePlanTest, AnExactSettingIsPlannedWithoutAllowApproximate) {
   // 430 bytes: the plain step needs 450 at one sample; "recompute" keeps
   // the result and fits at 2 (400 + 20).

@@ -131,6 +131,13 @@ def test_cpu_offload_moves_the_shards_to_the_host(measured, report):
     assert row.peak_bytes + row.host_bytes >= real
     assert row.peak_bytes < plain.peak_bytes
     assert row.host_bytes > 0
+    # The host's share is in the JSON and, as its own column, the table.
+    per_rank = json.loads(rep.to_json())["data_parallel"]["per_rank"]
+    assert [(r["sharding"], r["host_bytes"]) for r in per_rank if r["host_bytes"]] == [
+        ("fsdp2", row.host_bytes)]
+    header = next(line for line in rep.table().splitlines() if line.startswith("sharding"))
+    assert header.split()[:3] == ["sharding", "peak", "host"]
+    assert memfit.format_bytes(row.host_bytes) in rep.table()
 
 
 def test_fsdp2_row_joins_the_report(report):

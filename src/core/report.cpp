@@ -223,13 +223,24 @@ std::string Report::table(size_t max_modules) const {
     out << "\nPer rank on " << d.world_size << " ranks (buckets "
         << format_bytes(d.gradient_bytes) << "; largest unit "
         << format_bytes(d.largest_unit_bytes) << "):\n";
-    TextTable dp({"sharding", "peak", "vs 1 process", "where", "rule"},
-                 {Align::kLeft, Align::kRight, Align::kRight, Align::kLeft, Align::kLeft});
+    // A host column only where a row keeps bytes there (FSDP2's CPU offload).
+    const bool host = std::any_of(data_parallel->per_rank.begin(), data_parallel->per_rank.end(),
+                                  [](const RankPeak& r) { return r.host_bytes > 0; });
+    std::vector<std::string> head = {"sharding", "peak", "vs 1 process", "where", "rule"};
+    std::vector<Align> align = {Align::kLeft, Align::kRight, Align::kRight, Align::kLeft,
+                                Align::kLeft};
+    if (host) {
+      head.insert(head.begin() + 2, "host");
+      align.insert(align.begin() + 2, Align::kRight);
+    }
+    TextTable dp(head, align);
     for (const RankPeak& r : data_parallel->per_rank) {
-      dp.add_row({std::string(to_string(r.sharding)), format_bytes(r.peak_bytes),
-                  ratio(r.peak_bytes, std::max<int64_t>(peak_bytes, 1)),
-                  r.phase + (r.iteration > 0 ? " " + std::to_string(r.iteration) : ""),
-                  r.formula});
+      std::vector<std::string> row = {
+          std::string(to_string(r.sharding)), format_bytes(r.peak_bytes),
+          ratio(r.peak_bytes, std::max<int64_t>(peak_bytes, 1)),
+          r.phase + (r.iteration > 0 ? " " + std::to_string(r.iteration) : ""), r.formula};
+      if (host) row.insert(row.begin() + 2, format_bytes(r.host_bytes));
+      dp.add_row(row);
     }
     out << dp.str();
   }
@@ -288,6 +299,7 @@ std::string Report::to_json(bool pretty) const {
           .member("phase", r.phase)
           .member("iteration", r.iteration)
           .member("formula", r.formula)
+          .member("host_bytes", r.host_bytes)
           .end_object();
     }
     w.end_array().end_object();

@@ -87,29 +87,19 @@ def _low_dtype(mixed_precision, name):
         f"torch.distributed.fsdp.MixedPrecisionPolicy, got {mixed_precision!r}")
 
 
-def _unit(path, params, world_size, mixed_precision, cpu_offload):
-    """One fully_shard unit's sizes: each parameter sharded on dim 0, padded
-    to a multiple of the world size (FSDP2's FSDPParam)."""
-    param_dtype = _low_dtype(mixed_precision, "param_dtype")
-    reduce_dtype = _low_dtype(mixed_precision, "reduce_dtype")
-    sizes = dict(param_bytes=0, shard_bytes=0, gathered_bytes=0, reduce_bytes=0,
-                 gather_input_bytes=0, grad_cast_bytes=0)
-    for p in params:
-        rows = p.shape[0] if p.dim() > 0 else 1
-        shard = -(-rows // world_size) * (p.numel() // rows if rows else 0)
-        own = p.element_size()
-        low = torch.tensor([], dtype=param_dtype or p.dtype).element_size()
-        red = torch.tensor([], dtype=reduce_dtype or param_dtype or p.dtype).element_size()
-        sizes["param_bytes"] += p.numel() * own
-        sizes["shard_bytes"] += shard * own
-        sizes["gathered_bytes"] += world_size * shard * low
-        sizes["reduce_bytes"] += world_size * shard * red
-        # The shard is copied before its all-gather: to the device, then cast.
-        cast = param_dtype is not None and param_dtype != p.dtype
-        sizes["gather_input_bytes"] += (shard * own if cpu_offload else 0) + (
-            shard * low if cast else 0)
-        sizes["grad_cast_bytes"] += shard * own if red != own else 0
-    return _memfit.Fsdp2Unit(path, **sizes)
+def _dtype_size(dtype):
+    """Bytes per element of `dtype`; 0 for None (the core's "none")."""
+    return 0 if dtype is None else torch.tensor([], dtype=dtype).element_size()
+
+
+def _shapes(params, param_dtype):
+    """What the core's fsdp2_unit needs of each parameter (the sizes are
+    its arithmetic: see fsdp2_unit in memfit/core/data_parallel.h)."""
+    return [
+        _memfit.ParamShape(p.shape[0] if p.dim() > 0 else 1, p.numel(), p.element_size(),
+                           param_dtype is not None and param_dtype != p.dtype)
+        for p in params
+    ]
 
 
 def fsdp2_setup(model, world_size, units=None, mixed_precision=None, cpu_offload=False):
@@ -138,13 +128,16 @@ def fsdp2_setup(model, world_size, units=None, mixed_precision=None, cpu_offload
     rest = [p for p in model.parameters() if id(p) not in owned]
     by_order = {n: i for i, n in enumerate(names.values())}
     out.sort(key=lambda up: by_order[up[0]])
-    made = [_unit("", rest, world_size, mixed_precision, cpu_offload)]
-    made += [_unit(n, ps, world_size, mixed_precision, cpu_offload) for n, ps in out]
     param_dtype = _low_dtype(mixed_precision, "param_dtype")
-    scale = 1.0
-    if param_dtype is not None:
-        own = max((p.element_size() for p in model.parameters()), default=1)
-        scale = min(1.0, torch.tensor([], dtype=param_dtype).element_size() / own)
+    sizes = dict(param_dtype_size=_dtype_size(param_dtype),
+                 reduce_dtype_size=_dtype_size(_low_dtype(mixed_precision, "reduce_dtype")))
+    made = [
+        _memfit.fsdp2_unit(n, _shapes(ps, param_dtype), world_size,
+                           cpu_offload=bool(cpu_offload), **sizes)
+        for n, ps in [("", rest)] + out
+    ]
+    scale = _memfit.fsdp2_grad_scale(_shapes(model.parameters(), param_dtype),
+                                     sizes["param_dtype_size"])
     return _memfit.Fsdp2Setup(world_size, made, scale, bool(cpu_offload))
 
 

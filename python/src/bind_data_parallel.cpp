@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <utility>
 
 #include "bindings.h"
 #include "memfit/core/data_parallel.h"
@@ -94,6 +95,29 @@ void init_data_parallel(py::module_& m) {
       .def_readonly("units", &Fsdp2Setup::units)
       .def_readonly("grad_scale", &Fsdp2Setup::grad_scale)
       .def_readonly("cpu_offload", &Fsdp2Setup::cpu_offload);
+  py::class_<ParamShape>(m, "ParamShape")
+      .def(py::init([](int64_t rows, int64_t numel, int element_size, bool cast_to_param_dtype) {
+             return ParamShape{rows, numel, element_size, cast_to_param_dtype};
+           }), py::arg("rows"), py::arg("numel"), py::arg("element_size"),
+           py::arg("cast_to_param_dtype") = false)
+      .def_readonly("rows", &ParamShape::rows)
+      .def_readonly("numel", &ParamShape::numel)
+      .def_readonly("element_size", &ParamShape::element_size)
+      .def_readonly("cast_to_param_dtype", &ParamShape::cast_to_param_dtype);
+  m.def("fsdp2_unit", [](std::string path, const std::vector<ParamShape>& params,
+                         int world_size, int param_dtype_size, int reduce_dtype_size,
+                         bool cpu_offload) {
+        return fsdp2_unit(std::move(path), params, world_size,
+                          Fsdp2Precision{param_dtype_size, reduce_dtype_size}, cpu_offload);
+      }, py::arg("path"), py::arg("params"), py::arg("world_size"),
+      py::arg("param_dtype_size") = 0, py::arg("reduce_dtype_size") = 0,
+      py::arg("cpu_offload") = false,
+      "One fully_shard unit's sizes; dtype sizes 0 for none (see fsdp2_unit in "
+      "memfit/core/data_parallel.h).");
+  m.def("fsdp2_grad_scale", [](const std::vector<ParamShape>& params, int param_dtype_size) {
+        return fsdp2_grad_scale(params, Fsdp2Precision{param_dtype_size, 0});
+      }, py::arg("params"), py::arg("param_dtype_size") = 0,
+      "Fsdp2Setup.grad_scale: the param dtype's size over the widest parameter's, at most 1.");
   m.def("fsdp2_rank_peak", &fsdp2_rank_peak, py::arg("timeline"), py::arg("setup"),
         "See Note [One rank's memory under FSDP2].");
 

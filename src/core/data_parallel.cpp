@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <functional>
 #include <stdexcept>
+#include <utility>
 
 namespace memfit {
 
@@ -458,6 +459,55 @@ void check_fsdp2_setup(const Fsdp2Setup& d) {
 }
 
 }  // namespace
+
+Fsdp2Unit fsdp2_unit(std::string path, const std::vector<ParamShape>& params, int world_size,
+                     const Fsdp2Precision& precision, bool cpu_offload) {
+  if (world_size < 1) {
+    throw std::invalid_argument("[fsdp2_unit] world_size must be >= 1 ranks, got " +
+                                std::to_string(world_size));
+  }
+  if (precision.param_dtype_size < 0 || precision.reduce_dtype_size < 0) {
+    throw std::invalid_argument(
+        "[fsdp2_unit] dtype sizes must be >= 0 bytes (0: the parameter's own), got " +
+        std::to_string(precision.param_dtype_size) + " and " +
+        std::to_string(precision.reduce_dtype_size));
+  }
+  const int64_t W = world_size;
+  Fsdp2Unit u;
+  u.path = std::move(path);
+  for (const ParamShape& p : params) {
+    if (p.rows < 0 || p.numel < 0 || p.element_size < 1 ||
+        (p.rows == 0 ? p.numel != 0 : p.numel % p.rows != 0)) {
+      throw std::invalid_argument(
+          "[fsdp2_unit] unit '" + u.path + "' has a parameter of " + std::to_string(p.rows) +
+          " rows, " + std::to_string(p.numel) + " elements of " +
+          std::to_string(p.element_size) + " bytes: give rows dividing the elements, sizes >= 1");
+    }
+    // This rank's elements: dim 0 padded to a multiple of W, 1/W of it.
+    const int64_t shard = p.rows == 0 ? 0 : ceil_div(p.rows, W) * (p.numel / p.rows);
+    const int64_t own = p.element_size;
+    const int64_t low = precision.param_dtype_size > 0 ? precision.param_dtype_size : own;
+    const int64_t reduce = precision.reduce_dtype_size > 0 ? precision.reduce_dtype_size : low;
+    const bool cast = precision.param_dtype_size > 0 && p.cast_to_param_dtype;
+    u.param_bytes += p.numel * own;
+    u.shard_bytes += shard * own;
+    u.gathered_bytes += W * shard * low;
+    u.reduce_bytes += W * shard * reduce;
+    // The shard is copied before its all-gather: to the device, then cast.
+    u.gather_input_bytes += (cpu_offload ? shard * own : 0) + (cast ? shard * low : 0);
+    u.grad_cast_bytes += reduce != own ? shard * own : 0;
+  }
+  return u;
+}
+
+double fsdp2_grad_scale(const std::vector<ParamShape>& params, const Fsdp2Precision& precision) {
+  if (precision.param_dtype_size <= 0) return 1.0;
+  int64_t widest = 0;
+  for (const ParamShape& p : params) widest = std::max<int64_t>(widest, p.element_size);
+  if (widest == 0) widest = 1;
+  return std::min(1.0, static_cast<double>(precision.param_dtype_size) /
+                           static_cast<double>(widest));
+}
 
 RankPeak fsdp2_rank_peak(const Timeline& t, const Fsdp2Setup& d) {
   check_fsdp2_setup(d);

@@ -139,6 +139,37 @@ struct Fsdp2Setup {
   bool cpu_offload = false;
 };
 
+// One parameter as FSDP2 shards it: what fsdp2_unit() needs of a tensor.
+struct ParamShape {
+  int64_t rows = 1;      // dim 0's size (1 for a 0-dim parameter)
+  int64_t numel = 1;     // elements
+  int element_size = 4;  // bytes per element of the parameter's dtype
+  // Its dtype differs from the mixed-precision param_dtype, so the shard is
+  // cast before its all-gather: also for equal sizes (fp16 under bf16).
+  // Ignored without a param_dtype.
+  bool cast_to_param_dtype = false;
+};
+
+// FSDP2's MixedPrecisionPolicy as element sizes; 0: none (the parameter's
+// own dtype; a reduce dtype of 0 follows the param dtype).
+struct Fsdp2Precision {
+  int param_dtype_size = 0;
+  int reduce_dtype_size = 0;
+};
+
+// The unit at `path` owning `params` on `world_size` ranks: each parameter
+// sharded on dim 0, padded to a multiple of the world size (FSDP2's
+// FSDPParam), gathered in the param dtype, reduced in the reduce dtype;
+// under `cpu_offload` the shard's host-to-device copy is a gather input.
+// Throws std::invalid_argument for world_size < 1, a negative size, an
+// element size < 1 or rows that do not divide numel.
+Fsdp2Unit fsdp2_unit(std::string path, const std::vector<ParamShape>& params, int world_size,
+                     const Fsdp2Precision& precision, bool cpu_offload);
+// Fsdp2Setup::grad_scale: the param dtype's size over the largest element
+// size of the model's `params` (at most 1; 1 without a param dtype).
+double fsdp2_grad_scale(const std::vector<ParamShape>& params,
+                        const Fsdp2Precision& precision);
+
 // The per-rank peak of `single_step` under torch's fully_shard with
 // `setup`'s units (see Note [One rank's memory under FSDP2] in
 // data_parallel.cpp). Throws std::invalid_argument for world_size < 1, no

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <array>
 #include <stdexcept>
 
 namespace memfit {
@@ -330,6 +331,85 @@ TEST(Fsdp2, MixedPrecisionHalvesTheUnshardedGradients) {
   Fsdp2Setup d = two_units();
   d.grad_scale = 0.5;
   EXPECT_EQ(fsdp2_rank_peak(one_step(), d).peak_bytes, 2510 + 500 + 300 + 400 + 1200);
+}
+
+// A Linear(3, 5) in fp32: weight 5x3, bias 5. On 2 ranks dim 0 pads to 6
+// rows, 3 per rank: the weight's shard is 3x3 elements (36 B), the bias's 3
+// (12 B); W x the padded shard is 18 + 6 elements.
+std::vector<ParamShape> linear_3_to_5(bool cast = false) {
+  return {ParamShape{5, 15, 4, cast}, ParamShape{5, 5, 4, cast}};
+}
+
+void expect_unit(const Fsdp2Unit& u, std::array<int64_t, 6> bytes) {
+  EXPECT_EQ((std::array<int64_t, 6>{u.param_bytes, u.shard_bytes, u.gathered_bytes,
+                                    u.reduce_bytes, u.gather_input_bytes, u.grad_cast_bytes}),
+            bytes)
+      << "unit '" << u.path << "': param, shard, gathered, reduce, gather input, grad cast";
+}
+
+TEST(Fsdp2Unit, ShardsDimZeroPaddedToTheWorldSize) {
+  const Fsdp2Unit u = fsdp2_unit("0", linear_3_to_5(), 2, {}, false);
+  EXPECT_EQ(u.path, "0");
+  // param 60 + 20, shard 36 + 12, gathered and reduced 2 x 48 in fp32.
+  expect_unit(u, {80, 48, 96, 96, 0, 0});
+  // 3 ranks: 2 rows each, 6 of 5 again; 1 rank: no padding.
+  expect_unit(fsdp2_unit("0", linear_3_to_5(), 3, {}, false), {80, 32, 96, 96, 0, 0});
+  expect_unit(fsdp2_unit("0", linear_3_to_5(), 1, {}, false), {80, 80, 80, 80, 0, 0});
+}
+
+TEST(Fsdp2Unit, ZeroDimAndEmptyParameters) {
+  // A scalar is one row: padded to 2 on 2 ranks. A 0x4 parameter has none.
+  expect_unit(fsdp2_unit("", {ParamShape{1, 1, 4}, ParamShape{0, 0, 4}}, 2, {}, false),
+              {4, 4, 8, 8, 0, 0});
+  expect_unit(fsdp2_unit("", {}, 2, {}, false), {0, 0, 0, 0, 0, 0});
+}
+
+TEST(Fsdp2Unit, Bf16ParamDtypeGathersAndReducesInBf16) {
+  // Gathered 2 x 24 elements x 2 B; the reduce dtype follows (48); the
+  // shard's cast before the all-gather 24 x 2 B; the reduced gradient cast
+  // back to fp32, 24 x 4 B.
+  expect_unit(fsdp2_unit("0", linear_3_to_5(true), 2, {2, 0}, false), {80, 48, 48, 48, 24, 48});
+  // An fp32 reduce dtype: reduced as the parameters are, no cast back.
+  expect_unit(fsdp2_unit("0", linear_3_to_5(true), 2, {2, 4}, false), {80, 48, 48, 96, 24, 0});
+  // A bf16 reduce dtype alone: gathered in fp32, reduced in bf16.
+  expect_unit(fsdp2_unit("0", linear_3_to_5(), 2, {0, 2}, false), {80, 48, 96, 48, 0, 48});
+}
+
+TEST(Fsdp2Unit, CastIsByDtypeNotSize) {
+  // fp16 parameters under a bf16 param_dtype: cast (24 x 2 B), same size.
+  const std::vector<ParamShape> fp16{{5, 15, 2, true}, {5, 5, 2, true}};
+  expect_unit(fsdp2_unit("0", fp16, 2, {2, 0}, false), {40, 24, 48, 48, 24, 0});
+  // bf16 parameters under bf16: read in place.
+  const std::vector<ParamShape> bf16{{5, 15, 2, false}, {5, 5, 2, false}};
+  expect_unit(fsdp2_unit("0", bf16, 2, {2, 0}, false), {40, 24, 48, 48, 0, 0});
+  // Without a param_dtype the flag means nothing.
+  expect_unit(fsdp2_unit("0", linear_3_to_5(true), 2, {}, false), {80, 48, 96, 96, 0, 0});
+}
+
+TEST(Fsdp2Unit, CpuOffloadCopiesTheShardToTheDevice) {
+  // The host-to-device copy of the shard (48 B) before the all-gather ...
+  expect_unit(fsdp2_unit("0", linear_3_to_5(), 2, {}, true), {80, 48, 96, 96, 48, 0});
+  // ... then its cast to bf16 (48 B).
+  expect_unit(fsdp2_unit("0", linear_3_to_5(true), 2, {2, 4}, true), {80, 48, 48, 96, 72, 0});
+}
+
+TEST(Fsdp2Unit, GradScaleIsTheParamDtypeOverTheWidestParameter) {
+  const std::vector<ParamShape> mixed{{5, 15, 4}, {5, 5, 2}};
+  EXPECT_EQ(fsdp2_grad_scale(mixed, {}), 1.0);
+  EXPECT_EQ(fsdp2_grad_scale(mixed, {2, 4}), 0.5);
+  EXPECT_EQ(fsdp2_grad_scale({{5, 15, 8}}, {2, 0}), 0.25);
+  // Never above 1: fp32 param_dtype over bf16 parameters; none at all.
+  EXPECT_EQ(fsdp2_grad_scale({{5, 15, 2}}, {4, 0}), 1.0);
+  EXPECT_EQ(fsdp2_grad_scale({}, {2, 0}), 1.0);
+}
+
+TEST(Fsdp2Unit, RejectsBadShapes) {
+  EXPECT_THROW(fsdp2_unit("0", linear_3_to_5(), 0, {}, false), std::invalid_argument);
+  EXPECT_THROW(fsdp2_unit("0", {{0, 3, 4}}, 2, {}, false), std::invalid_argument);
+  EXPECT_THROW(fsdp2_unit("0", {{2, 3, 4}}, 2, {}, false), std::invalid_argument);
+  EXPECT_THROW(fsdp2_unit("0", {{2, 4, 0}}, 2, {}, false), std::invalid_argument);
+  EXPECT_THROW(fsdp2_unit("0", {{-1, 4, 4}}, 2, {}, false), std::invalid_argument);
+  EXPECT_THROW(fsdp2_unit("0", linear_3_to_5(), 2, {-2, 0}, false), std::invalid_argument);
 }
 
 TEST(Fsdp2, RejectsBadSetup) {

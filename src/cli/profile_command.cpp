@@ -1,9 +1,11 @@
+#include <c10/core/ScalarType.h>
 #include <c10/util/Exception.h>
 
 #include <fstream>
 #include <optional>
 #include <iostream>
 #include <sstream>
+#include <unordered_set>
 
 #include "args.h"
 #include "commands.h"
@@ -110,6 +112,57 @@ AdviceTable advice_table(const Advice& a) {
   return t;
 }
 
+// The dtype --param-dtype or --reduce-dtype names; none without the flag.
+std::optional<at::ScalarType> dtype_flag(const Args& args, const std::string& flag) {
+  if (!args.has(flag)) return std::nullopt;
+  const std::string name = args.choice(flag, "", {"bf16", "fp16", "fp32"});
+  return name == "bf16" ? at::kBFloat16 : name == "fp16" ? at::kHalf : at::kFloat;
+}
+
+// The model under fully_shard on `world` ranks, as Python's fsdp2_setup()
+// with its default units: each block of the model's chain a unit, the root
+// owning every other parameter (a model without a chain: the root alone).
+// The sizes are the core's fsdp2_unit().
+Fsdp2Setup fsdp2_setup(TrainableModel& model, int world, std::optional<at::ScalarType> param,
+                       std::optional<at::ScalarType> reduce, bool cpu_offload) {
+  const Fsdp2Precision precision{
+      param ? static_cast<int>(c10::elementSize(*param)) : 0,
+      reduce ? static_cast<int>(c10::elementSize(*reduce)) : 0};
+  auto shape = [&](const at::Tensor& p) {
+    return ParamShape{p.dim() > 0 ? p.size(0) : 1, p.numel(),
+                      static_cast<int>(p.element_size()),
+                      param.has_value() && *param != p.scalar_type()};
+  };
+  // Each tensor once, in the order of root.parameters() (shared ones as
+  // Python's model.parameters() gives them: first place only).
+  auto unowned = [&](const std::vector<at::Tensor>& params,
+                     std::unordered_set<const c10::TensorImpl*>& seen) {
+    std::vector<ParamShape> out;
+    for (const at::Tensor& p : params) {
+      if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(shape(p));
+    }
+    return out;
+  };
+  torch::nn::Module& root = model.module();
+  const auto modules = root.named_modules(/*name_prefix=*/"", /*include_self=*/false);
+  std::unordered_set<const c10::TensorImpl*> owned, all_seen;
+  std::vector<Fsdp2Unit> blocks;
+  for (const std::string& path : model.chain()) {
+    const auto* m = modules.find(path);
+    TORCH_INTERNAL_ASSERT(m != nullptr, "chain block '", path, "' is not a submodule");
+    blocks.push_back(
+        fsdp2_unit(path, unowned((*m)->parameters(), owned), world, precision, cpu_offload));
+  }
+  Fsdp2Setup d;
+  d.world_size = world;
+  d.cpu_offload = cpu_offload;
+  d.units.push_back(fsdp2_unit("", unowned(root.parameters(), owned), world, precision,
+                               cpu_offload));
+  d.units.insert(d.units.end(), blocks.begin(), blocks.end());
+  d.grad_scale = fsdp2_grad_scale(unowned(root.parameters(), all_seen), precision);
+  return d;
+}
+
 void write_file(const std::string& flag, const std::string& path,
                 const std::string& text) {
   std::ofstream f(path);
@@ -124,8 +177,10 @@ int profile_command(const std::vector<std::string>& argv) {
   Args args(argv,
             {"model", "batch", "optimizer", "mode", "target", "iterations", "svg",
              "html", "budget", "x-axis", "repeats", "probes", "cuda-workspace",
-             "layers", "width", "heads", "context", "world-size", "bucket-cap"},
-            {"json", "predict", "bucket-view", "advise", "progress", "quiet"});
+             "layers", "width", "heads", "context", "world-size", "bucket-cap",
+             "param-dtype", "reduce-dtype"},
+            {"json", "predict", "bucket-view", "fsdp2", "cpu-offload", "advise", "progress",
+             "quiet"});
   const std::string name = args.require("model");
   ProfileOptions o;
   o.batch = args.get_count("batch", 64);
@@ -144,6 +199,16 @@ int profile_command(const std::vector<std::string>& argv) {
     throw UsageError("--advise adds the advise table to the --html page: give --html FILE "
                      "(or run `memfit advise` for the table alone)");
   }
+  if (args.has("fsdp2") && !args.has("world-size")) {
+    throw UsageError("--fsdp2 needs --world-size W: the ranks fully_shard shards over");
+  }
+  for (const char* flag : {"param-dtype", "reduce-dtype", "cpu-offload"}) {
+    if (args.has(flag) && !args.has("fsdp2")) {
+      throw UsageError(std::string("--") + flag + " is an FSDP2 policy: give it with --fsdp2");
+    }
+  }
+  const std::optional<at::ScalarType> param_dtype = dtype_flag(args, "param-dtype");
+  const std::optional<at::ScalarType> reduce_dtype = dtype_flag(args, "reduce-dtype");
   const int64_t repeats = args.get_int("repeats", 1);
   if (repeats < 1) throw UsageError("--repeats must be >= 1");
   auto model = make_model(name, model_options(args));
@@ -206,6 +271,12 @@ int profile_command(const std::vector<std::string>& argv) {
     }
     o.progress.step("each rank's peak over " + std::to_string(world) + " ranks");
     p.report.data_parallel = DataParallelEstimate{d, per_rank_peaks(p.timeline, d)};
+    if (args.has("fsdp2")) {
+      // One more row, as Python's sharding="fsdp2" adds it.
+      const Fsdp2Setup f = fsdp2_setup(*model, static_cast<int>(world), param_dtype,
+                                       reduce_dtype, args.has("cpu-offload"));
+      p.report.data_parallel->per_rank.push_back(fsdp2_rank_peak(p.timeline, f));
+    }
   }
   const std::string title = "memfit profile: " + name + ", batch " +
                             std::to_string(o.batch) + ", " + o.optimizer;

@@ -27,12 +27,18 @@ commands:
                            [--x-axis time|events]
                            [--predict] [--probes 4,8,16]
                            [--cuda-workspace SIZE]
-                           [--world-size W [--bucket-view] [--bucket-cap SIZE]]
+                           [--world-size W [--bucket-view] [--bucket-cap SIZE]
+                            [--fsdp2 [--param-dtype bf16|fp16|fp32]
+                             [--reduce-dtype bf16|fp16|fp32] [--cpu-offload]]]
             --svg: memory by category over time, the peak annotated
             --html: one self-contained page: the plots (hover for bytes),
             the tables, the peak over batch sizes (from --probes) with
             the --budget line, and with --advise the advise table
             --world-size: each rank's peak under DDP, ZeRO-1/2/3 (FSDP)
+            --fsdp2: and under torch's fully_shard, a unit per block of the
+            model's chain (gpt), the root owning the rest; the dtypes are
+            its MixedPrecisionPolicy; --cpu-offload: the sharded state on
+            the host (the row's host bytes)
   fit       the largest batch whose whole step fits a budget: probes grown
             toward the answer, then one whole step at it to verify
             memfit fit --model NAME --budget SIZE [--optimizer ...]

@@ -65,7 +65,8 @@ def available_bytes(budget, model):
 
 
 def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, budget=None,
-                    batch_dim=0, mode="cpu", margin=0, verify=True, progress=None):
+                    batch_dim=0, mode="cpu", margin=0, verify=True, progress=None,
+                    target_device=None):
     """The largest batch whose whole training step fits `budget`, verified.
 
     `inputs`/`target` are an example batch of any size: memfit records the
@@ -81,9 +82,16 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
 
     budget: bytes or "16GiB"; default: what the simulated device's budget
     leaves beside the live tensors that are not the model's, else the free
-    CUDA memory. margin: extra bytes to keep free (e.g. for a real
-    GPU's allocator). progress: None, True (a line on stderr per recorded
-    phase, probe and verification) or a callable given each line.
+    CUDA memory. margin: extra bytes to keep free. progress: None, True (a
+    line on stderr per recorded phase, probe and verification) or a
+    callable given each line.
+
+    target_device: the device the budget is for, "cpu" or "cuda"; None:
+    "cuda" when the model's parameters are on a CUDA device, else "cpu".
+    For "cuda" each step is recorded as for a card and held against the
+    budget by the caching allocator's reserved bytes, replayed on it (more
+    than the allocated bytes: cached segments); measured_peak_bytes is
+    then reserved bytes and the notes say so.
 
     A model wrapped in DistributedDataParallel gets each rank's batch: the
     budget first loses DDP's gradient buckets, one copy of the trainable
@@ -101,6 +109,11 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     not fit.
     """
     check_optimizer(model, optimizer, "find_batch_size")
+    if target_device is None:
+        target_device = "cuda" if any(p.is_cuda for p in model.parameters()) else "cpu"
+    if target_device not in ("cpu", "cuda"):
+        raise ValueError(f"[find_batch_size] target_device must be 'cpu' or 'cuda' (the card "
+                         f"the budget is for), got {target_device!r}")
     available = available_bytes(budget, model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
@@ -108,7 +121,7 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
             available, sum(trainable_sizes(model)), "find_batch_size", "report.data_parallel()")
     said = as_progress(progress, "find_batch_size")
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
-                     batch_dim=batch_dim, mode=mode, progress=said)
+                     batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device)
     return search(report, available, to_bytes(margin, "margin"), verify=bool(verify),
                   progress=said)
 
@@ -124,7 +137,7 @@ def search(report, available, margin=0, verify=True, max_batch=None, progress=No
 
     # Probes end at the example batch when it fits and is large enough to
     # start from: small batches cost their fixed overhead for little.
-    if report.batch >= 16 and report.peak_bytes <= available - margin:
+    if report.batch >= 16 and report.budget_peak_bytes <= available - margin:
         kwargs["first"] = [report.batch // 4, report.batch // 2, report.batch]
     return _memfit.search_batch(report.measure_step, available, margin, verify=bool(verify),
                                 host_limit=_memfit.probe_memory_limit(report.mode),

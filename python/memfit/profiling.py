@@ -181,6 +181,9 @@ class Report:
     # target_device="cuda": the caching allocator's view (peak_allocated,
     # peak_reserved, workspace_bytes); else None.
     cuda = property(lambda self: self._native.cuda)
+    # The peak a budget is held against: cuda.peak_reserved for a CUDA
+    # target, else peak_bytes.
+    budget_peak_bytes = property(lambda self: self._native.budget_peak())
 
     @property
     def phases(self):
@@ -434,7 +437,10 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         with host_memory():
             x = resize_batch(inputs, n, batch_dim)
             y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
-        return run(x, y, mode)
+        native, timeline = run(x, y, mode)
+        if target_device == "cuda":  # every batch probed for the same card
+            native.set_cuda_estimate(timeline, cuda_workspace)
+        return native, timeline
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
     return Report(native, timeline, sizes, record_at)

@@ -9,7 +9,7 @@ from . import fit as fitting
 from .batching import batch_size, count, first_batch_dim, map_tensors, narrow_batch, tensors_in
 from .device import to_bytes
 from .distributed import DistributedStep, batch_signature, is_distributed
-from .profiling import DEFAULT_CUDA_WORKSPACE, profile
+from .profiling import profile
 from .training_step import call_model, check_loss_trains, check_optimizer, compute_loss
 
 
@@ -372,13 +372,17 @@ class Trainer:
         example_target = None if target is None else map_tensors(
             target, lambda t: t.narrow(self.target_batch_dim, 0, k))
 
+        # Beside a card (not the simulated device) the steps are held against
+        # the caching allocator's reserved bytes, workspace included.
+        card = "cpu" if on_device else "cuda"
+
         def fit(set_to_none, verify, margin):
             report = profile(self._module, example, example_target, loss_fn=self.loss_fn,
                              optimizer=self.optimizer, batch_dim=self.batch_dim,
-                             set_to_none=set_to_none)
+                             set_to_none=set_to_none, target_device=card)
             return fitting.search(report, room, margin, verify=verify, max_batch=n)
 
-        margin = 0 if on_device else DEFAULT_CUDA_WORKSPACE
+        margin = 0
         try:
             plan.whole = fit(True, False, margin)
             if plan.whole.max_batch < n:

@@ -11,7 +11,7 @@ namespace memfit::cli {
 
 int fit_command(const std::vector<std::string>& argv) {
   Args args(argv, {"model", "budget", "optimizer", "mode", "margin", "layers",
-                   "width", "heads", "context"},
+                   "width", "heads", "context", "target", "cuda-workspace"},
             {"json", "ddp", "no-verify", "progress", "quiet"});
   const std::string name = args.require("model");
   FitOptions o;
@@ -20,6 +20,8 @@ int fit_command(const std::vector<std::string>& argv) {
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   if (args.has("margin")) o.extra_margin = args.get_size("margin");
   o.verify = !args.has("no-verify");
+  o.cuda_target = args.choice("target", "cpu", {"cpu", "cuda"}) == "cuda";
+  if (args.has("cuda-workspace")) o.cuda_workspace = args.get_size("cuda-workspace");
   o.progress = progress_of(args);
   auto model = make_model(name, model_options(args));
   try {

@@ -43,9 +43,11 @@ commands:
             toward the answer, then one whole step at it to verify
             memfit fit --model NAME --budget SIZE [--optimizer ...]
                        [--mode cpu|meta] [--margin SIZE] [--ddp] [--json]
-                       [--no-verify]
+                       [--no-verify] [--target cpu|cuda [--cuda-workspace SIZE]]
             --ddp: each rank's batch, DDP's gradient buckets reserved
             --no-verify: the model's answer, no step at it (said unverified)
+            --target cuda: the budget is a card's: held against the CUDA
+            caching allocator's reserved bytes, replayed on each step
   train     real training steps on the simulated device (CPU); the batch is
             split into micro-batches that fit, OOMs recovered
             memfit train --model NAME --batch B --budget SIZE [--steps N]

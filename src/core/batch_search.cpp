@@ -68,10 +68,14 @@ bool measure_into(ProbedModel& pm, const MeasureStep& measure, int64_t batch,
   }
   StepMeasurement m = measure(batch);
   rec.out_of_memory = m.out_of_memory;
-  rec.peak_bytes = m.out_of_memory ? 0 : m.report.peak_bytes;
+  // Held against the budget: reserved bytes on a CUDA target (a card's
+  // caching allocator), else the recorded peak. The model predicts the
+  // recorded (allocated) peak: its miss is measured on that.
+  rec.peak_bytes = m.out_of_memory ? 0 : m.report.budget_peak();
   if (!m.out_of_memory && rec.predicted_bytes >= 0 && !verification) {
-    const double miss = std::fabs(static_cast<double>(rec.peak_bytes - rec.predicted_bytes)) /
-                        static_cast<double>(std::max<int64_t>(rec.peak_bytes, 1));
+    const int64_t allocated = m.report.peak_bytes;
+    const double miss = std::fabs(static_cast<double>(allocated - rec.predicted_bytes)) /
+                        static_cast<double>(std::max<int64_t>(allocated, 1));
     pm.held_out_error = std::max(pm.held_out_error, miss);
     if (miss > plan.tolerance) pm.affine = false;
   }
@@ -117,10 +121,16 @@ int64_t model_answer(const PeakModel& model, int64_t usable) {
 
 std::string nothing_fits(const ProbedModel& pm, const SearchOptions& o) {
   std::string why = "no probe fit";
-  for (const ProbeRecord& p : pm.probes) {
+  for (size_t i = 0; i < pm.probes.size(); ++i) {
+    const ProbeRecord& p = pm.probes[i];
     if (p.batch != 1) continue;
+    const Report& r = pm.measured[i].report;
     why = p.out_of_memory ? "the step at batch 1 ran out of memory"
-                          : "the step at batch 1 peaked at " + format_bytes(p.peak_bytes);
+          : r.cuda ? "the step at batch 1 reserves " + format_bytes(p.peak_bytes) +
+                         " on a CUDA card (" + format_bytes(r.peak_bytes) +
+                         " allocated; the caching allocator's segments hold the rest, "
+                         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True holds less)"
+                   : "the step at batch 1 peaked at " + format_bytes(p.peak_bytes);
   }
   const std::string margin = o.extra_margin_bytes > 0
                                  ? " less a margin of " + format_bytes(o.extra_margin_bytes)
@@ -297,7 +307,8 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       reports.push_back(pm.measured[i].report);
       timelines.push_back(&pm.measured[i].timeline);
     }
-    if (batches.size() >= 2) {
+    // The model's message counts allocated bytes: not a card's reserve.
+    if (batches.size() >= 2 && !reports.front().cuda) {
       const PeakModel over = fit_peak_model(batches, reports, timelines);
       fit_batch(over, reports.front(), options.budget_bytes, options.extra_margin_bytes);
     }
@@ -307,6 +318,11 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
   BatchFit f;
   f.budget_bytes = options.budget_bytes;
   f.mode = reference->mode;
+  if (reference->cuda) {
+    f.notes.push_back("for a CUDA card: each step's peak held against the budget is the "
+                      "caching allocator's reserved bytes, replayed on it (measured_peak_bytes); "
+                      "predicted_peak_bytes is the model's allocated bytes");
+  }
   int64_t lowest_bad = smallest_over(pm, usable);
   int64_t candidate = best;
   if (!pm.model.phases.empty()) {
@@ -394,6 +410,24 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
           "workspace, no allocator): unverified");
     }
   } else {
+    if (reference->cuda && !pm.model.phases.empty() && record_at(pm, candidate, usable) == nullptr) {
+      // The model predicts allocated bytes; a card reserves more. Keep free
+      // the gap the largest probe measured (the gap grows with the batch:
+      // a guess, said so).
+      int64_t gap = 0, largest = 0;
+      for (size_t i = 0; i < pm.probes.size(); ++i) {
+        if (pm.probes[i].out_of_memory || pm.probes[i].batch <= largest) continue;
+        largest = pm.probes[i].batch;
+        gap = pm.probes[i].peak_bytes - pm.measured[i].report.peak_bytes;
+      }
+      const int64_t room = usable - gap;
+      if (room >= pm.model.predict(1)) {
+        candidate = std::max(best, std::min(candidate, pm.model.max_batch_under(room)));
+      }
+      f.notes.push_back("unverified for a CUDA card: the model predicts allocated bytes, and "
+                        "the caching allocator reserves more (" + format_bytes(gap) +
+                        " more at the largest probe, kept free); verify on, or leave a margin");
+    }
     f.max_batch = candidate;
     if (record_at(pm, candidate, usable) == nullptr) {
       f.notes.push_back("unverified: no step ran at batch " + std::to_string(candidate) +

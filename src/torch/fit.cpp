@@ -33,6 +33,8 @@ BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
   base.mode = options.mode;
   base.seed = options.seed;
   base.strategies = options.strategies;
+  base.cuda_target = options.cuda_target;
+  base.cuda_workspace = options.cuda_workspace;
   SearchOptions s;
   s.budget_bytes = options.budget;
   s.extra_margin_bytes = options.extra_margin;

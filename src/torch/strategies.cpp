@@ -199,8 +199,9 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
     p.strategies = strategies_of(v);
     // Autocast does nothing on meta: a bf16 step is recorded on the CPU.
     p.mode = cheap && o.meta && !v.autocast_bf16 ? "meta" : "cpu";
+    p.cuda_target = o.cuda_target;
+    p.cuda_workspace = o.cuda_workspace;
     Profile prof = profile_model(model, p);
-    if (o.cuda_target) prof.report.cuda = estimate_cuda(prof.timeline, o.cuda_workspace);
     return RecordedStep{prof.report, std::move(prof.timeline), prof.report.mode == "meta"};
   };
   if (o.timing_repeats > 0) {

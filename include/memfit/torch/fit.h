@@ -27,6 +27,10 @@ struct FitOptions {
   // next micro-batch's forward.
   StepStrategies strategies;
   int64_t max_batch = kMaxBatch;  // none larger is wanted: the search stops there
+  // For a CUDA card (ProfileOptions::cuda_target): each step is held
+  // against the caching allocator's reserved bytes.
+  bool cuda_target = false;
+  int64_t cuda_workspace = kDefaultCudaWorkspaceBytes;
   Progress progress;  // told each probe and verification (SearchOptions::progress)
 };
 

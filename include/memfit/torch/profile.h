@@ -46,6 +46,11 @@ struct ProfileOptions {
   uint64_t seed = 0;
   double lr = 1e-3;
   StepStrategies strategies;
+  // For a CUDA card: the report gets the caching allocator's estimate
+  // (Report::cuda) with cuda_workspace bytes of cuBLAS workspace, and
+  // budgets are held against its reserved bytes (Report::budget_peak).
+  bool cuda_target = false;
+  int64_t cuda_workspace = kDefaultCudaWorkspaceBytes;
   // Told each phase as its recording starts ("record batch 64 on meta:
   // forward (iteration 1)") and the explaining after: a meta step of a
   // large model takes seconds a phase. Silent by default.

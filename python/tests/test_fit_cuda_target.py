@@ -1,0 +1,65 @@
+"""find_batch_size for a CUDA card (target_device="cuda", the default for a
+model on a CUDA device): each step is held against the budget by the
+caching allocator's reserved bytes, replayed on it. In allocated bytes the
+answer can be far over a card: on this MLP the CPU answer under 60 MiB
+reserves 84 MiB on a card."""
+
+import pytest
+import torch.nn.functional as F
+
+import memfit
+from test_advise_cuda_target import data, mlp
+
+BUDGET = 60 << 20
+
+
+def card_reserved(model, x, y, batch):
+    r = memfit.profile(model, x[:1].repeat(batch, 1), y[:1].repeat(batch), loss_fn=F.cross_entropy,
+                       optimizer="adam", target_device="cuda")
+    return r.cuda.peak_reserved
+
+
+def fit(model, x, y, budget, target_device):
+    return memfit.find_batch_size(model, x, y, loss_fn=F.cross_entropy, optimizer="adam",
+                                  budget=budget, target_device=target_device)
+
+
+def test_a_card_gets_a_batch_whose_reserved_bytes_fit():
+    model = mlp()
+    x, y = data()
+    on_cpu = fit(model, x, y, BUDGET, "cpu")
+    assert card_reserved(model, x, y, on_cpu.max_batch) > BUDGET  # why a card needs its own
+    assert not any("CUDA card" in n for n in on_cpu.notes)
+
+    card = fit(model, x, y, BUDGET, "cuda")
+    assert card.verified and card.max_batch < on_cpu.max_batch
+    reserved = card_reserved(model, x, y, card.max_batch)
+    assert card.measured_peak_bytes == reserved <= BUDGET
+    assert any(n.startswith("for a CUDA card") for n in card.notes)
+
+
+def test_nothing_fits_a_card_says_reserved_and_allocated():
+    model = mlp()
+    x, y = data()
+    one = card_reserved(model, x, y, 1)
+    with pytest.raises(memfit.DoesNotFit, match=r"at batch 1 reserves .* on a CUDA card \(.* "
+                                                r"allocated.*expandable_segments"):
+        fit(model, x, y, one - 1, "cuda")
+
+
+def test_an_unknown_target_device_is_one_line():
+    x, y = data()
+    with pytest.raises(ValueError, match=r"target_device must be 'cpu' or 'cuda'.*got 'gpu'"):
+        fit(mlp(), x, y, BUDGET, "gpu")
+
+
+def test_unverified_for_a_card_keeps_the_measured_reserve_free_and_says_so():
+    model = mlp()
+    x, y = data()
+    kwargs = dict(loss_fn=F.cross_entropy, optimizer="adam", budget=BUDGET, verify=False)
+    on_cpu = memfit.find_batch_size(model, x, y, target_device="cpu", **kwargs)
+    card = memfit.find_batch_size(model, x, y, target_device="cuda", **kwargs)
+    assert not card.verified
+    assert card.max_batch < on_cpu.max_batch
+    assert any(n.startswith("unverified for a CUDA card") and "kept free" in n
+               for n in card.notes)

@@ -2,9 +2,11 @@
 # On a GPU machine (torch 2.x with CUDA from pip, cmake, a C++ compiler):
 # builds memfit against that torch in build-gpu/, then compares memfit's
 # predicted CUDA peaks (made on the CPU) with the GPU's own
-# (bench/gpu/compare_cuda.py). Arguments go to compare_cuda.py (--quick,
-# --models mlp,gpt, ...). Results: stdout, and $OUT/ when OUT is set
-# (gpu_compare.json, gpu_compare_cli.json, gpu_build.log).
+# (bench/gpu/compare_cuda.py), and runs real steps at the batch
+# find_batch_size fits for the card (bench/gpu/fit_on_card.py). Arguments go
+# to compare_cuda.py (--quick, --models mlp,gpt, ...). Results: stdout, and
+# $OUT/ when OUT is set (gpu_compare.json, gpu_compare_cli.json,
+# gpu_fit_on_card.json, gpu_build.log).
 #
 #   scripts/gpu_check.sh [--quick]
 #
@@ -118,6 +120,14 @@ if [ "$BUILT" = python ] && [ -x "$BUILD/memfit" ]; then
   for a in "$@"; do [ "$a" = --dry-run ] && dry=(--dry-run); done
   timeout 120 "$PY" bench/gpu/compare_cuda.py --build "$BUILD_ABS" --via cli --quick ${dry[@]+"${dry[@]}"} \
     --models mlp,cnn,gpt,lstm ${json[@]+"${json[@]}"} || { r=$?; [ "$rc" = 0 ] && rc=$r; }
+fi
+if [ "$BUILT" = python ]; then
+  # The fit for a card (reserved bytes), then real steps at its answer: the
+  # card's max_memory_reserved must stay within the budget.
+  step "find_batch_size(target_device='cuda') checked by real steps on the card"
+  dry=()
+  for a in "$@"; do [ "$a" = --dry-run ] && dry=(--dry-run); done
+  timeout 300 "$PY" bench/gpu/fit_on_card.py ${dry[@]+"${dry[@]}"} || { r=$?; [ "$rc" = 0 ] && rc=$r; }
 fi
 step "done (exit $rc)"
 exit "$rc"

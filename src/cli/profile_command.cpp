@@ -5,7 +5,6 @@
 #include <optional>
 #include <iostream>
 #include <sstream>
-#include <unordered_set>
 
 #include "args.h"
 #include "commands.h"
@@ -119,50 +118,6 @@ std::optional<at::ScalarType> dtype_flag(const Args& args, const std::string& fl
   return name == "bf16" ? at::kBFloat16 : name == "fp16" ? at::kHalf : at::kFloat;
 }
 
-// The model under fully_shard on `world` ranks, as Python's fsdp2_setup()
-// with its default units: each block of the model's chain a unit, the root
-// owning every other parameter (a model without a chain: the root alone).
-// The sizes are the core's fsdp2_unit().
-Fsdp2Setup fsdp2_setup(TrainableModel& model, int world, std::optional<at::ScalarType> param,
-                       std::optional<at::ScalarType> reduce, bool cpu_offload) {
-  const Fsdp2Precision precision{
-      param ? static_cast<int>(c10::elementSize(*param)) : 0,
-      reduce ? static_cast<int>(c10::elementSize(*reduce)) : 0};
-  auto shape = [&](const at::Tensor& p) {
-    return ParamShape{p.dim() > 0 ? p.size(0) : 1, p.numel(),
-                      static_cast<int>(p.element_size()),
-                      param.has_value() && *param != p.scalar_type()};
-  };
-  // Each tensor once, in the order of root.parameters() (shared ones as
-  // Python's model.parameters() gives them: first place only).
-  auto unowned = [&](const std::vector<at::Tensor>& params,
-                     std::unordered_set<const c10::TensorImpl*>& seen) {
-    std::vector<ParamShape> out;
-    for (const at::Tensor& p : params) {
-      if (seen.insert(p.unsafeGetTensorImpl()).second) out.push_back(shape(p));
-    }
-    return out;
-  };
-  torch::nn::Module& root = model.module();
-  const auto modules = root.named_modules(/*name_prefix=*/"", /*include_self=*/false);
-  std::unordered_set<const c10::TensorImpl*> owned, all_seen;
-  std::vector<Fsdp2Unit> blocks;
-  for (const std::string& path : model.chain()) {
-    const auto* m = modules.find(path);
-    TORCH_INTERNAL_ASSERT(m != nullptr, "chain block '", path, "' is not a submodule");
-    blocks.push_back(
-        fsdp2_unit(path, unowned((*m)->parameters(), owned), world, precision, cpu_offload));
-  }
-  Fsdp2Setup d;
-  d.world_size = world;
-  d.cpu_offload = cpu_offload;
-  d.units.push_back(fsdp2_unit("", unowned(root.parameters(), owned), world, precision,
-                               cpu_offload));
-  d.units.insert(d.units.end(), blocks.begin(), blocks.end());
-  d.grad_scale = fsdp2_grad_scale(unowned(root.parameters(), all_seen), precision);
-  return d;
-}
-
 void write_file(const std::string& flag, const std::string& path,
                 const std::string& text) {
   std::ofstream f(path);
@@ -273,8 +228,8 @@ int profile_command(const std::vector<std::string>& argv) {
     p.report.data_parallel = DataParallelEstimate{d, per_rank_peaks(p.timeline, d)};
     if (args.has("fsdp2")) {
       // One more row, as Python's sharding="fsdp2" adds it.
-      const Fsdp2Setup f = fsdp2_setup(*model, static_cast<int>(world), param_dtype,
-                                       reduce_dtype, args.has("cpu-offload"));
+      const Fsdp2Setup f = fsdp2_setup(model->module(), model->chain(), static_cast<int>(world),
+                                       param_dtype, reduce_dtype, args.has("cpu-offload"));
       p.report.data_parallel->per_rank.push_back(fsdp2_rank_peak(p.timeline, f));
     }
   }

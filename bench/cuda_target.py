@@ -7,7 +7,12 @@ budget: above 1.00 the step would not fit the card. No GPU is used; the
 allocator's rules are the ones bench/gpu/compare_cuda.py checks on one.
 
     PYTHONPATH=build/python .venv/bin/python bench/cuda_target.py
-        [--models mlp,cnn,gpt,lstm,resnet18-twin] [--budgets 40MiB,256MiB]
+        [--models mlp,cnn,gpt,lstm,resnet18-twin] [--budgets 40MiB,256MiB] [--true-max]
+
+--true-max: also the largest batch whose replayed reserve fits, searched
+(doubling from the answer, then bisecting: the reserve is a staircase, not
+monotone, so this is the first batch above the answer that does not fit,
+less one), and the answer over it.
 """
 
 import argparse
@@ -30,10 +35,23 @@ def reserved_at(model, x, y, loss_fn, batch):
     return r.cuda.peak_reserved
 
 
+def first_failure(model, x, y, loss_fn, batch, budget):
+    """The batch before the first one above `batch` (which fits) whose
+    replayed reserve is over `budget`."""
+    lo, hi = batch, batch * 2
+    while reserved_at(model, x, y, loss_fn, hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if reserved_at(model, x, y, loss_fn, mid) <= budget else (lo, mid)
+    return lo
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="mlp,cnn,gpt,lstm,resnet18-twin")
     ap.add_argument("--budgets", default="40MiB,256MiB")
+    ap.add_argument("--true-max", action="store_true")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     print(f"torch {torch.__version__}, 1 thread, Adam; reserved/budget above 1.00: the step "
@@ -62,6 +80,9 @@ def main(argv=None):
                 else:
                     worst_cuda = max(worst_cuda, ratio)
                     row.append(f"{f.max_batch:>11} {ratio:>15.3f} {f.trials:>6}")
+                    if args.true_max:
+                        top = first_failure(model, x, y, loss_fn, f.max_batch, f.budget_bytes)
+                        row.append(f"| true max {top}, found/true {f.max_batch / top:.3f}")
             print(" ".join(row), flush=True)
     print(f"worst reserved/budget: planned in allocated bytes {worst_cpu:.3f}, "
           f"held against reserved bytes {worst_cuda:.3f}")

@@ -352,6 +352,8 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
     int64_t best_peak = record_at(pm, best, usable)->peak_bytes;
     int64_t bad_peak = -1;
     int blind_misses = 0;  // candidates that ran out of memory, peak unknown
+    // A card's last two failures measured the same reserve (one stair).
+    bool flat_failure = false;
     for (const ProbeRecord& p : pm.probes) {
       if (p.batch == lowest_bad && !p.out_of_memory) bad_peak = p.peak_bytes;
     }
@@ -377,7 +379,9 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
         best_peak = tried.peak_bytes;
       } else {
         lowest_bad = candidate;
+        const int64_t before = bad_peak;
         bad_peak = tried.out_of_memory ? -1 : tried.peak_bytes;
+        flat_failure = reference->cuda && bad_peak >= 0 && bad_peak == before;
       }
       // Next: inside the bracket, by the secant through its ends; above
       // it, by the secant through the two largest that fit. An OOM gives no
@@ -388,6 +392,10 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       int64_t next;
       if (lowest_bad == kNone) {
         next = up;
+      } else if (flat_failure) {
+        // A card's reserve is a staircase in the batch (segments): two
+        // failures on one stair send a secant creeping along it. Bisect.
+        next = half;
       } else if (bad_peak >= 0) {
         next = secant(best, best_peak, lowest_bad, bad_peak, usable, half);
       } else if (!ok && ++blind_misses == 1) {

@@ -132,10 +132,12 @@ def _scaled_step(optimizer, scaler):
 # without it, and its own message says what does not fit; trainer.planned
 # says why.
 #
-# On CUDA the probes are CPU steps (as find_batch_size's), which verify
-# nothing about the card: question 2 runs unverified, with cuBLAS's
-# workspace kept free, and the caching allocator's slack is left to the
-# safety net. Not checked on a GPU yet.
+# On CUDA the probes are CPU steps (as find_batch_size's), recorded for the
+# card: each is held against the caching allocator's reserved bytes replayed
+# on it (cuBLAS's workspace included), not the allocated ones, which a card
+# exceeds. Question 2 runs unverified (a CPU step verifies nothing about the
+# card): the largest probe's reserve gap is kept free, and what the replay
+# misses is left to the safety net. Not checked on a GPU yet.
 
 
 @dataclasses.dataclass

@@ -32,9 +32,11 @@ left at foreach=None pick their implementation from the parameters' device:
 on CUDA the foreach one (one _foreach_* op over all tensors at once, whose
 temporaries are as large as all parameters: 1.0x P inside AdamW's step),
 on the CPU and meta the per-tensor loop (temporaries of the largest tensor
-only: 0.04x P on a 7B Llama, 25 GiB less). A meta step planned for
-target_device="cuda" runs foreach, as the GPU would; the group's setting is
-put back after.
+only: 0.04x P on a 7B Llama, 25 GiB less). A step planned for
+target_device="cuda", on meta or on the CPU, runs foreach, as the GPU
+would, whether the optimizer is the user's (its groups' setting is put
+back after) or named ("adam"); find_batch_size, advise and the Trainer
+beside a card plan it so.
 """
 
 import contextlib
@@ -98,11 +100,11 @@ def _fused_on_meta(sdpa):
     return fused
 
 
-@contextlib.contextmanager
-def foreach_as_on_cuda(optimizer):
-    """While active, `optimizer`'s param groups left at foreach=None (and
-    not fused or differentiable) run foreach, as on CUDA parameters; yields
-    whether any did. See Note [The optimizer a GPU would run]."""
+def run_foreach(optimizer):
+    """Sets `optimizer`'s param groups left at foreach=None (and not fused
+    or differentiable) to run foreach, as torch does for CUDA parameters;
+    returns the indices of the groups it set. See Note [The optimizer a GPU
+    would run]."""
     chosen = []
     if isinstance(optimizer, torch.optim.Optimizer):
         chosen = [i for i, g in enumerate(optimizer.param_groups)
@@ -110,6 +112,14 @@ def foreach_as_on_cuda(optimizer):
                   and not g.get("differentiable")]
     for i in chosen:
         optimizer.param_groups[i]["foreach"] = True
+    return chosen
+
+
+@contextlib.contextmanager
+def foreach_as_on_cuda(optimizer):
+    """While active, `optimizer` runs foreach as on CUDA parameters
+    (run_foreach), put back after; yields whether any group did."""
+    chosen = run_foreach(optimizer)
     try:
         yield bool(chosen)
     finally:

@@ -1,6 +1,7 @@
 """memfit.profile: where a training step's memory goes, and what a bigger
 batch would need."""
 
+import contextlib
 import traceback
 
 import torch
@@ -11,7 +12,7 @@ from . import report_page
 from .device import host_memory
 from .batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
 from .host_offload import OffloadedOptimizer
-from .meta_reads import MetaReads, foreach_as_on_cuda
+from .meta_reads import MetaReads, foreach_as_on_cuda, run_foreach
 from .progress import as_progress
 from .snapshot import ModelTensors, OptimizerState, kept_rng, private_copy
 from .tracking import Tracking
@@ -39,7 +40,7 @@ def _autocast_on():
 
 
 def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_to_none=True,
-              say=None):
+              say=None, as_on_cuda=False):
     """_record_step on copies of the weights, inputs and optimizer state; the
     model, its gradients and the optimizer are put back as they were."""
     saved = ModelTensors(model)
@@ -49,7 +50,7 @@ def _rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set
         torch.clear_autocast_cache()
     try:
         return _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                            set_to_none, say)
+                            set_to_none, say, as_on_cuda)
     except BaseException as e:
         # See Note [A rehearsal that runs out of memory puts everything back].
         traceback.clear_frames(e.__traceback__)
@@ -97,12 +98,14 @@ class _StepState:
 
 
 def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                 set_to_none=True, say=None):
+                 set_to_none=True, say=None, as_on_cuda=False):
     """Runs `iterations` training iterations under a recorder; returns it.
     set_to_none=False zeroes the gradients in place: they stay alive through
     the next iteration's forward, as between the micro-batches of an
     accumulated step. Either way the rehearsal's gradients are dropped when
-    `saved` is restored: the user's .grad come back."""
+    `saved` is restored: the user's .grad come back. as_on_cuda: an
+    optimizer named by a string runs foreach, as on CUDA parameters (See
+    Note [The optimizer a GPU would run])."""
     t = Tracking()
     if device.type == "meta":
         # The device's bytes only: what stays on the host (AdamW's step
@@ -117,6 +120,8 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
         saved.swap_in_copies(device, t.classify)
         if isinstance(step.optimizer, str):
             step.optimizer = OPTIMIZERS[step.optimizer](saved.parameters)
+            if as_on_cuda:
+                run_foreach(step.optimizer)  # memfit's own optimizer: nothing to put back
 
     def inputs_():
         step.x = private_copy(inputs, device)
@@ -377,18 +382,20 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         reads = MetaReads()  # See Note [Data-dependent reads on the meta device].
         with kept_rng():
             try:
-                if mode == "meta":
-                    with reads.answering(), foreach_as_on_cuda(
-                            optimizer if target_device == "cuda" else None) as foreach:
-                        rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                        torch.device(mode), set_to_none, said)
-                    if foreach:
-                        notes.append("the optimizer ran its foreach implementation, as torch "
-                                     "does for CUDA parameters (temporaries as large as all "
-                                     "parameters); see Note [The optimizer a GPU would run]")
-                else:
+                # For a card, the optimizer a GPU would run: See Note [The
+                # optimizer a GPU would run].
+                card = target_device == "cuda"
+                with contextlib.ExitStack() as stack:
+                    if mode == "meta":
+                        stack.enter_context(reads.answering())
+                    foreach = stack.enter_context(
+                        foreach_as_on_cuda(optimizer if card else None))
                     rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
-                                    torch.device(mode), set_to_none, said)
+                                    torch.device(mode), set_to_none, said, as_on_cuda=card)
+                if foreach or (card and optimizer in ("adam", "sgd", "momentum")):
+                    notes.append("the optimizer ran its foreach implementation, as torch "
+                                 "does for CUDA parameters (temporaries as large as all "
+                                 "parameters); see Note [The optimizer a GPU would run]")
             except (NotImplementedError, RuntimeError) as e:
                 if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
                     raise

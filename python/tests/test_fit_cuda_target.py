@@ -5,6 +5,7 @@ answer can be far over a card: on this MLP the CPU answer under 60 MiB
 reserves 84 MiB on a card."""
 
 import pytest
+import torch
 import torch.nn.functional as F
 
 import memfit
@@ -63,3 +64,21 @@ def test_unverified_for_a_card_keeps_the_measured_reserve_free_and_says_so():
     assert card.max_batch < on_cpu.max_batch
     assert any(n.startswith("unverified for a CUDA card") and "kept free" in n
                for n in card.notes)
+
+
+def test_a_card_runs_the_optimizer_a_gpu_would_whether_named_or_given():
+    # torch runs Adam foreach on CUDA parameters, per tensor on the CPU: a
+    # step recorded for a card runs foreach, for "adam" as for the user's
+    # optimizer, whose own setting is put back.
+    model = mlp()
+    x, y = data()
+    given = torch.optim.Adam(model.parameters())
+    for opt in ("adam", given):
+        card = memfit.profile(model, x, y, loss_fn=F.cross_entropy, optimizer=opt,
+                              target_device="cuda")
+        cpu = memfit.profile(model, x, y, loss_fn=F.cross_entropy, optimizer=opt)
+        assert any("foreach implementation" in n for n in card.notes)
+        assert not any("foreach" in n for n in cpu.notes)
+        step = [p["peak_bytes"] for p in card.phases if p["name"] == "optimizer_step"]
+        assert step != [p["peak_bytes"] for p in cpu.phases if p["name"] == "optimizer_step"]
+    assert given.param_groups[0]["foreach"] is None

@@ -46,7 +46,8 @@ def main(argv=None):
     ap.add_argument("--json", help="write the rows here (default $OUT/gpu_fit_on_card.json)")
     args = ap.parse_args(argv)
     on_card = torch.cuda.is_available() and not args.dry_run
-    print(f"torch {torch.__version__}; {'on ' + torch.cuda.get_device_name(0) if on_card else 'dry run: fits only'}")
+    where = "on " + torch.cuda.get_device_name(0) if on_card else "dry run: fits only"
+    print(f"torch {torch.__version__}; {where}")
     print(f"{'model':<8} {'budget':>8} {'batch':>7} {'memfit reserved':>16} {'card reserved':>14} "
           f"{'card/budget':>11} {'card/memfit':>11}")
     rows, worst = [], 0.0

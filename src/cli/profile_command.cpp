@@ -191,6 +191,11 @@ int profile_command(const std::vector<std::string>& argv) {
       for (const auto& n : probed.notes) pm.notes.push_back(n);
       sure = certainty_at(probed, target);
     }
+    if (target == "cuda") {
+      pm.notes.push_back("the prediction counts allocated bytes: a card's reserved bytes are "
+                         "estimated for a profiled batch (without --predict), and "
+                         "`memfit fit --target cuda` fits a batch to them");
+    }
     std::cout << (args.has("json") ? prediction_json(pm, o.batch, sure) + "\n"
                                    : prediction_text(pm, o.batch, sure));
     return 0;

@@ -43,7 +43,7 @@ echo "fit --target cuda: batch $batch, measured $measured B, profile reserved $a
 [ "$measured" = "$at" ] && [ "$at" -le $((40 << 20)) ] ||
   { echo "FAIL: fit's answer reserves $at B (fit said $measured) against 40 MiB"; exit 1; }
 # profile --predict predicts allocated bytes, and says so for a card.
-"$memfit" profile --model mlp --batch 64 --predict --target cuda --quiet |
-  grep -q "the prediction counts allocated bytes" ||
+predicted=$("$memfit" profile --model mlp --batch 64 --predict --target cuda --quiet)
+echo "$predicted" | grep -q "the prediction counts allocated bytes" ||
   { echo "FAIL: --predict --target cuda does not say its bytes are allocated"; exit 1; }
 echo "ok"

@@ -295,6 +295,7 @@ class Planner {
   std::vector<Whole> wholes_;
   // See Note [Levels the search skips].
   std::optional<int64_t> lower_bound_at(const StepVariant& v, int64_t c) const;
+  bool bounded_over(const StepVariant& v, int64_t c) const;
   // The rows the front could not record, by its reason: one note a reason.
   std::vector<std::pair<std::string, std::vector<std::string>>> unrecorded_;
   // The chain calibrated at each micro-batch the search reached.
@@ -584,6 +585,16 @@ std::optional<int64_t> Planner::lower_bound_at(const StepVariant& v, int64_t c) 
                                             static_cast<double>(s_.batch));
 }
 
+// Whether `v` at micro-batch c is bounded over the budget (lower_bound_at);
+// says so as it skips it.
+bool Planner::bounded_over(const StepVariant& v, int64_t c) const {
+  const std::optional<int64_t> bound = lower_bound_at(v, c);
+  if (!bound || *bound <= limit_) return false;
+  s_.progress.step("skip " + describe(v, s_.optimizer, s_.offload_label) + " at batch " +
+                   std::to_string(c) + ": at least " + format_bytes(*bound));
+  return true;
+}
+
 bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   const bool users_whole = c == s_.batch && base == StepVariant{};
   // The step without checkpointing at c, recorded cheaply: a candidate
@@ -592,9 +603,8 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   if (users_whole) {
     plain_c = *plain_cheap_;
     if (!every_only && verify(base, c, plain_)) return true;
-  } else if (const auto bound = lower_bound_at(base, c); bound && *bound > limit_) {
-    s_.progress.step("skip " + describe(base, s_.optimizer, s_.offload_label) + " at batch " +
-                     std::to_string(c) + ": at least " + format_bytes(*bound));
+  } else if (bounded_over(base, c)) {
+    // Not recorded; the chain's baseline is recorded below if needed.
   } else if (!every_only || chain_of(base) == 0) {
     plain_c = record(base, c, true);
     if (!plain_c->unavailable.empty()) return false;
@@ -607,13 +617,7 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   if (chain_of(base) == 0) return false;
   StepVariant every = base;
   every.checkpoint.assign(n_, true);
-  if (!users_whole) {
-    if (const auto bound = lower_bound_at(every, c); bound && *bound > limit_) {
-      s_.progress.step("skip " + describe(every, s_.optimizer, s_.offload_label) + " at batch " +
-                       std::to_string(c) + ": at least " + format_bytes(*bound));
-      return false;
-    }
-  }
+  if (!users_whole && bounded_over(every, c)) return false;
   const RecordedStep every_c = users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
   if (!every_c.unavailable.empty()) return false;
   if (every_c.report.budget_peak() > limit_) {
@@ -755,8 +759,7 @@ std::string Planner::does_not_fit_message(int64_t outside) const {
          (listed.empty() ? "" : " and the settings (" + listed + ")") +
          " combined with these, changing the numbers";
   }
-  const bool state_on_host =
-      s_.optimizer.size() >= 8 && s_.optimizer.compare(s_.optimizer.size() - 8, 8, "-offload") == 0;
+  const bool state_on_host = optimizer_on_host(s_.optimizer);
   const OomPhase phase = oom_phase_of(plain_.report.peak_phase);
   const OomDiagnosis d = diagnose_oom(phase, oom_memory_of(plain_.report.categories_at_peak),
                                       s_.budget, state_on_host);

@@ -27,8 +27,9 @@ int advise_command(const std::vector<std::string>& argv) {
   o.meta = args.choice("mode", "cpu", {"cpu", "meta"}) == "meta";
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
   o.allow_approximate = args.has("allow-approximate");
-  o.cuda_target = args.choice("target", "cpu", {"cpu", "cuda"}) == "cuda";
-  if (args.has("cuda-workspace")) o.cuda_workspace = args.get_size("cuda-workspace");
+  const CudaTarget card = cuda_target_of(args);
+  o.cuda_target = card.on;
+  o.cuda_workspace = card.workspace_bytes;
   auto model = make_model(name, model_options(args));
   // What it records, as it goes, on stderr: on a terminal, or asked for.
   Progress progress;

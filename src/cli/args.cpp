@@ -103,6 +103,13 @@ Progress progress_of(const Args& args) {
   return Progress([](const std::string& line) { std::cerr << line << std::endl; });
 }
 
+CudaTarget cuda_target_of(const Args& args) {
+  CudaTarget t;
+  t.on = args.choice("target", "cpu", {"cpu", "cuda"}) == "cuda";
+  if (args.has("cuda-workspace")) t.workspace_bytes = args.get_size("cuda-workspace");
+  return t;
+}
+
 ModelOptions model_options(const Args& args) {
   ModelOptions mo;
   mo.layers = args.get_int("layers", mo.layers);

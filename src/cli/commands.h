@@ -1,8 +1,10 @@
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "memfit/core/report.h"
 #include "memfit/torch/models.h"
 
 namespace memfit::cli {
@@ -10,6 +12,14 @@ namespace memfit::cli {
 class Args;
 // --layers, --width, --heads, --context for the gpt model.
 ModelOptions model_options(const Args& args);
+
+// --target cpu|cuda and --cuda-workspace SIZE: the card a budget or an
+// estimate is for.
+struct CudaTarget {
+  bool on = false;  // --target cuda
+  int64_t workspace_bytes = kDefaultCudaWorkspaceBytes;
+};
+CudaTarget cuda_target_of(const Args& args);
 
 
 // Each returns the process exit status: 0 success, 1 usage or input error,

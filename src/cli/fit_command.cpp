@@ -20,8 +20,9 @@ int fit_command(const std::vector<std::string>& argv) {
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   if (args.has("margin")) o.extra_margin = args.get_size("margin");
   o.verify = !args.has("no-verify");
-  o.cuda_target = args.choice("target", "cpu", {"cpu", "cuda"}) == "cuda";
-  if (args.has("cuda-workspace")) o.cuda_workspace = args.get_size("cuda-workspace");
+  const CudaTarget card = cuda_target_of(args);
+  o.cuda_target = card.on;
+  o.cuda_workspace = card.workspace_bytes;
   o.progress = progress_of(args);
   auto model = make_model(name, model_options(args));
   try {

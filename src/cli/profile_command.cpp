@@ -143,7 +143,7 @@ int profile_command(const std::vector<std::string>& argv) {
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   o.iterations = static_cast<int>(args.get_count("iterations", 2));
   o.progress = progress_of(args);
-  const std::string target = args.choice("target", "cpu", {"cpu", "cuda"});
+  const CudaTarget card = cuda_target_of(args);
   const PlotAxis x_axis = plot_axis_from_string(args.choice("x-axis", "time", {"time", "events"}));
   const int64_t budget = args.has("budget") ? args.get_size("budget") : 0;
   if (args.has("budget") && budget < 1) throw UsageError("--budget must be at least 1 byte");
@@ -191,7 +191,7 @@ int profile_command(const std::vector<std::string>& argv) {
       for (const auto& n : probed.notes) pm.notes.push_back(n);
       sure = certainty_at(probed, target);
     }
-    if (target == "cuda") {
+    if (card.on) {
       pm.notes.push_back("the prediction counts allocated bytes: a card's reserved bytes are "
                          "estimated for a profiled batch (without --predict), and "
                          "`memfit fit --target cuda` fits a batch to them");
@@ -209,13 +209,10 @@ int profile_command(const std::vector<std::string>& argv) {
               << "\n";
     return 2;
   }
-  if (target == "cuda") {
-    const int64_t workspace = args.has("cuda-workspace")
-                                  ? args.get_size("cuda-workspace")
-                                  : kDefaultCudaWorkspaceBytes;
+  if (card.on) {
     o.progress.step("replay " + std::to_string(p.timeline.events().size()) +
                     " allocations and frees through the CUDA caching allocator");
-    p.report.cuda = estimate_cuda(p.timeline, workspace);
+    p.report.cuda = estimate_cuda(p.timeline, card.workspace_bytes);
   }
   if (args.has("world-size")) {
     const int64_t world = args.get_int("world-size", 2);

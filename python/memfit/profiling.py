@@ -107,6 +107,7 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
     optimizer named by a string runs foreach, as on CUDA parameters (See
     Note [The optimizer a GPU would run])."""
     t = Tracking()
+    t.ran_foreach = False  # a named optimizer set to foreach (as_on_cuda)
     if device.type == "meta":
         # The device's bytes only: what stays on the host (AdamW's step
         # counts) would stay on the host beside a GPU too.
@@ -120,8 +121,8 @@ def _record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, d
         saved.swap_in_copies(device, t.classify)
         if isinstance(step.optimizer, str):
             step.optimizer = OPTIMIZERS[step.optimizer](saved.parameters)
-            if as_on_cuda:
-                run_foreach(step.optimizer)  # memfit's own optimizer: nothing to put back
+            if as_on_cuda:  # memfit's own optimizer: nothing to put back
+                t.ran_foreach = bool(run_foreach(step.optimizer))
 
     def inputs_():
         step.x = private_copy(inputs, device)
@@ -392,7 +393,7 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
                         foreach_as_on_cuda(optimizer if card else None))
                     rec = _rehearse(model, inputs, target, loss_fn, optimizer, iterations,
                                     torch.device(mode), set_to_none, said, as_on_cuda=card)
-                if foreach or (card and optimizer in ("adam", "sgd", "momentum")):
+                if foreach or rec.ran_foreach:
                     notes.append("the optimizer ran its foreach implementation, as torch "
                                  "does for CUDA parameters (temporaries as large as all "
                                  "parameters); see Note [The optimizer a GPU would run]")
@@ -432,11 +433,11 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
                          f"{_memfit.format_bytes(rec.host_bytes)} of host memory (parameter "
                          f"copies, gradient buffers, state), not in the device's figures")
         native.notes = notes
+        if target_device == "cuda":  # every batch recorded, for the same card
+            native.set_cuda_estimate(rec.timeline, cuda_workspace)
         return native, rec.timeline
 
     native, timeline = run(inputs, target, mode)
-    if target_device == "cuda":
-        native.set_cuda_estimate(timeline, cuda_workspace)
 
     def record_at(n):
         # The cut or repeated batch is memfit's, made on the host: only the
@@ -444,10 +445,7 @@ def profile(model, inputs, target=None, loss_fn=None, optimizer=None, iterations
         with host_memory():
             x = resize_batch(inputs, n, batch_dim)
             y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
-        native, timeline = run(x, y, mode)
-        if target_device == "cuda":  # every batch probed for the same card
-            native.set_cuda_estimate(timeline, cuda_workspace)
-        return native, timeline
+        return run(x, y, mode)
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
     return Report(native, timeline, sizes, record_at)

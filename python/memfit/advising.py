@@ -10,7 +10,7 @@ import torch
 
 from . import _memfit
 from .batching import batch_size, count
-from .device import to_bytes
+from .device import budget_target, to_bytes
 from .fit import DoesNotFit
 from .progress import as_progress
 from .training_step import check_optimizer
@@ -99,11 +99,7 @@ def advise(model, inputs, target=None, loss_fn=None, optimizer="adam", budget=No
     if mode not in ("cpu", "meta"):
         raise ValueError(f"[advise] mode must be 'cpu' or 'meta', got {mode!r}")
     check_optimizer(model, optimizer, "advise")
-    if target_device is None:
-        target_device = "cuda" if cuda_devices(model) else "cpu"
-    if target_device not in ("cpu", "cuda"):
-        raise ValueError(f"[advise] target_device must be 'cpu' or 'cuda' (the card the budget "
-                         f"is for), got {target_device!r}")
+    target_device = budget_target(model, target_device, "advise")
     n = batch_size(inputs, batch_dim, "advise")
     limit = None if budget is None else to_bytes(budget, "advise")
     param_bytes = _parameter_bytes(model)

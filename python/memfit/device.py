@@ -65,3 +65,15 @@ def host_memory():
         yield
     finally:
         del handle  # ends the host scope now (CPython refcounting)
+
+
+def budget_target(model, target_device, who):
+    """The device a budget is for: `target_device` ("cpu" or "cuda"), or
+    None: "cuda" when `model`'s parameters are on a CUDA device, else "cpu".
+    Raises ValueError, one line naming `who`, for anything else."""
+    if target_device is None:
+        return "cuda" if any(p.is_cuda for p in model.parameters()) else "cpu"
+    if target_device not in ("cpu", "cuda"):
+        raise ValueError(f"[{who}] target_device must be 'cpu' or 'cuda' (the card the budget "
+                         f"is for), got {target_device!r}")
+    return target_device

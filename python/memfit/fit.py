@@ -9,7 +9,7 @@ import torch
 from . import _memfit
 from .batching import count
 from .data_parallel import trainable_sizes
-from .device import to_bytes
+from .device import budget_target, to_bytes
 from .profiling import profile
 from .progress import as_progress
 from .training_step import check_optimizer
@@ -109,11 +109,7 @@ def find_batch_size(model, inputs, target=None, loss_fn=None, optimizer=None, bu
     not fit.
     """
     check_optimizer(model, optimizer, "find_batch_size")
-    if target_device is None:
-        target_device = "cuda" if any(p.is_cuda for p in model.parameters()) else "cpu"
-    if target_device not in ("cpu", "cuda"):
-        raise ValueError(f"[find_batch_size] target_device must be 'cpu' or 'cuda' (the card "
-                         f"the budget is for), got {target_device!r}")
+    target_device = budget_target(model, target_device, "find_batch_size")
     available = available_bytes(budget, model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module

@@ -27,6 +27,12 @@ stand-ins of the tensors) and, where that is the fused flash kernel, runs
 it on meta as the CPU does (a boolean mask made additive first), so the
 step saves what the fused kernel saves. Other choices run as before.
 
+While meta mode runs the step, torch's own C++ meta kernels answer the
+ops a step runs most (elementwise, reductions, softmax, matmuls, cat), in
+front of the Python ones torch registers over them: the same shapes,
+dtypes and strides as a real device, ~100x faster a call. See Note
+[Native meta kernels] in python/src/bind_native_meta.cpp.
+
 Note [The optimizer a GPU would run]: torch.optim's Adam, AdamW, SGD, ...
 left at foreach=None pick their implementation from the parameters' device:
 on CUDA the foreach one (one _foreach_* op over all tensors at once, whose
@@ -45,6 +51,8 @@ import traceback
 
 import torch
 import torch.nn.functional as F
+
+from . import _memfit
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
@@ -158,7 +166,8 @@ class MetaReads:
         math_sdpa = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = _fused_on_meta(math_sdpa)
         try:
-            yield self
+            with _memfit.NativeMetaKernels():
+                yield self
         finally:
             F.scaled_dot_product_attention = math_sdpa
             lib._destroy()

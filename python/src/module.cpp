@@ -18,4 +18,5 @@ PYBIND11_MODULE(_memfit, m) {
   memfit::python::init_ddp_budget(m);
   memfit::python::init_strategies(m);
   memfit::python::init_cli(m);
+  memfit::python::init_native_meta(m);
 }

@@ -2,6 +2,8 @@
 meta mode: a model larger than the machine is planned with no real memory,
 and its parameter, gradient and optimizer-state bytes are exact."""
 
+import contextlib
+
 import pytest
 import torch
 
@@ -235,3 +237,85 @@ def test_adafactor_reads_its_scalars_on_meta_and_the_note_says_so():
     rows_cols = (784 + 512) * 4 + 512 * 4 + (512 + 10) * 4 + 10 * 4
     step1 = phase(r, "optimizer_step")
     assert step1["delta_bytes"] == rows_cols
+
+
+def meta_kernel_of(op):
+    """The first (active) Meta line of the dispatcher's table for `op`."""
+    return [line for line in torch._C._dispatch_dump(op).splitlines()
+            if line.startswith("Meta")][0]
+
+
+def test_meta_mode_runs_torchs_cpp_kernels_and_puts_the_python_ones_back():
+    # See Note [Native meta kernels] (python/src/bind_native_meta.cpp).
+    before = meta_kernel_of("aten::mul.Tensor")
+    assert "_meta_registrations.py" in before  # torch's Python kernel
+    during = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = torch.nn.Linear(16, 4)
+
+        def forward(self, x):
+            during.append(meta_kernel_of("aten::mul.Tensor"))
+            return self.fc(x * 2.0)
+
+    with torch.device("meta"):
+        model = Probe()
+    memfit.profile(model, torch.empty(8, 16, device="meta"), loss_fn=lambda out: out.sum(),
+                   optimizer="adam", mode="meta")
+    assert during and all("bind_native_meta.cpp" in k for k in during)
+    assert meta_kernel_of("aten::mul.Tensor") == before
+
+
+def test_meta_kernels_are_put_back_when_the_step_raises():
+    before = meta_kernel_of("aten::add.Tensor")
+    with torch.device("meta"):
+        model = Checks(read_a_number=True)
+    with pytest.raises(ValueError):
+        memfit.profile(model, torch.empty(8, 16, device="meta"),
+                       loss_fn=lambda out: out.sum(), optimizer="sgd", mode="meta")
+    assert meta_kernel_of("aten::add.Tensor") == before
+
+
+def hf_configs(t):
+    return {
+        "llama": (t.LlamaConfig(num_hidden_layers=2, hidden_size=128, intermediate_size=320,
+                                num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
+                                max_position_embeddings=64, use_cache=False),
+                  t.LlamaForCausalLM),
+        "gpt2": (t.GPT2Config(n_layer=2, n_embd=128, n_head=4, vocab_size=500, n_positions=64,
+                              bos_token_id=0, eos_token_id=0, use_cache=False),
+                 t.GPT2LMHeadModel),
+        "bert": (t.BertConfig(num_hidden_layers=2, hidden_size=128, intermediate_size=512,
+                              num_attention_heads=4, vocab_size=500,
+                              max_position_embeddings=64), t.BertForMaskedLM),
+        "t5": (t.T5Config(num_layers=2, num_decoder_layers=2, d_model=128, d_ff=512,
+                          num_heads=4, d_kv=32, vocab_size=500, decoder_start_token_id=0,
+                          pad_token_id=0, use_cache=False), t.T5ForConditionalGeneration),
+    }
+
+
+@pytest.mark.parametrize("name", ["llama", "gpt2", "bert", "t5"])
+def test_cpp_meta_kernels_give_the_report_pythons_give(name, monkeypatch):
+    # The C++ kernels are the structured kernels' own meta functions: every
+    # phase's peak and live bytes, both iterations, are the ones torch's
+    # Python meta kernels give, for a card's step too (foreach, reserve).
+    transformers = pytest.importorskip("transformers")
+    cfg, cls = hf_configs(transformers)[name]
+
+    def run():
+        with torch.device("meta"):
+            model = cls(cfg)
+        ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
+        r = memfit.profile(model, {"input_ids": ids, "labels": ids}, loss_fn=lambda o: o.loss,
+                           optimizer=torch.optim.AdamW(model.parameters()), mode="meta",
+                           target_device="cuda")
+        assert r.mode == "meta", r.notes
+        return ([(p["name"], p["peak_bytes"], p["live_bytes_after"]) for p in r.phases],
+                r.budget_peak_bytes)
+
+    native = run()
+    monkeypatch.setattr(memfit.meta_reads._memfit, "NativeMetaKernels", contextlib.nullcontext)
+    python = run()
+    assert native == python

@@ -1,0 +1,94 @@
+"""Meta mode with torch's C++ meta kernels (memfit's default, Note [Native
+meta kernels]) against torch's Python meta kernels, in the same run: the
+time of one meta profile of each small transformers model (Llama, GPT-2,
+BERT, T5 from hf_meta_vs_cpu's configs) and a Llama with --layers blocks,
+and whether the two reports agree byte for byte (every phase's peak and
+live bytes, both iterations).
+
+    PYTHONPATH=build/python .venv/bin/python bench/native_meta.py [--quick]
+        [--runs 3 --hidden 512 --layers 2]
+
+The baseline swaps memfit's NativeMetaKernels for a context that registers
+nothing, so torch's Python kernels answer, as they did before. Runs
+alternate (python, native, python, ...); the ratio is of medians.
+--quick: hidden 256, 1 run each."""
+
+import argparse
+import contextlib
+import statistics
+import sys
+import time
+
+import torch
+
+import memfit
+from memfit import meta_reads
+
+from hf_meta_vs_cpu import configs, inputs
+
+
+def profile_meta(cfg, cls, batch, tokens):
+    cfg.use_cache = False
+    with torch.device("meta"):
+        model = cls(cfg)
+    model.train()
+    x = inputs(batch, tokens, "meta")
+    t0 = time.perf_counter()
+    r = memfit.profile(model, x, loss_fn=lambda out: out.loss,
+                       optimizer=torch.optim.AdamW(model.parameters()), mode="meta")
+    return time.perf_counter() - t0, r
+
+
+def figures(report):
+    assert report.mode == "meta", report.notes
+    return [(p["name"], p["iteration"], p["peak_bytes"], p["live_bytes_after"])
+            for p in report.phases]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--layers", type=int, default=2)
+    ap.add_argument("--models", default="llama,gpt2,bert,t5")
+    a = ap.parse_args(argv)
+    try:
+        import transformers
+    except ImportError:
+        print("[native_meta] transformers does not import: pip install transformers")
+        return 0
+    runs = 1 if a.quick else a.runs
+    batch, tokens = 4, 128
+    torch.set_num_threads(1)
+    native_cls = meta_reads._memfit.NativeMetaKernels
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}; meta profile, "
+          f"AdamW, batch {batch} x {tokens}, {a.layers} layers, {runs} run(s) each, medians")
+    print("| model | python kernels | C++ kernels | python / C++ | reports equal |")
+    print("|---|---|---|---|---|")
+    all_equal = True
+    for name, (cfg, cls) in configs(transformers, a.quick, a.hidden, a.layers).items():
+        if name not in a.models.split(","):
+            continue
+        times = {"python": [], "native": []}
+        seen = {}
+        for _ in range(runs):
+            for kind in ("python", "native"):
+                meta_reads._memfit.NativeMetaKernels = (
+                    native_cls if kind == "native" else contextlib.nullcontext)
+                try:
+                    t, r = profile_meta(cfg, cls, batch, tokens)
+                finally:
+                    meta_reads._memfit.NativeMetaKernels = native_cls
+                times[kind].append(t)
+                seen[kind] = figures(r)
+        py, nat = statistics.median(times["python"]), statistics.median(times["native"])
+        equal = seen["python"] == seen["native"]
+        all_equal &= equal
+        print(f"| {name} | {py:.2f} s | {nat:.2f} s | {py / nat:.1f}x | "
+              f"{'yes' if equal else 'NO'} |")
+    return 0 if all_equal else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,11 @@ and whether the two reports agree byte for byte (every phase's peak and
 live bytes, both iterations).
 
     PYTHONPATH=build/python .venv/bin/python bench/native_meta.py [--quick]
-        [--runs 3 --hidden 512 --layers 2]
+        [--runs 3 --hidden 512 --layers 2] [--llm-settings]
+
+--llm-settings: also bench/llm_settings.py's whole advise (an 8B Llama
+for a 24 GiB card, ~1 min with the Python kernels) once each way: its
+time, and whether the table and plan print the same.
 
 The baseline swaps memfit's NativeMetaKernels for a context that registers
 nothing, so torch's Python kernels answer, as they did before. Runs
@@ -15,6 +19,8 @@ alternate (python, native, python, ...); the ratio is of medians.
 
 import argparse
 import contextlib
+import io
+import re
 import statistics
 import sys
 import time
@@ -24,7 +30,20 @@ import torch
 import memfit
 from memfit import meta_reads
 
+import llm_settings
 from hf_meta_vs_cpu import configs, inputs
+
+NATIVE = meta_reads._memfit.NativeMetaKernels
+
+
+@contextlib.contextmanager
+def kernels(kind):
+    """kind 'python': nothing is registered, torch's Python kernels answer."""
+    meta_reads._memfit.NativeMetaKernels = NATIVE if kind == "native" else contextlib.nullcontext
+    try:
+        yield
+    finally:
+        meta_reads._memfit.NativeMetaKernels = NATIVE
 
 
 def profile_meta(cfg, cls, batch, tokens):
@@ -52,6 +71,8 @@ def main(argv=None):
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--models", default="llama,gpt2,bert,t5")
+    ap.add_argument("--llm-settings", action="store_true",
+                    help="also the 8B advise of bench/llm_settings.py, once each way")
     a = ap.parse_args(argv)
     try:
         import transformers
@@ -61,7 +82,6 @@ def main(argv=None):
     runs = 1 if a.quick else a.runs
     batch, tokens = 4, 128
     torch.set_num_threads(1)
-    native_cls = meta_reads._memfit.NativeMetaKernels
     print(f"torch {torch.__version__}, transformers {transformers.__version__}; meta profile, "
           f"AdamW, batch {batch} x {tokens}, {a.layers} layers, {runs} run(s) each, medians")
     print("| model | python kernels | C++ kernels | python / C++ | reports equal |")
@@ -74,12 +94,8 @@ def main(argv=None):
         seen = {}
         for _ in range(runs):
             for kind in ("python", "native"):
-                meta_reads._memfit.NativeMetaKernels = (
-                    native_cls if kind == "native" else contextlib.nullcontext)
-                try:
+                with kernels(kind):
                     t, r = profile_meta(cfg, cls, batch, tokens)
-                finally:
-                    meta_reads._memfit.NativeMetaKernels = native_cls
                 times[kind].append(t)
                 seen[kind] = figures(r)
         py, nat = statistics.median(times["python"]), statistics.median(times["native"])
@@ -87,7 +103,27 @@ def main(argv=None):
         all_equal &= equal
         print(f"| {name} | {py:.2f} s | {nat:.2f} s | {py / nat:.1f}x | "
               f"{'yes' if equal else 'NO'} |")
+    if a.llm_settings:
+        all_equal &= advise_8b()
     return 0 if all_equal else 1
+
+
+def advise_8b():
+    """llm_settings.py's advise with each kind of kernel: seconds, same text."""
+    took, text = {}, {}
+    for kind in ("python", "native"):
+        out = io.StringIO()
+        with kernels(kind), contextlib.redirect_stdout(out):
+            llm_settings.main([])
+        printed = out.getvalue()
+        took[kind] = float(re.search(r"\(memfit.advise took ([\d.]+) s\)", printed).group(1))
+        text[kind] = re.sub(r"\(memfit.advise took [\d.]+ s\)", "", printed)
+    equal = text["python"] == text["native"]
+    print(f"\nllm_settings.py (8B Llama, 24 GiB card), memfit.advise: python kernels "
+          f"{took['python']:.1f} s, C++ kernels {took['native']:.1f} s, "
+          f"{took['python'] / took['native']:.1f}x; table and plan the same: "
+          f"{'yes' if equal else 'NO'}")
+    return equal
 
 
 if __name__ == "__main__":

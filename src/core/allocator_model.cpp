@@ -210,6 +210,12 @@ void CudaAllocatorModel::empty_cache() {
 CudaReplay replay_cuda(const Timeline& timeline,
                        std::optional<int64_t> capacity,
                        int64_t fixed_overhead_bytes) {
+  return replay_cuda(timeline.events(), capacity, fixed_overhead_bytes);
+}
+
+CudaReplay replay_cuda(const std::vector<Event>& events,
+                       std::optional<int64_t> capacity,
+                       int64_t fixed_overhead_bytes) {
   if (fixed_overhead_bytes < 0) {
     throw std::invalid_argument("[replay_cuda] fixed overhead " +
                                 std::to_string(fixed_overhead_bytes) +
@@ -225,7 +231,6 @@ CudaReplay replay_cuda(const Timeline& timeline,
   CudaAllocatorModel model(usable);
   CudaReplay r;
   int64_t peak_reserved = -1;
-  const std::vector<Event>& events = timeline.events();
   for (size_t i = 0; i < events.size(); ++i) {
     const Event& e = events[i];
     if (e.kind == EventKind::kFree) {

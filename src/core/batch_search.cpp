@@ -7,6 +7,7 @@
 
 #include <unistd.h>
 
+#include "memfit/core/reserve_interpolation.h"
 #include "memfit/core/units.h"
 
 namespace memfit {
@@ -117,6 +118,37 @@ int64_t model_answer(const PeakModel& model, int64_t usable) {
   const int64_t room = usable - residual_margin(model);
   if (room < model.predict(1)) return 0;
   return model.max_batch_under(room);
+}
+
+// The step measured at `batch` (the last one that ran, out of memory or
+// not): nullptr when none ran there or it ran out of memory.
+const StepMeasurement* measured_at(const ProbedModel& pm, int64_t batch) {
+  const StepMeasurement* m = nullptr;
+  for (size_t i = 0; i < pm.probes.size(); ++i) {
+    if (pm.probes[i].batch == batch) m = pm.probes[i].out_of_memory ? nullptr : &pm.measured[i];
+  }
+  return m;
+}
+
+RecordedStep recorded(const StepMeasurement& m, int64_t batch) {
+  return RecordedStep{batch, &m.timeline, m.report.cuda ? m.report.cuda->workspace_bytes : 0};
+}
+
+// For a card: the largest batch in (best, upper] whose step, interpolated
+// between the two measured steps nearest the answer, reserves at most
+// `usable` (Note [A card's reserve between two steps]); best when none
+// does; -1 when no two aligned steps are there to interpolate.
+int64_t card_candidate(const ProbedModel& pm, int64_t below, int64_t best, int64_t lowest_bad,
+                       int64_t upper, int64_t usable) {
+  const StepMeasurement* at_best = measured_at(pm, best);
+  const StepMeasurement* at_bad = lowest_bad == kNone ? nullptr : measured_at(pm, lowest_bad);
+  const StepMeasurement* at_below = below > 0 ? measured_at(pm, below) : nullptr;
+  if (at_best == nullptr || !at_best->report.cuda) return -1;
+  const StepMeasurement* other = at_bad != nullptr ? at_bad : at_below;
+  const int64_t other_batch = at_bad != nullptr ? lowest_bad : below;
+  if (other == nullptr || !steps_align(at_best->timeline, other->timeline)) return -1;
+  return largest_interpolated_under(recorded(*at_best, best), recorded(*other, other_batch),
+                                    usable, best + 1, upper);
 }
 
 std::string nothing_fits(const ProbedModel& pm, const SearchOptions& o) {
@@ -357,6 +389,17 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
     for (const ProbeRecord& p : pm.probes) {
       if (p.batch == lowest_bad && !p.out_of_memory) bad_peak = p.peak_bytes;
     }
+    // A card's candidates: between two measured steps (or past them, up to
+    // twice the answer so far), replayed; see Note [A card's reserve
+    // between two steps]. The allocated model's answer is under what a card
+    // reserves and would land over the card.
+    auto card_upper = [&](int64_t from) {
+      return std::min({lowest_bad - 1, options.max_batch, 2 * std::max(best, from)});
+    };
+    const int64_t card_first =
+        reference->cuda ? card_candidate(pm, below, best, lowest_bad, card_upper(candidate), usable)
+                        : -1;
+    if (card_first >= 0) candidate = card_first;
     while (f.trials < options.max_trials && candidate > best) {
       if (!pm.model.phases.empty() && pm.model.predict(candidate) > options.host_limit_bytes) {
         f.notes.push_back("batch " + std::to_string(candidate) + " would take " +
@@ -389,8 +432,14 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       // the second bisects.
       const int64_t half = lowest_bad == kNone ? 2 * best : best + (lowest_bad - best) / 2;
       const int64_t up = secant(below, below_peak, best, best_peak, usable, best);
+      const int64_t card_next =
+          reference->cuda
+              ? card_candidate(pm, below, best, lowest_bad, card_upper(best), usable)
+              : -1;
       int64_t next;
-      if (lowest_bad == kNone) {
+      if (card_next >= 0) {
+        next = card_next;
+      } else if (lowest_bad == kNone) {
         next = up;
       } else if (flat_failure) {
         // A card's reserve is a staircase in the batch (segments): two

@@ -120,5 +120,10 @@ struct CudaReplay {
 CudaReplay replay_cuda(const Timeline& timeline,
                        std::optional<int64_t> capacity = {},
                        int64_t fixed_overhead_bytes = 0);
+// The same, on events that no Timeline holds (a step synthesized at a batch
+// no step ran at: reserve_interpolation.h).
+CudaReplay replay_cuda(const std::vector<Event>& events,
+                       std::optional<int64_t> capacity = {},
+                       int64_t fixed_overhead_bytes = 0);
 
 }  // namespace memfit

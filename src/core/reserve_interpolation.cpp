@@ -1,0 +1,114 @@
+#include "memfit/core/reserve_interpolation.h"
+
+#include <algorithm>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "memfit/core/allocator_model.h"
+
+namespace memfit {
+
+// Note [A card's reserve between two steps]
+// What a card reserves is a staircase in the batch: the caching allocator
+// rounds each request to 512 B, serves requests under 1 MiB from 2 MiB
+// segments and those under 10 MiB from 20 MiB ones, and rounds larger
+// segments to 2 MiB; a batch one sample larger can need one more segment.
+// A line through two measured reserves (a secant) cannot see the stairs:
+// aimed at the budget, it lands on the stair above it about half the time,
+// and the search spends its full-size steps creeping along one stair.
+//
+// The allocations themselves are not stairs. Two steps of the same model at
+// two batches usually make the same allocations in the same order, each of
+// a size affine in the batch (activations, gradients of the inputs,
+// temporaries; parameters and optimizer state are constant). When they do
+// (steps_align), the step at any batch between them is those allocations
+// at sizes on the line through the two, and the allocator's rules replayed
+// on it (replay_cuda, cheap) give its reserve, stairs included: exact for a
+// step whose sizes are affine, and near for one whose are not. It is still
+// only a candidate: the search measures a real step at it before answering.
+
+namespace {
+
+bool same_event(const Timeline& a, size_t i, const Timeline& b) {
+  const Event& x = a.events()[i];
+  const Event& y = b.events()[i];
+  if (x.kind != y.kind || x.device != y.device || x.category != y.category) return false;
+  if (a.partner(i) != b.partner(i)) return false;
+  if (a.op_name(x.op) != b.op_name(y.op)) return false;
+  if (a.module_name(x.module) != b.module_name(y.module)) return false;
+  return a.phase_name(x.phase) == b.phase_name(y.phase);
+}
+
+// The size on the line through (ba, sa) and (bb, sb) at `batch`, rounded to
+// the nearest byte, never negative.
+int64_t size_at(int64_t sa, int64_t ba, int64_t sb, int64_t bb, int64_t batch) {
+  const __int128 num = static_cast<__int128>(sb - sa) * (batch - ba);
+  const __int128 den = bb - ba;
+  __int128 q = num / den;
+  const __int128 r = num % den;
+  // Round half away from zero.
+  if (2 * (r < 0 ? -r : r) >= (den < 0 ? -den : den)) q += ((r < 0) != (den < 0)) ? -1 : 1;
+  return std::max<int64_t>(0, sa + static_cast<int64_t>(q));
+}
+
+}  // namespace
+
+bool steps_align(const Timeline& a, const Timeline& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (!same_event(a, i, b)) return false;
+  }
+  return true;
+}
+
+int64_t interpolated_budget_peak(const RecordedStep& a, const RecordedStep& b, int64_t batch) {
+  if (a.timeline == nullptr || b.timeline == nullptr || a.batch == b.batch) {
+    throw std::invalid_argument("[reserve] two recorded steps at two batches are needed, got "
+                                "batches " + std::to_string(a.batch) + " and " +
+                                std::to_string(b.batch));
+  }
+  const std::vector<Event>& ea = a.timeline->events();
+  const std::vector<Event>& eb = b.timeline->events();
+  if (ea.size() != eb.size()) {
+    throw std::invalid_argument("[reserve] the steps at batches " + std::to_string(a.batch) +
+                                " and " + std::to_string(b.batch) +
+                                " made different allocations: nothing to interpolate");
+  }
+  std::vector<Event> events = eb;
+  int64_t live = 0, peak = 0;
+  for (size_t i = 0; i < events.size(); ++i) {
+    Event& e = events[i];
+    if (e.kind == EventKind::kAlloc) {
+      e.bytes = size_at(ea[i].bytes, a.batch, eb[i].bytes, b.batch, batch);
+      live += e.bytes;
+      peak = std::max(peak, live);
+    } else {
+      const size_t alloc = b.timeline->partner(i);
+      e.bytes = events[alloc].bytes;
+      live -= e.bytes;
+    }
+  }
+  const int64_t workspace = std::max(a.workspace_bytes, b.workspace_bytes);
+  const CudaReplay r = replay_cuda(events, std::nullopt, workspace);
+  return std::max(peak, r.peak_reserved);
+}
+
+int64_t largest_interpolated_under(const RecordedStep& a, const RecordedStep& b, int64_t limit,
+                                   int64_t lo, int64_t hi) {
+  if (lo > hi) return lo - 1;
+  if (interpolated_budget_peak(a, b, lo) > limit) return lo - 1;
+  // Invariant: lo fits, everything above hi is unknown or over.
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (interpolated_budget_peak(a, b, mid) <= limit) {
+      lo = mid;
+    } else {
+      hi = mid - 1;
+    }
+  }
+  return lo;
+}
+
+}  // namespace memfit

@@ -1,0 +1,155 @@
+#include "memfit/core/reserve_interpolation.h"
+
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "memfit/core/allocator_model.h"
+#include "memfit/core/batch_search.h"
+#include "memfit/core/report.h"
+
+namespace memfit {
+namespace {
+
+constexpr int64_t kMiB = 1 << 20;
+constexpr int64_t kWorkspace = kDefaultCudaWorkspaceBytes;
+
+// A step whose sizes the caching allocator rounds into stairs: parameters,
+// then two iterations of an input (small pool), three activations of
+// different per-sample sizes (20 MiB segments below 10 MiB, 2 MiB rounding
+// above), a gradient and a temporary. `split_from`: from that batch on, the
+// largest activation is made as two allocations (a kernel that changes
+// path with the batch), so steps on either side do not align.
+Timeline card_step(int64_t b, int64_t split_from = 0) {
+  Timeline t;
+  uint64_t next_id = 1;
+  auto alloc = [&](int64_t bytes, Category c, const char* op) {
+    Event e;
+    e.kind = EventKind::kAlloc;
+    e.id = next_id++;
+    e.bytes = bytes;
+    e.category = c;
+    e.phase = t.current_phase();
+    e.op = t.op_index(op);
+    t.record(e);
+    return e.id;
+  };
+  auto free = [&](uint64_t id) {
+    Event e;
+    e.kind = EventKind::kFree;
+    e.id = id;
+    e.phase = t.current_phase();
+    t.record(e);
+  };
+  t.begin_phase("parameters", 1);
+  alloc(3 * kMiB + 1000, Category::kParameter, "aten::empty");
+  for (int it = 1; it <= 2; ++it) {
+    t.begin_phase("inputs", it);
+    const uint64_t x = alloc(3000 * b, Category::kInput, "aten::copy_");
+    t.begin_phase("forward", it);
+    std::vector<uint64_t> acts;
+    if (split_from > 0 && b >= split_from) {
+      acts.push_back(alloc(37000 * b / 2, Category::kActivation, "aten::addmm"));
+      acts.push_back(alloc(37000 * b - 37000 * b / 2, Category::kActivation, "aten::addmm"));
+    } else {
+      acts.push_back(alloc(37000 * b, Category::kActivation, "aten::addmm"));
+    }
+    acts.push_back(alloc(11000 * b + 4096, Category::kActivation, "aten::relu"));
+    acts.push_back(alloc(5100 * b, Category::kActivation, "aten::addmm"));
+    t.begin_phase("backward", it);
+    const uint64_t tmp = alloc(37000 * b, Category::kTemporary, "aten::mm");
+    const uint64_t g = alloc(3 * kMiB + 1000, Category::kGradient, "aten::mm");
+    free(tmp);
+    for (uint64_t a : acts) free(a);
+    free(x);
+    t.begin_phase("zero_grad", it);
+    free(g);
+  }
+  t.end_phase();
+  return t;
+}
+
+int64_t card_peak(const Timeline& t) {
+  return std::max(t.peak().bytes, estimate_cuda(t, kWorkspace).peak_reserved);
+}
+
+TEST(ReserveInterpolation, BetweenTwoAffineStepsItIsTheReplayOfTheRealOne) {
+  const Timeline a = card_step(100), b = card_step(900);
+  ASSERT_TRUE(steps_align(a, b));
+  const RecordedStep ra{100, &a, kWorkspace}, rb{900, &b, kWorkspace};
+  for (int64_t batch : {1, 99, 100, 101, 333, 512, 899, 900, 1500}) {
+    EXPECT_EQ(interpolated_budget_peak(ra, rb, batch), card_peak(card_step(batch))) << batch;
+  }
+}
+
+TEST(ReserveInterpolation, TheLargestBatchUnderALimitIsTheScannedOne) {
+  const Timeline a = card_step(200), b = card_step(400);
+  const RecordedStep ra{200, &a, kWorkspace}, rb{400, &b, kWorkspace};
+  const int64_t limit = 200 * kMiB;
+  int64_t scanned = 0;  // the reserve rises with the batch here: scan up
+  while (card_peak(card_step(scanned + 1)) <= limit) ++scanned;
+  EXPECT_EQ(largest_interpolated_under(ra, rb, limit, 401, 4000), scanned);
+  EXPECT_EQ(largest_interpolated_under(ra, rb, limit, scanned + 1, 4000), scanned);
+  EXPECT_EQ(largest_interpolated_under(ra, rb, 1, 401, 4000), 400);  // none: lo - 1
+}
+
+TEST(ReserveInterpolation, StepsThatAllocateDifferentlyDoNotAlign) {
+  EXPECT_FALSE(steps_align(card_step(100, 500), card_step(600, 500)));
+  EXPECT_TRUE(steps_align(card_step(600, 500), card_step(700, 500)));
+  const Timeline a = card_step(100, 500), b = card_step(600, 500);
+  EXPECT_THROW(interpolated_budget_peak({100, &a, 0}, {600, &b, 0}, 300), std::invalid_argument);
+  EXPECT_THROW(interpolated_budget_peak({100, &a, 0}, {100, &a, 0}, 300), std::invalid_argument);
+}
+
+// The batch search for a card, on the step above.
+struct CardStep {
+  int64_t split_from = 0;
+  std::vector<int64_t> measured = {};
+
+  MeasureStep measure() {
+    return [this](int64_t b) {
+      measured.push_back(b);
+      StepMeasurement m;
+      m.timeline = card_step(b, split_from);
+      m.report = make_report(m.timeline, {"synthetic", b, "adam", "cpu"});
+      m.report.cuda = estimate_cuda(m.timeline, kWorkspace);
+      return m;
+    };
+  }
+  // The largest batch whose reserve fits, scanning up from one that does.
+  int64_t true_max(int64_t budget, int64_t from) const {
+    int64_t b = from;
+    while (card_peak(card_step(b + 1, split_from)) <= budget) ++b;
+    return b;
+  }
+};
+
+TEST(ReserveInterpolation, ACardsSearchLandsOnTheLastStairThatFitsInOneStep) {
+  // Aimed at the budget, a secant through two reserves lands on the stair
+  // above the answer; the replay between two steps does not.
+  for (int64_t budget : {96 * kMiB, 200 * kMiB, 256 * kMiB + 3 * kMiB}) {
+    CardStep s;
+    SearchOptions o;
+    o.budget_bytes = budget;
+    const BatchFit f = search_batch(s.measure(), o);
+    EXPECT_EQ(f.max_batch, s.true_max(budget, f.max_batch)) << budget;
+    EXPECT_LE(f.measured_peak_bytes, budget);
+    EXPECT_EQ(f.measured_peak_bytes, card_peak(card_step(f.max_batch)));
+    EXPECT_EQ(f.trials, 1) << budget;
+  }
+}
+
+TEST(ReserveInterpolation, ACardsSearchOverStepsThatDoNotAlignNeverOvershoots) {
+  CardStep s{/*split_from=*/1500};
+  SearchOptions o;
+  o.budget_bytes = 200 * kMiB;
+  const BatchFit f = search_batch(s.measure(), o);
+  EXPECT_LE(f.measured_peak_bytes, o.budget_bytes);
+  EXPECT_LE(card_peak(card_step(f.max_batch, 1500)), o.budget_bytes);
+  EXPECT_LE(f.max_batch, s.true_max(o.budget_bytes, f.max_batch));
+}
+
+}  // namespace
+}  // namespace memfit

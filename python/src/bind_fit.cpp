@@ -84,6 +84,9 @@ void init_fit(py::module_& m) {
       .def_readonly("held_out_error", &PredictionCertainty::held_out_error)
       .def_readonly("beyond_probes", &PredictionCertainty::beyond_probes)
       .def_readonly("affine", &PredictionCertainty::affine)
+      .def_readonly("predicted_reserved_bytes", &PredictionCertainty::predicted_reserved_bytes,
+                    "for a card: reserved bytes replayed on the step sized from the two "
+                    "largest probes; -1 when not estimated")
       .def("text", &PredictionCertainty::text)
       .def("__repr__", [](const PredictionCertainty& c) { return "<" + c.text() + ">"; });
   py::class_<ProbedModel>(m, "ProbedModel")

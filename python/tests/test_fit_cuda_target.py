@@ -82,3 +82,37 @@ def test_a_card_runs_the_optimizer_a_gpu_would_whether_named_or_given():
         step = [p["peak_bytes"] for p in card.phases if p["name"] == "optimizer_step"]
         assert step != [p["peak_bytes"] for p in cpu.phases if p["name"] == "optimizer_step"]
     assert given.param_groups[0]["foreach"] is None
+
+
+def true_card_max(model, x, y, budget, start):
+    """The largest batch whose replayed reserve fits, scanning up from one
+    that does (the reserve rises with this MLP's batch)."""
+    b = start
+    while card_reserved(model, x, y, b + 1) <= budget:
+        b += 1
+    return b
+
+
+def test_a_card_gets_the_last_stair_that_fits_with_one_full_size_step():
+    # The reserve is a staircase; the search replays the allocator on the
+    # step interpolated between two measured ones. See Note [A card's
+    # reserve between two steps].
+    model = mlp()
+    x, y = data()
+    card = fit(model, x, y, BUDGET, "cuda")
+    assert card.trials == 1
+    assert card.max_batch == true_card_max(model, x, y, BUDGET, card.max_batch)
+
+
+def test_a_cards_prediction_is_the_reserve_a_profile_at_that_batch_replays():
+    model = mlp()
+    x, y = data()
+    r = memfit.profile(model, x[:8], y[:8], loss_fn=F.cross_entropy, optimizer="adam",
+                       target_device="cuda")
+    sure = r.prediction(300)
+    assert sure.beyond_probes
+    assert sure.predicted_reserved_bytes == card_reserved(model, x, y, 300)
+    assert "a card would reserve" in sure.text()
+    on_cpu = memfit.profile(model, x[:8], y[:8], loss_fn=F.cross_entropy, optimizer="adam",
+                            target_device="cpu")
+    assert on_cpu.prediction(300).predicted_reserved_bytes == -1

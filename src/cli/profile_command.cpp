@@ -61,6 +61,9 @@ std::string prediction_json(const PeakModel& pm, int64_t batch,
     w.member("held_out_error", sure->held_out_error)
         .member("affine", sure->affine)
         .member("beyond_probes", sure->beyond_probes);
+    if (sure->predicted_reserved_bytes >= 0) {
+      w.member("predicted_reserved_bytes", sure->predicted_reserved_bytes);
+    }
   }
   w.member("bytes_per_sample", at.fit.per_sample);
   w.member("fixed_bytes", at.fit.m0);
@@ -144,6 +147,8 @@ int profile_command(const std::vector<std::string>& argv) {
   o.iterations = static_cast<int>(args.get_count("iterations", 2));
   o.progress = progress_of(args);
   const CudaTarget card = cuda_target_of(args);
+  o.cuda_target = card.on;  // each recorded step (the probes too) carries the estimate
+  o.cuda_workspace = card.workspace_bytes;
   const PlotAxis x_axis = plot_axis_from_string(args.choice("x-axis", "time", {"time", "events"}));
   const int64_t budget = args.has("budget") ? args.get_size("budget") : 0;
   if (args.has("budget") && budget < 1) throw UsageError("--budget must be at least 1 byte");
@@ -191,10 +196,14 @@ int profile_command(const std::vector<std::string>& argv) {
       for (const auto& n : probed.notes) pm.notes.push_back(n);
       sure = certainty_at(probed, target);
     }
-    if (card.on) {
+    if (card.on && !(sure && sure->predicted_reserved_bytes >= 0)) {
       pm.notes.push_back("the prediction counts allocated bytes: a card's reserved bytes are "
-                         "estimated for a profiled batch (without --predict), and "
+                         "estimated for a profiled batch (without --predict, or with probes "
+                         "grown toward the batch, not --probes), and "
                          "`memfit fit --target cuda` fits a batch to them");
+    } else if (card.on) {
+      pm.notes.push_back("the predicted peak counts allocated bytes; what a card would reserve "
+                         "is the replay's figure above");
     }
     std::cout << (args.has("json") ? prediction_json(pm, o.batch, sure) + "\n"
                                    : prediction_text(pm, o.batch, sure));
@@ -208,11 +217,6 @@ int profile_command(const std::vector<std::string>& argv) {
     std::cerr << "memfit profile: out of memory: " << e.what_without_backtrace()
               << "\n";
     return 2;
-  }
-  if (card.on) {
-    o.progress.step("replay " + std::to_string(p.timeline.events().size()) +
-                    " allocations and frees through the CUDA caching allocator");
-    p.report.cuda = estimate_cuda(p.timeline, card.workspace_bytes);
   }
   if (args.has("world-size")) {
     const int64_t world = args.get_int("world-size", 2);

@@ -255,10 +255,13 @@ ProbedModel probe_toward(const MeasureStep& measure,
     // machine's memory): stop, and the prediction says it extrapolates.
     if (pm.model.predict(next) > plan.limit_bytes) break;
     const bool under = measure_into(pm, measure, next, false, plan, progress);
+    // The model predicts allocated bytes: checked on those (a card's
+    // reserve is the probe's peak_bytes).
     const ProbeRecord& got = pm.probes.back();
+    const int64_t allocated = got.out_of_memory ? 0 : pm.measured.back().report.peak_bytes;
     last_check_ok = got.out_of_memory ||
-                    std::fabs(static_cast<double>(got.peak_bytes - got.predicted_bytes)) <=
-                        plan.tolerance * static_cast<double>(got.peak_bytes);
+                    std::fabs(static_cast<double>(allocated - got.predicted_bytes)) <=
+                        plan.tolerance * static_cast<double>(allocated);
     refit(pm, plan.limit_bytes);
     if (!under) break;
   }
@@ -280,6 +283,24 @@ PredictionCertainty certainty_at(const ProbedModel& probed, int64_t batch) {
   c.held_out_error = probed.held_out_error;
   c.affine = probed.affine;
   c.beyond_probes = c.probes.empty() || batch > *std::max_element(c.probes.begin(), c.probes.end());
+  // The two largest probes that ran, for a card's reserve.
+  int64_t b1 = 0, b2 = 0;
+  for (const ProbeRecord& p : probed.probes) {
+    if (p.out_of_memory || p.verification || p.batch == b1 || p.batch == b2) continue;
+    if (p.batch > b1) {
+      b2 = b1;
+      b1 = p.batch;
+    } else if (p.batch > b2) {
+      b2 = p.batch;
+    }
+  }
+  const StepMeasurement* m1 = b1 > 0 ? measured_at(probed, b1) : nullptr;
+  const StepMeasurement* m2 = b2 > 0 ? measured_at(probed, b2) : nullptr;
+  if (m1 != nullptr && m2 != nullptr && m1->report.cuda && m2->report.cuda &&
+      steps_align(m1->timeline, m2->timeline)) {
+    c.predicted_reserved_bytes =
+        interpolated_budget_peak(recorded(*m2, b2), recorded(*m1, b1), batch);
+  }
   return c;
 }
 
@@ -289,7 +310,12 @@ std::string PredictionCertainty::text() const {
   return "predicted " + format_bytes(predicted_bytes) + " at batch " + std::to_string(batch) +
          " from probes at " + probes_text + "; worst held-out miss " + format_percent(held_out_error) +
          (affine ? "" : ", not affine") +
-         (beyond_probes ? "; extrapolated beyond the largest probe" : "");
+         (beyond_probes ? "; extrapolated beyond the largest probe" : "") +
+         (predicted_reserved_bytes >= 0
+              ? "; a card would reserve " + format_bytes(predicted_reserved_bytes) +
+                    " (the caching allocator replayed on the step sized from the two largest "
+                    "probes)"
+              : std::string());
 }
 
 BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) {

@@ -293,7 +293,11 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
                     "state), not in the device's figures");
   }
   p.report.notes = std::move(notes);
-  if (options.cuda_target) p.report.cuda = estimate_cuda(timeline, options.cuda_workspace);
+  if (options.cuda_target) {
+    options.progress.step("replay " + std::to_string(timeline.events().size()) +
+                          " allocations and frees through the CUDA caching allocator");
+    p.report.cuda = estimate_cuda(timeline, options.cuda_workspace);
+  }
   p.timeline = std::move(timeline);
   return p;
 }

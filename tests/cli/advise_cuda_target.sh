@@ -42,8 +42,17 @@ at=$("$memfit" profile --model mlp --batch "$batch" --target cuda --json |
 echo "fit --target cuda: batch $batch, measured $measured B, profile reserved $at B"
 [ "$measured" = "$at" ] && [ "$at" -le $((40 << 20)) ] ||
   { echo "FAIL: fit's answer reserves $at B (fit said $measured) against 40 MiB"; exit 1; }
-# profile --predict predicts allocated bytes, and says so for a card.
-predicted=$("$memfit" profile --model mlp --batch 64 --predict --target cuda --quiet)
-echo "$predicted" | grep -q "the prediction counts allocated bytes" ||
-  { echo "FAIL: --predict --target cuda does not say its bytes are allocated"; exit 1; }
+# profile --predict for a card: what it would reserve at the batch, replayed
+# on the step sized from the probes, is what a profile there replays.
+predicted=$("$memfit" profile --model mlp --batch 2000 --predict --target cuda --json --quiet |
+  sed -n 's/.*"predicted_reserved_bytes": \([0-9]*\).*/\1/p')
+at=$("$memfit" profile --model mlp --batch 2000 --target cuda --json |
+  sed -n 's/.*"peak_reserved_bytes": \([0-9]*\).*/\1/p')
+echo "profile --predict --target cuda at 2000: $predicted B reserved; profiled: $at B"
+[ -n "$predicted" ] && [ "$predicted" = "$at" ] ||
+  { echo "FAIL: predicted reserve '$predicted' B, profiled $at B"; exit 1; }
+# With fixed --probes there are no steps to replay: the note says so.
+fixed=$("$memfit" profile --model mlp --batch 64 --predict --probes 4,8,16 --target cuda --quiet)
+echo "$fixed" | grep -q "the prediction counts allocated bytes" ||
+  { echo "FAIL: --predict --probes --target cuda does not say its bytes are allocated"; exit 1; }
 echo "ok"

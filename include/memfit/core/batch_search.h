@@ -83,6 +83,11 @@ struct PredictionCertainty {
   double held_out_error = 0;
   bool beyond_probes = false;   // batch > the largest probe
   bool affine = true;
+  // For a card (probes with a CUDA estimate): its budget peak (reserved
+  // bytes) replayed on the step at `batch`, sized from the two largest
+  // probes (Note [A card's reserve between two steps]); -1 when the probes
+  // have no estimate or made different allocations.
+  int64_t predicted_reserved_bytes = -1;
   std::string text() const;     // one line
 };
 PredictionCertainty certainty_at(const ProbedModel& probed, int64_t batch);

@@ -7,6 +7,7 @@ their path (and their workspace) by batch and by thread count.
 
     PYTHONPATH=build/python .venv/bin/python bench/fit_corpus.py [--quick]
         [--groups base,tv,tvseg,timm,hf] [--only a,b] [--skip a,b] [--threads 1,2]
+        [--target cuda]
     ... bench/fit_corpus.py --summarize LOG [LOG...]   # the summary of earlier runs' rows
 
 Groups: base (memfit's twins, three hand-written conv nets, HF GPT-2, BERT,
@@ -323,26 +324,29 @@ def true_max(peak, budget, start):
     return lo
 
 
-def measure(spec, threads, budget_batch):
+def measure(spec, threads, budget_batch, target="cpu"):
     torch.set_num_threads(threads)
     budget_batch = getattr(spec, "budget_batch", budget_batch)
     model = spec.model()
     x, y = spec.batch(8)
-    report = memfit.profile(model, x, y, loss_fn=spec.loss, optimizer="adam")
+    report = memfit.profile(model, x, y, loss_fn=spec.loss, optimizer="adam",
+                            target_device=target)
     cache = {}
 
-    def peak(b):
+    def peak(b):  # for a card: the caching allocator's reserve, replayed
         if b not in cache:
-            cache[b] = report.at_batch(b).peak_bytes
+            cache[b] = report.at_batch(b).budget_peak_bytes
         return cache[b]
 
     budget = peak(budget_batch)  # a budget near budget_batch
     t0 = time.perf_counter()
-    fit = memfit.find_batch_size(model, x, y, loss_fn=spec.loss, optimizer="adam", budget=budget)
+    fit = memfit.find_batch_size(model, x, y, loss_fn=spec.loss, optimizer="adam", budget=budget,
+                                 target_device=target)
     fit_s = time.perf_counter() - t0
     truth = true_max(peak, budget, fit.max_batch)
     large = 2 * budget_batch
-    predicted = report.predict_peak_bytes(large)
+    sure = report.prediction(large)
+    predicted = sure.predicted_reserved_bytes if target == "cuda" else sure.predicted_bytes
     return dict(found=fit.max_batch, truth=truth, overshoot=peak(fit.max_batch) > budget,
                 over_bytes=peak(fit.max_batch) - budget,
                 trials=fit.trials, affine=fit.affine, large=large,
@@ -436,6 +440,9 @@ def main():
     ap.add_argument("--only", help="comma-separated model names (as printed)")
     ap.add_argument("--skip", help="comma-separated model names not to run")
     ap.add_argument("--threads", default=None, help="e.g. 1,2 (default: 1 with --quick, else 1,2)")
+    ap.add_argument("--target", choices=("cpu", "cuda"), default="cpu",
+                    help="cuda: budgets, answers and predictions in a card's reserved bytes "
+                         "(the caching allocator replayed on each step)")
     ap.add_argument("--summarize", nargs="+", metavar="LOG",
                     help="run nothing: the summary of the rows these logs of earlier runs print")
     args = ap.parse_args()
@@ -452,7 +459,8 @@ def main():
     if args.skip:
         specs = {k: v for k, v in specs.items() if k not in args.skip.split(",")}
     print(f"torch {torch.__version__}; {len(specs)} models, threads {threads_list}; "
-          f"budget = the measured peak at B, prediction checked at 2B", flush=True)
+          f"budget = the measured peak at B, prediction checked at 2B"
+          f"{'; a CUDA card: reserved bytes' if args.target == 'cuda' else ''}", flush=True)
     for group, why in missing.items():
         print(f"group {group} skipped: {why}", flush=True)
     if "tv" in args.groups.split(",") and "tv" not in missing and not args.only:
@@ -465,7 +473,7 @@ def main():
         for threads in threads_list:
             t0 = time.perf_counter()
             try:
-                r = measure(spec, threads, budget_batch)
+                r = measure(spec, threads, budget_batch, args.target)
             except Exception as e:  # noqa: BLE001 (report and go on: a corpus run is long)
                 failed.append((name, threads, f"{type(e).__name__}: {str(e)[:200]}"))
                 print(f"{name:<30} {threads:>3} FAILED {failed[-1][2]}", flush=True)

@@ -131,6 +131,20 @@ void register_kernels(torch::Library& lib) {
   lib.impl("div.Tensor", [](const Tensor& a, const Tensor& b) { return at::meta::div(a, b); });
   lib.impl("div_.Tensor",
            [](Tensor& a, const Tensor& b) -> Tensor& { return at::meta::div_(a, b); });
+  // The out= forms the composite in-place ops with a Scalar land on
+  // (mul_.Scalar is mul_out(self, self, scalar); foreach Adam calls it).
+  lib.impl("add.out", [](const Tensor& a, const Tensor& b, const Scalar& s, Tensor& out) -> Tensor& {
+    return at::meta::add_outf(a, b, s, out);
+  });
+  lib.impl("sub.out", [](const Tensor& a, const Tensor& b, const Scalar& s, Tensor& out) -> Tensor& {
+    return at::meta::sub_outf(a, b, s, out);
+  });
+  lib.impl("mul.out", [](const Tensor& a, const Tensor& b, Tensor& out) -> Tensor& {
+    return at::meta::mul_outf(a, b, out);
+  });
+  lib.impl("div.out", [](const Tensor& a, const Tensor& b, Tensor& out) -> Tensor& {
+    return at::meta::div_outf(a, b, out);
+  });
   lib.impl("maximum", [](const Tensor& a, const Tensor& b) { return at::meta::maximum(a, b); });
   lib.impl("minimum", [](const Tensor& a, const Tensor& b) { return at::meta::minimum(a, b); });
   lib.impl("pow.Tensor_Scalar",

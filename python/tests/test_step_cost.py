@@ -62,3 +62,61 @@ def test_bad_rates_are_refused_with_the_fix():
 
 def test_estimate_costs_is_exported():
     assert memfit.estimate_costs is estimate_costs
+
+
+def reference_flops(model, x, y=None, loss_fn=None):
+    """The counts as torch's FlopCounterMode (with its module tracker) makes
+    them: (forward, backward, forward of each named submodule path)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from memfit.step_cost import _count_on_meta
+
+    fwd, bwd = FlopCounterMode(display=False), FlopCounterMode(display=False)
+    _count_on_meta(model, x, y, loss_fn, fwd, bwd)
+    root = type(model).__name__
+    per = {k[len(root) + 1:]: sum(v.values()) for k, v in fwd.get_flop_counts().items()
+           if k.startswith(root + ".")}
+    return fwd.get_total_flops(), bwd.get_total_flops(), per
+
+
+class ConvNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.blocks = torch.nn.Sequential(
+            torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+            torch.nn.Conv2d(16, 16, 3, stride=2), torch.nn.ReLU())
+        self.head = torch.nn.Linear(16 * 7 * 7, 10)
+
+    def forward(self, x):
+        return self.head(self.blocks(x).flatten(1))
+
+
+def tiny_llama():
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(num_hidden_layers=3, hidden_size=128, intermediate_size=320,
+                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=500,
+                                   max_position_embeddings=64, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    ids = torch.zeros(2, 64, dtype=torch.long, device="meta")
+    return model, {"input_ids": ids, "labels": ids}, None, lambda o: o.loss
+
+
+@pytest.mark.parametrize("case", ["mlp", "conv", "llama", "encoder"])
+def test_step_flops_equal_torchs_flop_counter(case):
+    # count_step_flops uses its own dispatch mode (no module tracker): the
+    # totals and each block's forward must be FlopCounterMode's.
+    if case == "mlp":
+        model, x, y, lf = mlp(), torch.randn(8, 64), torch.randint(0, 10, (8,)), None
+    elif case == "conv":
+        model, x, y, lf = ConvNet(), torch.randn(4, 3, 16, 16), torch.randint(0, 10, (4,)), None
+    elif case == "llama":
+        model, x, y, lf = tiny_llama()
+    else:
+        layer = torch.nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+        model = torch.nn.TransformerEncoder(layer, 3, enable_nested_tensor=False)
+        x, y, lf = torch.randn(2, 16, 64), None, lambda out: out.sum()
+    f = count_step_flops(model, x, y, lf)
+    forward, backward, per = reference_flops(model, x, y, lf)
+    assert (f.forward, f.backward) == (forward, backward) and forward > 0
+    assert f.blocks and f.blocks == {p: per.get(p, 0) for p in f.blocks}

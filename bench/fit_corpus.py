@@ -346,12 +346,14 @@ def measure(spec, threads, budget_batch, target="cpu"):
     truth = true_max(peak, budget, fit.max_batch)
     large = 2 * budget_batch
     sure = report.prediction(large)
-    predicted = sure.predicted_reserved_bytes if target == "cuda" else sure.predicted_bytes
+    predicted, actual = sure.predicted_bytes, report.at_batch(large).peak_bytes
+    if target == "cuda" and sure.predicted_reserved_bytes >= 0:
+        predicted, actual = sure.predicted_reserved_bytes, peak(large)
     return dict(found=fit.max_batch, truth=truth, overshoot=peak(fit.max_batch) > budget,
                 over_bytes=peak(fit.max_batch) - budget,
                 trials=fit.trials, affine=fit.affine, large=large,
                 cost=fit_s / plain_step_seconds(spec, fit.max_batch),
-                pred_err=(predicted - peak(large)) / peak(large))
+                pred_err=(predicted - actual) / actual)
 
 
 def plain_step_seconds(spec, batch):
@@ -460,7 +462,8 @@ def main():
         specs = {k: v for k, v in specs.items() if k not in args.skip.split(",")}
     print(f"torch {torch.__version__}; {len(specs)} models, threads {threads_list}; "
           f"budget = the measured peak at B, prediction checked at 2B"
-          f"{'; a CUDA card: reserved bytes' if args.target == 'cuda' else ''}", flush=True)
+          f"{'; a CUDA card: reserved bytes (the prediction: allocated bytes where the two largest probes allocate differently)' if args.target == 'cuda' else ''}",
+          flush=True)
     for group, why in missing.items():
         print(f"group {group} skipped: {why}", flush=True)
     if "tv" in args.groups.split(",") and "tv" not in missing and not args.only:

@@ -415,17 +415,23 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
     for (const ProbeRecord& p : pm.probes) {
       if (p.batch == lowest_bad && !p.out_of_memory) bad_peak = p.peak_bytes;
     }
-    // A card's candidates: between two measured steps (or past them, up to
-    // twice the answer so far), replayed; see Note [A card's reserve
-    // between two steps]. The allocated model's answer is under what a card
-    // reserves and would land over the card.
+    // A card's candidates: between two measured steps (the whole bracket
+    // below the smallest failure), or past them up to twice the answer so
+    // far, replayed; see Note [A card's reserve between two steps]. The
+    // allocated model's answer is under what a card reserves and would land
+    // over the card.
     auto card_upper = [&](int64_t from) {
-      return std::min({lowest_bad - 1, options.max_batch, 2 * std::max(best, from)});
+      if (lowest_bad != kNone) return std::min(lowest_bad - 1, options.max_batch);
+      return std::min(options.max_batch, 2 * std::max(best, from));
     };
     const int64_t card_first =
         reference->cuda ? card_candidate(pm, below, best, lowest_bad, card_upper(candidate), usable)
                         : -1;
     if (card_first >= 0) candidate = card_first;
+    // A candidate interpolated inside a bracket that does not fit: the steps'
+    // sizes are not on a line there; the secant takes over.
+    bool card_trusted = true;
+    bool card_bracketed = card_first >= 0 && lowest_bad != kNone;  // the next candidate's
     while (f.trials < options.max_trials && candidate > best) {
       if (!pm.model.phases.empty() && pm.model.predict(candidate) > options.host_limit_bytes) {
         f.notes.push_back("batch " + std::to_string(candidate) + " would take " +
@@ -458,10 +464,12 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       // the second bisects.
       const int64_t half = lowest_bad == kNone ? 2 * best : best + (lowest_bad - best) / 2;
       const int64_t up = secant(below, below_peak, best, best_peak, usable, best);
+      if (!ok && card_bracketed) card_trusted = false;
       const int64_t card_next =
-          reference->cuda
+          reference->cuda && card_trusted
               ? card_candidate(pm, below, best, lowest_bad, card_upper(best), usable)
               : -1;
+      card_bracketed = card_next >= 0 && lowest_bad != kNone;
       int64_t next;
       if (card_next >= 0) {
         next = card_next;

@@ -22,7 +22,7 @@ constexpr int64_t kWorkspace = kDefaultCudaWorkspaceBytes;
 // above), a gradient and a temporary. `split_from`: from that batch on, the
 // largest activation is made as two allocations (a kernel that changes
 // path with the batch), so steps on either side do not align.
-Timeline card_step(int64_t b, int64_t split_from = 0) {
+Timeline card_step(int64_t b, int64_t split_from = 0, int64_t ramp_from = 0) {
   Timeline t;
   uint64_t next_id = 1;
   auto alloc = [&](int64_t bytes, Category c, const char* op) {
@@ -58,6 +58,12 @@ Timeline card_step(int64_t b, int64_t split_from = 0) {
     }
     acts.push_back(alloc(11000 * b + 4096, Category::kActivation, "aten::relu"));
     acts.push_back(alloc(5100 * b, Category::kActivation, "aten::addmm"));
+    // `ramp_from`: a buffer that is empty below that batch (a kernel's
+    // workspace past a size): small probes do not see it.
+    if (ramp_from > 0) {
+      acts.push_back(alloc(60000 * std::max<int64_t>(0, b - ramp_from), Category::kActivation,
+                           "aten::conv"));
+    }
     t.begin_phase("backward", it);
     const uint64_t tmp = alloc(37000 * b, Category::kTemporary, "aten::mm");
     const uint64_t g = alloc(3 * kMiB + 1000, Category::kGradient, "aten::mm");
@@ -106,13 +112,14 @@ TEST(ReserveInterpolation, StepsThatAllocateDifferentlyDoNotAlign) {
 // The batch search for a card, on the step above.
 struct CardStep {
   int64_t split_from = 0;
+  int64_t ramp_from = 0;
   std::vector<int64_t> measured = {};
 
   MeasureStep measure() {
     return [this](int64_t b) {
       measured.push_back(b);
       StepMeasurement m;
-      m.timeline = card_step(b, split_from);
+      m.timeline = card_step(b, split_from, ramp_from);
       m.report = make_report(m.timeline, {"synthetic", b, "adam", "cpu"});
       m.report.cuda = estimate_cuda(m.timeline, kWorkspace);
       return m;
@@ -121,7 +128,7 @@ struct CardStep {
   // The largest batch whose reserve fits, scanning up from one that does.
   int64_t true_max(int64_t budget, int64_t from) const {
     int64_t b = from;
-    while (card_peak(card_step(b + 1, split_from)) <= budget) ++b;
+    while (card_peak(card_step(b + 1, split_from, ramp_from)) <= budget) ++b;
     return b;
   }
 };
@@ -149,6 +156,21 @@ TEST(ReserveInterpolation, ACardsSearchOverStepsThatDoNotAlignNeverOvershoots) {
   EXPECT_LE(f.measured_peak_bytes, o.budget_bytes);
   EXPECT_LE(card_peak(card_step(f.max_batch, 1500)), o.budget_bytes);
   EXPECT_LE(f.max_batch, s.true_max(o.budget_bytes, f.max_batch));
+}
+
+TEST(ReserveInterpolation, ACardsSearchRecoversWhenTheProbesUnderPredictIt) {
+  // The probes (up to 512 here) never see the buffer that starts at 600:
+  // the candidate extrapolated from them fails, and the search then
+  // interpolates inside the whole bracket [largest fit, failure], not just
+  // up to twice the largest fit (which took a third step).
+  CardStep s{/*split_from=*/0, /*ramp_from=*/600};
+  SearchOptions o;
+  o.budget_bytes = 300 * kMiB;
+  const BatchFit f = search_batch(s.measure(), o);
+  const int64_t truth = s.true_max(o.budget_bytes, f.max_batch);
+  EXPECT_LE(card_peak(card_step(f.max_batch, 0, 600)), o.budget_bytes);
+  EXPECT_GE(f.max_batch * 100, truth * 95) << f.max_batch << " of " << truth;
+  EXPECT_LE(f.trials, 2);  // the failure, then one inside the bracket
 }
 
 }  // namespace

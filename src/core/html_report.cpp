@@ -392,10 +392,16 @@ std::string html_report(const Report& r, const Timeline& t,
     po.width = kWidth;
     po.batch = r.batch;
     po.budget = o.budget;
+    // For a card the curve is still allocated bytes, under what the caching
+    // allocator reserves: the page must not promise a card that batch.
+    if (r.cuda) po.title = "Predicted peak by batch size (allocated bytes: a card reserves more)";
     pp = prediction_plot(*o.prediction, po);
   }
   if (pp && o.budget > 0) {
-    h += card("largest batch under " + format_bytes(o.budget),
+    h += card("largest batch under " + format_bytes(o.budget) +
+                  (r.cuda ? " in allocated bytes (a card reserves more: memfit fit --target "
+                            "cuda fits its reserve)"
+                          : ""),
               "<span data-field=\"prediction.max_batch\">" +
                   (pp->max_batch >= kMaxBatch ? std::string("any")
                                               : std::to_string(pp->max_batch)) +

@@ -191,6 +191,14 @@ TEST(HtmlReportTest, PredictionAndAdviceWhenGiven) {
             std::string::npos);
   EXPECT_NE(html.find("<b>plan:</b> checkpoint blocks 0,1</p>"),
             std::string::npos);
+  EXPECT_EQ(html.find("a card reserves more"), std::string::npos);
+  // For a card, the page says the curve is allocated bytes.
+  Report on_card = r;
+  on_card.cuda = estimate_cuda(t, kDefaultCudaWorkspaceBytes);
+  const std::string card_html = html_report(on_card, t, o);
+  EXPECT_NE(card_html.find("(allocated bytes: a card reserves more)"), std::string::npos);
+  EXPECT_NE(card_html.find("in allocated bytes (a card reserves more: memfit fit --target cuda"),
+            std::string::npos);
   // Without them, neither section.
   const std::string plain = html_report(r, t);
   EXPECT_EQ(count(plain, "id=\"prediction\""), 0u);

@@ -31,14 +31,22 @@ namespace memfit {
 
 namespace {
 
-bool same_event(const Timeline& a, size_t i, const Timeline& b) {
-  const Event& x = a.events()[i];
-  const Event& y = b.events()[i];
-  if (x.kind != y.kind || x.device != y.device || x.category != y.category) return false;
-  if (a.partner(i) != b.partner(i)) return false;
+// The same allocation in two steps: the k-th allocation of each, made by
+// the same op of the same module in the same phase, of the same category.
+bool same_allocation(const Timeline& a, const Event& x, const Timeline& b, const Event& y) {
+  if (x.device != y.device || x.category != y.category) return false;
   if (a.op_name(x.op) != b.op_name(y.op)) return false;
   if (a.module_name(x.module) != b.module_name(y.module)) return false;
   return a.phase_name(x.phase) == b.phase_name(y.phase);
+}
+
+// Indices of the allocations, in order.
+std::vector<size_t> allocations(const Timeline& t) {
+  std::vector<size_t> idx;
+  for (size_t i = 0; i < t.size(); ++i) {
+    if (t.events()[i].kind == EventKind::kAlloc) idx.push_back(i);
+  }
+  return idx;
 }
 
 // The size on the line through (ba, sa) and (bb, sb) at `batch`, rounded to
@@ -56,9 +64,10 @@ int64_t size_at(int64_t sa, int64_t ba, int64_t sb, int64_t bb, int64_t batch) {
 }  // namespace
 
 bool steps_align(const Timeline& a, const Timeline& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t i = 0; i < a.size(); ++i) {
-    if (!same_event(a, i, b)) return false;
+  const std::vector<size_t> xa = allocations(a), xb = allocations(b);
+  if (xa.size() != xb.size()) return false;
+  for (size_t k = 0; k < xa.size(); ++k) {
+    if (!same_allocation(a, a.events()[xa[k]], b, b.events()[xb[k]])) return false;
   }
   return true;
 }
@@ -69,19 +78,22 @@ int64_t interpolated_budget_peak(const RecordedStep& a, const RecordedStep& b, i
                                 "batches " + std::to_string(a.batch) + " and " +
                                 std::to_string(b.batch));
   }
-  const std::vector<Event>& ea = a.timeline->events();
-  const std::vector<Event>& eb = b.timeline->events();
-  if (ea.size() != eb.size()) {
+  const std::vector<size_t> xa = allocations(*a.timeline);
+  if (xa.size() != allocations(*b.timeline).size()) {
     throw std::invalid_argument("[reserve] the steps at batches " + std::to_string(a.batch) +
                                 " and " + std::to_string(b.batch) +
                                 " made different allocations: nothing to interpolate");
   }
-  std::vector<Event> events = eb;
+  const std::vector<Event>& ea = a.timeline->events();
+  // b's events in b's order (frees may come in another order in a: threads),
+  // the k-th allocation sized on the line through the k-th of each.
+  std::vector<Event> events = b.timeline->events();
   int64_t live = 0, peak = 0;
+  size_t k = 0;
   for (size_t i = 0; i < events.size(); ++i) {
     Event& e = events[i];
     if (e.kind == EventKind::kAlloc) {
-      e.bytes = size_at(ea[i].bytes, a.batch, eb[i].bytes, b.batch, batch);
+      e.bytes = size_at(ea[xa[k++]].bytes, a.batch, e.bytes, b.batch, batch);
       live += e.bytes;
       peak = std::max(peak, live);
     } else {

@@ -17,13 +17,15 @@ struct RecordedStep {
 };
 
 // Whether two recorded steps made the same allocations in the same order
-// (kind, op, module, phase, category, and which allocation each free ends):
-// then each allocation's size is a function of the batch to interpolate.
+// (op, module, phase, category, device; frees may come in another order,
+// as threads finish): then the k-th allocation's size is a function of the
+// batch to interpolate.
 bool steps_align(const Timeline& a, const Timeline& b);
 
 // The bytes a card is held against (Report::budget_peak) for the step at
-// `batch`: the caching allocator replayed on the events of `b`, each
-// allocation sized on the line through its sizes in `a` and `b`. Throws
+// `batch`: the caching allocator replayed on the events of `b`, in b's
+// order, the k-th allocation sized on the line through the k-th of `a` and
+// of `b`. Throws
 // std::invalid_argument when the steps do not align or share a batch.
 int64_t interpolated_budget_peak(const RecordedStep& a, const RecordedStep& b, int64_t batch);
 

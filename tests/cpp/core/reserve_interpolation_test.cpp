@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <vector>
@@ -22,7 +23,8 @@ constexpr int64_t kWorkspace = kDefaultCudaWorkspaceBytes;
 // above), a gradient and a temporary. `split_from`: from that batch on, the
 // largest activation is made as two allocations (a kernel that changes
 // path with the batch), so steps on either side do not align.
-Timeline card_step(int64_t b, int64_t split_from = 0, int64_t ramp_from = 0) {
+Timeline card_step(int64_t b, int64_t split_from = 0, int64_t ramp_from = 0,
+                   bool reverse_frees = false) {
   Timeline t;
   uint64_t next_id = 1;
   auto alloc = [&](int64_t bytes, Category c, const char* op) {
@@ -68,6 +70,7 @@ Timeline card_step(int64_t b, int64_t split_from = 0, int64_t ramp_from = 0) {
     const uint64_t tmp = alloc(37000 * b, Category::kTemporary, "aten::mm");
     const uint64_t g = alloc(3 * kMiB + 1000, Category::kGradient, "aten::mm");
     free(tmp);
+    if (reverse_frees) std::reverse(acts.begin(), acts.end());  // as threads finish
     for (uint64_t a : acts) free(a);
     free(x);
     t.begin_phase("zero_grad", it);
@@ -99,6 +102,17 @@ TEST(ReserveInterpolation, TheLargestBatchUnderALimitIsTheScannedOne) {
   EXPECT_EQ(largest_interpolated_under(ra, rb, limit, 401, 4000), scanned);
   EXPECT_EQ(largest_interpolated_under(ra, rb, limit, scanned + 1, 4000), scanned);
   EXPECT_EQ(largest_interpolated_under(ra, rb, 1, 401, 4000), 400);  // none: lo - 1
+}
+
+TEST(ReserveInterpolation, FreesInAnotherOrderStillAlignAndFollowTheSecondStep) {
+  const Timeline a = card_step(100), b = card_step(900, 0, 0, /*reverse_frees=*/true);
+  ASSERT_TRUE(steps_align(a, b));
+  const RecordedStep ra{100, &a, kWorkspace}, rb{900, &b, kWorkspace};
+  for (int64_t batch : {150, 500, 899}) {
+    EXPECT_EQ(interpolated_budget_peak(ra, rb, batch),
+              card_peak(card_step(batch, 0, 0, true)))
+        << batch;
+  }
 }
 
 TEST(ReserveInterpolation, StepsThatAllocateDifferentlyDoNotAlign) {

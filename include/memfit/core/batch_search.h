@@ -101,7 +101,12 @@ PredictionCertainty certainty_at(const ProbedModel& probed, int64_t batch);
 // secant is tried upward (a full-size step costs more than all the probes:
 // the goal is >= 98% of the true maximum with one such step). The answer is always a batch that was
 // measured to fit (a probe or a verification step) unless verify is false;
-// then it is the model's answer and BatchFit::verified is false.
+// then it is the model's answer and BatchFit::verified is false. For a
+// CUDA card the candidates come instead from the caching allocator replayed
+// on a step interpolated between two measured ones, which sees the
+// reserve's stairs (Note [A card's reserve between two steps]); the secant
+// takes over where the steps allocate differently or a candidate inside a
+// bracket fails.
 struct SearchOptions {
   int64_t budget_bytes = 0;
   int64_t extra_margin_bytes = 0;  // kept free below the budget

@@ -11,6 +11,10 @@ live bytes, both iterations).
 --llm-settings: also bench/llm_settings.py's whole advise (an 8B Llama
 for a 24 GiB card, ~1 min with the Python kernels) once each way: its
 time, and whether the table and plan print the same.
+--corpus base,tv,tvseg,timm,hf [--every 3]: also the models of
+bench/fit_corpus.py (every k-th; timm and torchvision import with torch
+2.14.1 here), each profiled once each way at batch 4 for a CUDA target:
+equal reports and the time of each.
 
 The baseline swaps memfit's NativeMetaKernels for a context that registers
 nothing, so torch's Python kernels answer, as they did before. Runs
@@ -73,6 +77,8 @@ def main(argv=None):
     ap.add_argument("--models", default="llama,gpt2,bert,t5")
     ap.add_argument("--llm-settings", action="store_true",
                     help="also the 8B advise of bench/llm_settings.py, once each way")
+    ap.add_argument("--corpus", default=None, help="fit_corpus.py groups, e.g. base,tv,timm")
+    ap.add_argument("--every", type=int, default=1, help="with --corpus: every k-th model")
     a = ap.parse_args(argv)
     try:
         import transformers
@@ -105,7 +111,40 @@ def main(argv=None):
               f"{'yes' if equal else 'NO'} |")
     if a.llm_settings:
         all_equal &= advise_8b()
+    if a.corpus:
+        all_equal &= corpus_models(a.corpus.split(","), a.every)
     return 0 if all_equal else 1
+
+
+def corpus_models(groups, every):
+    """fit_corpus.py's models (every k-th), one meta profile each way."""
+    import fit_corpus
+
+    specs, missing = fit_corpus.corpus(False, groups)
+    for group, why in missing.items():
+        print(f"group {group} skipped: {why}")
+    names = list(specs)[::every]
+    print(f"\n| corpus model | python kernels | C++ kernels | python / C++ | reports equal |")
+    print("|---|---|---|---|---|")
+    differ = 0
+    for name in names:
+        spec = specs[name]
+        model = spec.model()
+        x, y = spec.batch(4)
+        seen, took = {}, {}
+        for kind in ("python", "native"):
+            with kernels(kind):
+                t0 = time.perf_counter()
+                r = memfit.profile(model, x, y, loss_fn=spec.loss, optimizer="adam", mode="meta",
+                                   target_device="cuda")
+                took[kind] = time.perf_counter() - t0
+            seen[kind] = (figures(r), r.budget_peak_bytes)
+        equal = seen["python"] == seen["native"]
+        differ += not equal
+        print(f"| {name} | {took['python']:.2f} s | {took['native']:.2f} s | "
+              f"{took['python'] / took['native']:.1f}x | {'yes' if equal else 'NO'} |", flush=True)
+    print(f"{len(names) - differ} of {len(names)} reports equal")
+    return differ == 0
 
 
 def advise_8b():

@@ -82,6 +82,11 @@
 
 #include <memory>
 #include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <pybind11/stl.h>
 
 #include "bindings.h"
 
@@ -93,6 +98,27 @@ using at::Tensor;
 using OptScalar = std::optional<Scalar>;
 using OptTensor = std::optional<Tensor>;
 using OptDtype = std::optional<at::ScalarType>;
+
+// Registers one kernel; an op this torch does not have, or has with
+// another signature (torch >= 2.4 is supported), keeps torch's Python
+// kernel and is named in `skipped` instead of failing the recording.
+class Registrar {
+ public:
+  Registrar(torch::Library& lib, std::vector<std::string>& skipped)
+      : lib_(lib), skipped_(skipped) {}
+  template <typename F>
+  void impl(const char* name, F&& kernel) {
+    try {
+      lib_.impl(name, std::forward<F>(kernel));
+    } catch (const c10::Error&) {
+      skipped_.emplace_back(name);
+    }
+  }
+
+ private:
+  torch::Library& lib_;
+  std::vector<std::string>& skipped_;
+};
 
 // Elementwise ops of one input, out of place and in place.
 #define MEMFIT_UNARY(name)                                                     \
@@ -111,7 +137,7 @@ using OptDtype = std::optional<at::ScalarType>;
   lib.impl(#name "_." scalar_overload,                                                         \
            [](Tensor& a, const Scalar& b) -> Tensor& { return at::meta::name##_(a, b); })
 
-void register_kernels(torch::Library& lib) {
+void register_kernels(Registrar& lib) {
   // Arithmetic.
   lib.impl("add.Tensor", [](const Tensor& a, const Tensor& b, const Scalar& s) {
     return at::meta::add(a, b, s);
@@ -292,13 +318,17 @@ class NativeMetaKernels {
     if (lib_) return;
     lib_ = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::Meta,
                                             __FILE__, __LINE__);
-    register_kernels(*lib_);
+    skipped_.clear();
+    Registrar r(*lib_, skipped_);
+    register_kernels(r);
   }
   void close() { lib_.reset(); }
   bool is_open() const { return lib_ != nullptr; }
+  const std::vector<std::string>& skipped() const { return skipped_; }
 
  private:
   std::unique_ptr<torch::Library> lib_;
+  std::vector<std::string> skipped_;
 };
 
 }  // namespace
@@ -318,7 +348,10 @@ void init_native_meta(pybind11::module_& m) {
         k.close();
         return false;
       })
-      .def_property_readonly("is_open", &NativeMetaKernels::is_open);
+      .def_property_readonly("is_open", &NativeMetaKernels::is_open)
+      .def_property_readonly("skipped", &NativeMetaKernels::skipped,
+                             "ops this torch has not (or with another signature): torch's "
+                             "Python kernel answers them");
 }
 
 }  // namespace memfit::python

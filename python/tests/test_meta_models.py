@@ -268,6 +268,14 @@ def test_meta_mode_runs_torchs_cpp_kernels_and_puts_the_python_ones_back():
     assert meta_kernel_of("aten::mul.Tensor") == before
 
 
+def test_every_native_meta_kernel_registers_on_the_pinned_torch():
+    # On another torch an op may be missing or differ: it is skipped (torch's
+    # Python kernel answers it). On the torch CI pins, none is.
+    with memfit._memfit.NativeMetaKernels() as k:
+        assert k.is_open and k.skipped == []
+    assert not k.is_open
+
+
 def test_meta_kernels_are_put_back_when_the_step_raises():
     before = meta_kernel_of("aten::add.Tensor")
     with torch.device("meta"):

@@ -72,49 +72,58 @@ bool steps_align(const Timeline& a, const Timeline& b) {
   return true;
 }
 
-int64_t interpolated_budget_peak(const RecordedStep& a, const RecordedStep& b, int64_t batch) {
+namespace {
+
+void check_pair(const RecordedStep& a, const RecordedStep& b, const std::vector<size_t>& xa) {
   if (a.timeline == nullptr || b.timeline == nullptr || a.batch == b.batch) {
     throw std::invalid_argument("[reserve] two recorded steps at two batches are needed, got "
                                 "batches " + std::to_string(a.batch) + " and " +
                                 std::to_string(b.batch));
   }
-  const std::vector<size_t> xa = allocations(*a.timeline);
   if (xa.size() != allocations(*b.timeline).size()) {
     throw std::invalid_argument("[reserve] the steps at batches " + std::to_string(a.batch) +
                                 " and " + std::to_string(b.batch) +
                                 " made different allocations: nothing to interpolate");
   }
+}
+
+// interpolated_budget_peak, with a's allocation indices found once.
+int64_t budget_peak_at(const RecordedStep& a, const std::vector<size_t>& xa,
+                       const RecordedStep& b, int64_t batch) {
   const std::vector<Event>& ea = a.timeline->events();
   // b's events in b's order (frees may come in another order in a: threads),
-  // the k-th allocation sized on the line through the k-th of each.
+  // the k-th allocation sized on the line through the k-th of each. The
+  // replay frees by id, so a free's bytes are not needed.
   std::vector<Event> events = b.timeline->events();
-  int64_t live = 0, peak = 0;
   size_t k = 0;
-  for (size_t i = 0; i < events.size(); ++i) {
-    Event& e = events[i];
-    if (e.kind == EventKind::kAlloc) {
-      e.bytes = size_at(ea[xa[k++]].bytes, a.batch, e.bytes, b.batch, batch);
-      live += e.bytes;
-      peak = std::max(peak, live);
-    } else {
-      const size_t alloc = b.timeline->partner(i);
-      e.bytes = events[alloc].bytes;
-      live -= e.bytes;
-    }
+  for (Event& e : events) {
+    if (e.kind != EventKind::kAlloc) continue;
+    e.bytes = size_at(ea[xa[k++]].bytes, a.batch, e.bytes, b.batch, batch);
   }
-  const int64_t workspace = std::max(a.workspace_bytes, b.workspace_bytes);
-  const CudaReplay r = replay_cuda(events, std::nullopt, workspace);
-  return std::max(peak, r.peak_reserved);
+  // Reserved bytes hold every live block, each at least its request: the
+  // replay's peak is also over the live bytes' (Report::budget_peak).
+  return replay_cuda(events, std::nullopt, std::max(a.workspace_bytes, b.workspace_bytes))
+      .peak_reserved;
+}
+
+}  // namespace
+
+int64_t interpolated_budget_peak(const RecordedStep& a, const RecordedStep& b, int64_t batch) {
+  const std::vector<size_t> xa = a.timeline ? allocations(*a.timeline) : std::vector<size_t>{};
+  check_pair(a, b, xa);
+  return budget_peak_at(a, xa, b, batch);
 }
 
 int64_t largest_interpolated_under(const RecordedStep& a, const RecordedStep& b, int64_t limit,
                                    int64_t lo, int64_t hi) {
   if (lo > hi) return lo - 1;
-  if (interpolated_budget_peak(a, b, lo) > limit) return lo - 1;
+  const std::vector<size_t> xa = a.timeline ? allocations(*a.timeline) : std::vector<size_t>{};
+  check_pair(a, b, xa);
+  if (budget_peak_at(a, xa, b, lo) > limit) return lo - 1;
   // Invariant: lo fits, everything above hi is unknown or over.
   while (lo < hi) {
     const int64_t mid = lo + (hi - lo + 1) / 2;
-    if (interpolated_budget_peak(a, b, mid) <= limit) {
+    if (budget_peak_at(a, xa, b, mid) <= limit) {
       lo = mid;
     } else {
       hi = mid - 1;

@@ -125,6 +125,34 @@ class Registrar {
   lib.impl(#name, [](const Tensor& a) { return at::meta::name(a); });          \
   lib.impl(#name "_", [](Tensor& a) -> Tensor& { return at::meta::name##_(a); })
 
+// Binary ops of two Tensors: out of place, in place and out=.
+#define MEMFIT_BINARY(name)                                                                    \
+  lib.impl(#name ".Tensor",                                                                    \
+           [](const Tensor& a, const Tensor& b) { return at::meta::name(a, b); });             \
+  lib.impl(#name "_.Tensor",                                                                   \
+           [](Tensor& a, const Tensor& b) -> Tensor& { return at::meta::name##_(a, b); });     \
+  lib.impl(#name ".out", [](const Tensor& a, const Tensor& b, Tensor& out) -> Tensor& {        \
+    return at::meta::name##_outf(a, b, out);                                                   \
+  })
+
+// The same with add's and sub's alpha.
+#define MEMFIT_BINARY_ALPHA(name)                                                              \
+  lib.impl(#name ".Tensor", [](const Tensor& a, const Tensor& b, const Scalar& s) {            \
+    return at::meta::name(a, b, s);                                                            \
+  });                                                                                          \
+  lib.impl(#name "_.Tensor", [](Tensor& a, const Tensor& b, const Scalar& s) -> Tensor& {      \
+    return at::meta::name##_(a, b, s);                                                         \
+  });                                                                                          \
+  lib.impl(#name ".out",                                                                       \
+           [](const Tensor& a, const Tensor& b, const Scalar& s, Tensor& out) -> Tensor& {     \
+             return at::meta::name##_outf(a, b, s, out);                                       \
+           })
+
+// A Tensor with a Scalar, out of place and in place (one overload each).
+#define MEMFIT_WITH_SCALAR(name)                                                               \
+  lib.impl(#name, [](const Tensor& a, const Scalar& v) { return at::meta::name(a, v); });      \
+  lib.impl(#name "_", [](Tensor& a, const Scalar& v) -> Tensor& { return at::meta::name##_(a, v); })
+
 // Binary ops with a Tensor and a Scalar overload, in and out of place
 // (comparisons, pow).
 #define MEMFIT_BINARY_TS(name, tensor_overload, scalar_overload)                              \
@@ -138,39 +166,13 @@ class Registrar {
            [](Tensor& a, const Scalar& b) -> Tensor& { return at::meta::name##_(a, b); })
 
 void register_kernels(Registrar& lib) {
-  // Arithmetic.
-  lib.impl("add.Tensor", [](const Tensor& a, const Tensor& b, const Scalar& s) {
-    return at::meta::add(a, b, s);
-  });
-  lib.impl("add_.Tensor", [](Tensor& a, const Tensor& b, const Scalar& s) -> Tensor& {
-    return at::meta::add_(a, b, s);
-  });
-  lib.impl("sub.Tensor", [](const Tensor& a, const Tensor& b, const Scalar& s) {
-    return at::meta::sub(a, b, s);
-  });
-  lib.impl("sub_.Tensor", [](Tensor& a, const Tensor& b, const Scalar& s) -> Tensor& {
-    return at::meta::sub_(a, b, s);
-  });
-  lib.impl("mul.Tensor", [](const Tensor& a, const Tensor& b) { return at::meta::mul(a, b); });
-  lib.impl("mul_.Tensor",
-           [](Tensor& a, const Tensor& b) -> Tensor& { return at::meta::mul_(a, b); });
-  lib.impl("div.Tensor", [](const Tensor& a, const Tensor& b) { return at::meta::div(a, b); });
-  lib.impl("div_.Tensor",
-           [](Tensor& a, const Tensor& b) -> Tensor& { return at::meta::div_(a, b); });
-  // The out= forms the composite in-place ops with a Scalar land on
-  // (mul_.Scalar is mul_out(self, self, scalar); foreach Adam calls it).
-  lib.impl("add.out", [](const Tensor& a, const Tensor& b, const Scalar& s, Tensor& out) -> Tensor& {
-    return at::meta::add_outf(a, b, s, out);
-  });
-  lib.impl("sub.out", [](const Tensor& a, const Tensor& b, const Scalar& s, Tensor& out) -> Tensor& {
-    return at::meta::sub_outf(a, b, s, out);
-  });
-  lib.impl("mul.out", [](const Tensor& a, const Tensor& b, Tensor& out) -> Tensor& {
-    return at::meta::mul_outf(a, b, out);
-  });
-  lib.impl("div.out", [](const Tensor& a, const Tensor& b, Tensor& out) -> Tensor& {
-    return at::meta::div_outf(a, b, out);
-  });
+  // Arithmetic, with its out= forms: the composite in-place ops with a
+  // Scalar land on them (mul_.Scalar is mul_out(self, self, scalar);
+  // foreach Adam calls it).
+  MEMFIT_BINARY_ALPHA(add);
+  MEMFIT_BINARY_ALPHA(sub);
+  MEMFIT_BINARY(mul);
+  MEMFIT_BINARY(div);
   lib.impl("maximum", [](const Tensor& a, const Tensor& b) { return at::meta::maximum(a, b); });
   lib.impl("minimum", [](const Tensor& a, const Tensor& b) { return at::meta::minimum(a, b); });
   lib.impl("pow.Tensor_Scalar",
@@ -222,12 +224,8 @@ void register_kernels(Registrar& lib) {
   lib.impl("clamp_", [](Tensor& a, const OptScalar& lo, const OptScalar& hi) -> Tensor& {
     return at::meta::clamp_(a, lo, hi);
   });
-  lib.impl("clamp_min", [](const Tensor& a, const Scalar& lo) { return at::meta::clamp_min(a, lo); });
-  lib.impl("clamp_min_",
-           [](Tensor& a, const Scalar& lo) -> Tensor& { return at::meta::clamp_min_(a, lo); });
-  lib.impl("clamp_max", [](const Tensor& a, const Scalar& hi) { return at::meta::clamp_max(a, hi); });
-  lib.impl("clamp_max_",
-           [](Tensor& a, const Scalar& hi) -> Tensor& { return at::meta::clamp_max_(a, hi); });
+  MEMFIT_WITH_SCALAR(clamp_min);
+  MEMFIT_WITH_SCALAR(clamp_max);
 
   // The optimizers' fused elementwise updates.
   lib.impl("lerp_.Scalar", [](Tensor& a, const Tensor& end, const Scalar& w) -> Tensor& {
@@ -308,6 +306,9 @@ void register_kernels(Registrar& lib) {
 }
 
 #undef MEMFIT_UNARY
+#undef MEMFIT_BINARY
+#undef MEMFIT_BINARY_ALPHA
+#undef MEMFIT_WITH_SCALAR
 #undef MEMFIT_BINARY_TS
 
 // Open: the C++ kernels answer at the Meta key. Close (or the object's end):

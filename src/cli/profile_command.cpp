@@ -196,14 +196,14 @@ int profile_command(const std::vector<std::string>& argv) {
       for (const auto& n : probed.notes) pm.notes.push_back(n);
       sure = certainty_at(probed, target);
     }
-    if (card.on && !(sure && sure->predicted_reserved_bytes >= 0)) {
-      pm.notes.push_back("the prediction counts allocated bytes: a card's reserved bytes are "
-                         "estimated for a profiled batch (without --predict, or with probes "
-                         "grown toward the batch, not --probes), and "
-                         "`memfit fit --target cuda` fits a batch to them");
-    } else if (card.on) {
-      pm.notes.push_back("the predicted peak counts allocated bytes; what a card would reserve "
-                         "is the replay's figure above");
+    if (card.on) {
+      pm.notes.push_back(
+          sure && sure->predicted_reserved_bytes >= 0
+              ? "the predicted peak counts allocated bytes; what a card would reserve is the "
+                "replay's figure above"
+              : "the prediction counts allocated bytes: a card's reserved bytes are estimated "
+                "for a profiled batch (without --predict, or with probes grown toward the "
+                "batch, not --probes), and `memfit fit --target cuda` fits a batch to them");
     }
     std::cout << (args.has("json") ? prediction_json(pm, o.batch, sure) + "\n"
                                    : prediction_text(pm, o.batch, sure));

@@ -333,10 +333,13 @@ def measure(spec, threads, budget_batch, target="cpu"):
                             target_device=target)
     cache = {}
 
-    def peak(b):  # for a card: the caching allocator's reserve, replayed
+    def at(b):  # each batch's step recorded once
         if b not in cache:
-            cache[b] = report.at_batch(b).budget_peak_bytes
+            cache[b] = report.at_batch(b)
         return cache[b]
+
+    def peak(b):  # for a card: the caching allocator's reserve, replayed
+        return at(b).budget_peak_bytes
 
     budget = peak(budget_batch)  # a budget near budget_batch
     t0 = time.perf_counter()
@@ -346,7 +349,7 @@ def measure(spec, threads, budget_batch, target="cpu"):
     truth = true_max(peak, budget, fit.max_batch)
     large = 2 * budget_batch
     sure = report.prediction(large)
-    predicted, actual = sure.predicted_bytes, report.at_batch(large).peak_bytes
+    predicted, actual = sure.predicted_bytes, at(large).peak_bytes
     if target == "cuda" and sure.predicted_reserved_bytes >= 0:
         predicted, actual = sure.predicted_reserved_bytes, peak(large)
     return dict(found=fit.max_batch, truth=truth, overshoot=peak(fit.max_batch) > budget,

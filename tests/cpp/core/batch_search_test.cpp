@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "step_writer.h"
+
 namespace memfit {
 namespace {
 
@@ -18,39 +20,22 @@ constexpr int64_t kParams = 1 << 20;
 // first) and zero_grad.
 Timeline step_timeline(int64_t b, const std::function<int64_t(int64_t)>& act) {
   Timeline t;
-  uint64_t next_id = 1;
-  auto alloc = [&](int64_t bytes, Category c) {
-    Event e;
-    e.kind = EventKind::kAlloc;
-    e.id = next_id++;
-    e.bytes = bytes;
-    e.category = c;
-    e.phase = t.current_phase();
-    t.record(e);
-    return e.id;
-  };
-  auto free = [&](uint64_t id) {
-    Event e;
-    e.kind = EventKind::kFree;
-    e.id = id;
-    e.phase = t.current_phase();
-    t.record(e);
-  };
+  testing::StepWriter step(t);
   t.begin_phase("parameters", 1);
-  alloc(kParams, Category::kParameter);
+  step.alloc(kParams, Category::kParameter);
   for (int it = 1; it <= 2; ++it) {
     t.begin_phase("inputs", it);
-    const uint64_t x = alloc(64 * b, Category::kInput);
+    const uint64_t x = step.alloc(64 * b, Category::kInput);
     t.begin_phase("forward", it);
-    const uint64_t a = alloc(act(b), Category::kActivation);
+    const uint64_t a = step.alloc(act(b), Category::kActivation);
     t.begin_phase("backward", it);
-    const uint64_t g = alloc(kParams, Category::kGradient);
-    free(a);
-    free(x);
+    const uint64_t g = step.alloc(kParams, Category::kGradient);
+    step.free(a);
+    step.free(x);
     t.begin_phase("optimizer_step", it);
-    if (it == 1) alloc(2 * kParams, Category::kOptimizerState);
+    if (it == 1) step.alloc(2 * kParams, Category::kOptimizerState);
     t.begin_phase("zero_grad", it);
-    free(g);
+    step.free(g);
   }
   t.end_phase();
   return t;

@@ -11,6 +11,8 @@
 #include "memfit/core/batch_search.h"
 #include "memfit/core/report.h"
 
+#include "step_writer.h"
+
 namespace memfit {
 namespace {
 
@@ -26,55 +28,37 @@ constexpr int64_t kWorkspace = kDefaultCudaWorkspaceBytes;
 Timeline card_step(int64_t b, int64_t split_from = 0, int64_t ramp_from = 0,
                    bool reverse_frees = false) {
   Timeline t;
-  uint64_t next_id = 1;
-  auto alloc = [&](int64_t bytes, Category c, const char* op) {
-    Event e;
-    e.kind = EventKind::kAlloc;
-    e.id = next_id++;
-    e.bytes = bytes;
-    e.category = c;
-    e.phase = t.current_phase();
-    e.op = t.op_index(op);
-    t.record(e);
-    return e.id;
-  };
-  auto free = [&](uint64_t id) {
-    Event e;
-    e.kind = EventKind::kFree;
-    e.id = id;
-    e.phase = t.current_phase();
-    t.record(e);
-  };
+  testing::StepWriter step(t);
   t.begin_phase("parameters", 1);
-  alloc(3 * kMiB + 1000, Category::kParameter, "aten::empty");
+  step.alloc(3 * kMiB + 1000, Category::kParameter, "aten::empty");
   for (int it = 1; it <= 2; ++it) {
     t.begin_phase("inputs", it);
-    const uint64_t x = alloc(3000 * b, Category::kInput, "aten::copy_");
+    const uint64_t x = step.alloc(3000 * b, Category::kInput, "aten::copy_");
     t.begin_phase("forward", it);
     std::vector<uint64_t> acts;
     if (split_from > 0 && b >= split_from) {
-      acts.push_back(alloc(37000 * b / 2, Category::kActivation, "aten::addmm"));
-      acts.push_back(alloc(37000 * b - 37000 * b / 2, Category::kActivation, "aten::addmm"));
+      acts.push_back(step.alloc(37000 * b / 2, Category::kActivation, "aten::addmm"));
+      acts.push_back(step.alloc(37000 * b - 37000 * b / 2, Category::kActivation, "aten::addmm"));
     } else {
-      acts.push_back(alloc(37000 * b, Category::kActivation, "aten::addmm"));
+      acts.push_back(step.alloc(37000 * b, Category::kActivation, "aten::addmm"));
     }
-    acts.push_back(alloc(11000 * b + 4096, Category::kActivation, "aten::relu"));
-    acts.push_back(alloc(5100 * b, Category::kActivation, "aten::addmm"));
+    acts.push_back(step.alloc(11000 * b + 4096, Category::kActivation, "aten::relu"));
+    acts.push_back(step.alloc(5100 * b, Category::kActivation, "aten::addmm"));
     // `ramp_from`: a buffer that is empty below that batch (a kernel's
     // workspace past a size): small probes do not see it.
     if (ramp_from > 0) {
-      acts.push_back(alloc(60000 * std::max<int64_t>(0, b - ramp_from), Category::kActivation,
+      acts.push_back(step.alloc(60000 * std::max<int64_t>(0, b - ramp_from), Category::kActivation,
                            "aten::conv"));
     }
     t.begin_phase("backward", it);
-    const uint64_t tmp = alloc(37000 * b, Category::kTemporary, "aten::mm");
-    const uint64_t g = alloc(3 * kMiB + 1000, Category::kGradient, "aten::mm");
-    free(tmp);
+    const uint64_t tmp = step.alloc(37000 * b, Category::kTemporary, "aten::mm");
+    const uint64_t g = step.alloc(3 * kMiB + 1000, Category::kGradient, "aten::mm");
+    step.free(tmp);
     if (reverse_frees) std::reverse(acts.begin(), acts.end());  // as threads finish
-    for (uint64_t a : acts) free(a);
-    free(x);
+    for (uint64_t a : acts) step.free(a);
+    step.free(x);
     t.begin_phase("zero_grad", it);
-    free(g);
+    step.free(g);
   }
   t.end_phase();
   return t;

@@ -11,6 +11,7 @@
 #include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/host_offload.h"
 #include "memfit/torch/move_parameter.h"
+#include "memfit/torch/native_meta.h"
 #include "memfit/torch/recorder.h"
 
 namespace memfit {
@@ -145,6 +146,10 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
   // Data is made outside the recording; moving it to the device is the
   // recorded "inputs" phase.
   Batch cpu_batch = step_batch(model, o.batch, device, o.seed);
+  // torch's C++ meta kernels for the step, and kernels for the ops only
+  // torch's Python package gives one (Note [Native meta kernels]).
+  std::optional<NativeMetaKernels> meta_kernels;
+  if (device.is_meta()) meta_kernels.emplace(__FILE__, __LINE__);
   Recorder r;
   // See Note [Meta kernels allocate only their outputs] (op_frames.h).
   if (device.is_meta()) r.drop_meta_kernel_intermediates();

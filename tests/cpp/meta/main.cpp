@@ -1,10 +1,12 @@
 // Note [Meta kernels live in torch's Python]
 // torch 2.x registers many of its meta kernels (relu, index_select,
 // convolution backward, ...) from its Python package, when `import torch`
-// runs torch/_meta_registrations.py. A C++-only process lacks them and meta
-// mode falls back to cpu there; the `memfit` command pip installs runs
-// inside Python for that reason. These tests do as it does: start an
-// interpreter, import torch from the build's venv, then run.
+// runs torch/_meta_registrations.py. A C++-only process lacks them: memfit
+// fills those the built-in models run (Note [Native meta kernels],
+// src/torch/native_meta.cpp) and falls back to cpu for any other. The
+// `memfit` command pip installs runs inside Python, with torch's Python
+// kernels; these tests do as it does: start an interpreter, import torch from
+// the build's venv, then run.
 #include <gtest/gtest.h>
 #include <pybind11/embed.h>
 

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "memfit/core/timeline.h"
+#include "memfit/core/model/timeline.h"
 
 namespace memfit {
 namespace {

@@ -1,7 +1,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings.h"
-#include "memfit/core/ddp_budget.h"
+#include "memfit/core/plan/ddp_budget.h"
 
 namespace py = pybind11;
 

@@ -7,9 +7,10 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
-#include "memfit/core/progress.h"
-#include "memfit/core/batch_fit.h"
-#include "memfit/core/batch_search.h"
+#include "memfit/core/plan/batch_fit.h"
+#include "memfit/core/plan/batch_search.h"
+#include "memfit/core/plan/progress.h"
+#include "memfit/core/render/fit_text.h"
 
 namespace py = pybind11;
 
@@ -38,11 +39,15 @@ MeasureStep from_python(py::function measure) {
 void init_fit(py::module_& m) {
   py::register_exception<DoesNotFit>(m, "DoesNotFit", PyExc_ValueError);
   py::class_<ProbeRecord>(m, "ProbeRecord")
-      .def_readonly("batch", &ProbeRecord::batch)
-      .def_readonly("out_of_memory", &ProbeRecord::out_of_memory)
-      .def_readonly("peak_bytes", &ProbeRecord::peak_bytes)
-      .def_readonly("predicted_bytes", &ProbeRecord::predicted_bytes)
-      .def_readonly("verification", &ProbeRecord::verification)
+      .def_readonly("batch", &ProbeRecord::batch, "the batch the step ran at")
+      .def_readonly("out_of_memory", &ProbeRecord::out_of_memory,
+                    "the step raised an out-of-memory error")
+      .def_readonly("peak_bytes", &ProbeRecord::peak_bytes,
+                    "its measured peak (the budget peak on a CUDA target); 0 when out of memory")
+      .def_readonly("predicted_bytes", &ProbeRecord::predicted_bytes,
+                    "predicted by the probes before it; -1 when none was made")
+      .def_readonly("verification", &ProbeRecord::verification,
+                    "a full-size step at a candidate answer, not a probe")
       .def("__repr__", [](const ProbeRecord& p) {
         return "ProbeRecord(batch=" + std::to_string(p.batch) +
                ", peak_bytes=" + std::to_string(p.peak_bytes) +
@@ -51,21 +56,31 @@ void init_fit(py::module_& m) {
                ", verification=" + (p.verification ? "True" : "False") + ")";
       });
   py::class_<BatchFit>(m, "BatchFit")
-      .def_readonly("max_batch", &BatchFit::max_batch)
-      .def_readonly("recommended_batch", &BatchFit::recommended_batch)
-      .def_readonly("predicted_peak_bytes", &BatchFit::predicted_peak_bytes)
-      .def_readonly("budget_bytes", &BatchFit::budget_bytes)
-      .def_readonly("margin_bytes", &BatchFit::margin_bytes)
-      .def_readwrite("trials", &BatchFit::trials)
-      .def_readonly("mode", &BatchFit::mode)
-      .def_readonly("peak_phase", &BatchFit::peak_phase)
-      .def_readonly("verified", &BatchFit::verified)
-      .def_readonly("measured_peak_bytes", &BatchFit::measured_peak_bytes)
-      .def_readonly("probes", &BatchFit::probes)
-      .def_readonly("held_out_error", &BatchFit::held_out_error)
-      .def_readonly("affine", &BatchFit::affine)
-      .def_readonly("notes", &BatchFit::notes)
-      .def("to_json", &BatchFit::to_json, py::arg("pretty") = true)
+      .def_readonly("max_batch", &BatchFit::max_batch,
+                    "the largest batch whose whole step fits the budget")
+      .def_readonly("recommended_batch", &BatchFit::recommended_batch,
+          "the largest multiple of 8 at or below max_batch when it gives up at most an eighth")
+      .def_readonly("predicted_peak_bytes", &BatchFit::predicted_peak_bytes,
+                    "the peak model's prediction at max_batch")
+      .def_readonly("budget_bytes", &BatchFit::budget_bytes, "the budget the batch was fitted to")
+      .def_readonly("margin_bytes", &BatchFit::margin_bytes,
+                    "kept free below the budget (the fit's residual and the margin asked for)")
+      .def_readwrite("trials", &BatchFit::trials, "full-size steps run to verify the answer")
+      .def_readonly("mode", &BatchFit::mode, "the mode the probes ran in: cpu or meta")
+      .def_readonly("peak_phase", &BatchFit::peak_phase, "the phase holding the peak at max_batch")
+      .def_readonly("verified", &BatchFit::verified,
+                    "a whole step ran at max_batch and stayed under budget - margin")
+      .def_readonly("measured_peak_bytes", &BatchFit::measured_peak_bytes,
+                    "the peak measured at max_batch; -1 when no step ran there")
+      .def_readonly("probes", &BatchFit::probes,
+                    "every step the search measured, in order (ProbeRecord)")
+      .def_readonly("held_out_error", &BatchFit::held_out_error,
+                    "the worst relative miss predicting a probe from the ones before it")
+      .def_readonly("affine", &BatchFit::affine, "every probe was predicted within tolerance")
+      .def_readonly("notes", &BatchFit::notes,
+                    "what the numbers rest on and what was left unverified, one line each")
+      .def("to_json", [](const BatchFit& f, bool pretty) { return to_json(f, pretty); },
+           py::arg("pretty") = true, "The JSON `memfit fit --json` prints (render/fit_text.h).")
       .def("__repr__", [](const BatchFit& f) {
         return "BatchFit(max_batch=" + std::to_string(f.max_batch) +
                ", recommended_batch=" + std::to_string(f.recommended_batch) +
@@ -75,26 +90,35 @@ void init_fit(py::module_& m) {
                ", trials=" + std::to_string(f.trials) + ", mode=" + quoted(f.mode) +
                ", verified=" + (f.verified ? "True" : "False") + ")";
       })
-      .def("text", &BatchFit::text);
+      .def("text", [](const BatchFit& f) { return to_text(f); },
+           "The lines `memfit fit` prints.");
 
   py::class_<PredictionCertainty>(m, "PredictionCertainty")
-      .def_readonly("batch", &PredictionCertainty::batch)
-      .def_readonly("predicted_bytes", &PredictionCertainty::predicted_bytes)
-      .def_readonly("probes", &PredictionCertainty::probes)
-      .def_readonly("held_out_error", &PredictionCertainty::held_out_error)
-      .def_readonly("beyond_probes", &PredictionCertainty::beyond_probes)
-      .def_readonly("affine", &PredictionCertainty::affine)
+      .def_readonly("batch", &PredictionCertainty::batch, "the batch predicted")
+      .def_readonly("predicted_bytes", &PredictionCertainty::predicted_bytes,
+                    "the peak predicted there")
+      .def_readonly("probes", &PredictionCertainty::probes, "the batches the model was fitted on")
+      .def_readonly("held_out_error", &PredictionCertainty::held_out_error,
+                    "the worst relative miss predicting a probe from the ones before it")
+      .def_readonly("beyond_probes", &PredictionCertainty::beyond_probes,
+                    "the batch is above the largest probe: extrapolated")
+      .def_readonly("affine", &PredictionCertainty::affine,
+                    "every held-out check agreed within tolerance")
       .def_readonly("predicted_reserved_bytes", &PredictionCertainty::predicted_reserved_bytes,
                     "for a card: reserved bytes replayed on the step sized from the two "
                     "largest probes; -1 when not estimated")
       .def("text", &PredictionCertainty::text)
       .def("__repr__", [](const PredictionCertainty& c) { return "<" + c.text() + ">"; });
   py::class_<ProbedModel>(m, "ProbedModel")
-      .def_readonly("model", &ProbedModel::model)
-      .def_readonly("probes", &ProbedModel::probes)
-      .def_readonly("held_out_error", &ProbedModel::held_out_error)
-      .def_readonly("affine", &ProbedModel::affine)
-      .def_readonly("notes", &ProbedModel::notes)
+      .def_readonly("model", &ProbedModel::model,
+                    "the PeakModel fitted on the largest probes that fit")
+      .def_readonly("probes", &ProbedModel::probes,
+                    "every probe, in the order measured (ProbeRecord)")
+      .def_readonly("held_out_error", &ProbedModel::held_out_error,
+                    "the worst relative miss predicting a probe from the ones before it")
+      .def_readonly("affine", &ProbedModel::affine, "every held-out check agreed within tolerance")
+      .def_readonly("notes", &ProbedModel::notes,
+                    "what the probing found (a step not affine in the batch), one line each")
       .def("largest_probe", &ProbedModel::largest_probe)
       .def("certainty_at", &certainty_at, py::arg("batch"));
 

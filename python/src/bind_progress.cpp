@@ -2,7 +2,7 @@
 #include <pybind11/pybind11.h>
 
 #include "bindings.h"
-#include "memfit/core/progress.h"
+#include "memfit/core/plan/progress.h"
 
 namespace py = pybind11;
 
@@ -16,7 +16,7 @@ void init_progress(py::module_& m) {
       .def(py::init<Progress::Sink>(), py::arg("sink"),
            "Each step's line, stamped with the seconds since now, goes to "
            "sink(line).")
-      .def_property_readonly("enabled", &Progress::enabled)
+      .def_property_readonly("enabled", &Progress::enabled, "False for a silent Progress")
       .def("step", &Progress::step, py::arg("what"),
            "sink('[  2.4s] ' + what), when not silent.");
 }

@@ -5,10 +5,11 @@
 #include <utility>
 
 #include "bindings.h"
-#include "memfit/core/html_report.h"
-#include "memfit/core/peak_model.h"
-#include "memfit/core/report.h"
-#include "memfit/core/stacked_plot.h"
+#include "memfit/core/model/peak_model.h"
+#include "memfit/core/model/report.h"
+#include "memfit/core/render/html_report.h"
+#include "memfit/core/render/report_text.h"
+#include "memfit/core/render/stacked_plot.h"
 
 namespace py = pybind11;
 
@@ -17,11 +18,14 @@ namespace memfit::python {
 void init_report(py::module_& m) {
   py::class_<PhaseRow> phase_row(m, "PhaseRow");
   for_each_phase_row_field(
-      [&](const char* key, auto field) { phase_row.def_readonly(key, field); });
+      [&](const char* key, auto field, const char* doc) {
+        phase_row.def_readonly(key, field, doc);
+      });
   phase_row
       .def("as_dict", [](const PhaseRow& r) {
         py::dict d;
-        for_each_phase_row_field([&](const char* key, auto field) { d[key] = r.*field; });
+        for_each_phase_row_field(
+            [&](const char* key, auto field, const char*) { d[key] = r.*field; });
         return d;
       }, "The fields as a dict, keyed as the report's JSON.")
       .def("__repr__", [](const PhaseRow& r) {
@@ -31,20 +35,26 @@ void init_report(py::module_& m) {
       });
 
   py::class_<CudaEstimate>(m, "CudaEstimate")
-      .def_readonly("peak_allocated", &CudaEstimate::peak_allocated)
-      .def_readonly("peak_reserved", &CudaEstimate::peak_reserved)
-      .def_readonly("workspace_bytes", &CudaEstimate::workspace_bytes);
+      .def_readonly("peak_allocated", &CudaEstimate::peak_allocated,
+          "the peak of requests rounded as the caching allocator rounds them, workspace included")
+      .def_readonly("peak_reserved", &CudaEstimate::peak_reserved,
+                    "the peak of segments the caching allocator holds from the device")
+      .def_readonly("workspace_bytes", &CudaEstimate::workspace_bytes,
+                    "the fixed per-device workspace counted in both");
   py::class_<Report>(m, "Report")
-      .def_readonly("model", &Report::model)
-      .def_readonly("batch", &Report::batch)
-      .def_readonly("optimizer", &Report::optimizer)
-      .def_readonly("mode", &Report::mode)
-      .def_readonly("peak_bytes", &Report::peak_bytes)
-      .def_readonly("peak_phase", &Report::peak_phase)
-      .def_readonly("peak_iteration", &Report::peak_iteration)
-      .def_readonly("peak_op", &Report::peak_op)
-      .def_readonly("parameter_bytes", &Report::parameter_bytes)
-      .def_readonly("phases", &Report::phases)
+      .def_readonly("model", &Report::model, "the model's name")
+      .def_readonly("batch", &Report::batch, "the batch the step ran at")
+      .def_readonly("optimizer", &Report::optimizer,
+                    "adam, sgd, momentum, none or the optimizer's class name")
+      .def_readonly("mode", &Report::mode, "cpu or meta: the mode used, after any fallback")
+      .def_readonly("peak_bytes", &Report::peak_bytes, "the step's peak of live tracked bytes")
+      .def_readonly("peak_phase", &Report::peak_phase, "the phase the peak is reached in")
+      .def_readonly("peak_iteration", &Report::peak_iteration, "the iteration of that phase")
+      .def_readonly("peak_op", &Report::peak_op,
+                    "the op running when the peak was reached; '' when none")
+      .def_readonly("parameter_bytes", &Report::parameter_bytes,
+                    "the parameters' and buffers' bytes on the device")
+      .def_readonly("phases", &Report::phases, "one PhaseRow per phase, in order, both iterations")
       .def("__repr__", [](const Report& r) {
         return "Report(" + quoted(r.model) + ", batch=" + std::to_string(r.batch) +
                ", mode=" + quoted(r.mode) + ", peak_bytes=" + std::to_string(r.peak_bytes) +
@@ -57,18 +67,22 @@ void init_report(py::module_& m) {
               r.categories_at_peak[c];
         }
         return d;
-      })
+      }, "bytes by category at the peak, as a dict")
       .def_property_readonly("modules", [](const Report& r) {
         py::list l;
         for (const auto& mrow : r.modules) {
           l.append(py::make_tuple(mrow.path, mrow.activation_bytes));
         }
         return l;
-      })
-      .def_readwrite("notes", &Report::notes)
-      .def_readonly("cuda", &Report::cuda)
-      .def("table", &Report::table, py::arg("max_modules") = 10)
-      .def("to_json", &Report::to_json, py::arg("pretty") = true)
+      }, "(path, activation bytes saved for backward) per module, largest first")
+      .def_readwrite("notes", &Report::notes,
+                     "what the figures rest on (a fallback, host bytes), one line each")
+      .def_readonly("cuda", &Report::cuda,
+                    "the CudaEstimate when a CUDA target was asked for, else None")
+      .def("table", [](const Report& r, size_t max_modules) { return to_text(r, max_modules); },
+           py::arg("max_modules") = 10, "The table `memfit profile` prints (render/report_text.h).")
+      .def("to_json", [](const Report& r, bool pretty) { return to_json(r, pretty); },
+           py::arg("pretty") = true, "The JSON `memfit profile --json` prints.")
       .def("set_cuda_estimate", [](Report& r, const Timeline& t, int64_t workspace) {
         r.cuda = estimate_cuda(t, workspace);
       }, py::arg("timeline"), py::arg("workspace_bytes") = kDefaultCudaWorkspaceBytes)
@@ -83,10 +97,10 @@ void init_report(py::module_& m) {
      py::arg("optimizer"), py::arg("mode"));
 
   py::class_<PeakModel>(m, "PeakModel")
-      .def_readonly("mode", &PeakModel::mode)
-      .def_readonly("probe_batches", &PeakModel::probe_batches)
-      .def_readonly("probe_peaks", &PeakModel::probe_peaks)
-      .def_readonly("notes", &PeakModel::notes)
+      .def_readonly("mode", &PeakModel::mode, "the mode the probes ran in")
+      .def_readonly("probe_batches", &PeakModel::probe_batches, "the batches the probes ran at")
+      .def_readonly("probe_peaks", &PeakModel::probe_peaks, "the peak measured at each probe")
+      .def_readonly("notes", &PeakModel::notes, "what the fit found, one line each")
       .def("predict", &PeakModel::predict, py::arg("batch"))
       .def("__repr__", [](const PeakModel& pm) {
         return "PeakModel(mode=" + quoted(pm.mode) + ", probe_batches=" +
@@ -107,12 +121,13 @@ void init_report(py::module_& m) {
            }),
            py::arg("name"), py::arg("peak_bytes"), py::arg("saving_bytes"),
            py::arg("time_ratio"), py::arg("fits"), py::arg("result"))
-      .def_readonly("name", &AdviceRow::name)
-      .def_readonly("peak_bytes", &AdviceRow::peak_bytes)
-      .def_readonly("saving_bytes", &AdviceRow::saving_bytes)
-      .def_readonly("time_ratio", &AdviceRow::time_ratio)
-      .def_readonly("fits", &AdviceRow::fits)
-      .def_readonly("result", &AdviceRow::result)
+      .def_readonly("name", &AdviceRow::name, "the strategy, as the advise table names it")
+      .def_readonly("peak_bytes", &AdviceRow::peak_bytes, "its peak at the whole batch")
+      .def_readonly("saving_bytes", &AdviceRow::saving_bytes, "the plain step's peak less this one")
+      .def_readonly("time_ratio", &AdviceRow::time_ratio, "its step time over the plain step's")
+      .def_readonly("fits", &AdviceRow::fits,
+                    "its peak is within the budget; None without a budget")
+      .def_readonly("result", &AdviceRow::result, "same, changes or no training")
       .def("__repr__", [](const AdviceRow& r) {
         return "AdviceRow(" + quoted(r.name) + ", peak_bytes=" + std::to_string(r.peak_bytes) +
                ")";
@@ -127,15 +142,20 @@ void init_report(py::module_& m) {
            }),
            py::arg("budget_bytes"), py::arg("plain_peak_bytes"), py::arg("rows"),
            py::arg("plan"), py::arg("notes"))
-      .def_readonly("budget_bytes", &AdviceTable::budget_bytes)
-      .def_readonly("plain_peak_bytes", &AdviceTable::plain_peak_bytes)
-      .def_readonly("rows", &AdviceTable::rows)
-      .def_readonly("plan", &AdviceTable::plan)
-      .def_readonly("notes", &AdviceTable::notes)
+      .def_readonly("budget_bytes", &AdviceTable::budget_bytes, "the budget; 0 for none")
+      .def_readonly("plain_peak_bytes", &AdviceTable::plain_peak_bytes, "the plain step's peak")
+      .def_readonly("rows", &AdviceTable::rows, "one AdviceRow per strategy")
+      .def_readonly("plan", &AdviceTable::plan, "one line: what the plan runs, or why none fits")
+      .def_readonly("notes", &AdviceTable::notes, "the advice's notes, one line each")
       .def("__repr__", [](const AdviceTable& a) {
         return "AdviceTable(" + std::to_string(a.rows.size()) + " rows, plan=" +
                quoted(a.plan) + ")";
       });
+
+  m.def("advice_table", &advice_table, py::arg("advice"),
+        "What the HTML page shows of an Advice (memfit.advise's native result): each "
+        "row's peak, saving, time, fits and result, and the plan in one line; the same "
+        "mapping `memfit profile --html --advise` uses (render/advice_table.h).");
 
   m.def("html_report", [](const Report& r, const Timeline& t, const std::string& title,
                           const std::string& x_axis, int64_t budget,

@@ -1,13 +1,14 @@
-// memfit.advise's planner (core/advise_plan.h) and the checkpointing
-// planner under it (core/checkpoint_plan.h): Python records the user's
+// memfit.advise's planner (core/plan/advise_plan.h) and the checkpointing
+// planner under it (core/plan/checkpoint_plan.h): Python records the user's
 // model when the planner asks, the planner does the rest.
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
 #include "bindings.h"
-#include "memfit/core/advise_plan.h"
-#include "memfit/core/checkpoint_plan.h"
-#include "memfit/core/progress.h"
+#include "memfit/core/plan/advise_plan.h"
+#include "memfit/core/plan/checkpoint_plan.h"
+#include "memfit/core/plan/progress.h"
+#include "memfit/core/render/advice_table.h"
 
 namespace py = pybind11;
 
@@ -24,12 +25,16 @@ void init_strategies(py::module_& m) {
            py::arg("name") = "", py::arg("activation_bytes") = 0,
            py::arg("input_bytes") = 0, py::arg("backward_extra_bytes") = 0,
            py::arg("recompute_ns") = 0.0)
-      .def_readwrite("name", &ChainSegment::name)
-      .def_readwrite("activation_bytes", &ChainSegment::activation_bytes)
-      .def_readwrite("input_bytes", &ChainSegment::input_bytes)
+      .def_readwrite("name", &ChainSegment::name, "the block's path")
+      .def_readwrite("activation_bytes", &ChainSegment::activation_bytes,
+                     "saved for backward by its forward, its output excluded")
+      .def_readwrite("input_bytes", &ChainSegment::input_bytes,
+                     "kept from forward to its backward when checkpointed (0 when kept anyway)")
       .def_readwrite("backward_extra_bytes",
-                     &ChainSegment::backward_extra_bytes)
-      .def_readwrite("recompute_ns", &ChainSegment::recompute_ns)
+                     &ChainSegment::backward_extra_bytes,
+                         "extra live above its activations while its backward runs")
+      .def_readwrite("recompute_ns", &ChainSegment::recompute_ns,
+                     "its forward time: the price of checkpointing it, in nanoseconds")
       .def("__repr__", [](const ChainSegment& c) {
         return "ChainSegment(" + quoted(c.name) + ", activation_bytes=" +
                std::to_string(c.activation_bytes) + ", input_bytes=" +
@@ -43,9 +48,12 @@ void init_strategies(py::module_& m) {
            }),
            py::arg("forward_fixed") = 0, py::arg("backward_fixed") = 0,
            py::arg("other_peak") = 0)
-      .def_readwrite("forward_fixed", &ChainMemory::forward_fixed)
-      .def_readwrite("backward_fixed", &ChainMemory::backward_fixed)
-      .def_readwrite("other_peak", &ChainMemory::other_peak)
+      .def_readwrite("forward_fixed", &ChainMemory::forward_fixed,
+                     "live outside the chain at the end of forward")
+      .def_readwrite("backward_fixed", &ChainMemory::backward_fixed,
+                     "live outside the chain while its backward runs")
+      .def_readwrite("other_peak", &ChainMemory::other_peak,
+                     "peaks the chain does not touch (the optimizer step)")
       .def("__repr__", [](const ChainMemory& c) {
         return "ChainMemory(forward_fixed=" + std::to_string(c.forward_fixed) +
                ", backward_fixed=" + std::to_string(c.backward_fixed) +
@@ -53,11 +61,14 @@ void init_strategies(py::module_& m) {
       });
 
   py::class_<ChainPlan>(m, "ChainPlan")
-      .def_readonly("rule", &ChainPlan::rule)
-      .def_readonly("checkpointed", &ChainPlan::checkpointed)
-      .def_readonly("predicted_peak", &ChainPlan::predicted_peak)
-      .def_readonly("recompute_ns", &ChainPlan::recompute_ns)
-      .def_readonly("fits", &ChainPlan::fits)
+      .def_readonly("rule", &ChainPlan::rule,
+                    "none, every layer, every 2nd layer, sqrt(n) or optimal")
+      .def_readonly("checkpointed", &ChainPlan::checkpointed, "one flag per block: checkpointed")
+      .def_readonly("predicted_peak", &ChainPlan::predicted_peak,
+                    "the chain model's peak under this plan")
+      .def_readonly("recompute_ns", &ChainPlan::recompute_ns,
+                    "the forward time checkpointing adds, in nanoseconds")
+      .def_readonly("fits", &ChainPlan::fits, "predicted_peak is within the budget it was made for")
       .def("count", &ChainPlan::count)
       .def("indices", &ChainPlan::indices)
       .def("__repr__", [](const ChainPlan& p) {
@@ -105,14 +116,22 @@ void init_strategies(py::module_& m) {
            py::arg("zero_grad_in_place") = false, py::arg("optimizer") = "",
            py::arg("host_state") = false, py::arg("step") = "train", py::arg("setting") = "",
            py::arg("setting_exact") = false)
-      .def_readonly("checkpoint", &StepVariant::checkpoint)
-      .def_readonly("autocast_bf16", &StepVariant::autocast_bf16)
-      .def_readonly("zero_grad_in_place", &StepVariant::zero_grad_in_place)
-      .def_readonly("optimizer", &StepVariant::optimizer)
-      .def_readonly("host_state", &StepVariant::host_state)
-      .def_property_readonly("step", [](const StepVariant& v) { return to_string(v.step); })
-      .def_readonly("setting", &StepVariant::setting)
-      .def_readonly("setting_exact", &StepVariant::setting_exact)
+      .def_readonly("checkpoint", &StepVariant::checkpoint,
+                    "one flag per block of the chain; empty: none checkpointed")
+      .def_readonly("autocast_bf16", &StepVariant::autocast_bf16,
+                    "forward and loss under bf16 autocast")
+      .def_readonly("zero_grad_in_place", &StepVariant::zero_grad_in_place,
+                    "zero_grad(set_to_none=False)")
+      .def_readonly("optimizer", &StepVariant::optimizer,
+                    "'': the user's optimizer; else adam, momentum or sgd")
+      .def_readonly("host_state", &StepVariant::host_state,
+                    "the optimizer's state and step on the host")
+      .def_property_readonly("step", [](const StepVariant& v) { return to_string(v.step); },
+                             "train, no_grad or inference_mode")
+      .def_readonly("setting", &StepVariant::setting,
+                    "'': none; else the label of the front's AdviseSetting applied")
+      .def_readonly("setting_exact", &StepVariant::setting_exact,
+                    "that setting keeps what is trained")
       .def("exact", &StepVariant::exact);
 
   py::class_<AdviseSetting>(m, "AdviseSetting")
@@ -120,66 +139,90 @@ void init_strategies(py::module_& m) {
              return AdviseSetting{std::move(label), exact, checkpoints};
            }),
            py::arg("label"), py::arg("exact") = false, py::arg("checkpoints") = false)
-      .def_readonly("label", &AdviseSetting::label)
-      .def_readonly("exact", &AdviseSetting::exact)
-      .def_readonly("checkpoints", &AdviseSetting::checkpoints);
+      .def_readonly("label", &AdviseSetting::label, "the row's name and StepVariant.setting")
+      .def_readonly("exact", &AdviseSetting::exact,
+                    "keeps what is trained; False: the plan may use it only with allow_approximate")
+      .def_readonly("checkpoints", &AdviseSetting::checkpoints,
+                    "it checkpoints the model itself: the planner adds no checkpointing");
 
   py::class_<OptimizerChoices>(m, "OptimizerChoices")
-      .def_readonly("others", &OptimizerChoices::others)
-      .def_readonly("lighter", &OptimizerChoices::lighter)
-      .def_readonly("can_offload", &OptimizerChoices::can_offload);
+      .def_readonly("others", &OptimizerChoices::others, "optimizers compared in rows, in order")
+      .def_readonly("lighter", &OptimizerChoices::lighter,
+                    "optimizers the plan may switch to with allow_approximate, in order")
+      .def_readonly("can_offload", &OptimizerChoices::can_offload,
+                    "the optimizer has state, not on the host yet");
   m.def("optimizer_choices", &optimizer_choices, py::arg("user_kind"),
         "The optimizers advise compares with the user's kind (adam, momentum, sgd, none, "
         "<kind>-offload, a class name): others (rows), lighter (in the order the plan tries "
         "them), can_offload.");
 
   py::class_<AdviseRow>(m, "AdviseRow")
-      .def_readonly("name", &AdviseRow::name)
-      .def_property_readonly("kind", [](const AdviseRow& r) { return to_string(r.kind); })
-      .def_readonly("variant", &AdviseRow::variant)
-      .def_readonly("peak_bytes", &AdviseRow::peak_bytes)
-      .def_readonly("saving_bytes", &AdviseRow::saving_bytes)
-      .def_readonly("meta", &AdviseRow::meta)
-      .def_readonly("time_ratio", &AdviseRow::time_ratio)
-      .def_readonly("time_measured", &AdviseRow::time_measured)
-      .def_readonly("fits", &AdviseRow::fits)
-      .def_readonly("recompute_ns", &AdviseRow::recompute_ns)
-      .def_readonly("predicted_peak_bytes", &AdviseRow::predicted_peak_bytes);
+      .def_readonly("name", &AdviseRow::name, "the strategy, in words")
+      .def_property_readonly("kind", [](const AdviseRow& r) { return to_string(r.kind); },
+          "baseline, memory, checkpointing, precision, optimizer, eval, combination or setting")
+      .def_readonly("variant", &AdviseRow::variant, "the StepVariant recorded")
+      .def_readonly("peak_bytes", &AdviseRow::peak_bytes, "its peak at the whole batch")
+      .def_readonly("saving_bytes", &AdviseRow::saving_bytes,
+                    "the plain step's peak (same device) less this one")
+      .def_readonly("meta", &AdviseRow::meta, "recorded on the meta device")
+      .def_readonly("time_ratio", &AdviseRow::time_ratio,
+                    "step time over the plain step's; < 0: unknown")
+      .def_readonly("time_measured", &AdviseRow::time_measured,
+                    "False: estimated from the recorded times")
+      .def_readonly("fits", &AdviseRow::fits, "its peak is within the budget (False without one)")
+      .def_readonly("recompute_ns", &AdviseRow::recompute_ns,
+                    "checkpointing: the forward time recomputed; -1 otherwise")
+      .def_readonly("predicted_peak_bytes", &AdviseRow::predicted_peak_bytes,
+                    "checkpointing: the chain model's peak; -1 otherwise");
 
   py::class_<AdvisePlan>(m, "AdvisePlan")
-      .def_readonly("found", &AdvisePlan::found)
-      .def_readonly("variant", &AdvisePlan::variant)
-      .def_readonly("micro_batch", &AdvisePlan::micro_batch)
-      .def_readonly("peak_bytes", &AdvisePlan::peak_bytes)
-      .def_readonly("time_ratio", &AdvisePlan::time_ratio)
-      .def_readonly("time_measured", &AdvisePlan::time_measured)
-      .def_readonly("exact", &AdvisePlan::exact)
-      .def_readonly("verified", &AdvisePlan::verified)
-      .def_readonly("optimizer", &AdvisePlan::optimizer)
-      .def_readonly("summary", &AdvisePlan::summary);
+      .def_readonly("found", &AdvisePlan::found, "False: nothing fits; the fields say the closest")
+      .def_readonly("variant", &AdvisePlan::variant, "the StepVariant the plan runs")
+      .def_readonly("micro_batch", &AdvisePlan::micro_batch, "its micro-batch; 0: the whole batch")
+      .def_readonly("peak_bytes", &AdvisePlan::peak_bytes, "recorded at micro_batch")
+      .def_readonly("time_ratio", &AdvisePlan::time_ratio,
+                    "step time over the plain step's; < 0: unknown")
+      .def_readonly("time_measured", &AdvisePlan::time_measured, "False: estimated")
+      .def_readonly("exact", &AdvisePlan::exact, "the plan keeps the numbers of the plain step")
+      .def_readonly("verified", &AdvisePlan::verified,
+                    "recorded on a real device within the budget (False: meta only)")
+      .def_readonly("optimizer", &AdvisePlan::optimizer,
+                    "what it trains with: the user's, a lighter one, or '<x>-offload'")
+      .def_readonly("summary", &AdvisePlan::summary, "the plan in one line");
 
   py::class_<Advice>(m, "NativeAdvice")
-      .def_readwrite("model", &Advice::model)
-      .def_readwrite("chain_description", &Advice::chain_description)
-      .def_readwrite("parameter_bytes", &Advice::parameter_bytes)
-      .def_readonly("batch", &Advice::batch)
-      .def_readonly("budget", &Advice::budget)
-      .def_readonly("optimizer", &Advice::optimizer)
-      .def_readonly("plain_peak", &Advice::plain_peak)
-      .def_readonly("cuda_reserved", &Advice::cuda_reserved)
-      .def_readonly("plain_step_ms", &Advice::plain_step_ms)
-      .def_readonly("rows", &Advice::rows)
-      .def_readonly("chain_batch", &Advice::chain_batch)
-      .def_readonly("segments", &Advice::segments)
-      .def_readonly("chain_memory", &Advice::chain_memory)
-      .def_readonly("chain_plans", &Advice::chain_plans)
-      .def_readonly("plan", &Advice::plan)
-      .def_readonly("recordings", &Advice::recordings)
-      .def_readonly("estimated_from", &Advice::estimated_from)
-      .def_readwrite("notes", &Advice::notes)
-      .def_readonly("does_not_fit", &Advice::does_not_fit)
-      .def("table", &Advice::table)
-      .def("to_json", &Advice::to_json, py::arg("pretty") = true);
+      .def_readwrite("model", &Advice::model, "the model's name")
+      .def_readwrite("chain_description", &Advice::chain_description,
+                     "the chain found, in words; '' for none")
+      .def_readwrite("parameter_bytes", &Advice::parameter_bytes,
+                     "the parameters' and buffers' bytes")
+      .def_readonly("batch", &Advice::batch, "the user's batch")
+      .def_readonly("budget", &Advice::budget, "bytes; -1: no budget")
+      .def_readonly("optimizer", &Advice::optimizer, "the user's optimizer, as the rows name it")
+      .def_readonly("plain_peak", &Advice::plain_peak,
+                    "the plain step's peak, recorded on a real device")
+      .def_readonly("cuda_reserved", &Advice::cuda_reserved,
+                    "peaks are the CUDA caching allocator's reserved bytes")
+      .def_readonly("plain_step_ms", &Advice::plain_step_ms,
+                    "the plain step's recorded time in milliseconds")
+      .def_readonly("rows", &Advice::rows, "one AdviseRow per strategy at the whole batch")
+      .def_readonly("chain_batch", &Advice::chain_batch,
+                    "the batch the chain below was measured at")
+      .def_readonly("segments", &Advice::segments, "the chain's ChainSegments as calibrated")
+      .def_readonly("chain_memory", &Advice::chain_memory, "the ChainMemory outside the chain")
+      .def_readonly("chain_plans", &Advice::chain_plans,
+                    "the checkpointing rules compared (ChainPlan)")
+      .def_readonly("plan", &Advice::plan, "the AdvisePlan")
+      .def_readonly("recordings", &Advice::recordings, "real-device recordings the plan ran")
+      .def_readonly("estimated_from", &Advice::estimated_from,
+                    "what times were estimated from; '' for the recorded times")
+      .def_readwrite("notes", &Advice::notes, "what the rows and the plan rest on, one line each")
+      .def_readonly("does_not_fit", &Advice::does_not_fit,
+                    "with a budget nothing meets: the one line a front raises; else ''")
+      .def("table", [](const Advice& a) { return to_text(a); },
+           "The table `memfit advise` prints (render/advice_table.h).")
+      .def("to_json", [](const Advice& a, bool pretty) { return to_json(a, pretty); },
+           py::arg("pretty") = true, "The JSON `memfit advise --json` prints.");
 
   m.def(
       "plan_advice",

@@ -2,9 +2,9 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
-#include "memfit/core/event.h"
-#include "memfit/core/stacked_plot.h"
-#include "memfit/core/timeline.h"
+#include "memfit/core/model/event.h"
+#include "memfit/core/model/timeline.h"
+#include "memfit/core/render/stacked_plot.h"
 
 namespace py = pybind11;
 
@@ -29,21 +29,23 @@ py::dict breakdown_dict(const Timeline::Breakdown& b) {
 
 void init_timeline(py::module_& m) {
   py::class_<Timeline::Peak>(m, "Peak")
-      .def_readonly("bytes", &Timeline::Peak::bytes)
-      .def_readonly("event_index", &Timeline::Peak::event_index)
-      .def_readonly("time_ns", &Timeline::Peak::time_ns)
+      .def_readonly("bytes", &Timeline::Peak::bytes, "the highest live bytes")
+      .def_readonly("event_index", &Timeline::Peak::event_index,
+                    "the event after which it was first reached")
+      .def_readonly("time_ns", &Timeline::Peak::time_ns, "that event's time, in nanoseconds")
       .def("__repr__", [](const Timeline::Peak& p) {
         return "Peak(bytes=" + std::to_string(p.bytes) + ", event_index=" +
                std::to_string(p.event_index) + ")";
       });
 
   py::class_<Timeline::PhaseSummary>(m, "PhaseSummary")
-      .def_readonly("name", &Timeline::PhaseSummary::name)
-      .def_readonly("iteration", &Timeline::PhaseSummary::iteration)
-      .def_readonly("live_before", &Timeline::PhaseSummary::live_before)
-      .def_readonly("live_after", &Timeline::PhaseSummary::live_after)
-      .def_readonly("delta", &Timeline::PhaseSummary::delta)
-      .def_readonly("peak", &Timeline::PhaseSummary::peak)
+      .def_readonly("name", &Timeline::PhaseSummary::name, "the phase")
+      .def_readonly("iteration", &Timeline::PhaseSummary::iteration, "its iteration")
+      .def_readonly("live_before", &Timeline::PhaseSummary::live_before,
+                    "live bytes when the span began")
+      .def_readonly("live_after", &Timeline::PhaseSummary::live_after, "live bytes when it ended")
+      .def_readonly("delta", &Timeline::PhaseSummary::delta, "live_after - live_before")
+      .def_readonly("peak", &Timeline::PhaseSummary::peak, "the most live bytes during the span")
       .def("__repr__", [](const Timeline::PhaseSummary& p) {
         return "PhaseSummary(" + quoted(p.name) + ", iteration=" + std::to_string(p.iteration) +
                ", live_after=" + std::to_string(p.live_after) +
@@ -57,7 +59,7 @@ void init_timeline(py::module_& m) {
                std::to_string(t.size() ? t.peak().bytes : 0) +
                ", live_bytes=" + std::to_string(t.live_bytes()) + ")";
       })
-      .def_property_readonly("live_bytes", &Timeline::live_bytes)
+      .def_property_readonly("live_bytes", &Timeline::live_bytes, "live bytes after the last event")
       .def("peak", &Timeline::peak)
       .def("peak_phase", [](const Timeline& t) {
         return t.phase_name(t.peak().phase);

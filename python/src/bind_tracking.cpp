@@ -29,7 +29,8 @@ void init_tracking(py::module_& m) {
              return std::make_unique<SimulatedDevice>(budget, device_from(device));
            }),
            py::arg("budget_bytes"), py::arg("device") = "cpu")
-      .def_property_readonly("budget_bytes", &SimulatedDevice::budget_bytes);
+      .def_property_readonly("budget_bytes", &SimulatedDevice::budget_bytes,
+                             "the cap on tracked bytes while the device lives");
 
   // Held by memfit.host_memory(): allocations on this thread are the host's
   // (untracked, no budget) while the object lives.
@@ -38,7 +39,8 @@ void init_tracking(py::module_& m) {
   py::class_<Recorder>(m, "Recorder")
       .def(py::init<>())
       .def("stop", &Recorder::stop)
-      .def_property_readonly("recording", &Recorder::recording)
+      .def_property_readonly("recording", &Recorder::recording,
+                             "still receiving events (stop() not called)")
       .def("begin_phase", &Recorder::begin_phase, py::arg("name"),
            py::arg("iteration") = 0)
       .def("end_phase", &Recorder::end_phase)
@@ -55,10 +57,13 @@ void init_tracking(py::module_& m) {
       .def("drop_meta_kernel_intermediates", &Recorder::drop_meta_kernel_intermediates,
            "From now on, leave out what Meta kernels allocate and free again "
            "inside the op they implement (torch's Python decompositions).")
-      .def_property_readonly("live_bytes", &Recorder::live_bytes)
-      .def_property_readonly("peak_bytes", &Recorder::peak_bytes)
+      .def_property_readonly("live_bytes", &Recorder::live_bytes,
+                             "tracked bytes live now, since the recording began")
+      .def_property_readonly("peak_bytes", &Recorder::peak_bytes,
+                             "the most tracked bytes live at once so far")
       .def_property_readonly("timeline", &Recorder::timeline,
-                             py::return_value_policy::reference_internal);
+                             py::return_value_policy::reference_internal,
+                                 "the events recorded so far (a Timeline)");
 
   m.def("tracked_live_bytes", [](const std::string& device) {
     return tracking::live_bytes(device == "meta" ? Device::kMeta : Device::kCPU);

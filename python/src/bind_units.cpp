@@ -2,7 +2,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 
 namespace py = pybind11;
 

@@ -6,7 +6,8 @@
 
 #include "args.h"
 #include "commands.h"
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
+#include "memfit/core/render/advice_table.h"
 #include "memfit/torch/strategies.h"
 
 namespace memfit::cli {
@@ -19,7 +20,7 @@ int advise_command(const std::vector<std::string>& argv) {
   const std::string name = args.require("model");
   AdviseOptions o;
   o.batch = args.get_count("batch", 8);
-  o.budget = args.get_size("budget");
+  o.budget = args.get_size("budget", 1);
   o.optimizer =
       args.choice("optimizer", "adam", optimizer_names());
   o.timing_repeats = static_cast<int>(args.get_int("repeats", 1));
@@ -37,7 +38,7 @@ int advise_command(const std::vector<std::string>& argv) {
     progress = Progress([](const std::string& line) { std::cerr << "memfit advise " << line << std::endl; });
   }
   const Advice a = advise(*model, o, progress);
-  std::cout << (args.has("json") ? a.to_json(true) + "\n" : a.table());
+  std::cout << (args.has("json") ? to_json(a, true) + "\n" : to_text(a));
   if (a.plan.found) return 0;
   // Exit 2, as every out-of-memory ends, with its one line on stderr.
   std::cerr << "memfit advise: " << a.does_not_fit << "\n";

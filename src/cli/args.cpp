@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "commands.h"
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 
 namespace memfit::cli {
 
@@ -74,13 +74,19 @@ int64_t Args::get_count(const std::string& name, int64_t fallback) const {
   return v;
 }
 
-int64_t Args::get_size(const std::string& name) const {
+int64_t Args::get_size(const std::string& name, int64_t at_least) const {
   const std::string text = require(name);
+  int64_t bytes = 0;
   try {
-    return parse_size(text);
+    bytes = parse_size(text);
   } catch (const std::invalid_argument& e) {
-    throw UsageError("--" + name + ": " + e.what());
+    throw UsageError("--" + name + ": " + error_line(e.what()));
   }
+  if (bytes < at_least) {
+    throw UsageError("--" + name + " must be at least " + std::to_string(at_least) +
+                     (at_least == 1 ? " byte" : " bytes") + ", got '" + text + "'");
+  }
+  return bytes;
 }
 
 std::string Args::choice(const std::string& name, const std::string& fallback,
@@ -92,6 +98,19 @@ std::string Args::choice(const std::string& name, const std::string& fallback,
   std::string list;
   for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
   throw UsageError("--" + name + " must be one of " + list + ", got '" + v + "'");
+}
+
+std::string error_line(const std::string& what) {
+  std::string line = what.substr(0, what.find('\n'));
+  if (line.size() > 2 && line[0] == '[') {
+    const size_t end = line.find("] ");
+    const bool operation =
+        end != std::string::npos && end > 1 &&
+        line.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_:.",
+                               1) == end;
+    if (operation) line = line.substr(end + 2);
+  }
+  return line;
 }
 
 Progress progress_of(const Args& args) {

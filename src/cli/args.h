@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/progress.h"
+#include "memfit/core/plan/progress.h"
 
 namespace memfit::cli {
 
@@ -26,8 +26,9 @@ class Args {
   // A count that must be at least 1 (a batch, steps, ranks): one message for
   // every command.
   int64_t get_count(const std::string& name, int64_t fallback) const;
-  // A size: bytes or 16GiB-style (see parse_size).
-  int64_t get_size(const std::string& name) const;
+  // A size: bytes or 16GiB-style (see parse_size), at least `at_least`
+  // bytes (a budget: 1): one message for every command.
+  int64_t get_size(const std::string& name, int64_t at_least = 0) const;
   std::string choice(const std::string& name, const std::string& fallback,
                      const std::vector<std::string>& allowed) const;
 
@@ -40,6 +41,17 @@ class Args {
 struct UsageError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
+
+// Note [One line, one prefix]
+// Every command checks its flags when it reads them, before it runs
+// anything, and every error leaves as one line on stderr that starts with
+// the command: "memfit fit: --budget must be at least 1 byte, got '0'". The
+// library's own messages start with their operation ("[fit_batch] ..."), for
+// C++ and Python callers; under a command that names the operation already,
+// error_line() drops it.
+
+// The first line of `what`, without a leading "[operation] ".
+std::string error_line(const std::string& what);
 
 // Progress lines to stderr ("[   2.4s] probe batch 64") when stderr is a
 // terminal or --progress is given, none with --quiet. stdout is untouched:

@@ -4,7 +4,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/report.h"
+#include "memfit/core/model/report.h"
 #include "memfit/torch/models.h"
 
 namespace memfit::cli {

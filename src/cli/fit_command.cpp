@@ -2,8 +2,9 @@
 
 #include "args.h"
 #include "commands.h"
-#include "memfit/core/ddp_budget.h"
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
+#include "memfit/core/plan/ddp_budget.h"
+#include "memfit/core/render/fit_text.h"
 #include "memfit/torch/data_parallel.h"
 #include "memfit/torch/fit.h"
 
@@ -15,10 +16,14 @@ int fit_command(const std::vector<std::string>& argv) {
             {"json", "ddp", "no-verify", "progress", "quiet"});
   const std::string name = args.require("model");
   FitOptions o;
-  o.budget = args.get_size("budget");
+  o.budget = args.get_size("budget", 1);
   o.optimizer = args.choice("optimizer", "adam", optimizer_names());
   o.mode = args.choice("mode", "cpu", {"cpu", "meta"});
   if (args.has("margin")) o.extra_margin = args.get_size("margin");
+  if (o.extra_margin >= o.budget) {
+    throw UsageError("--margin " + format_bytes(o.extra_margin) + " leaves nothing of --budget " +
+                     format_bytes(o.budget) + ": give a margin smaller than the budget");
+  }
   o.verify = !args.has("no-verify");
   const CudaTarget card = cuda_target_of(args);
   o.cuda_target = card.on;
@@ -37,9 +42,9 @@ int fit_command(const std::vector<std::string>& argv) {
       }
     }
     BatchFit f = fit_model(*model, o);
-    std::cout << (args.has("json") ? f.to_json(true) + "\n" : f.text());
+    std::cout << (args.has("json") ? to_json(f, true) + "\n" : to_text(f));
   } catch (const DoesNotFit& e) {
-    std::cerr << "memfit fit: " << e.what() << "\n";
+    std::cerr << "memfit fit: " << error_line(e.what()) << "\n";
     return 2;
   }
   return 0;

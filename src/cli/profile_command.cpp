@@ -8,10 +8,11 @@
 
 #include "args.h"
 #include "commands.h"
-#include "memfit/core/html_report.h"
-#include "memfit/core/json_writer.h"
-#include "memfit/core/stacked_plot.h"
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
+#include "memfit/core/render/html_report.h"
+#include "memfit/core/render/json_writer.h"
+#include "memfit/core/render/report_text.h"
+#include "memfit/core/render/stacked_plot.h"
 #include "memfit/torch/data_parallel.h"
 #include "memfit/torch/fit.h"
 #include "memfit/torch/models.h"
@@ -95,25 +96,6 @@ std::string prediction_text(const PeakModel& pm, int64_t batch,
   return out.str();
 }
 
-// What the page shows of `memfit advise`.
-AdviceTable advice_table(const Advice& a) {
-  AdviceTable t;
-  t.budget_bytes = a.budget;
-  t.plain_peak_bytes = a.plain_peak;
-  for (const AdviseRow& r : a.rows) {
-    t.rows.push_back(AdviceRow{r.name, r.peak_bytes, r.saving_bytes, r.time_ratio, r.fits,
-                               r.kind == StrategyKind::kEval ? "no training"
-                               : r.variant.exact()           ? "same"
-                                                             : "changes"});
-  }
-  t.plan = a.plan.found ? a.plan.summary + ": peak " + format_bytes(a.plan.peak_bytes) +
-                              " (measured)"
-                        : a.plan.summary + ": does not fit (lowest measured peak " +
-                              format_bytes(a.plan.peak_bytes) + ")";
-  t.notes = a.notes;
-  return t;
-}
-
 // The dtype --param-dtype or --reduce-dtype names; none without the flag.
 std::optional<at::ScalarType> dtype_flag(const Args& args, const std::string& flag) {
   if (!args.has(flag)) return std::nullopt;
@@ -150,8 +132,15 @@ int profile_command(const std::vector<std::string>& argv) {
   o.cuda_target = card.on;  // each recorded step (the probes too) carries the estimate
   o.cuda_workspace = card.workspace_bytes;
   const PlotAxis x_axis = plot_axis_from_string(args.choice("x-axis", "time", {"time", "events"}));
-  const int64_t budget = args.has("budget") ? args.get_size("budget") : 0;
-  if (args.has("budget") && budget < 1) throw UsageError("--budget must be at least 1 byte");
+  const int64_t budget = args.has("budget") ? args.get_size("budget", 1) : 0;
+  // --probes for --predict; the --html page's curve defaults to 4, 8, 16.
+  const std::optional<std::vector<int64_t>> probes =
+      args.has("probes") ? std::optional(parse_probes(args.get("probes", ""))) : std::nullopt;
+  const int64_t world = args.has("world-size") ? args.get_int("world-size", 2) : 0;
+  if (args.has("world-size") && (world < 1 || world > 1 << 20)) {
+    throw UsageError("--world-size expects a number of ranks >= 1, got " + std::to_string(world));
+  }
+  const int64_t bucket_cap = args.has("bucket-cap") ? args.get_size("bucket-cap", 1) : 0;
   if (args.has("advise") && !args.has("budget")) {
     throw UsageError("--advise needs --budget: the strategies are measured against it");
   }
@@ -178,8 +167,8 @@ int profile_command(const std::vector<std::string>& argv) {
     // toward the answer]), with how sure the prediction is.
     std::optional<PredictionCertainty> sure;
     PeakModel pm;
-    if (args.has("probes")) {
-      pm = probe_peak_model(*model, o, parse_probes(args.get("probes", "")));
+    if (probes) {
+      pm = probe_peak_model(*model, o, *probes);
     } else {
       ProbePlan plan;
       plan.limit_bytes = probe_memory_limit(o.mode);
@@ -214,22 +203,14 @@ int profile_command(const std::vector<std::string>& argv) {
   try {
     p = profile_model(*model, o);
   } catch (const c10::OutOfMemoryError& e) {
-    std::cerr << "memfit profile: out of memory: " << e.what_without_backtrace()
+    std::cerr << "memfit profile: out of memory: " << error_line(e.what_without_backtrace())
               << "\n";
     return 2;
   }
   if (args.has("world-size")) {
-    const int64_t world = args.get_int("world-size", 2);
-    if (world < 1 || world > 1 << 20) {
-      throw UsageError("--world-size expects a number of ranks >= 1, got " +
-                       std::to_string(world));
-    }
     DataParallelSetup d = data_parallel_setup(model->module(), static_cast<int>(world));
     d.gradient_as_bucket_view = args.has("bucket-view");
-    if (args.has("bucket-cap")) {
-      d.bucket_cap_bytes = args.get_size("bucket-cap");
-      if (d.bucket_cap_bytes < 1) throw UsageError("--bucket-cap must be at least 1 byte");
-    }
+    if (args.has("bucket-cap")) d.bucket_cap_bytes = bucket_cap;
     o.progress.step("each rank's peak over " + std::to_string(world) + " ranks");
     p.report.data_parallel = DataParallelEstimate{d, per_rank_peaks(p.timeline, d)};
     if (args.has("fsdp2")) {
@@ -253,7 +234,7 @@ int profile_command(const std::vector<std::string>& argv) {
     ho.x_axis = x_axis;
     ho.budget = budget;
     // The prediction curve: probes at small batches, as --predict runs.
-    ho.prediction = probe_peak_model(*model, o, parse_probes(args.get("probes", "4,8,16")));
+    ho.prediction = probe_peak_model(*model, o, probes.value_or(std::vector<int64_t>{4, 8, 16}));
     if (args.has("advise")) {
       AdviseOptions ao;
       ao.batch = o.batch;
@@ -266,9 +247,9 @@ int profile_command(const std::vector<std::string>& argv) {
     write_file("html", args.get("html", ""), html_report(p.report, p.timeline, ho));
   }
   if (args.has("json")) {
-    std::cout << p.report.to_json(true) << "\n";
+    std::cout << to_json(p.report, true) << "\n";
   } else {
-    std::cout << p.report.table();
+    std::cout << to_text(p.report);
     if (args.has("svg")) std::cout << "\ntimeline written to " << args.get("svg", "") << "\n";
     if (args.has("html")) std::cout << "page written to " << args.get("html", "") << "\n";
   }

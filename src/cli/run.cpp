@@ -80,12 +80,6 @@ SIZE is a byte count or a number with KiB, MiB, GiB, TiB: 16GiB, 512MiB.
 Exit status: 0 done, 1 bad command line or input, 2 out of memory.
 )";
 
-// The first line of an error's message: c10::Error appends a C++ backtrace
-// and the failed condition; the user needs only what went wrong.
-std::string first_line(const std::string& text) {
-  return text.substr(0, text.find('\n'));
-}
-
 bool wants_help(const std::vector<std::string>& args) {
   for (const auto& a : args) {
     if (a == "--help" || a == "-h") return true;
@@ -95,8 +89,8 @@ bool wants_help(const std::vector<std::string>& args) {
 
 }  // namespace
 
-// Every error leaves as one line on stderr: exit 1 for bad input, 2 for out
-// of memory. Nothing may escape main: an uncaught exception aborts with a
+// Every error leaves as one line on stderr (Note [One line, one prefix],
+// args.h): exit 1 for bad input, 2 for out of memory. Nothing may escape main: an uncaught exception aborts with a
 // backtrace and no JSON.
 int memfit::cli::run(std::vector<std::string> args) {
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
@@ -122,14 +116,14 @@ int memfit::cli::run(std::vector<std::string> args) {
     std::cerr << where << e.what() << " (see memfit --help)\n";
     return 1;
   } catch (const c10::OutOfMemoryError& e) {
-    std::cerr << where << first_line(e.what_without_backtrace()) << "\n";
+    std::cerr << where << memfit::cli::error_line(e.what_without_backtrace()) << "\n";
     return 2;
   } catch (const std::bad_alloc&) {
     std::cerr << where << "the host ran out of memory: the sizes asked for are too "
               << "large for this machine; use --mode meta or smaller sizes\n";
     return 2;
   } catch (const c10::Error& e) {
-    const std::string what = first_line(e.what_without_backtrace());
+    const std::string what = memfit::cli::error_line(e.what_without_backtrace());
     if (what.find("can't allocate memory") != std::string::npos) {
       // CPU allocator's own failure: the host is out of memory, not the budget.
       std::cerr << where << "the host ran out of memory (" << what
@@ -139,7 +133,7 @@ int memfit::cli::run(std::vector<std::string> args) {
     std::cerr << where << what << "\n";
     return 1;
   } catch (const std::exception& e) {
-    std::cerr << where << first_line(e.what()) << "\n";
+    std::cerr << where << memfit::cli::error_line(e.what()) << "\n";
     return 1;
   }
 }

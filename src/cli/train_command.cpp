@@ -7,8 +7,8 @@
 
 #include "args.h"
 #include "commands.h"
-#include "memfit/core/json_writer.h"
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
+#include "memfit/core/render/json_writer.h"
 #include "memfit/torch/fit.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
@@ -24,7 +24,7 @@ int train_command(const std::vector<std::string>& argv) {
   const std::string name = args.require("model");
   const int64_t batch = args.get_count("batch", 64);
   const int64_t steps = args.get_count("steps", 3);
-  const int64_t budget = args.get_size("budget");
+  const int64_t budget = args.get_size("budget", 1);
   const std::string opt_name =
       args.choice("optimizer", "adam", optimizer_names());
   TrainerOptions o;
@@ -111,7 +111,7 @@ int train_command(const std::vector<std::string>& argv) {
   } catch (const c10::OutOfMemoryError& e) {
     std::cerr << "memfit train: out of memory: the model alone does not fit the "
                  "budget of " << format_bytes(budget) << ": "
-              << e.what_without_backtrace() << "\n";
+              << error_line(e.what_without_backtrace()) << "\n";
     return 2;
   }
   Trainer trainer(model->module().parameters(),
@@ -148,8 +148,7 @@ int train_command(const std::vector<std::string>& argv) {
       data_bytes = b->inputs.nbytes() + b->target.nbytes();
       r = trainer.step(b->inputs, b->target, forward, loss);
     } catch (const c10::OutOfMemoryError& e) {
-      std::string what = e.what_without_backtrace();
-      what = what.substr(0, what.find('\n'));
+      const std::string what = error_line(e.what_without_backtrace());
       // One line: what ran out, where the batch is, and what to do.
       std::cerr << "memfit train: out of memory at step " << s + 1 << " with batch "
                 << batch << " (its inputs and targets, " << format_bytes(data_bytes)

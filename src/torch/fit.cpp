@@ -23,11 +23,10 @@ MeasureStep measure_model(TrainableModel& model, const ProfileOptions& base) {
   };
 }
 
+// The budget and margin are checked once, by search_batch (the one entry
+// every front reaches: this one, the CLI after its flags, Python's
+// find_batch_size).
 BatchFit fit_model(TrainableModel& model, const FitOptions& options) {
-  if (options.budget < 0) {
-    throw std::invalid_argument("[fit] the budget must be >= 0 bytes, got " +
-                                std::to_string(options.budget));
-  }
   ProfileOptions base;
   base.optimizer = options.optimizer;
   base.mode = options.mode;

@@ -6,8 +6,8 @@
 #include <optional>
 #include <stdexcept>
 
-#include "memfit/core/step_protocol.h"
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
+#include "memfit/core/plan/step_protocol.h"
 #include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/host_offload.h"
 #include "memfit/torch/move_parameter.h"

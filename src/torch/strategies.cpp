@@ -8,7 +8,7 @@
 #include <optional>
 #include <stdexcept>
 
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 #include "memfit/torch/checkpoint.h"
 #include "memfit/torch/cpu_autocast.h"
 

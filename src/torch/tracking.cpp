@@ -14,7 +14,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 #include "memfit/torch/op_frames.h"
 
 // Note [One device, shared by every thread]

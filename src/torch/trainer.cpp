@@ -6,8 +6,8 @@
 #include <mutex>
 #include <sstream>
 
-#include "memfit/core/chunk_schedule.h"
-#include "memfit/core/units.h"
+#include "memfit/core/model/chunk_schedule.h"
+#include "memfit/core/model/units.h"
 #include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/tracking.h"
 
@@ -218,8 +218,9 @@ std::string Trainer::out_of_memory(const std::string& what, const std::string& o
       options_.budget ? options_.budget : tracking::budget(Device::kCPU);
   std::string context = what;
   if (budget) context += " in the budget of " + format_bytes(*budget);
-  return oom_message("Trainer::step", context, phase_, diagnose_oom(phase_, m, budget),
-                     allocator_figures(oom));
+  return explain_oom("Trainer::step", context, phase_, m, budget, /*state_on_host=*/false,
+                     allocator_figures(oom))
+      .message;
 }
 
 StepReport Trainer::step(int64_t batch, const ChunkLoss& chunk_loss, int64_t batch_bytes) {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/data_parallel.h"
+#include "memfit/core/model/data_parallel.h"
 
 namespace memfit {
 

@@ -7,8 +7,8 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/batch_fit.h"
-#include "memfit/core/batch_search.h"
+#include "memfit/core/plan/batch_fit.h"
+#include "memfit/core/plan/batch_search.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
 

@@ -7,10 +7,10 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/peak_model.h"
-#include "memfit/core/progress.h"
-#include "memfit/core/report.h"
-#include "memfit/core/timeline.h"
+#include "memfit/core/model/peak_model.h"
+#include "memfit/core/model/report.h"
+#include "memfit/core/model/timeline.h"
+#include "memfit/core/plan/progress.h"
 #include "memfit/torch/models.h"
 
 namespace torch::optim {

@@ -12,7 +12,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "memfit/core/timeline.h"
+#include "memfit/core/model/timeline.h"
 #include "memfit/torch/tracking.h"
 
 namespace memfit {

@@ -1,5 +1,5 @@
 // When even one sample does not fit: memfit advise on a built-in model. The
-// planner is core's (core/advise_plan.h); this front records the built-in
+// planner is core's (core/plan/advise_plan.h); this front records the built-in
 // model's step under each variant it asks for (on the meta device when it
 // asks for a cheap recording and the step allows), times the plan, and
 // applies it to the Trainer.
@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/advise_plan.h"
+#include "memfit/core/plan/advise_plan.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
 #include "memfit/torch/trainer.h"

@@ -7,7 +7,7 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "memfit/core/event.h"
+#include "memfit/core/model/event.h"
 
 namespace memfit {
 

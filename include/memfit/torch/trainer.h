@@ -12,8 +12,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "memfit/core/chunk_coverage.h"
-#include "memfit/core/oom_cause.h"
+#include "memfit/core/model/chunk_coverage.h"
+#include "memfit/core/model/oom_cause.h"
 
 namespace torch::nn {
 class Module;

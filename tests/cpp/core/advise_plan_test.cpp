@@ -1,7 +1,8 @@
 // The advise planner on fake recordings: a step whose peak is a floor (the
 // weights, gradients and optimizer state, whatever the batch) plus
 // activations per sample, under the front's settings and optimizers.
-#include "memfit/core/advise_plan.h"
+#include "memfit/core/plan/advise_plan.h"
+#include "memfit/core/render/advice_table.h"
 
 #include <gtest/gtest.h>
 
@@ -94,8 +95,8 @@ TEST(AdvisePlanTest, EachSettingIsARowAtTheWholeBatch) {
   EXPECT_EQ(lora->saving_bytes, 600 - 140);
   EXPECT_FALSE(lora->variant.exact());
   EXPECT_EQ(lora->variant.setting, "LoRA r=16");
-  EXPECT_NE(a.table().find("LoRA r=16"), std::string::npos);
-  const std::string json = a.to_json(false);
+  EXPECT_NE(to_text(a).find("LoRA r=16"), std::string::npos);
+  const std::string json = to_json(a, false);
   EXPECT_NE(json.find("\"name\":\"LoRA r=16\",\"kind\":\"setting\""),
             std::string::npos)
       << json;
@@ -218,7 +219,7 @@ TEST(AdvisePlanTest, ACombinationWhoseFloorIsOverTheBudgetIsNotRecorded) {
            n.find("bf16 weights (200 B)") != std::string::npos &&
            n.find("optimizer momentum instead of AdamW (300 B)") != std::string::npos;
   });
-  EXPECT_TRUE(noted) << a.table();
+  EXPECT_TRUE(noted) << to_text(a);
 }
 
 TEST(AdvisePlanTest, AnExactSettingIsPlannedWithoutAllowApproximate) {
@@ -241,7 +242,7 @@ TEST(AdvisePlanTest, WithoutSettingsNoSettingRowOrKey) {
   Fake f;
   const Advice a = plan_advice(f.measurer(), s);
   for (const auto& r : a.rows) EXPECT_NE(r.kind, StrategyKind::kSetting);
-  EXPECT_EQ(a.to_json().find("setting"), std::string::npos);
+  EXPECT_EQ(to_json(a).find("setting"), std::string::npos);
   for (const auto& [v, batch] : f.recorded) EXPECT_TRUE(v.setting.empty());
 }
 
@@ -302,9 +303,9 @@ TEST(AdvisePlanTest, ACudaTargetHoldsTheBudgetAgainstReservedBytes) {
     EXPECT_EQ(a.plan.peak_bytes, cuda ? 400 + 50 * 2 + 100 : 400 + 50 * 4);
     EXPECT_EQ(a.plain_peak, cuda ? 700 : 600);
     EXPECT_EQ(row(a, "plain (zero_grad set_to_none)")->fits, !cuda);
-    EXPECT_EQ(a.table().find("peaks: the CUDA caching allocator's reserved bytes") != std::string::npos,
+    EXPECT_EQ(to_text(a).find("peaks: the CUDA caching allocator's reserved bytes") != std::string::npos,
               cuda);
-    EXPECT_NE(a.to_json(false).find(cuda ? "\"peaks\":\"cuda_reserved\""
+    EXPECT_NE(to_json(a, false).find(cuda ? "\"peaks\":\"cuda_reserved\""
                                          : "\"peaks\":\"allocated\""),
               std::string::npos);
     // Unverified (on meta): the note names which bytes the peak counts.

@@ -1,4 +1,4 @@
-#include "memfit/core/allocator_model.h"
+#include "memfit/core/model/allocator_model.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "memfit/core/batch_fit.h"
+#include "memfit/core/plan/batch_fit.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "memfit/core/batch_model.h"
+#include "memfit/core/model/batch_model.h"
 
 #include <gtest/gtest.h>
 

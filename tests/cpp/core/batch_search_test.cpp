@@ -1,4 +1,5 @@
-#include "memfit/core/batch_search.h"
+#include "memfit/core/plan/batch_search.h"
+#include "memfit/core/render/fit_text.h"
 
 #include <gtest/gtest.h>
 
@@ -198,7 +199,7 @@ TEST(BatchSearch, WithoutVerifyTheAnswerIsTheModelsAndSaysSo) {
   EXPECT_FALSE(f.verified);
   EXPECT_EQ(f.trials, 0);
   EXPECT_EQ(f.max_batch, s.true_max(64 << 20));  // affine: the model is exact
-  EXPECT_NE(f.to_json(false).find("\"verified\":false"), std::string::npos);
+  EXPECT_NE(to_json(f, false).find("\"verified\":false"), std::string::npos);
   ASSERT_FALSE(f.notes.empty());
   EXPECT_NE(f.notes.back().find("unverified"), std::string::npos);
 }

@@ -1,4 +1,4 @@
-#include "memfit/core/checkpoint_plan.h"
+#include "memfit/core/plan/checkpoint_plan.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "memfit/core/chunk_coverage.h"
+#include "memfit/core/model/chunk_coverage.h"
 
 #include <gtest/gtest.h>
 

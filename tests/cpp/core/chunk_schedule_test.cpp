@@ -1,4 +1,4 @@
-#include "memfit/core/chunk_schedule.h"
+#include "memfit/core/model/chunk_schedule.h"
 
 #include <gtest/gtest.h>
 

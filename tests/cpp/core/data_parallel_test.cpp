@@ -1,6 +1,7 @@
-#include "memfit/core/data_parallel.h"
+#include "memfit/core/model/data_parallel.h"
 
-#include "memfit/core/report.h"
+#include "memfit/core/model/report.h"
+#include "memfit/core/render/report_text.h"
 
 #include <gtest/gtest.h>
 
@@ -250,14 +251,14 @@ TEST(DataParallel, ShardingNames) {
 // The profile report carries the estimate only when asked for one.
 TEST(DataParallel, ReportShowsPerRankPeaks) {
   Report r = make_report(one_step(), {"toy", 4, "adam", "cpu"});
-  EXPECT_EQ(r.to_json(false).find("data_parallel"), std::string::npos);
+  EXPECT_EQ(to_json(r, false).find("data_parallel"), std::string::npos);
   r.data_parallel = DataParallelEstimate{two_ranks(), per_rank_peaks(one_step(), two_ranks())};
-  const std::string json = r.to_json(false);
+  const std::string json = to_json(r, false);
   EXPECT_NE(json.find("\"data_parallel\":{\"world_size\":2"), std::string::npos);
   EXPECT_NE(json.find("{\"sharding\":\"ddp\",\"peak_bytes\":5500,"
                       "\"phase\":\"optimizer_step\",\"iteration\":1"),
             std::string::npos);
-  const std::string table = r.table();
+  const std::string table = to_text(r);
   EXPECT_NE(table.find("Per rank on 2 ranks"), std::string::npos);
   EXPECT_NE(table.find("1.22x"), std::string::npos);  // ddp: 5500 / 4500
 }

@@ -1,8 +1,8 @@
-#include "memfit/core/ddp_budget.h"
+#include "memfit/core/plan/ddp_budget.h"
 
 #include <gtest/gtest.h>
 
-#include "memfit/core/batch_fit.h"
+#include "memfit/core/plan/batch_fit.h"
 
 namespace memfit {
 namespace {

@@ -1,4 +1,4 @@
-#include "memfit/core/event.h"
+#include "memfit/core/model/event.h"
 
 #include <gtest/gtest.h>
 

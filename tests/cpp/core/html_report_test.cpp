@@ -1,11 +1,12 @@
-#include "memfit/core/html_report.h"
+#include "memfit/core/render/html_report.h"
 
 #include <gtest/gtest.h>
 
 #include <map>
 #include <string>
 
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
+#include "memfit/core/render/report_text.h"
 #include "training_step.h"
 
 namespace memfit {
@@ -95,7 +96,7 @@ TEST(HtmlReportTest, EveryByteCountShownIsTheReportsJson) {
   EXPECT_EQ(from_report,
             1 + 3 * r.phases.size() + categories + r.modules.size());
   // The JSON the numbers came from is in the page, whole.
-  EXPECT_NE(html.find("{\"report\":" + r.to_json(false) + ",\"peak\":"),
+  EXPECT_NE(html.find("{\"report\":" + to_json(r, false) + ",\"peak\":"),
             std::string::npos);
 }
 

@@ -1,4 +1,4 @@
-#include "memfit/core/json_writer.h"
+#include "memfit/core/render/json_writer.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "memfit/core/module_bars.h"
+#include "memfit/core/render/module_bars.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 
 namespace memfit {
 namespace {

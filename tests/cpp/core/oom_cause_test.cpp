@@ -1,4 +1,4 @@
-#include "memfit/core/oom_cause.h"
+#include "memfit/core/model/oom_cause.h"
 
 #include <gtest/gtest.h>
 

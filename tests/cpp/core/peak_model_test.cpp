@@ -1,4 +1,4 @@
-#include "memfit/core/peak_model.h"
+#include "memfit/core/model/peak_model.h"
 
 #include <gtest/gtest.h>
 
@@ -6,8 +6,8 @@
 #include <limits>
 #include <string>
 
-#include "memfit/core/batch_fit.h"
-#include "memfit/core/batch_model.h"
+#include "memfit/core/model/batch_model.h"
+#include "memfit/core/plan/batch_fit.h"
 
 namespace memfit {
 namespace {

@@ -1,11 +1,11 @@
-#include "memfit/core/prediction_plot.h"
+#include "memfit/core/render/prediction_plot.h"
 
 #include <gtest/gtest.h>
 
 #include <stdexcept>
 #include <string>
 
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 
 namespace memfit {
 namespace {

@@ -1,4 +1,4 @@
-#include "memfit/core/reserve_interpolation.h"
+#include "memfit/core/model/reserve_interpolation.h"
 
 #include <gtest/gtest.h>
 
@@ -7,9 +7,9 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/allocator_model.h"
-#include "memfit/core/batch_search.h"
-#include "memfit/core/report.h"
+#include "memfit/core/model/allocator_model.h"
+#include "memfit/core/model/report.h"
+#include "memfit/core/plan/batch_search.h"
 
 #include "step_writer.h"
 

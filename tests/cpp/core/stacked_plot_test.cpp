@@ -1,4 +1,4 @@
-#include "memfit/core/stacked_plot.h"
+#include "memfit/core/render/stacked_plot.h"
 
 #include <gtest/gtest.h>
 
@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 #include "training_step.h"
 
 namespace memfit {

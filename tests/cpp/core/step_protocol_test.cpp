@@ -1,4 +1,4 @@
-#include "memfit/core/step_protocol.h"
+#include "memfit/core/plan/step_protocol.h"
 
 #include <gtest/gtest.h>
 

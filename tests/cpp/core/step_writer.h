@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <string_view>
 
-#include "memfit/core/timeline.h"
+#include "memfit/core/model/timeline.h"
 
 namespace memfit::testing {
 

@@ -1,4 +1,4 @@
-#include "memfit/core/svg_plot.h"
+#include "memfit/core/render/svg_plot.h"
 
 #include <gtest/gtest.h>
 
@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 
 namespace memfit {
 namespace {

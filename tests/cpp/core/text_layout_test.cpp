@@ -1,4 +1,4 @@
-#include "memfit/core/text_layout.h"
+#include "memfit/core/render/text_layout.h"
 
 #include <gtest/gtest.h>
 

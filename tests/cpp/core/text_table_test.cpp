@@ -1,4 +1,4 @@
-#include "memfit/core/text_table.h"
+#include "memfit/core/render/text_table.h"
 
 #include <gtest/gtest.h>
 

@@ -1,4 +1,4 @@
-#include "memfit/core/timeline.h"
+#include "memfit/core/model/timeline.h"
 
 #include <gtest/gtest.h>
 

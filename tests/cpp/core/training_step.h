@@ -17,7 +17,7 @@
 #include <string>
 #include <string_view>
 
-#include "memfit/core/timeline.h"
+#include "memfit/core/model/timeline.h"
 
 namespace memfit::testing {
 

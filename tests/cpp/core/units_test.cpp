@@ -1,4 +1,4 @@
-#include "memfit/core/units.h"
+#include "memfit/core/model/units.h"
 
 #include <gtest/gtest.h>
 

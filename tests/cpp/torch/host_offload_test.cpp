@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include "memfit/core/render/advice_table.h"
 #include "memfit/torch/models.h"
 #include "memfit/torch/profile.h"
 #include "memfit/torch/strategies.h"
@@ -187,14 +188,14 @@ TEST(HostOffloadTest, AdvisePlansTheHostStateWhenNothingElseFits) {
   const Batch b = m->make_batch(2, at::TensorOptions(), 0);
   ao.budget = offload_peak + static_cast<int64_t>(b.inputs.nbytes() + b.target.nbytes());
   const Advice a = advise(*m, ao);
-  ASSERT_TRUE(a.plan.found) << a.table();
+  ASSERT_TRUE(a.plan.found) << to_text(a);
   EXPECT_EQ(a.plan.optimizer, "adam-offload");
   EXPECT_TRUE(a.plan.exact);
   EXPECT_EQ(a.plan.micro_batch, 0);
   EXPECT_EQ(a.plan.peak_bytes, offload_peak);
   bool row = false;
   for (const auto& r : a.rows) row |= r.variant.host_state && r.variant.exact() && r.fits;
-  EXPECT_TRUE(row) << a.table();
+  EXPECT_TRUE(row) << to_text(a);
 
   // With room for plain Adam, the plan stays on the device.
   o.batch = 2;

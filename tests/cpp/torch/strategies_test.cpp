@@ -5,6 +5,7 @@
 
 #include <cmath>
 
+#include "memfit/core/render/advice_table.h"
 #include "memfit/torch/checkpoint.h"
 #include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/tracking.h"
@@ -148,7 +149,7 @@ TEST(StrategiesTest, PlanTrainsWhereOneSampleDoesNotFit) {
   ao.budget = budget;
   ao.timing_repeats = 1;
   const Advice advice = advise(*probe, ao);
-  ASSERT_TRUE(advice.plan.found) << advice.table();
+  ASSERT_TRUE(advice.plan.found) << to_text(advice);
   EXPECT_TRUE(advice.plan.exact);
   EXPECT_GT(advice.plan.micro_batch, 0);
   EXPECT_GT(std::count(advice.plan.variant.checkpoint.begin(),
@@ -197,8 +198,8 @@ TEST(StrategiesTest, AdviseSaysWhenNothingFits) {
   const Advice a = advise(*m, ao);
   EXPECT_FALSE(a.plan.found);
   EXPECT_FALSE(a.notes.empty());
-  EXPECT_NE(a.table().find("does not fit"), std::string::npos);
-  EXPECT_NE(a.to_json().find("\"found\": false"), std::string::npos);
+  EXPECT_NE(to_text(a).find("does not fit"), std::string::npos);
+  EXPECT_NE(to_json(a).find("\"found\": false"), std::string::npos);
   EXPECT_TRUE(m->checkpointing().empty());
 }
 

@@ -1,0 +1,129 @@
+// PyTorch's CUDA caching allocator, replayed: logical allocations in,
+// allocated (rounded) and reserved (cudaMalloc'd) bytes out.
+// See Note [Caching allocator rules] in allocator_model.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <optional>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "memfit/core/model/timeline.h"
+
+namespace memfit {
+
+// The allocator's constants (c10/cuda/CUDACachingAllocator.cpp).
+inline constexpr int64_t kCudaMinBlockSize = 512;        // rounding unit
+inline constexpr int64_t kCudaSmallSize = 1 << 20;       // small pool: <= 1 MiB
+inline constexpr int64_t kCudaSmallBuffer = 2 << 20;     // small segment
+inline constexpr int64_t kCudaLargeBuffer = 20 << 20;    // large segment
+inline constexpr int64_t kCudaMinLargeAlloc = 10 << 20;  // below: 20 MiB seg.
+inline constexpr int64_t kCudaRoundLarge = 2 << 20;      // large seg. rounding
+
+// The request size the allocator works with: at least 512 B, rounded up to
+// a multiple of 512 B.
+int64_t cuda_round_size(int64_t bytes);
+// The segment size cudaMalloc'd for a rounded request that no cached block
+// can serve: 2 MiB (small pool), 20 MiB (under 10 MiB), else rounded up to
+// 2 MiB.
+int64_t cuda_segment_size(int64_t rounded_bytes);
+
+// One device, one stream, default PYTORCH_CUDA_ALLOC_CONF. Not copyable
+// (blocks point at each other); movable.
+class CudaAllocatorModel {
+ public:
+  // `capacity`: bytes cudaMalloc may hand out in all (the device's free
+  // memory); none means unlimited.
+  explicit CudaAllocatorModel(std::optional<int64_t> capacity = {});
+  CudaAllocatorModel(const CudaAllocatorModel&) = delete;
+  CudaAllocatorModel& operator=(const CudaAllocatorModel&) = delete;
+  CudaAllocatorModel(CudaAllocatorModel&&) = default;
+  CudaAllocatorModel& operator=(CudaAllocatorModel&&) = default;
+
+  // Allocates `bytes` under `id`. False is an OOM (nothing changes but the
+  // release of wholly free cached segments it tried first). Zero bytes
+  // reserve nothing, as in PyTorch. Throws std::invalid_argument for
+  // negative bytes or an id that is still allocated.
+  bool malloc(uint64_t id, int64_t bytes);
+  // Returns `id`'s block to the cache; unknown ids are ignored.
+  void free(uint64_t id);
+  // Releases every cached segment that is wholly free
+  // (torch.cuda.empty_cache()).
+  void empty_cache();
+
+  int64_t allocated() const { return allocated_; }  // sum of block sizes
+  int64_t requested() const { return requested_; }  // sum of asked bytes
+  int64_t reserved() const { return reserved_; }    // sum of segment sizes
+  int64_t peak_allocated() const { return peak_allocated_; }
+  int64_t peak_reserved() const { return peak_reserved_; }
+  int num_segments() const { return num_segments_; }
+  int num_ooms() const { return num_ooms_; }
+
+ private:
+  struct Block {
+    int64_t size = 0;
+    int64_t requested = 0;  // bytes asked for, while allocated
+    uint64_t address = 0;   // simulated; orders equal-size blocks
+    bool small = false;
+    bool allocated = false;
+    Block* prev = nullptr;  // neighbours in the same segment
+    Block* next = nullptr;
+  };
+  struct BySizeThenAddress {
+    bool operator()(const Block* a, const Block* b) const {
+      return a->size != b->size ? a->size < b->size : a->address < b->address;
+    }
+  };
+  using Pool = std::set<Block*, BySizeThenAddress>;
+
+  Block* new_block();
+  void recycle(Block* b);
+  Block* take_best_fit(Pool& pool, int64_t size);
+  Block* new_segment(int64_t size, bool small);
+  void release_free_segments(Pool& pool);
+  void merge_into(Block* dst, Block* src, Pool& pool);
+
+  std::optional<int64_t> capacity_;
+  Pool small_pool_;
+  Pool large_pool_;
+  std::unordered_map<uint64_t, Block*> live_;  // nullptr for 0-byte ones
+  std::deque<Block> storage_;  // stable addresses for every Block
+  std::vector<Block*> spare_;  // recycled entries of storage_
+  uint64_t next_address_ = 0;
+  int64_t allocated_ = 0;
+  int64_t requested_ = 0;
+  int64_t reserved_ = 0;
+  int64_t peak_allocated_ = 0;
+  int64_t peak_reserved_ = 0;
+  int num_segments_ = 0;
+  int num_ooms_ = 0;
+};
+
+struct CudaReplay {
+  int64_t peak_allocated = 0;
+  int64_t peak_reserved = 0;              // includes fixed_overhead_bytes
+  size_t peak_reserved_event = kNoEvent;  // first event reaching it
+  int num_ooms = 0;                       // allocations that did not fit
+  size_t first_oom_event = kNoEvent;
+};
+
+// Replays the timeline's allocs and frees (every device, in order) through
+// a CudaAllocatorModel. `fixed_overhead_bytes` (cuBLAS workspace, ...) is
+// held from the start: it counts against `capacity` and is included in
+// peak_reserved, not in peak_allocated. An allocation that does not fit is
+// counted as an OOM and skipped (its free is then ignored), so one replay
+// reports how many allocations would fail. Throws std::invalid_argument
+// for a negative overhead or capacity.
+CudaReplay replay_cuda(const Timeline& timeline,
+                       std::optional<int64_t> capacity = {},
+                       int64_t fixed_overhead_bytes = 0);
+// The same, on events that no Timeline holds (a step synthesized at a batch
+// no step ran at: reserve_interpolation.h).
+CudaReplay replay_cuda(const std::vector<Event>& events,
+                       std::optional<int64_t> capacity = {},
+                       int64_t fixed_overhead_bytes = 0);
+
+}  // namespace memfit

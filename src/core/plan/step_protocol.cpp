@@ -1,0 +1,81 @@
+#include "memfit/core/plan/step_protocol.h"
+
+#include <stdexcept>
+#include <string>
+
+#include "memfit/core/model/report.h"
+
+namespace memfit {
+
+namespace {
+
+void check(const StepCallbacks& cb, int iterations) {
+  if (iterations < 1) {
+    throw std::invalid_argument(
+        "[run_step_protocol] iterations must be >= 1, got " +
+        std::to_string(iterations));
+  }
+  const char* missing = nullptr;
+  if (!cb.begin_phase)
+    missing = "begin_phase";
+  else if (!cb.materialize)
+    missing = "materialize";
+  else if (!cb.inputs)
+    missing = "inputs";
+  else if (!cb.forward)
+    missing = "forward";
+  else if (!cb.loss)
+    missing = "loss";
+  else if (!cb.end_phase)
+    missing = "end_phase";
+  else if (cb.train && !cb.backward)
+    missing = "backward";
+  else if (cb.train && cb.has_optimizer && !cb.optimizer_step)
+    missing = "optimizer_step";
+  else if (cb.train && !cb.zero_grad)
+    missing = "zero_grad";
+  if (missing) {
+    throw std::invalid_argument(
+        std::string("[run_step_protocol] no ") + missing +
+        " callback: give one for every phase the step runs");
+  }
+}
+
+}  // namespace
+
+void run_step_protocol(const StepCallbacks& cb, int iterations,
+                       const Progress& progress, const std::string& what) {
+  check(cb, iterations);
+  auto begin = [&](const std::string& phase, int it) {
+    cb.begin_phase(phase, it);
+    if (!progress.enabled()) return;
+    const bool per_iteration = iterations > 1 && phase != kPhaseParameters;
+    progress.step(what + ": " + phase +
+                  (per_iteration ? " (iteration " + std::to_string(it) + ")"
+                                 : std::string()));
+  };
+  begin(kPhaseParameters, 1);
+  cb.materialize();
+  for (int it = 1; it <= iterations; ++it) {
+    begin(kPhaseInputs, it);
+    cb.inputs();
+    begin(kPhaseForward, it);
+    cb.forward();
+    begin(kPhaseLoss, it);
+    cb.loss();
+    if (cb.train) {
+      begin(kPhaseBackward, it);
+      cb.backward();
+      if (cb.has_optimizer) {
+        begin(kPhaseOptimizerStep, it);
+        cb.optimizer_step();
+      }
+      // See Note [The order of a training iteration] (report.h).
+      begin(kPhaseZeroGrad, it);
+      cb.zero_grad();
+    }
+    cb.end_phase();
+  }
+}
+
+}  // namespace memfit

@@ -1,9 +1,9 @@
 """The `memfit` command (profile, fit, train, advise), as `pip install` puts
 it on PATH and as `python -m memfit` runs it: the C++ command line, run
-inside this Python process so that torch's meta kernels registered from
-Python (relu, index_select, convolution backward, ...) serve meta mode,
-with torch's C++ meta kernels in front of the Python ones torch registers
-over them (Note [Native meta kernels]), as in memfit.profile.
+inside this Python process, where torch's meta kernels registered from
+Python serve meta mode for any op; its meta recordings put torch's C++
+meta kernels in front of them (Note [Native meta kernels],
+src/torch/native_meta.cpp), as memfit.profile does.
 `memfit doctor script.py` is Python's: it runs the user's script under
 memfit.doctor (see memfit.diagnosis.script)."""
 
@@ -26,6 +26,4 @@ def main(argv=None):
     signal.signal(signal.SIGINT, signal.SIG_DFL)
     from . import _memfit
 
-    with _memfit.NativeMetaKernels():
-        status = _memfit.run_cli(args)
-    sys.exit(status)
+    sys.exit(_memfit.run_cli(args))

@@ -16,11 +16,13 @@ def run(log, iterations=2, optimizer=True, **kwargs):
     def says(what):
         return lambda: log.append(what)
 
-    _memfit.run_step_protocol(
-        lambda phase, it: log.append(f"{phase} {it}"), says("materialize"), says("inputs()"),
-        says("forward()"), says("loss()"), says("backward()"),
-        says("optimizer_step()") if optimizer else None, says("zero_grad()"), says("end_phase()"),
-        iterations=iterations, **kwargs)
+    callbacks = _memfit.StepCallbacks(
+        begin_phase=lambda phase, it: log.append(f"{phase} {it}"),
+        materialize=says("materialize"), inputs=says("inputs()"), forward=says("forward()"),
+        loss=says("loss()"), backward=says("backward()"),
+        optimizer_step=says("optimizer_step()") if optimizer else None,
+        zero_grad=says("zero_grad()"), end_phase=says("end_phase()"))
+    _memfit.run_step_protocol(callbacks, iterations=iterations, **kwargs)
 
 
 def test_python_callables_run_in_the_steps_order():
@@ -47,16 +49,24 @@ def test_what_a_callable_raises_comes_back_unchanged():
         raise torch.cuda.OutOfMemoryError("no room")
 
     with pytest.raises(torch.cuda.OutOfMemoryError, match="no room"):
-        _memfit.run_step_protocol(lambda p, i: log.append(p), lambda: None, lambda: None,
-                                  lambda: None, lambda: None, backward, None, lambda: None,
-                                  lambda: None, iterations=2)
+        nothing = lambda: None  # noqa: E731
+        _memfit.run_step_protocol(
+            _memfit.StepCallbacks(begin_phase=lambda p, i: log.append(p), materialize=nothing,
+                                  inputs=nothing, forward=nothing, loss=nothing,
+                                  backward=backward, zero_grad=nothing, end_phase=nothing),
+            iterations=2)
     assert log == ["parameters", "inputs", "forward", "loss", "backward"]
 
 
 def test_a_missing_callable_is_named():
     with pytest.raises(ValueError, match=r"\[run_step_protocol\] no zero_grad callback"):
-        _memfit.run_step_protocol(lambda p, i: None, *[lambda: None] * 6, None, lambda: None,
-                                  iterations=1)
+        nothing = lambda: None  # noqa: E731
+        _memfit.run_step_protocol(
+            _memfit.StepCallbacks(begin_phase=lambda p, i: None, materialize=nothing,
+                                  inputs=nothing, forward=nothing, loss=nothing,
+                                  backward=nothing, optimizer_step=nothing, zero_grad=None,
+                                  end_phase=nothing),
+            iterations=1)
 
 
 def test_ddp_buckets_that_take_the_budget_say_so_once_for_both_fronts():

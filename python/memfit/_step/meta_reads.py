@@ -31,7 +31,7 @@ While meta mode runs the step, torch's own C++ meta kernels answer the
 ops a step runs most (elementwise, reductions, softmax, matmuls, cat), in
 front of the Python ones torch registers over them: the same shapes,
 dtypes and strides as a real device, ~100x faster a call. See Note
-[Native meta kernels] in python/src/bind_native_meta.cpp.
+[Native meta kernels] in src/torch/native_meta.cpp.
 
 Note [The optimizer a GPU would run]: torch.optim's Adam, AdamW, SGD, ...
 left at foreach=None pick their implementation from the parameters' device:

@@ -1,4 +1,4 @@
-"""What a long call is doing, as it does it: core/progress.h's Progress,
+"""What a long call is doing, as it does it: core/plan/progress.h's Progress,
 through the binding. progress= on profile, find_batch_size and advise takes
 None (silent), True (lines on stderr) or a callable given each line."""
 

@@ -164,11 +164,13 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         step.drop()
 
     try:
-        _memfit.run_step_protocol(
-            t.phase, materialize, inputs_, forward, loss, lambda: step.loss.backward(),
-            None if optimizer is None else optimizer_step, zero_grad, end_phase,
-            iterations=iterations, progress=as_progress(say).native,
-            what=f"record on {device.type}")
+        callbacks = _memfit.StepCallbacks(
+            begin_phase=t.phase, materialize=materialize, inputs=inputs_, forward=forward,
+            loss=loss, end_phase=end_phase, backward=lambda: step.loss.backward(),
+            optimizer_step=None if optimizer is None else optimizer_step, zero_grad=zero_grad)
+        _memfit.run_step_protocol(callbacks, iterations=iterations,
+                                  progress=as_progress(say).native,
+                                  what=f"record on {device.type}")
     finally:
         t.stop()
     optimizer = step.optimizer

@@ -1,7 +1,7 @@
 """memfit.advise: when a step does not fit, each strategy that lowers its
 memory recorded on the user's own model, and the cheapest plan that fits.
 The planner is the core's, the same as `memfit advise` runs (See Note [How
-advise plans], src/core/advise_plan.cpp); this module records the user's
+advise plans], src/core/plan/advise_plan.cpp); this module records the user's
 model when it asks (a setting on a copy of it), and times the plan."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """What one rank needs under data parallelism (DDP, ZeRO-1/2/3, FSDP, and
 torch's FSDP2 fully_shard), predicted from a single-process profile. The
 rules are in Note [One rank's memory under data parallelism] and Note [One
-rank's memory under FSDP2] (src/core/data_parallel.cpp)."""
+rank's memory under FSDP2] (src/core/model/data_parallel.cpp)."""
 
 import torch
 
@@ -99,7 +99,7 @@ def _dtype_size(dtype):
 
 def _shapes(params, param_dtype):
     """What the core's fsdp2_unit needs of each parameter (the sizes are
-    its arithmetic: see fsdp2_unit in memfit/core/data_parallel.h)."""
+    its arithmetic: see fsdp2_unit in memfit/core/model/data_parallel.h)."""
     return [
         _memfit.ParamShape(p.shape[0] if p.dim() > 0 else 1, p.numel(), p.element_size(),
                            param_dtype is not None and param_dtype != p.dtype)

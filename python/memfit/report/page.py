@@ -6,7 +6,7 @@ table. No network, no external scripts: one file that opens anywhere.
     report = memfit.profile(model, x, y, optimizer=opt)
     memfit.report_page.save_html(report, "step.html", budget="8GiB")
 
-The page is drawn by the C++ core (html_report.h), the same page
+The page is drawn by the C++ core (render/html_report.h), the same page
 `memfit profile --html FILE` writes."""
 
 from .. import _memfit
@@ -18,27 +18,9 @@ __all__ = ["advice_table", "html_page", "save_html"]
 def advice_table(advice):
     """What the page shows of a memfit.advise() result: each strategy's
     peak, saving, time, whether it fits and whether the result changes, and
-    the plan in one line."""
-    fb = _memfit.format_bytes
-    rows = [
-        _memfit.AdviceRow(
-            name=r.name, peak_bytes=int(r.peak_bytes), saving_bytes=int(r.saving_bytes),
-            time_ratio=float(r.time_ratio), fits=r.fits,
-            result="no training" if r.kind == "eval" else "same" if r.exact else "changes",
-        )
-        for r in advice.rows
-    ]
-    p = advice.plan
-    if p.found:
-        plan = f"{p.summary}: peak {fb(p.peak_bytes)} (measured)"
-    elif advice.budget_bytes is not None:
-        plan = f"{p.summary}: does not fit (lowest measured peak {fb(p.peak_bytes)})"
-    else:
-        plan = p.summary
-    return _memfit.AdviceTable(
-        budget_bytes=advice.budget_bytes or 0, plain_peak_bytes=int(advice.plain_peak_bytes),
-        rows=rows, plan=plan, notes=list(advice.notes),
-    )
+    the plan in one line (core's advice_table, the mapping `memfit profile
+    --html --advise` uses)."""
+    return _memfit.advice_table(advice.native)
 
 
 def html_page(report, title=None, budget=None, advice=None, x_axis="time", predict=True):

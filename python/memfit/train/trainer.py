@@ -302,8 +302,10 @@ class Trainer:
             if self._shape is not None:
                 budget, micro_batch = self._native.budget, self._native.micro_batch
             step, split, allow, mean = self._options
-            self._native = _memfit.Trainer(params, step, budget, split, allow, mean,
-                                           micro_batch, layers)
+            options = _memfit.TrainerOptions(
+                budget=budget, split=split, coupled="allow" if allow else "error",
+                mean_loss=mean, micro_batch=micro_batch)
+            self._native = _memfit.Trainer(params, step, options=options, coupled_layers=layers)
             self._shape = shape
         return self._native
 

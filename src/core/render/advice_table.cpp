@@ -208,15 +208,17 @@ AdviceTable advice_table(const Advice& a) {
   AdviceTable t;
   t.budget_bytes = a.budget >= 0 ? a.budget : 0;
   t.plain_peak_bytes = a.plain_peak;
+  const bool has_budget = a.budget >= 0;
   for (const AdviseRow& r : a.rows) {
-    t.rows.push_back(AdviceRow{r.name, r.peak_bytes, r.saving_bytes, r.time_ratio, r.fits,
+    t.rows.push_back(AdviceRow{r.name, r.peak_bytes, r.saving_bytes, r.time_ratio,
+                               has_budget ? std::optional<bool>(r.fits) : std::nullopt,
                                r.kind == StrategyKind::kEval ? "no training"
                                : r.variant.exact()           ? "same"
                                                              : "changes"});
   }
   if (a.plan.found) {
     t.plan = a.plan.summary + ": peak " + format_bytes(a.plan.peak_bytes) + " (measured)";
-  } else if (a.budget >= 0) {
+  } else if (has_budget) {
     t.plan = a.plan.summary + ": does not fit (lowest measured peak " +
              format_bytes(a.plan.peak_bytes) + ")";
   } else {

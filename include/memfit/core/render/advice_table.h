@@ -39,8 +39,8 @@ struct AdviceTable {
   std::vector<std::string> notes;
 };
 
-// What the page shows of an Advice: each row's peak, saving, time, fits and
-// result ("no training" for an eval step, "same" where the variant keeps
+// What the page shows of an Advice: each row's peak, saving, time, fits
+// (none without a budget) and result ("no training" for an eval step, "same" where the variant keeps
 // the numbers, else "changes"), and the plan in one line.
 AdviceTable advice_table(const Advice& advice);
 

@@ -29,11 +29,11 @@ def _oom(e_text, size, what, data, info):
 def drive_chunks(B, limit, attempt, commit, info, cands=None, can_split=True, what="the step",
                  inputs=None, buffers=()):
     """Run samples [0, B) in chunks of at most `limit` (None: B), halving on
-    OOM (see Note [How chunks are scheduled] in core/chunk_schedule.h).
+    OOM (see Note [How chunks are scheduled] in core/model/chunk_schedule.h).
 
     attempt(start, size, only) -> result; only is None (all gradients) or the
     list of tensors whose gradients are still owed for these samples (see
-    Note [Why a retried chunk never counts twice] in core/chunk_coverage.h).
+    Note [Why a retried chunk never counts twice] in core/model/chunk_coverage.h).
     `cands`: the tensors whose .grad a chunk may accumulate into (None: no
     bookkeeping, a redo computes every gradient).
     commit(start, size, result) keeps a completed chunk's values. `inputs`:

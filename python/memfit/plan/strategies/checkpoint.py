@@ -1,7 +1,7 @@
 """Activation checkpointing over a chain of blocks: finding the chain and
 running chosen blocks under torch.utils.checkpoint. What each block saves
 and costs is read from the recorded steps by the core's planner
-(core/chain_calibration.h)."""
+(core/plan/chain_calibration.h)."""
 
 import contextlib
 import dataclasses

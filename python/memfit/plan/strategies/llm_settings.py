@@ -2,7 +2,7 @@
 weights, Adafactor, SGD, HF gradient checkpointing, LoRA via peft), as
 memfit.advise's rows: each a change to a copy of the user's model and its
 optimizer, handed to the core planner as a named setting (See Note [How
-advise plans], src/core/advise_plan.cpp). The user's model is never changed.
+advise plans], src/core/plan/advise_plan.cpp). The user's model is never changed.
 
 Not settings here: autocast (torch.autocast has no meta dispatch, and the
 CPU's bf16 autocast is advise's own "autocast bf16" row), 8-bit Adam

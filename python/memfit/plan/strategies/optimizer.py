@@ -9,7 +9,7 @@ from ..._step.training_step import OPTIMIZERS
 __all__ = ["kind_of", "optimizer_for", "make_optimizer"]
 
 # Which optimizers advise compares, and which are lighter, is the core's
-# rule (optimizer_choices, core/advise_plan.h), for both fronts.
+# rule (optimizer_choices, core/plan/advise_plan.h), for both fronts.
 
 
 def kind_of(optimizer):

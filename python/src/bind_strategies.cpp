@@ -224,30 +224,65 @@ void init_strategies(py::module_& m) {
       .def("to_json", [](const Advice& a, bool pretty) { return to_json(a, pretty); },
            py::arg("pretty") = true, "The JSON `memfit advise --json` prints.");
 
+  py::class_<AdviseSettings>(m, "AdviseSettings",
+                             "What memfit.advise asks of the planner (core/plan/advise_plan.h).")
+      .def(py::init([](int64_t batch, std::string optimizer, int64_t budget, bool has_optimizer,
+                       bool can_offload, std::vector<std::string> other_optimizers,
+                       std::vector<std::string> lighter, std::vector<std::string> chain,
+                       std::vector<AdviseSetting> settings, bool allow_approximate,
+                       const Progress& progress) {
+             AdviseSettings s;
+             s.batch = batch;
+             s.budget = budget;
+             s.optimizer = std::move(optimizer);
+             s.has_optimizer = has_optimizer;
+             s.can_offload = can_offload;
+             s.offload_label = "memfit.offload";
+             s.other_optimizers = std::move(other_optimizers);
+             s.lighter = std::move(lighter);
+             s.chain = std::move(chain);
+             s.settings = std::move(settings);
+             s.allow_approximate = allow_approximate;
+             s.approximate_flag = "allow_approximate=True";  // as a Python user writes it
+             s.progress = progress;
+             return s;
+           }),
+           py::kw_only(), py::arg("batch"), py::arg("optimizer"), py::arg("budget") = -1,
+           py::arg("has_optimizer") = true, py::arg("can_offload") = false,
+           py::arg("other_optimizers") = std::vector<std::string>{},
+           py::arg("lighter") = std::vector<std::string>{},
+           py::arg("chain") = std::vector<std::string>{},
+           py::arg("settings") = std::vector<AdviseSetting>{},
+           py::arg("allow_approximate") = false, py::arg("progress") = Progress())
+      .def_readwrite("batch", &AdviseSettings::batch, "the user's whole batch")
+      .def_readwrite("budget", &AdviseSettings::budget, "bytes; -1: no budget (rows only)")
+      .def_readwrite("reserve_bytes", &AdviseSettings::reserve_bytes,
+                     "kept free for the full batch's data")
+      .def_readwrite("optimizer", &AdviseSettings::optimizer, "the user's, as the rows name it")
+      .def_readwrite("has_optimizer", &AdviseSettings::has_optimizer,
+                     "False: zero_grad and optimizer rows do not apply")
+      .def_readwrite("can_offload", &AdviseSettings::can_offload,
+                     "the user's optimizer can keep its state on the host")
+      .def_readwrite("offload_label", &AdviseSettings::offload_label,
+                     "how the front offloads, as the rows say it")
+      .def_readwrite("other_optimizers", &AdviseSettings::other_optimizers,
+                     "optimizers compared in rows: adam, momentum, sgd")
+      .def_readwrite("lighter", &AdviseSettings::lighter,
+                     "optimizers tried with allow_approximate, in order")
+      .def_readwrite("chain", &AdviseSettings::chain, "the chain's block paths; empty: none")
+      .def_readwrite("settings", &AdviseSettings::settings,
+                     "the front's AdviseSettings, in the order it prefers them")
+      .def_readwrite("allow_approximate", &AdviseSettings::allow_approximate,
+                     "the plan may change the numbers (bf16, a lighter optimizer, a setting)")
+      .def_readwrite("approximate_flag", &AdviseSettings::approximate_flag,
+                     "how the user allows approximate strategies, as messages say it")
+      .def_readwrite("progress", &AdviseSettings::progress,
+                     "told before each recording; silent by default");
+
   m.def(
       "plan_advice",
-      [](py::function record, py::object time_ratio, int64_t batch, int64_t budget,
-         std::string optimizer, bool has_optimizer, bool can_offload,
-         std::vector<std::string> other_optimizers, std::vector<std::string> lighter,
-         std::vector<std::string> chain, bool allow_approximate, py::object progress,
-         std::vector<AdviseSetting> settings, py::object estimate_ratio,
-         std::string estimated_from) {
-        AdviseSettings s;
-        s.batch = batch;
-        s.budget = budget;
-        s.optimizer = std::move(optimizer);
-        s.has_optimizer = has_optimizer;
-        s.can_offload = can_offload;
-        s.offload_label = "memfit.offload";
-        s.other_optimizers = std::move(other_optimizers);
-        s.lighter = std::move(lighter);
-        s.chain = std::move(chain);
-        s.allow_approximate = allow_approximate;
-        s.approximate_flag = "allow_approximate=True";  // as a Python user writes it
-        s.settings = std::move(settings);
-        if (!progress.is_none()) {
-          s.progress = Progress([progress](const std::string& line) { progress(line); });
-        }
+      [](py::function record, const AdviseSettings& settings, py::object time_ratio,
+         py::object estimate_ratio, std::string estimated_from) {
         AdviseMeasurer m;
         m.record = [record](const StepVariant& v, int64_t b, bool cheap) {
           // (report, timeline, meta), or a str: why this variant cannot be recorded.
@@ -274,19 +309,15 @@ void init_strategies(py::module_& m) {
           };
           m.estimated_from = std::move(estimated_from);
         }
-        return plan_advice(m, s);
+        return plan_advice(m, settings);
       },
-      py::arg("record"), py::arg("time_ratio"), py::arg("batch"), py::arg("budget"),
-      py::arg("optimizer"), py::arg("has_optimizer"), py::arg("can_offload"),
-      py::arg("other_optimizers"), py::arg("lighter"), py::arg("chain"),
-      py::arg("allow_approximate"), py::arg("progress") = py::none(),
-      py::arg("settings") = std::vector<AdviseSetting>{}, py::arg("estimate_ratio") = py::none(),
-      py::arg("estimated_from") = "",
+      py::arg("record"), py::arg("settings"), py::kw_only(), py::arg("time_ratio") = py::none(),
+      py::arg("estimate_ratio") = py::none(), py::arg("estimated_from") = "",
       "memfit.advise's planner: see Note [How advise plans]. record(variant, batch, cheap) "
-      "returns (native report, timeline, recorded on meta); time_ratio(variant, "
-      "micro_batch) or None; settings: the front's AdviseSettings, applied by record when a "
-      "variant names one; estimate_ratio(variant, micro_batch) or None: a time ratio "
-      "estimated where the plain step has no recorded times (what it counts: estimated_from).");
+      "returns (native report, timeline, recorded on meta) or a str saying why it cannot; "
+      "settings: an AdviseSettings; time_ratio(variant, micro_batch) or None; "
+      "estimate_ratio(variant, micro_batch) or None: a time ratio estimated where the plain "
+      "step has no recorded times (what it counts: estimated_from).");
 }
 
 }  // namespace memfit::python

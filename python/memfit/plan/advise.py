@@ -161,14 +161,19 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
 
     choices = _memfit.optimizer_choices(user)
     with torch.random.fork_rng(devices=cuda_devices(model)):
+        relay = as_progress(progress, "advise").relay()
+        planned = _memfit.AdviseSettings(
+            batch=n, budget=-1 if limit is None else limit, optimizer=user,
+            has_optimizer=optimizer is not None, can_offload=choices.can_offload,
+            other_optimizers=choices.others, lighter=choices.lighter, chain=paths,
+            settings=[_memfit.AdviseSetting(st.label, st.exact, st.checkpoints)
+                      for st in proposed],
+            allow_approximate=allow_approximate,
+            progress=_memfit.Progress() if relay is None else _memfit.Progress(relay))
         native = _memfit.plan_advice(
-            record, time_ratio if repeats > 0 and not on_meta else None, n,
-            -1 if limit is None else limit, user, optimizer is not None, choices.can_offload,
-            choices.others, choices.lighter, paths, allow_approximate,
-            as_progress(progress, "advise").relay(),
-            [_memfit.AdviseSetting(st.label, st.exact, st.checkpoints) for st in proposed],
-            estimate_ratio if on_meta else None, "FLOPs counted on meta (forward, backward, "
-            "recompute)")
+            record, planned, time_ratio=time_ratio if repeats > 0 and not on_meta else None,
+            estimate_ratio=estimate_ratio if on_meta else None,
+            estimated_from="FLOPs counted on meta (forward, backward, recompute)")
     native.notes = native.notes + setting_notes
     if native.plan.found and native.plan.variant.setting and native.plan.time_measured:
         native.notes = native.notes + [

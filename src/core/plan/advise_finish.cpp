@@ -2,14 +2,12 @@
 // search came) with its time, or the notes and the line a front raises when
 // nothing fits the budget.
 #include <algorithm>
-#include <cmath>
 #include <optional>
 #include <stdexcept>
 
 #include "advise_planner.h"
 #include "memfit/core/model/oom_cause.h"
 #include "memfit/core/model/units.h"
-#include "memfit/core/plan/chain_calibration.h"
 
 namespace memfit::impl {
 

@@ -1,12 +1,10 @@
 // The rows of Note [How advise plans]: the plain step, each strategy at the
 // whole batch, the checkpointing rules and the combinations.
 #include <algorithm>
-#include <cmath>
 #include <optional>
 #include <stdexcept>
 
 #include "advise_planner.h"
-#include "memfit/core/model/oom_cause.h"
 #include "memfit/core/model/units.h"
 #include "memfit/core/plan/chain_calibration.h"
 

@@ -1,12 +1,10 @@
 // The plan's search of Note [How advise plans]: halving micro-batches, each
 // level's checkpointing choices, every plan verified on a real recording.
 #include <algorithm>
-#include <cmath>
 #include <optional>
 #include <stdexcept>
 
 #include "advise_planner.h"
-#include "memfit/core/model/oom_cause.h"
 #include "memfit/core/model/units.h"
 #include "memfit/core/plan/chain_calibration.h"
 

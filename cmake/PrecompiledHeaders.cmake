@@ -13,8 +13,14 @@
 # ON by default for pip's builds (MEMFIT_WHEEL) only: a development build
 # (make) has ccache, which GCC's precompiled headers would defeat (every
 # object a miss) and which serves a warm rebuild faster than any header.
+# (option() takes ON/OFF, not scikit-build-core's SKBUILD=2.)
+if(MEMFIT_WHEEL)
+  set(MEMFIT_PCH_DEFAULT ON)
+else()
+  set(MEMFIT_PCH_DEFAULT OFF)
+endif()
 option(MEMFIT_PRECOMPILE_HEADERS "Precompile torch's headers (Note [Precompiled torch headers])"
-       ${MEMFIT_WHEEL})
+       ${MEMFIT_PCH_DEFAULT})
 
 if(MEMFIT_PRECOMPILE_HEADERS AND TARGET memfit_torch)
   target_precompile_headers(memfit_torch PRIVATE <torch/torch.h>)

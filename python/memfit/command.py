@@ -10,6 +10,8 @@ memfit.doctor (see memfit.diagnosis.script)."""
 import signal
 import sys
 
+__all__ = ["main"]
+
 
 def main(argv=None):
     """Runs the command and exits with its status: 0 done, 1 bad input,
@@ -22,7 +24,7 @@ def main(argv=None):
     # Ctrl-C stops the command at once: the C++ loop never returns to
     # Python's interpreter to see a KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    from . import _memfit  # imports torch first (memfit/__init__.py)
+    from . import _memfit
 
     with _memfit.NativeMetaKernels():
         status = _memfit.run_cli(args)

@@ -24,6 +24,17 @@ install(EXPORT memfitTargets NAMESPACE memfit:: DESTINATION ${MEMFIT_CMAKE_DIR})
 export(EXPORT memfitTargets NAMESPACE memfit::
        FILE ${PROJECT_BINARY_DIR}/memfitTargets.cmake)
 
+# memfit::torch links MemfitTorch::libtorch, an imported target of this
+# machine's torch: the config remakes it on the user's side with the same
+# module (See Note [Torch from Python]), from the Python that built memfit
+# unless the user names another (Python_EXECUTABLE) or a Torch_DIR.
+if(MEMFIT_NEEDS_TORCH)
+  foreach(f TorchFromPython.cmake torch_flags.py)
+    configure_file(${PROJECT_SOURCE_DIR}/cmake/${f} ${PROJECT_BINARY_DIR}/${f} COPYONLY)
+    install(FILES ${PROJECT_SOURCE_DIR}/cmake/${f} DESTINATION ${MEMFIT_CMAKE_DIR})
+  endforeach()
+endif()
+
 configure_package_config_file(${PROJECT_SOURCE_DIR}/cmake/memfitConfig.cmake.in
   ${PROJECT_BINARY_DIR}/memfitConfig.cmake INSTALL_DESTINATION ${MEMFIT_CMAKE_DIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/memfitConfigVersion.cmake

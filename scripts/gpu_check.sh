@@ -46,25 +46,20 @@ command -v nvidia-smi >/dev/null && nvidia-smi -L
 cmake --version | head -1
 "${CXX:-c++}" --version 2>/dev/null | head -1
 
-TORCH_PREFIX=$("$PY" -c 'import torch; print(torch.utils.cmake_prefix_path)')
+# torch as $PY reports it (Note [Torch from Python]): no CUDA toolkit needed.
+TORCH_PREFIX=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')
 PYBIND11_DIR=$("$PY" -c 'import pybind11; print(pybind11.get_cmake_dir())' 2>/dev/null || true)
 GEN=()
 command -v ninja >/dev/null && GEN=(-G Ninja)
 LAUNCHER=()
 command -v ccache >/dev/null && LAUNCHER=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
-# Torch's CMake config looks for the CUDA toolkit its wheel was built with.
-CUDA_ARGS=()
-if NVCC=$(command -v nvcc); then
-  CUDA_ARGS=(-DCMAKE_CUDA_COMPILER="$NVCC" -DCUDAToolkit_ROOT="$(dirname "$(dirname "$NVCC")")")
-fi
 
 configure() {  # configure [extra cmake args...]
   rm -rf "$BUILD/CMakeCache.txt" "$BUILD/CMakeFiles"
   echo "-- configure $*" >>"$LOG"
   cmake -S . -B "$BUILD" ${GEN[@]+"${GEN[@]}"} -DCMAKE_BUILD_TYPE=Release \
-    -DCMAKE_PREFIX_PATH="$TORCH_PREFIX" -DPython_EXECUTABLE="$PY" \
-    -DMEMFIT_BUILD_TESTS=OFF -DMEMFIT_BUILD_BENCHMARKS=OFF \
-    ${LAUNCHER[@]+"${LAUNCHER[@]}"} ${CUDA_ARGS[@]+"${CUDA_ARGS[@]}"} "$@" >>"$LOG" 2>&1
+    -DPython_EXECUTABLE="$PY" -DMEMFIT_BUILD_TESTS=OFF -DMEMFIT_BUILD_BENCHMARKS=OFF \
+    ${LAUNCHER[@]+"${LAUNCHER[@]}"} "$@" >>"$LOG" 2>&1
 }
 
 step "configure memfit against torch in $TORCH_PREFIX (log: $LOG)"

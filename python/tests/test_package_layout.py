@@ -24,7 +24,7 @@ LAYERS = {
     "train": 3,
     "integrations": 4,
 }
-TOP_LEVEL = {"__init__", "__main__", "command", "_moved"}
+TOP_LEVEL = {"__init__", "__main__", "command", "_moved", "_build_info"}  # _build_info: written by CMake
 
 
 def modules():

@@ -1,6 +1,6 @@
-"""What every comparison of bench/peers.py shares: the log, the table and
-byte printers, the versions line, the models, and the measured step that
-explain and estimate hold their figures against."""
+"""What every comparison of bench/peers.py shares: the log, the printers
+(bench/_tables.py's, re-exported), the versions line, the models, and the
+measured step that explain and estimate hold their figures against."""
 
 import contextlib
 import gc
@@ -18,6 +18,7 @@ import torch
 from memfit import _memfit
 
 import _peer_models as pm
+from _tables import err_cell, fmt_bytes, md_table, pct
 
 __all__ = ["ROOT", "log", "first_line", "where", "short", "fmt_bytes", "pct", "err_cell",
            "md_table", "median_time", "live_tracked", "clean", "quiet_fds", "versions",
@@ -52,37 +53,6 @@ def short(text, n=110):
     """An exception line cut for a table (the JSON keeps it whole)."""
     text = text.split(" (memfit simulated")[0] if "CUDA out of memory" in text else text
     return text if len(text) <= n else text[: n - 3] + "..."
-
-
-def fmt_bytes(n):
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
-
-
-def pct(x):
-    return "-" if x is None else f"{x * 100:+.2f}%"
-
-
-def err_cell(pred, measured):
-    """'+1.23%', with the bytes when the percentage rounds to zero."""
-    if pred is None or not measured:
-        return "-"
-    d = pred - measured
-    text = pct(d / measured)
-    if d and abs(d / measured) < 5e-5:
-        text += f", {'+' if d > 0 else '-'}{fmt_bytes(abs(d))}"
-    return text
-
-
-def md_table(head, rows):
-    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    for r in rows:
-        out.append("| " + " | ".join(str(c).replace("|", "/") for c in r) + " |")
-    return "\n".join(out)
 
 
 def median_time(fn, repeats):
@@ -182,17 +152,20 @@ def model_state_bytes(model):
     return n
 
 
-def plain_iterations(spec, model, xh, yh, iterations=2):
+def plain_iterations(spec, model, xh, yh, iterations=2, opt=None, after_first=None):
     """The step memfit profiles: per iteration a fresh copy of the batch,
-    forward, loss, backward, Adam step, zero_grad(set_to_none); fresh Adam."""
-    opt = adam(model)
-    for _ in range(iterations):
+    forward, loss, backward, Adam step, zero_grad(set_to_none); a fresh Adam
+    unless `opt` is given. after_first() runs after the first iteration."""
+    opt = adam(model) if opt is None else opt
+    for it in range(iterations):
         x, y = xh.clone(), yh.clone()
         loss = spec.loss(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         del x, y, loss
+        if it == 0 and after_first is not None:
+            after_first()
     del opt
 
 

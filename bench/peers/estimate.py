@@ -9,7 +9,7 @@ import time
 
 import memfit
 from peers.common import (adam, clean, err_cell, first_line, fmt_bytes, md_table,
-                          profiler_peak, run_cases)
+                          plain_iterations, profiler_peak, run_cases)
 
 __all__ = ["HEADING", "run", "report"]
 
@@ -34,15 +34,7 @@ def memtracker_fake(spec, batch):
         mt = MemTracker()
         mt.track_external(model, opt)
         with mt:
-            for it in range(2):
-                x, y = xh.clone(), yh.clone()
-                loss = spec.loss(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                del x, y, loss
-                if it == 0:
-                    mt.reset_mod_stats()
+            plain_iterations(spec, model, xh, yh, opt=opt, after_first=mt.reset_mod_stats)
     snap = mt.get_tracker_snapshot("peak")
     dev = next(iter(snap))
     return snap[dev]["Total"]
@@ -57,6 +49,17 @@ def accelerate_estimate(model):
     return max(usage.values()), total  # the command prints the max as "Training using Adam"
 
 
+def _measure(r, key, estimate):
+    """r.update(estimate()) timed as r[key + "_seconds"]; an exception is the
+    result r[key + "_error"] (a peer raising is a result)."""
+    t0 = time.perf_counter()
+    try:
+        r.update(estimate())
+    except Exception as e:  # noqa: BLE001
+        r[key + "_error"] = first_line(e)
+    r[key + "_seconds"] = time.perf_counter() - t0
+
+
 def estimate_case(spec, batch):
     r = dict(model=spec.name, note=spec.note, batch=batch)
     model = spec.model()
@@ -68,37 +71,26 @@ def estimate_case(spec, batch):
     clean()
     # memfit, probes: a profile at the example batch, its probes b/4, b/2, b.
     xs, ys = spec.batch(PROBE_EXAMPLE)
-    t0 = time.perf_counter()
-    try:
+
+    def probes():
         rep = memfit.profile(model, xs, ys, loss_fn=spec.loss_fn, optimizer="adam")
-        r["memfit_probes"] = rep.predict_peak_bytes(batch)
-    except Exception as e:  # noqa: BLE001
-        r["memfit_probes_error"] = first_line(e)
-    r["memfit_probes_seconds"] = time.perf_counter() - t0
-    clean()
-    # memfit, meta mode at the batch itself.
-    t0 = time.perf_counter()
-    try:
+        return dict(memfit_probes=rep.predict_peak_bytes(batch))
+
+    def meta():  # memfit, meta mode at the batch itself
         rep = memfit.profile(model, xh, yh, loss_fn=spec.loss_fn, optimizer="adam", mode="meta")
-        r["memfit_meta"] = rep.peak_bytes
-        r["memfit_meta_mode"] = rep.mode
-        r["memfit_meta_notes"] = list(rep.notes)
-    except Exception as e:  # noqa: BLE001
-        r["memfit_meta_error"] = first_line(e)
-    r["memfit_meta_seconds"] = time.perf_counter() - t0
+        return dict(memfit_meta=rep.peak_bytes, memfit_meta_mode=rep.mode,
+                    memfit_meta_notes=list(rep.notes))
+
+    def accelerate():
+        total, model_bytes = accelerate_estimate(model)
+        return dict(accelerate=total, accelerate_model_bytes=model_bytes)
+
+    _measure(r, "memfit_probes", probes)
     clean()
-    t0 = time.perf_counter()
-    try:
-        r["memtracker_fake"] = memtracker_fake(spec, batch)
-    except Exception as e:  # noqa: BLE001 (a peer raising is a result)
-        r["memtracker_fake_error"] = first_line(e)
-    r["memtracker_fake_seconds"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    try:
-        r["accelerate"], r["accelerate_model_bytes"] = accelerate_estimate(model)
-    except Exception as e:  # noqa: BLE001
-        r["accelerate_error"] = first_line(e)
-    r["accelerate_seconds"] = time.perf_counter() - t0
+    _measure(r, "memfit_meta", meta)
+    clean()
+    _measure(r, "memtracker_fake", lambda: dict(memtracker_fake=memtracker_fake(spec, batch)))
+    _measure(r, "accelerate", accelerate)
     return r
 
 

@@ -43,15 +43,7 @@ def memtracker_eager(spec, model, xh, yh):
     opt = None
     with mt:
         opt = adam(model)
-        for it in range(2):
-            x, y = xh.clone(), yh.clone()
-            loss = spec.loss(model(x), y)
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            del x, y, loss
-            if it == 0:
-                mt.reset_mod_stats()
+        plain_iterations(spec, model, xh, yh, opt=opt, after_first=mt.reset_mod_stats)
     snap = mt.get_tracker_snapshot("peak")
     dev = next(iter(snap)) if snap else None
     cats = {}

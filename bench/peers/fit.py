@@ -52,21 +52,25 @@ class Device:
 
     def peak(self, b, steps=TRUTH_STEPS):
         """The plain training's peak at b (no budget), by memfit.track."""
-        spec = self.spec
         clean()
         with memfit.track() as t:
-            model = spec.model()
-            opt = adam(model)
-            for s in range(steps):
-                x, y = spec.batch(b, offset=s * b)
-                loss = spec.loss(model(x), y)
-                loss.backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                x = y = loss = None
-            model = opt = None
+            self._train(b, steps, [])
         gc.collect()
         return t.peak_bytes
+
+    def _train(self, b, steps, done):
+        """Plain training of a fresh model and Adam; appends each step done."""
+        spec = self.spec
+        model = spec.model()
+        opt = adam(model)
+        for s in range(steps):
+            x, y = spec.batch(b, offset=s * b)
+            loss = spec.loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            x = y = loss = None
+            done.append(s)
 
     def run(self, b, steps):
         key = (b, steps)
@@ -75,28 +79,15 @@ class Device:
         before = clean()
         if before:
             self.leaks.append(before)
-        spec = self.spec
-        done, err = 0, None
+        done, err = [], None
         t0 = time.perf_counter()
-        model = opt = x = y = loss = None
         with memfit.simulated_device(self.budget):
             try:
-                model = spec.model()
-                opt = adam(model)
-                for s in range(steps):
-                    x, y = spec.batch(b, offset=s * b)
-                    loss = spec.loss(model(x), y)
-                    loss.backward()
-                    opt.step()
-                    opt.zero_grad(set_to_none=True)
-                    x = y = loss = None
-                    done += 1
+                self._train(b, steps, done)
             except torch.OutOfMemoryError as e:
                 err = first_line(e)
-            finally:
-                model = opt = x = y = loss = None
         gc.collect()
-        r = dict(batch=b, steps=steps, fits=err is None, steps_run=done,
+        r = dict(batch=b, steps=steps, fits=err is None, steps_run=len(done),
                  seconds=time.perf_counter() - t0, error=err)
         self.cache[key] = r
         return r

@@ -30,6 +30,8 @@ import torch  # noqa: E402
 
 from memfit.testing import models as _models  # noqa: E402
 
+from _tables import fmt_bytes  # noqa: E402
+
 # model -> (batch, probes, cost batch). Batches are 256 where two CPU cores
 # (generic BLAS, one thread) run the step fast enough; gpt (4 layers, width
 # 256, context 128: ~1.6 s per sample for two iterations here) and the cost
@@ -164,13 +166,6 @@ def cost_ratio(memfit, name, batch, repeats):
         prof.append(t2 - t1)
     p, q = statistics.median(plain), statistics.median(prof)
     return dict(cost_batch=batch, plain_step_seconds=p, profile_seconds=q, cost_ratio=q / p)
-
-
-def fmt_bytes(n):
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 def table(rows):

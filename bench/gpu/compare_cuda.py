@@ -38,6 +38,8 @@ sys.path.insert(0, BENCH)
 
 import torch  # noqa: E402
 
+from _tables import fmt_bytes  # noqa: E402
+
 # The models by file, not through `import memfit`: this script also runs
 # where memfit's extension does not import (it then predicts with the CLI).
 _spec = importlib.util.spec_from_file_location(
@@ -217,15 +219,6 @@ def measure(name, batch, foreach, order):
 
 
 # ---------------------------------------------------------------- report
-
-
-def fmt_bytes(n):
-    if n is None:
-        return "-"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 def err(pred, meas):

@@ -16,6 +16,7 @@ from ._memfit import format_bytes, parse_size
 from .advising import Advice, advise
 from .device import host_memory, simulated_device, to_bytes
 from .diagnosis import Doctor, Finding, doctor
+from .explain import load_snapshot
 from .distributed import DistributedError, DistributedStepReport
 from .fit import DoesNotFit, auto_batch_size, find_batch_size
 from .host_offload import OffloadedOptimizer, offload
@@ -39,6 +40,7 @@ __all__ = [
     "Finding",
     "format_bytes",
     "host_memory",
+    "load_snapshot",
     "offload",
     "OffloadedOptimizer",
     "parse_size",

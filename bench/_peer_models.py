@@ -56,7 +56,7 @@ class SmallCnn(nn.Module):
 
 # The gpt and lstm are bench/_models.py's twins of memfit's built-ins, built
 # smaller (see MODELS below).
-from _models import Gpt, Lstm, gpt_loss  # noqa: E402
+from memfit.testing.models import Gpt, Lstm, gpt_loss  # noqa: E402
 
 
 def _classes(n, k=10):

@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import memfit  # noqa: E402
-from _models import make, loss_of  # noqa: E402
+from memfit.testing.models import make, loss_of  # noqa: E402
 
 
 def reserved_at(model, x, y, loss_fn, batch):

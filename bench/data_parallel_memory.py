@@ -25,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _models  # noqa: E402
+from memfit.testing import models as _models  # noqa: E402
 import memfit  # noqa: E402
 
 

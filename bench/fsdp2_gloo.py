@@ -29,9 +29,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import _models  # noqa: E402
+from memfit.testing import models as _models  # noqa: E402
 import memfit  # noqa: E402
-from memfit.data_parallel import chain_blocks  # noqa: E402
+from memfit.report.data_parallel import chain_blocks  # noqa: E402
 
 WORLD = 2
 
@@ -167,7 +167,7 @@ def main(argv=None):
                                 optimizer=torch.optim.AdamW(model.parameters()))
         zero3 = report.data_parallel(WORLD, sharding="zero3",
                                      largest_unit=max(chain_blocks(model) or [model],
-                                                      key=memfit.data_parallel.unit_bytes))[0]
+                                                      key=memfit.report.data_parallel.unit_bytes))[0]
         for variant, (_, plan_kw) in variants().items():
             row = report.data_parallel(WORLD, sharding="fsdp2", model=model, **plan_kw)[0]
             # One memory on a CPU: the device's and the host's figures add.

@@ -100,7 +100,7 @@ def main(argv=None):
     print()
     print(f"Time without running (FLOPs counted on meta in {time.perf_counter() - t3:.2f} s; "
           f"estimates, see Note [Time estimated from FLOPs and bytes]):")
-    print(memfit.step_cost.cost_table(rows))
+    print(memfit.plan.cost.cost_table(rows))
     return 0 if measured == expected else 1
 
 

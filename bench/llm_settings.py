@@ -30,8 +30,8 @@ import time
 import torch
 
 import memfit
-from memfit.strategies import checkpointed
-from memfit.strategies.llm_settings import materialize, user_optimizer_on
+from memfit.plan.strategies import checkpointed
+from memfit.plan.strategies.llm_settings import materialize, user_optimizer_on
 
 
 def main(argv=None):

@@ -32,7 +32,7 @@ import time
 import torch
 
 import memfit
-from memfit import meta_reads
+from memfit._step import meta_reads
 
 import llm_settings
 from hf_meta_vs_cpu import configs, inputs

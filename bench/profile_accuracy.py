@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
-import _models  # noqa: E402
+from memfit.testing import models as _models  # noqa: E402
 
 # model -> (batch, probes, cost batch). Batches are 256 where two CPU cores
 # (generic BLAS, one thread) run the step fast enough; gpt (4 layers, width

@@ -20,7 +20,7 @@ import tempfile
 import torch
 
 import memfit
-from memfit import profiling
+from memfit.report import profile as profiling
 
 
 def old_profiling(rev):

@@ -8,4 +8,12 @@ foreach(f IN LISTS built)
     file(REMOVE ${DST}/${f})
   endif()
 endforeach()
+# A moved subpackage's folder goes too: left empty (but for __pycache__),
+# it would still import as a namespace package.
+file(GLOB_RECURSE dirs LIST_DIRECTORIES true RELATIVE ${DST} ${DST}/*)
+foreach(d IN LISTS dirs)
+  if(IS_DIRECTORY ${DST}/${d} AND NOT d MATCHES "__pycache__" AND NOT EXISTS ${SRC}/${d})
+    file(REMOVE_RECURSE ${DST}/${d})
+  endif()
+endforeach()
 file(COPY ${SRC}/ DESTINATION ${DST})

@@ -25,6 +25,7 @@ Results: a table on stdout; JSON in --json PATH, or $OUT/gpu_compare.json.
 import argparse
 import json
 import os
+import importlib.util
 import re
 import subprocess
 import sys
@@ -37,7 +38,12 @@ sys.path.insert(0, BENCH)
 
 import torch  # noqa: E402
 
-import _models  # noqa: E402
+# The models by file, not through `import memfit`: this script also runs
+# where memfit's extension does not import (it then predicts with the CLI).
+_spec = importlib.util.spec_from_file_location(
+    "memfit_testing_models", os.path.join(ROOT, "python", "memfit", "testing", "models.py"))
+_models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(_models)
 
 FULL = {
     "mlp": [64, 1024],

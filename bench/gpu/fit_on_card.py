@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import memfit  # noqa: E402
-from _models import loss_of, make  # noqa: E402
+from memfit.testing.models import loss_of, make  # noqa: E402
 
 
 def real_reserved(model, x, y, loss_fn, steps=3):

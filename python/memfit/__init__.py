@@ -13,17 +13,19 @@
 """
 
 from ._memfit import format_bytes, parse_size
-from .advising import Advice, advise
-from .device import host_memory, simulated_device, to_bytes
+from ._step.device import host_memory, simulated_device, to_bytes
+from ._step.offload import OffloadedOptimizer, offload
+from ._step.tracking import Tracking, track
 from .diagnosis import Doctor, Finding, doctor
 from .explain import load_snapshot
-from .distributed import DistributedError, DistributedStepReport
-from .fit import DoesNotFit, auto_batch_size, find_batch_size
-from .host_offload import OffloadedOptimizer, offload
-from .profiling import Report, profile
-from .step_cost import CostRow, estimate_costs
-from .trainer import Trainer
-from .tracking import Tracking, track
+from .lazy_mode.api import LazyError, LazyRun, LazyTensor, eager, last_lazy_run, lazy
+from .plan.advise import Advice, advise
+from .plan.cost import CostRow, estimate_costs
+from .plan.fit import DoesNotFit, auto_batch_size, find_batch_size
+from .report.profile import Report, profile
+from .train.distributed import DistributedError, DistributedStepReport
+from .train.trainer import Trainer
+from . import _moved
 
 __all__ = [
     "advise",
@@ -53,7 +55,8 @@ __all__ = [
     "Trainer",
 ]
 
-# memfit.lazy: record a computation on a batch, run it in chunks that fit.
-from .lazy_api import LazyError, LazyRun, LazyTensor, eager, last_lazy_run, lazy  # noqa: E402
-
 __all__ += ["eager", "last_lazy_run", "lazy", "LazyError", "LazyRun", "LazyTensor"]
+
+# Module paths from before the package had layers (memfit.profiling, ...):
+# they still import, with a DeprecationWarning, for one release.
+__getattr__ = _moved.install(__name__)

@@ -2,4 +2,6 @@
 
 from .command import main
 
+__all__ = []
+
 main()

@@ -11,6 +11,8 @@ snapshot.pickle` (memfit.explain.cli)."""
 import signal
 import sys
 
+__all__ = ["main"]
+
 
 def main(argv=None):
     """Runs the command and exits with its status: 0 done, 1 bad input,
@@ -27,7 +29,7 @@ def main(argv=None):
     # Ctrl-C stops the command at once: the C++ loop never returns to
     # Python's interpreter to see a KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    from . import _memfit  # imports torch first (memfit/__init__.py)
+    from . import _memfit
 
     with _memfit.NativeMetaKernels():
         status = _memfit.run_cli(args)

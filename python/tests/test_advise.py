@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import memfit
-from memfit.strategies.eval_step import profile_eval
+from memfit.plan.strategies.eval_step import profile_eval
 
 WIDTH = 64
 HIDDEN = (64, 256, 128, 512, 192, 96)  # uneven blocks

@@ -1,8 +1,7 @@
 """`memfit advise` (C++, on the built-in gpt) and memfit.advise (Python, on
-its twin in bench/_models.py) run one planner (core/advise_plan.h): on the
+its twin in memfit.testing.models) run one planner (core/advise_plan.h): on the
 same model and budget they give the same plan."""
 
-import importlib.util
 import json
 import pathlib
 
@@ -11,16 +10,14 @@ import torch
 
 import memfit
 from memfit import _memfit
+from memfit.testing import models
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 LAYERS, WIDTH, HEADS, CONTEXT, VOCAB, BATCH = 4, 32, 2, 64, 1024, 4
 
 
 def twins():
-    spec = importlib.util.spec_from_file_location("bench_models", ROOT / "bench" / "_models.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return models
 
 
 def cli_advice(capfd, budget, *more):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import memfit
-from memfit.strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
+from memfit.plan.strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")

@@ -13,7 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import memfit
-from memfit.data_parallel import chain_blocks, fsdp2_setup
+from memfit.report.data_parallel import chain_blocks, fsdp2_setup
 
 BATCH = 64
 WIDTH = 256

@@ -118,7 +118,7 @@ def test_a_search_capped_at_a_batch_stops_there():
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
     x, y = torch.randn(2, 16), torch.randint(0, 4, (2,))
     report = memfit.profile(model, x, y, optimizer="sgd")
-    fit = memfit.fit.search(report, 1 << 30, max_batch=40)
+    fit = memfit.plan.fit.search(report, 1 << 30, max_batch=40)
     assert fit.max_batch == 40 and fit.verified
     assert max(p.batch for p in fit.probes) == 40
     with pytest.raises(ValueError, match=r"^\[search_batch\] max_batch must be >= 1, got 0"):

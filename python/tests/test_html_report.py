@@ -1,5 +1,5 @@
 """The HTML page of a profiled step (issue #20), from `memfit profile --html`
-and from memfit.report_page.save_html: rendered by a real headless browser
+and from memfit.report.page.save_html: rendered by a real headless browser
 (Debian's chromium) without errors, every number it shows equal to the
 JSON's, no label over another as the browser draws them, and the hover on
 the timeline giving the exact bytes of the peak."""
@@ -16,7 +16,7 @@ import pytest
 import torch
 
 import memfit
-from memfit import report_page
+from memfit.report import page as report_page
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 needs_chromium = pytest.mark.skipif(

@@ -688,7 +688,7 @@ def test_shapes_are_known_without_computing_and_batch_sizes_follow_the_chunk():
     y = x.view(x.size(0), -1).unsqueeze(1)
     assert y.shape == (10, 1, 12) and y.dim() == 3 and y.numel() == 120
     assert y.dtype == torch.float32 and y.device.type == "cpu"
-    assert isinstance(y.shape[0], memfit.lazy_graph.BatchInt)
+    assert isinstance(y.shape[0], memfit.lazy_mode.graph.BatchInt)
     z = x.transpose(0, 1)
     assert z.shape == (3, 10, 4)
     assert torch.equal(memfit.eager(y.squeeze(1)), memfit.eager(x).reshape(10, 12))

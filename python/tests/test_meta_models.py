@@ -324,6 +324,6 @@ def test_cpp_meta_kernels_give_the_report_pythons_give(name, monkeypatch):
                 r.budget_peak_bytes)
 
     native = run()
-    monkeypatch.setattr(memfit.meta_reads._memfit, "NativeMetaKernels", contextlib.nullcontext)
+    monkeypatch.setattr(memfit._step.meta_reads._memfit, "NativeMetaKernels", contextlib.nullcontext)
     python = run()
     assert native == python

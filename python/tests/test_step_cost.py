@@ -5,7 +5,7 @@ import pytest
 import torch
 
 import memfit
-from memfit.step_cost import count_step_flops, estimate_costs
+from memfit.plan.cost import count_step_flops, estimate_costs
 
 
 def mlp():
@@ -69,7 +69,7 @@ def reference_flops(model, x, y=None, loss_fn=None):
     them: (forward, backward, forward of each named submodule path)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from memfit.step_cost import _count_on_meta
+    from memfit.plan.cost import _count_on_meta
 
     fwd, bwd = FlopCounterMode(display=False), FlopCounterMode(display=False)
     _count_on_meta(model, x, y, loss_fn, fwd, bwd)

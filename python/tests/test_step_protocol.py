@@ -9,7 +9,7 @@ import torch
 
 import memfit
 from memfit import _memfit
-from memfit.progress import Progress
+from memfit._step.progress import Progress
 
 
 def run(log, iterations=2, optimizer=True, **kwargs):

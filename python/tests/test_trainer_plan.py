@@ -276,7 +276,7 @@ def test_planning_leaves_no_trace():
 
 
 def test_even_micro_batch():
-    from memfit.trainer import even_micro_batch
+    from memfit.train.trainer import even_micro_batch
     assert even_micro_batch(256, 67) == 64
     assert even_micro_batch(256, 64) == 64
     assert even_micro_batch(256, 255) == 128

@@ -9,9 +9,11 @@ import torch
 
 from .records import UNKNOWN_SITE, Site
 
+__all__ = ["is_library_file", "user_frame", "site_of"]
+
 
 def _library_dirs():
-    memfit_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    memfit_dir = os.path.dirname(os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__))
     dirs = {os.path.dirname(os.path.abspath(torch.__file__)), memfit_dir}
     for key in ("stdlib", "platstdlib"):
         path = sysconfig.get_paths().get(key)

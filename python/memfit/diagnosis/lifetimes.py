@@ -8,6 +8,8 @@ from typing import Dict, List, Optional, Tuple
 
 from .records import UNKNOWN_SITE, Observation, Site
 
+__all__ = ["Allocation", "Step", "Run", "build_run"]
+
 
 @dataclass
 class Allocation:

@@ -31,17 +31,10 @@ from torch.utils import _pytree as pytree
 
 from .. import _memfit
 from .frames import site_of, user_frame
-from .records import (
-    Float64Tensor,
-    ForwardCall,
-    GraphUse,
-    HostCopy,
-    InPlaceCandidate,
-    Marker,
-    Observation,
-    Span,
-    ZeroGradCall,
-)
+from .records import (Float64Tensor, ForwardCall, GraphUse, HostCopy, InPlaceCandidate, Marker,
+                      Observation, Span, ZeroGradCall)
+
+__all__ = ["StopRun", "IN_PLACE_FIXES", "func_name", "Observer"]
 
 
 class StopRun(BaseException):
@@ -412,16 +405,16 @@ class Observer:
 
         @functools.wraps(original)
         def zero_grad(this, *args, **kwargs):
-            if not observer.quiet and observer._counts_zero_grad(this):
+            if not observer.quiet and self._counts_zero_grad(this):
                 set_to_none = _arg(args, kwargs, 0, "set_to_none", True)
                 observer.zero_grads.append((len(observer.timeline), user_frame(1),
                                             bool(set_to_none)))
             prev, observer.quiet = observer.quiet, True
-            suspended = observer._suspend()
+            suspended = self._suspend()
             try:
                 return original(this, *args, **kwargs)
             finally:
-                observer._resume(suspended)
+                self._resume(suspended)
                 observer.quiet = prev
 
         return zero_grad

@@ -12,6 +12,11 @@ import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
+__all__ = [
+    "KINDS", "Site", "UNKNOWN_SITE", "short_path", "Span", "Marker", "ForwardCall", "ZeroGradCall",
+    "GraphUse", "Float64Tensor", "HostCopy", "InPlaceCandidate", "Observation", "Finding",
+]
+
 # What the doctor reports, each with the question it answers.
 KINDS = {
     "memory_growth": "live memory grows at every step",

@@ -4,6 +4,8 @@ the bytes, what was seen, the fix and what it saves."""
 from .._memfit import format_bytes
 from .records import KINDS
 
+__all__ = ["format_report"]
+
 
 def _saving(f):
     if f.kind == "pageable_copy":

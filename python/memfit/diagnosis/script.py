@@ -17,6 +17,8 @@ import traceback
 
 from .session import Doctor
 
+__all__ = ["USAGE", "DEFAULT_STEPS", "parse", "run_script", "main"]
+
 USAGE = ("usage: memfit doctor [--steps N] [--no-trials] script.py [script args ...] "
          "[--steps N] [-- script args ...]")
 DEFAULT_STEPS = 6

@@ -1,14 +1,20 @@
 """memfit.doctor(): the context manager around the user's loop, which
 observes, checks, tries the fixes and reports."""
 
+from __future__ import annotations
+
 import dataclasses
 
-from ..tracking import Tracking
+import torch
+
+from .._step.tracking import Tracking
 from . import trials
 from .checks import run_checks
 from .lifetimes import build_run
 from .observe import Observer, StopRun
 from .report import format_report
+
+__all__ = ["Doctor", "doctor"]
 
 
 class Doctor:
@@ -32,7 +38,9 @@ class Doctor:
     process, as when rehearsing a GPU run on the CPU.
     """
 
-    def __init__(self, model=None, optimizer=None, *, trials=True, max_steps=None):
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, *, trials: bool = True,
+                 max_steps: int | None = None) -> None:
         self.model = model
         self.optimizer = optimizer
         self.trials = trials
@@ -103,18 +111,19 @@ class Doctor:
                 f"peak_bytes={self.peak_bytes})")
 
     @property
-    def peak_bytes(self):
+    def peak_bytes(self) -> int:
         """The highest step peak (tracked bytes allocated inside the block)."""
         return max((s.peak for s in self.steps), default=0)
 
-    def report(self):
+    def report(self) -> str:
         """The findings as text, largest saving first."""
         peak_step = max(self.steps, key=lambda s: s.peak).index if self.steps else 0
         return format_report(self.findings, len(self.steps), self.step_kind, self.peak_bytes,
                              peak_step, self.outside_bytes)
 
 
-def doctor(model=None, optimizer=None, *, trials=True):
+def doctor(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,
+           *, trials: bool = True) -> Doctor:
     """The memory mistakes of the loop run inside the block, each with the
     user's line, the bytes it costs per step and the one-line fix.
 

@@ -16,7 +16,9 @@ from typing import Optional
 import torch
 from torch.utils import _pytree as pytree
 
-from ..tracking import Tracking
+from .._step.tracking import Tracking
+
+__all__ = ["TrialResult", "try_no_grad", "try_item", "try_set_to_none"]
 
 
 @dataclass(frozen=True)

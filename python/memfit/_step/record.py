@@ -1,0 +1,177 @@
+"""Recording the user's training step on the side: the step's iterations
+run under a Tracking recorder, on copies of the weights, inputs and
+optimizer state, and the user's model, gradients and optimizer are put back
+as they were."""
+
+import dataclasses
+import traceback
+
+import torch
+
+from .. import _memfit
+from .meta_reads import run_foreach
+from .offload import OffloadedOptimizer
+from .progress import as_progress
+from .tracking import Tracking
+from .training_step import OPTIMIZERS, call_model, check_loss_trains, compute_loss
+from .user_state import ModelTensors, OptimizerState, private_copy
+
+__all__ = ["RecordedStep", "record_step", "rehearse"]
+
+
+@dataclasses.dataclass
+class RecordedStep:
+    """One recorded step: its recorder, whether a named optimizer ran
+    foreach (as on CUDA parameters), and the bytes an offloaded optimizer
+    kept on the host, out of the recording."""
+
+    tracking: Tracking
+    ran_foreach: bool
+    host_bytes: int
+
+    @property
+    def timeline(self):
+        return self.tracking.timeline
+
+
+# Note [A rehearsal inside the user's autocast]
+# A step profiled inside torch.autocast (memfit.Trainer plans its micro-batch
+# inside the user's autocast region) shares autocast's cache of the weights'
+# casts, which lives until the outermost autocast region exits: keyed by the
+# Parameter, it would hand the rehearsal casts made before it (and not
+# measure them: the Trainer's first plan came out a micro-batch too large,
+# by the bf16 copy of the weights, and step 2 recovered an OOM), and hand
+# the user's next forward casts of the rehearsal's copies (of meta tensors,
+# in meta mode). So the cache is cleared before the rehearsal, which then
+# measures its own casts as a step of its own would, and after it: the
+# user's next forward casts the weights again, the values it would have
+# had.
+def _autocast_on():
+    return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
+
+
+def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_to_none=True,
+              say=None, as_on_cuda=False):
+    """record_step on copies of the weights, inputs and optimizer state; the
+    model, its gradients and the optimizer are put back as they were."""
+    saved = ModelTensors(model)
+    opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
+    autocast = _autocast_on()
+    if autocast:  # See Note [A rehearsal inside the user's autocast].
+        torch.clear_autocast_cache()
+    try:
+        return record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
+                            set_to_none, say, as_on_cuda)
+    except BaseException as e:
+        # See Note [A rehearsal that runs out of memory puts everything back].
+        traceback.clear_frames(e.__traceback__)
+        raise
+    finally:
+        if autocast:
+            torch.clear_autocast_cache()
+        for p in saved.parameters:
+            p.grad = None  # the rehearsal's: restore() gives back the user's
+        if opt_state is not None and not isinstance(optimizer, OffloadedOptimizer):
+            optimizer.state.clear()  # the rehearsal's: restore() gives back the user's
+        try:
+            saved.restore()
+        finally:
+            if opt_state is not None:
+                opt_state.restore()
+
+
+# Note [A rehearsal that runs out of memory puts everything back]
+# Putting the weights back allocates them on the device again (their values
+# waited on the host, see ModelTensors), one at a time. A rehearsal that ran
+# out of memory on a simulated device left it nearly full: its activations
+# held by the exception's frames, its gradients, its optimizer state. The
+# first weight put back then ran out of memory too, and the optimizer's state
+# was never put back (a Trainer's plan that failed left Adam's state from its
+# probes on the user's optimizer). So the rehearsal's own memory is dropped
+# first (the frames' locals, .grad, the optimizer's state), and the
+# optimizer is put back even if the weights could not be.
+
+
+class _StepState:
+    """What one recorded iteration holds, dropped in the order its locals
+    used to go (x, y, out, loss) when the iteration ends: the callbacks of
+    _record_step keep no tensor alive longer than the step itself would."""
+
+    def __init__(self, optimizer):
+        self.optimizer = optimizer
+        self.x = self.y = self.out = self.loss = None
+
+    def drop(self):
+        self.x = None
+        self.y = None
+        self.out = None
+        self.loss = None
+
+
+def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
+                 set_to_none=True, say=None, as_on_cuda=False):
+    """Runs `iterations` training iterations under a recorder; returns a
+    RecordedStep.
+    set_to_none=False zeroes the gradients in place: they stay alive through
+    the next iteration's forward, as between the micro-batches of an
+    accumulated step. Either way the rehearsal's gradients are dropped when
+    `saved` is restored: the user's .grad come back. as_on_cuda: an
+    optimizer named by a string runs foreach, as on CUDA parameters (See
+    Note [The optimizer a GPU would run])."""
+    t = Tracking()
+    ran_foreach = False  # a named optimizer set to foreach (as_on_cuda)
+    if device.type == "meta":
+        # The device's bytes only: what stays on the host (AdamW's step
+        # counts) would stay on the host beside a GPU too.
+        t.only_device("meta")
+        # See Note [Meta kernels allocate only their outputs] (op_frames.h).
+        t.drop_meta_kernel_intermediates()
+    t.watch_modules(model)
+    step = _StepState(optimizer)
+
+    def materialize():
+        nonlocal ran_foreach
+        saved.swap_in_copies(device, t.classify)
+        if isinstance(step.optimizer, str):
+            step.optimizer = OPTIMIZERS[step.optimizer](saved.parameters)
+            if as_on_cuda:  # memfit's own optimizer: nothing to put back
+                ran_foreach = bool(run_foreach(step.optimizer))
+
+    def inputs_():
+        step.x = private_copy(inputs, device)
+        step.y = None if target is None else private_copy(target, device)
+
+    def forward():
+        step.out = call_model(model, step.x)
+
+    def loss():
+        step.loss = compute_loss(step.out, step.y, loss_fn)
+        check_loss_trains(step.loss, model, "profile")
+        step.out = None  # See Note [The order of a training iteration] (report.h).
+
+    def optimizer_step():
+        step.optimizer.step()
+        for state in step.optimizer.state.values():
+            for v in state.values():
+                if isinstance(v, torch.Tensor):
+                    t.classify(v, "optimizer_state")
+
+    def zero_grad():
+        (model if step.optimizer is None else step.optimizer).zero_grad(set_to_none=set_to_none)
+
+    def end_phase():
+        t.end_phase()
+        step.drop()
+
+    try:
+        _memfit.run_step_protocol(
+            t.phase, materialize, inputs_, forward, loss, lambda: step.loss.backward(),
+            None if optimizer is None else optimizer_step, zero_grad, end_phase,
+            iterations=iterations, progress=as_progress(say).native,
+            what=f"record on {device.type}")
+    finally:
+        t.stop()
+    optimizer = step.optimizer
+    # Kept on the host, out of the recording: said in the report's notes.
+    host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
+    return RecordedStep(t, ran_foreach, host_bytes)

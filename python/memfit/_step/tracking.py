@@ -1,0 +1,200 @@
+"""Recording every allocation of a block of code: memfit.track()."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import torch
+
+from .. import _memfit
+
+__all__ = ["Tracking", "track"]
+
+
+class Tracking:
+    """What memfit.track() records: live and peak bytes, and the timeline."""
+
+    def __init__(self) -> None:
+        self._recorder = _memfit.Recorder()
+        self._hooks = []
+        self._finish = []  # run at stop(), before the recorder stops
+
+    @property
+    def live_bytes(self) -> int:
+        """Bytes allocated inside the block and still alive."""
+        return self._recorder.live_bytes
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes alive at once since the block began."""
+        return self._recorder.peak_bytes
+
+    @property
+    def timeline(self) -> _memfit.Timeline:
+        """Every allocation and free, with phase, module and op."""
+        return self._recorder.timeline
+
+    def phase(self, name: str, iteration: int = 0) -> None:
+        """Start the named phase ("forward", "backward", ...)."""
+        self._recorder.begin_phase(name, iteration)
+
+    def end_phase(self) -> None:
+        """End the current phase: what follows belongs to no phase until the
+        next phase() (a step's iteration is over)."""
+        self._recorder.end_phase()
+
+    def only_device(self, device: str) -> None:
+        """Record only allocations on `device` ("meta", "cpu"): a meta-mode
+        step's bytes are the device's; what stays on the host is left out."""
+        self._recorder.only_device(device)
+
+    def drop_meta_kernel_intermediates(self) -> None:
+        """Leave out what torch's Python meta kernels allocate beside their
+        outputs (See Note [Meta kernels allocate only their outputs],
+        op_frames.h)."""
+        self._recorder.drop_meta_kernel_intermediates()
+
+    def classify(self, tensor: torch.Tensor, category: str) -> bool:
+        """Say what a tensor's memory is: "parameter", "optimizer_state", ..."""
+        return self._recorder.classify(tensor, category)
+
+    def watch_modules(self, model: torch.nn.Module, classes: bool = False) -> None:
+        """Attribute allocations to module paths ("layer1.0.conv1") while
+        `model`'s submodules run their forward; with `classes`, each path
+        also names its class ("layer1.0.conv1 (Conv2d)")."""
+        recorder = self._recorder
+        for path, module in model.named_modules():
+            if not path:
+                continue
+            if classes:
+                path = f"{path} ({type(module).__name__})"
+
+            def pre(_module, _inputs, path=path):
+                recorder.push_module(path, True)
+
+            def post(_module, _inputs, _output):
+                recorder.pop_module()
+
+            self._hooks.append(module.register_forward_pre_hook(pre))
+            self._hooks.append(module.register_forward_hook(post))
+
+    def watch_step(self, model: torch.nn.Module,
+                   optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Name the phases and categories of a training step the user's code
+        runs, as profile() does: each forward of `model` begins "forward",
+        what follows it "loss", the gradient reaching its output "backward",
+        and `optimizer`'s step "optimizer_step"; gradients, optimizer state,
+        and parameters and buffers made inside the block are classified.
+        See Note [Phases of a step memfit does not run]."""
+        state = {"iteration": 0, "phase": None, "live": True}
+        recorder = self._recorder
+
+        def begin(name):
+            if state["live"] and state["phase"] != name:
+                state["phase"] = name
+                recorder.begin_phase(name, state["iteration"])
+
+        def pre(_module, _inputs):
+            if state["phase"] != "forward":
+                state["iteration"] += 1
+            begin("forward")
+
+        def post(_module, _inputs, output):
+            begin("loss")
+            for out in _tensors(output):
+                if out.requires_grad:
+                    out.register_hook(lambda g: begin("backward"))
+
+        def accumulated(p):
+            if state["live"]:
+                self.classify(p.grad, "gradient")
+
+        self._hooks.append(model.register_forward_pre_hook(pre))
+        self._hooks.append(model.register_forward_hook(post))
+        for p in model.parameters():
+            if p.requires_grad:
+                self._hooks.append(p.register_hook(lambda g: begin("backward")))
+                self._hooks.append(p.register_post_accumulate_grad_hook(accumulated))
+        if optimizer is not None:
+            def step_pre(_opt, _args, _kwargs):
+                begin("optimizer_step")
+
+            def step_post(opt, _args, _kwargs):
+                for st in opt.state.values():
+                    for v in st.values():
+                        if isinstance(v, torch.Tensor) and state["live"]:
+                            self.classify(v, "optimizer_state")
+                begin("zero_grad")
+
+            self._hooks.append(optimizer.register_step_pre_hook(step_pre))
+            self._hooks.append(optimizer.register_step_post_hook(step_post))
+
+        def finish():
+            state["live"] = False
+            for p in model.parameters():
+                self.classify(p, "parameter")
+                if p.grad is not None:
+                    self.classify(p.grad, "gradient")
+            for b in model.buffers():
+                self.classify(b, "buffer")
+
+        self._finish.append(finish)
+
+    def stop(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        for f in self._finish:
+            f()
+        self._finish = []
+        self._recorder.stop()
+
+
+def _tensors(obj):
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (tuple, list)):
+        return [t for o in obj for t in _tensors(o)]
+    if isinstance(obj, dict):
+        return [t for o in obj.values() for t in _tensors(o)]
+    return []
+
+
+# Note [Phases of a step memfit does not run]
+# profile() runs the step itself and names each phase as it goes. In
+# memfit.track(model, optimizer) the user's code runs it, so hooks name the
+# phases: the model's forward pre-hook begins "forward" (a new iteration
+# unless already in one), its forward hook "loss" (what the loop computes
+# from the output), a hook on the output's gradient, or the first
+# parameter's, "backward", and the optimizer's step hooks "optimizer_step"
+# and then "zero_grad". The phase gives each allocation its default category
+# (activation, gradient, optimizer state), as in profile(); parameters'
+# .grad and the optimizer's state are then classified exactly, and
+# parameters and buffers the block made are classified when it ends.
+@contextlib.contextmanager
+def track(model: torch.nn.Module | None = None,
+          optimizer: torch.optim.Optimizer | None = None) -> Iterator[Tracking]:
+    """Record every CPU and meta allocation made inside the block.
+
+        with memfit.track(model, optimizer) as t:
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+        t.peak_bytes, t.timeline.breakdown_at_peak(), t.timeline.peak_phase
+
+    With `model`, allocations are attributed to its submodules, each named
+    by path and class ("0 (Linear)"), and the step's phases (forward, loss,
+    backward, optimizer_step with `optimizer`) and categories (parameters,
+    gradients, optimizer state, activations) are named as profile() names
+    them (see Note [Phases of a step memfit does not run]).
+    """
+    if optimizer is not None and model is None:
+        raise ValueError("[track] an optimizer needs its model: memfit.track(model, optimizer)")
+    t = Tracking()
+    if model is not None:
+        t.watch_modules(model, classes=True)
+        t.watch_step(model, optimizer)
+    try:
+        yield t
+    finally:
+        t.stop()

@@ -1,0 +1,131 @@
+"""The training step's plain parts, shared by profile, fit, the Trainer,
+advise and the strategies: calling the model on a batch, the loss, the
+built-in optimizers by name, and the checks made before anything runs."""
+
+import torch
+
+from .offload import OffloadedOptimizer
+from .offload import offload as _offload
+
+__all__ = [
+    "OPTIMIZERS", "default_loss", "compute_loss", "call_model", "check_loss_trains",
+    "check_optimizer", "optimizer_name",
+]
+
+OPTIMIZERS = {
+    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
+    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
+    "momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
+    # Adam with its state and step on the host (memfit.offload).
+    "adam-offload": lambda params: _offload(torch.optim.Adam(params, lr=1e-3)),
+}
+
+def default_loss(output, target):
+    if target is None:
+        if output.dim() != 0:
+            raise ValueError(
+                f"[profile] the model returned a tensor of shape {tuple(output.shape)} "
+                f"and there is no target or loss_fn: pass loss_fn=, or a target"
+            )
+        return output
+    if target.dtype in (torch.int64, torch.int32, torch.int16, torch.uint8):
+        return torch.nn.functional.cross_entropy(output, target)
+    return torch.nn.functional.mse_loss(output, target)
+
+
+def compute_loss(output, target, loss_fn):
+    if loss_fn is None:
+        if not isinstance(output, torch.Tensor):
+            raise ValueError(
+                f"[profile] the model returned a {type(output).__name__}, not a "
+                f"tensor: pass loss_fn= taking (output, target) and returning "
+                f"a scalar tensor"
+            )
+        loss = default_loss(output, target)
+    else:
+        loss = loss_fn(output, target) if target is not None else loss_fn(output)
+    if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise ValueError(
+            f"[profile] the loss must be a scalar tensor, got {shape}: reduce it "
+            f"(e.g. .mean()) in loss_fn"
+        )
+    return loss
+
+
+def call_model(model, inputs):
+    if isinstance(inputs, (tuple, list)):  # positional arguments, as documented
+        return model(*inputs)
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    return model(inputs)
+
+
+def check_loss_trains(loss, model, what):
+    """Raise ValueError, naming the cause, when `loss` has no gradient to
+    take: a training step needs a backward."""
+    if loss.requires_grad:
+        return
+    if not any(p.requires_grad for p in model.parameters()):
+        raise ValueError(
+            f"[{what}] every parameter of the model is frozen (requires_grad=False): there "
+            f"is no training step to run; unfreeze the parameters to train "
+            f"(p.requires_grad_(True))"
+        )
+    raise ValueError(
+        f"[{what}] the loss does not require grad although the model has trainable "
+        f"parameters: the forward or loss_fn runs under torch.no_grad()/inference_mode or "
+        f"detaches its result; compute the loss with gradients enabled"
+    )
+
+
+def check_optimizer(model, optimizer, what, instance_only=False):
+    """Raise ValueError, naming the fix, unless `optimizer` can take the step
+    of `model`: None (no optimizer step) or a built-in name, unless
+    `instance_only`; a torch.optim optimizer holding some of the model's
+    trainable parameters. Called before anything runs."""
+    if instance_only and (optimizer is None or isinstance(optimizer, str)):
+        raise ValueError(
+            f"[{what}] optimizer must be a torch.optim optimizer over model.parameters(), "
+            f"got {optimizer!r}: the step ends with its step(); make one, e.g. "
+            f"torch.optim.Adam(model.parameters())"
+        )
+    if optimizer is None:
+        return
+    if isinstance(optimizer, str):
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(
+                f"[{what}] unknown optimizer {optimizer!r}: pass a torch.optim "
+                f"optimizer, or one of {sorted(OPTIMIZERS)}, or None"
+            )
+        return
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        if isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+            raise ValueError(
+                f"[{what}] optimizer is a {type(optimizer).__name__}, a learning-rate "
+                f"scheduler, not an optimizer: pass the optimizer it drives "
+                f"(scheduler.optimizer); the scheduler's step() stays yours to call"
+            )
+        raise ValueError(
+            f"[{what}] optimizer must be a torch.optim optimizer"
+            f"{'' if instance_only else ', one of ' + str(sorted(OPTIMIZERS)) + ', or None'}, "
+            f"got {type(optimizer).__name__}"
+        )
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    if trainable and not any(id(p) in held for p in trainable):
+        raise ValueError(
+            f"[{what}] the {type(optimizer).__name__} optimizer holds none of the model's "
+            f"{len(trainable)} trainable parameters: it was made over other parameters "
+            f"(another model, or a copy of this one); make it over model.parameters()"
+        )
+
+
+def optimizer_name(optimizer):
+    if optimizer is None:
+        return "none"
+    if isinstance(optimizer, str):
+        return optimizer
+    if isinstance(optimizer, OffloadedOptimizer):
+        return type(optimizer.inner).__name__ + "-offload"
+    return type(optimizer).__name__

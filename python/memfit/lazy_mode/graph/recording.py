@@ -1,0 +1,307 @@
+"""record(): an operation on Nodes becomes a Node, checked for mixing, run
+on the probes (or filled from the probe cache) and described; and the leaves
+that memfit.lazy() makes. See the lazy_mode.graph package docstring.
+
+The graph layer works on plain Nodes: the layer above (lazy_mode.tensor) passes
+them in place of its lazy tensors, and says through RecordCallbacks what its
+user holds for a result and how a full value is computed.
+"""
+
+import dataclasses
+import typing
+
+import torch
+
+from .autocast import grad_autocast
+from .errors import LazyError, OutOfMemoryError, mix_error, inplace_error
+from .losses import root_kind
+from .mixing import bdim_set, check_mixing, getitem_analysis
+from .names import INPLACE_DUNDERS, user_line, display_name, op_name
+from .node import Node, probe_sizes
+from .op_tables import DATA_DEPENDENT, DATA_VALUED, INPLACE_ARG, PYTHON_VALUED, inplace_positional
+from .placement import on_host, to_device
+from .plain_tensors import plain_rules
+from .probe import (ResultInfo, apply_info, describe_result, has_tensor, make_seq, rebuild,
+                    rebuild_skel, ensure_probe, leaving_no_trace, without_history)
+from .probe_cache import probe_cache_get, probe_cache_put, probe_key
+from .template import (ProbeCtx, EagerCtx, flatten_args, materialize_args, pluck, replace_plains,
+                       scan_args, subst)
+
+__all__ = ["RecordCallbacks", "record", "make_leaf"]
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordCallbacks:
+    """What record() needs from the layers above it: `hold(node)`, what the
+    user gets for a recorded Node (a LazyTensor); `read(node)`, its full
+    value, for the operations that return a Python value of the data
+    (torch.equal, allclose), computed on the full batch."""
+
+    hold: typing.Callable
+    read: typing.Callable
+
+
+def _node_or_none(obj):
+    return obj if type(obj) is Node else None
+
+
+def record(fn, args, kwargs, callbacks, name=None, module=None):
+    """Record fn(*args, **kwargs) where some args are Nodes; returns the
+    result with callbacks.hold() of each result Node in it (or, for
+    operations returning plain Python values, the value)."""
+    op = op_name(fn)
+    if module is None:
+        if (op.endswith("_") and not op.startswith("__") and op not in ("__", "_")) \
+                or op in INPLACE_DUNDERS:
+            raise inplace_error(f"{display_name(fn)}()", _node_or_none(args[0]) if args else None)
+        if kwargs.get("out") is not None:
+            raise inplace_error(f"{display_name(fn)}(..., out=...)")
+        if kwargs.get("inplace") or (op in INPLACE_ARG and inplace_positional(fn, args, kwargs)):
+            raise inplace_error(f"{display_name(fn)}(..., inplace=True)",
+                                _node_or_none(args[0]) if args else None)
+    where = user_line()
+    name = name or display_name(fn)
+    nodes, plains, bints, eager = [], [], [], []
+    targs = scan_args(args, nodes, plains, bints, eager)
+    tkw = scan_args(kwargs, nodes, plains, bints, eager)
+
+    Bs = {n.B for n in nodes + eager if n.B is not None} | {b.batch for b in bints}
+    if len(Bs) > 1:
+        raise LazyError(
+            f"memfit.lazy: {name} at {where} combines lazy tensors with different batch "
+            f"sizes {sorted(Bs)}; lazy tensors used together must hold the same samples"
+        )
+    B = Bs.pop() if Bs else None
+    if op in PYTHON_VALUED and nodes:
+        # A value of the data, over the full batch: the probes' few samples
+        # would not match a plain full-batch tensor beside them.
+        read = callbacks.read
+        return fn(*materialize_args(targs, read), **materialize_args(tkw, read))
+    allow = any(n.allow for n in nodes)
+    parents = tuple(dict.fromkeys(nodes))
+    mixes = next((n.mixes for n in parents if n.mixes), None)
+    first = None
+    for a in list(args) + list(kwargs.values()):
+        first = _node_or_none(a)
+        if first is not None:
+            break
+    first_arg_lazy = bool(args) and type(args[0]) is Node
+    batched_parents = [n for n in parents if n.state == "batched"]
+
+    if B is not None and B >= 2:
+        # A value reduced over the batch must not meet per-sample values again.
+        reduced = [n for n in parents if n.state == "reduced"]
+        if reduced and (batched_parents or bints):
+            r = reduced[0]
+            msg = mix_error(
+                f"{r.name} at {r.where} reduces over the batch dimension and its result "
+                f"is combined with per-sample values in {name}", f"at {where}")
+            if not allow:
+                raise msg
+            mixes = mixes or str(msg)
+        if module is None:
+            try:
+                check_mixing(fn, op, args, kwargs,
+                              first if first_arg_lazy or op == "batch_norm" else first,
+                              batched_parents, where)
+            except LazyError as e:
+                if not allow:
+                    raise
+                mixes = mixes or str(e)
+            if op == "getitem" and first_arg_lazy and first.state == "batched":
+                try:
+                    targs = (targs[0], getitem_analysis(first, targs[1], where)) + tuple(targs[2:])
+                except LazyError as e:
+                    if not allow:
+                        raise
+                    mixes = mixes or str(e)
+        if op == "squeeze" and first_arg_lazy and first.state == "batched" and \
+                len(args) == 1 and "dim" not in kwargs:
+            # squeeze() would drop the batch dimension of a one-sample chunk:
+            # squeeze exactly the dimensions that are 1 for the full batch.
+            fn = _squeeze_dims
+            bd = bdim_set(first)
+            targs = (targs[0], tuple(d for d, n in enumerate(first.shape)
+                                     if n == 1 and d not in bd))
+        constants = {id(n.value) for n in eager}
+        plains = [t for t in plains if id(t) not in constants]
+        mapping = plain_rules(fn, op, targs, tkw, args, kwargs, plains,
+                               first if first is not None and first.state == "batched"
+                               else (batched_parents[0] if batched_parents else None),
+                               B, where, module)
+        if mapping:
+            targs = replace_plains(targs, mapping)
+            tkw = replace_plains(tkw, mapping)
+
+    sizes = probe_sizes(B)
+    grad, autocast = grad_autocast()
+    if not sizes:
+        # Nothing to split (no batch, or one sample): run now, keep the value.
+        real_args = subst(targs, EagerCtx())
+        real_kw = subst(tkw, EagerCtx())
+        out = fn(*real_args, **real_kw)
+        return _wrap_eager(out, B, allow, name, where, callbacks.hold)
+
+    data_dep = op in DATA_DEPENDENT or (op == "getitem" and _has_bool_lazy_index(targs))
+    derived = bool(batched_parents or bints or any(p.state == "reduced" for p in parents))
+    # See Note [Probe cache].
+    key = None if data_dep else probe_key(fn, module, targs, tkw, B, grad, autocast)
+    desc = probe_cache_get(key)
+    probes = None
+    if desc is None:
+        for p in parents:
+            ensure_probe(p)
+        outs = []
+        with leaving_no_trace([module] if module is not None else []):
+            for i, p in enumerate(sizes):
+                ctx = ProbeCtx(i, p)
+                a = subst(targs, ctx)
+                kw = subst(tkw, ctx)
+                try:
+                    outs.append(fn(*a, **kw))
+                except OutOfMemoryError:
+                    raise
+                except LazyError:
+                    raise
+                except Exception as e:
+                    hint = ""
+                    if any(type(v) is int and v in (B, 2 * B) for v in flatten_args(args)):
+                        hint = (" A shape argument equal to the batch size must come from "
+                                "x.size(d) or x.shape[d], so that it follows the chunk.")
+                    raise LazyError(
+                        f"memfit.lazy: {name} at {where} failed when tried on the first {p} "
+                        f"samples (memfit runs each recorded operation on a few samples to "
+                        f"learn its shapes): {type(e).__name__}: {e}.{hint}"
+                    ) from e
+        o1, o2 = outs
+        if not has_tensor(o1):
+            # A Python value. Metadata (is_floating_point, is_contiguous, a
+            # size) is the probes'; a value of the data (torch.equal,
+            # allclose) is computed on the full batch now.
+            if op not in DATA_VALUED:
+                try:
+                    return rebuild(o1, o2, sizes, B, fn, (), None)
+                except LazyError:
+                    pass
+            full_args = materialize_args(targs, callbacks.read)
+            full_kw = materialize_args(tkw, callbacks.read)
+            return fn(*full_args, **full_kw)
+        desc = describe_result(o1, o2, sizes, B, op, name, data_dep, derived, fn)
+        if key is not None:
+            probe_cache_put(key, desc)
+        probes = (without_history(o1), without_history(o2))
+
+    node = Node("op")
+    node.fn, node.args, node.kwargs = fn, targs, tkw
+    node.parents = parents
+    node.name, node.op, node.where = name, op, where
+    node.B, node.allow = B, allow
+    node.grad, node.autocast = grad, autocast
+    node.module = module
+    node.mixes = mixes
+    node.cached = probes is None
+
+    def finish(n, info):
+        apply_info(n, info)
+        if info.why:
+            if not allow:
+                raise mix_error(info.why, f"at {where}")
+            n.mixes = n.mixes or info.why
+        if n.state == "reduced" and batched_parents:
+            root_kind(n, fn, op, args, kwargs, targs, tkw, first)
+
+    if type(desc) is ResultInfo:
+        finish(node, desc)
+        node.probe = probes or ()
+        return callbacks.hold(node)
+
+    node.state = "struct"
+    node.probe = probes or ()
+
+    def make(path, info):
+        item = Node("item")
+        item.parent = node
+        item.parents = (node,)
+        item.path = path
+        item.name = f"{name}{''.join(f'[{p!r}]' for p in path)}"
+        item.op = "item"
+        item.where, item.B, item.allow, item.mixes = where, B, allow, mixes
+        item.grad, item.autocast = grad, autocast
+        item.cached = node.cached
+        finish(item, info)
+        if probes is not None:
+            item.probe = tuple(pluck(o, path) for o in probes)
+        return callbacks.hold(item)
+
+    return rebuild_skel(desc, make, ())
+
+
+def _squeeze_dims(t, dims):
+    for d in sorted(dims, reverse=True):
+        t = t.squeeze(d)
+    return t
+
+
+_squeeze_dims.memfit_op = "squeeze"
+_squeeze_dims.memfit_display = "Tensor.squeeze"
+
+
+def _has_bool_lazy_index(targs):
+    if len(targs) < 2:
+        return False
+    idx = targs[1] if type(targs[1]) is tuple else (targs[1],)
+    return any(type(e) is Node and e.dtype == torch.bool for e in idx)
+
+
+def _wrap_eager(out, B, allow, name, where, hold):
+    """Results computed at once (no batch to split): held Nodes that hold
+    their value."""
+
+    def wrap(o):
+        if isinstance(o, torch.Tensor):
+            n = Node("leaf")
+            n.value = o
+            n.state = "eager"
+            n.B, n.allow, n.name, n.where = B, allow, name, where
+            n.shape = tuple(o.shape)
+            n.dtype, n.device, n.requires_grad = o.dtype, o.device, o.requires_grad
+            return hold(n)
+        if isinstance(o, (tuple, list)):
+            return make_seq(type(o), [wrap(x) for x in o])
+        if isinstance(o, dict):
+            return type(o)({k: wrap(v) for k, v in o.items()})
+        return o
+
+    return wrap(out)
+
+
+def make_leaf(tensor, batch, allow, device=None):
+    """The leaf Node for a tensor given to memfit.lazy(); with `device`, a
+    tensor on the host stays there and its chunks move to `device` as they
+    run (see placement.py)."""
+    moves = device is not None and on_host(tensor, device)
+    n = Node("leaf")
+    n.value = tensor
+    n.where = user_line()
+    n.allow = allow
+    n.name = "memfit.lazy input"
+    n.dtype, n.device, n.requires_grad = tensor.dtype, tensor.device, tensor.requires_grad
+    n.shape = tuple(tensor.shape)
+    if moves:
+        n.device = device
+    if batch is not None:
+        n.B = tensor.shape[batch]
+        n.leaf_dim = batch
+    sizes = probe_sizes(n.B)
+    if not sizes:
+        n.state = "eager"  # no batch, or one sample: on the device whole, now
+        n.value = to_device(tensor, device) if moves else tensor
+        return n
+    n.state = "batched"
+    n.bdims = ((batch, 1),)
+    if moves:
+        n.to_device = device
+        n.probe = tuple(to_device(tensor.narrow(batch, 0, p), device) for p in sizes)
+    else:
+        n.probe = tuple(tensor.narrow(batch, 0, p) for p in sizes)  # views: see ProbeCtx
+    return n

@@ -1,0 +1,171 @@
+"""Chunk sizing: the largest chunk that should fit, from a memory fit measured
+once per graph signature and cached.
+"""
+
+import collections
+import gc
+import math
+
+import torch
+
+from ..graph.errors import OutOfMemoryError
+from ..graph.node import Arange, BatchInt, Node, Sliced
+from ..graph.probe import leaving_no_trace
+from .memory import device_available, fit_lines, profile_memory, solve_lines
+
+__all__ = ["MARGIN", "graph_signature", "learn_from_ooms", "plan_limit", "plan"]
+
+
+#: Fraction of the available memory left unused when sizing chunks.
+MARGIN = 0.10
+#: Probe sizes used to measure memory per sample.
+_MEASURE_SIZES = (2, 3)
+_CACHE_MAX = 64
+_cache = collections.OrderedDict()
+
+
+def _argsig(obj, index):
+    t = type(obj)
+    if t is Node:
+        return ("N", index.get(obj, -1))
+    if t is tuple or t is list:
+        return tuple(_argsig(o, index) for o in obj)
+    if t is dict:
+        return tuple((k, _argsig(v, index)) for k, v in obj.items())
+    if t is BatchInt:
+        return ("B", obj.k)
+    if t is Sliced:
+        s = list(obj.tensor.shape)
+        s[obj.dim] = -obj.k
+        return ("S", tuple(s), obj.tensor.dtype, obj.tensor.device.type)
+    if t is Arange:
+        return ("A",)
+    if isinstance(obj, torch.Tensor):
+        return ("T", tuple(obj.shape), obj.dtype, obj.device.type, obj.requires_grad)
+    if obj is None or t in (bool, int, str):
+        return obj
+    if t is float:
+        return "f"
+    if isinstance(obj, (torch.dtype, torch.device, torch.layout, torch.memory_format)):
+        return str(obj)
+    if isinstance(obj, slice):
+        return ("sl", _argsig(obj.start, index), _argsig(obj.stop, index),
+                _argsig(obj.step, index))
+    return t.__name__
+
+
+def graph_signature(order, sources, mode, extra):
+    index = {n: i for i, n in enumerate(order)}
+    parts = [mode, extra]
+    for n in order:
+        if n in sources:
+            v = n.value
+            shape = list(v.shape) if isinstance(v, torch.Tensor) else None
+            if shape is not None and n.state == "batched":
+                d = n.leaf_dim if n.kind == "leaf" else n.single_bdim()[0]
+                shape[d] = -1
+            parts.append(("src", n.state, str(n.dtype), str(n.device),
+                          tuple(shape) if shape else None, n.to_device is not None))
+            continue
+        if n.module is not None:
+            key = (type(n.module), id(n.module),
+                   tuple(id(p) for p in n.module.parameters()), n.module.training)
+        else:
+            key = n.fn
+        parts.append((n.kind, key, _argsig(n.args, index), _argsig(n.kwargs, index),
+                      n.path, n.grad if mode != "read" else None, n.autocast))
+    return tuple(parts)
+
+
+def _cache_get(sig):
+    e = _cache.get(sig)
+    if e is not None:
+        _cache.move_to_end(sig)
+    return e
+
+
+def _cache_put(sig, entry):
+    _cache[sig] = entry
+    _cache.move_to_end(sig)
+    while len(_cache) > _CACHE_MAX:
+        _cache.popitem(last=False)
+
+
+def learn_from_ooms(entry, info, limit, final):
+    """After an OOM, plan smaller chunks for this computation next time."""
+    if entry is not None and info.ooms and limit:
+        entry["scale"] = min(entry["scale"], max(final, 1) / limit)
+
+
+def plan_limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, modules=()):
+    """Largest chunk that should fit (None: no limit known).
+
+    measure(p) prepares a run of the step on p samples (its inputs copied,
+    see measurement_overrides) and returns it: a function that runs it and
+    returns the gradients it computed (see profile_memory). `modules`: those the
+    run calls, whose buffers and RNG are put back afterwards. `reserve`:
+    bytes of .grad the first chunk will create; the first chunk must fit as
+    measured, later ones with the gradients already allocated. Returns
+    (limit, cache entry or None)."""
+    entry = _cache_get(sig) if sig is not None else None
+    if entry is None and device is not None and device.type in ("cpu", "meta"):
+        # Garbage not yet collected (cycles a finished step left) still holds
+        # tracked bytes: without this, the plan depended on when Python's GC
+        # last ran. Only before measuring: cached plans stay cheap.
+        gc.collect()
+    avail = device_available(device)
+    info.available_bytes = avail
+    if avail is None:
+        return None, None
+    if entry is None:
+        if B <= _MEASURE_SIZES[-1]:
+            return B, None
+        profs = []
+        try:
+            with leaving_no_trace(modules):
+                for p in _MEASURE_SIZES:
+                    profs.append(profile_memory(device, measure(p)))
+        except OutOfMemoryError:
+            # Even a few samples do not fit the way things are now: try one
+            # sample at a time and let OOM recovery tell the rest.
+            return 1, None
+        first, exact = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=1)
+        later, _ = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=2)
+        entry = {"first": first, "later": later, "exact": exact, "scale": 1.0}
+        if sig is not None:
+            _cache_put(sig, entry)
+        info.measured = True
+    info.keep_fit(entry, reserve, extra_per_sample)
+    c, (a, b) = plan(entry, B, avail, reserve, extra_per_sample)
+    info.bytes_per_sample = int(b)
+    info.fixed_bytes = int(a)
+    return c, entry
+
+
+# Note [Never worse than eager]: one chunk of the whole batch is the eager
+# step itself. Several chunks can need more memory than it: later chunks run
+# with the full .grad already allocated and add each new gradient into it,
+# so for a small batch or a model whose gradients outweigh its activations
+# no split fits where the whole batch does (at 1.0-1.1x the eager peak,
+# lazy used to plan chunks of 1 sample and fail). Chunks are planned with a
+# 10% margin (the fit is extrapolated from 2 and 3 samples); when no chunk
+# size fits that way, the whole batch runs if the fit says it fits the
+# memory available, margin or not, as eager would. A plan that still ran
+# out of memory lowers `scale`, and the next plan splits (see learn_from_ooms).
+
+
+def plan(entry, B, avail, reserve, extra_per_sample):
+    """The chunk limit for a batch of B with `avail` bytes available, from a
+    measured fit `entry`, and the (fixed, per sample) line that limits it:
+    see Note [Never worse than eager]."""
+    usable = avail * (1.0 - MARGIN)
+    c1, lim1 = solve_lines(entry["first"], usable, extra_per_sample)
+    c2, lim2 = solve_lines(entry["later"], usable - reserve, extra_per_sample)
+    c, line = (c1, lim1) if c1 <= c2 else (c2, (lim2[0] + reserve, lim2[1]))
+    if c != math.inf:
+        c = int(c * entry["scale"])
+    if c < 1 and entry["scale"] >= 1.0:
+        whole, lim = solve_lines(entry["first"], avail, 0.0)
+        if whole >= B:
+            return B, lim
+    return max(1, min(c, B)), line

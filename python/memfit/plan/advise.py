@@ -1,0 +1,289 @@
+"""memfit.advise: when a step does not fit, each strategy that lowers its
+memory recorded on the user's own model, and the cheapest plan that fits.
+The planner is the core's, the same as `memfit advise` runs (See Note [How
+advise plans], src/core/advise_plan.cpp); this module records the user's
+model when it asks (a setting on a copy of it), and times the plan."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import torch
+
+from .. import _memfit
+from .._step.batching import batch_size, count
+from .._step.device import budget_target, to_bytes
+from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
+from .._step.progress import as_progress
+from .._step.training_step import check_optimizer
+from .cost import count_step_flops
+from .fit import DoesNotFit
+from .strategies import Strategy, resolve_chain
+from .strategies.advice import Advice, Plan, Row
+from .strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
+from .strategies.measure import Bench, cuda_devices
+from .strategies.optimizer import kind_of
+
+__all__ = ["advise"]
+
+
+def _parameter_bytes(model):
+    tensors = list(model.parameters()) + list(model.buffers())
+    return sum(t.nelement() * t.element_size() for t in tensors)
+
+
+def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
+           loss_fn: LossFn | None = None, optimizer: OptimizerArg = "adam",
+           budget: Size | None = None, batch_dim: int = 0,
+           chain: Sequence[torch.nn.Module] | str | None = None,
+           allow_approximate: bool = False, repeats: int = 1, mode: str = "cpu",
+           progress: ProgressArg = None, settings: str | Sequence[Setting] = "auto",
+           target_device: str | None = None) -> Advice:
+    """Measure what lowers the memory of a training step of `model` on
+    `inputs`, and plan the cheapest combination that fits `budget`.
+
+    The strategies, each recorded with memfit.profile on the transformed
+    step (two iterations):
+
+    - zero_grad in place (set_to_none=False) against freeing the gradients;
+    - activation checkpointing (torch.utils.checkpoint, non-reentrant, RNG
+      preserved) over a chain of blocks: `chain=` an nn.Sequential /
+      nn.ModuleList / list of the model's modules, else the longest such
+      container found in the model; every block, sqrt(n), and the set the
+      core's dynamic-programming planner picks from each block's recorded
+      activations and forward time;
+    - the optimizer's state and step on the host (memfit.offload);
+    - bf16 autocast and a lighter optimizer (Adam -> SGD with momentum ->
+      SGD): approximate, planned only with allow_approximate;
+    - eval steps under no_grad and inference_mode: for comparison only;
+    - settings: changes to a copy of the model or its optimizer.
+      settings="auto" (the default) proposes, for an HF causal LM (a
+      transformers *ForCausalLM), HF gradient checkpointing (exact), bf16
+      weights, Adafactor, SGD and LoRA r=64/16/8 on q_proj and v_proj via
+      peft (all on bf16 weights when the model's are fp32), and nothing for
+      other models; None: none; or a list of
+      memfit.strategies.llm_settings.Setting. Each is a row; the plan tries
+      them after the state on the host (approximate ones with
+      allow_approximate), each with every block checkpointed and halving
+      micro-batches. The user's model is never changed: each setting is
+      applied to a copy (on a real device, a copy of the weights).
+
+    mode="cpu" records every row for real. mode="meta" records the rows on
+    the meta device where the step allows (not bf16, not the state on the
+    host, not eval steps): nothing is computed, the table marks them
+    "(meta)", and each saving is against the plain step recorded on meta
+    too; the plain step and the plan are still recorded for real. A model
+    whose parameters are on the meta device (a model larger than the
+    machine) is recorded on meta throughout: its plan is unverified, and
+    the notes say so. Times are estimated from the recorded times (marked
+    ~ in the table) except the plan's, timed over `repeats` steps against
+    as many plain steps (repeats=0: estimated too). A meta model has no
+    times: they are estimated from FLOPs counted on meta
+    (memfit.step_cost.count_step_flops; the table says so), micro-batches
+    and the state on the host left out. A plan with a setting on a real
+    model is not timed (it trains a changed copy).
+
+    The plan halves the micro-batch from the whole batch and stops at the
+    largest one where the plain step, else checkpointing, fits; then the
+    state on the host; then the exact settings; then, with
+    allow_approximate, the other settings, bf16 and lighter optimizers,
+    with every block checkpointed. plan.micro_batch (0: whole) is what to
+    give memfit.Trainer(micro_batch=...).
+
+    target_device: the device the budget is for, "cpu" or "cuda"; None:
+    "cuda" when the model's parameters are on a CUDA device, else "cpu".
+    For "cuda" each step is recorded as for a CUDA card (the optimizer as
+    torch runs it there) and the budget is held against the caching
+    allocator's reserved bytes replayed on it (they exceed the allocated
+    bytes: cached segments that do not fit a later tensor); the table and
+    every peak say so (advice.cuda_reserved). Plan a card from a meta model
+    with target_device="cuda". progress: None, True (a line on
+    stderr per recording) or a callable given each line.
+    Returns an Advice: rows, plan, chain_plans, table(), to_json(),
+    apply(model). Raises memfit.DoesNotFit (a ValueError) when the budget is
+    below the model's parameters or nothing recorded fits, naming the
+    smallest peak reached and how; the exception's `advice` holds the rows.
+    """
+    repeats = count(repeats, "advise", "repeats", minimum=0)
+    if mode not in ("cpu", "meta"):
+        raise ValueError(f"[advise] mode must be 'cpu' or 'meta', got {mode!r}")
+    check_optimizer(model, optimizer, "advise")
+    target_device = budget_target(model, target_device, "advise")
+    n = batch_size(inputs, batch_dim, "advise")
+    limit = None if budget is None else to_bytes(budget, "advise")
+    param_bytes = _parameter_bytes(model)
+    proposed, setting_notes = _settings_for(model, settings)
+    fb = _memfit.format_bytes
+    lighter_weights = allow_approximate and any(not st.exact for st in proposed)
+    if limit is not None and limit < param_bytes and not lighter_weights:
+        raise DoesNotFit(
+            f"[advise] the budget of {fb(limit)} is below the model's own parameters and "
+            f"buffers, {fb(param_bytes)}: no strategy keeps less than the weights"
+        )
+    found_chain = resolve_chain(model, chain)
+    paths = found_chain.block_paths if found_chain else []
+    bench = Bench(model, inputs, target, loss_fn, optimizer, batch_dim, paths, max(1, repeats),
+                  target_device)
+    user = kind_of(optimizer)
+    on_meta = any(p.is_meta for p in model.parameters())
+    benches = _SettingBenches(bench, proposed, paths)
+    # On meta a cheap recording and a real one are the same: each once.
+    recorded = {}
+
+    def record(variant, batch, cheap):
+        s = _strategy(variant)
+        if on_meta and (s.autocast_bf16 or s.host_state or s.step != "train"):
+            return ("the model's weights are on the meta device, where autocast does "
+                    "nothing and eval steps and the host's state are not recorded")
+        meta = on_meta or (cheap and mode == "meta" and s.step == "train" and not (
+            s.autocast_bf16 or s.host_state))
+        key = (s, batch)
+        if meta and key in recorded:
+            return recorded[key]
+        report = benches.of(s).profile(s, batch, "meta" if meta else "cpu")
+        out = report.native, report.timeline, meta
+        if on_meta:
+            recorded[key] = out
+        return out
+
+    def time_ratio(variant, micro_batch):
+        s = _strategy(variant)
+        if s.setting is not None:
+            return -1.0  # a changed copy of the model: not timed against the user's
+        return bench.time_ratio(s, micro_batch)
+
+    flops = {}
+
+    def estimate_ratio(variant, micro_batch):
+        s = _strategy(variant)
+        return _flop_ratio(benches, flops, s, loss_fn, len(paths))
+
+    choices = _memfit.optimizer_choices(user)
+    with torch.random.fork_rng(devices=cuda_devices(model)):
+        native = _memfit.plan_advice(
+            record, time_ratio if repeats > 0 and not on_meta else None, n,
+            -1 if limit is None else limit, user, optimizer is not None, choices.can_offload,
+            choices.others, choices.lighter, paths, allow_approximate,
+            as_progress(progress, "advise").relay(),
+            [_memfit.AdviseSetting(st.label, st.exact, st.checkpoints) for st in proposed],
+            estimate_ratio if on_meta else None, "FLOPs counted on meta (forward, backward, "
+            "recompute)")
+    native.notes = native.notes + setting_notes
+    if native.plan.found and native.plan.variant.setting and native.plan.time_measured:
+        native.notes = native.notes + [
+            "the plan's time is not timed: it trains a changed copy of the model"]
+    native.model = type(model).__name__
+    native.parameter_bytes = param_bytes
+    if found_chain:
+        native.chain_description = found_chain.describe()
+    rows = [_row(r, limit) for r in native.rows]
+    plan = _plan(native.plan, limit)
+    advice = Advice(
+        native=native, model=native.model, batch=n, budget_bytes=limit, optimizer=user,
+        parameter_bytes=param_bytes, plain_peak_bytes=native.plain_peak,
+        cuda_reserved=native.cuda_reserved,
+        plain_step_ms=native.plain_step_ms, chain=found_chain, segments=list(native.segments),
+        chain_memory=native.chain_memory, chain_plans=list(native.chain_plans), rows=rows,
+        plan=plan, notes=list(native.notes), settings=proposed,
+    )
+    if limit is not None and not plan.found:
+        raise _does_not_fit(advice)
+    return advice
+
+
+def _settings_for(model, settings):
+    """The settings advise proposes, and notes on those it leaves out."""
+    if isinstance(settings, str) and settings == "auto":
+        return llm_settings(model)
+    if settings is None:
+        return [], []
+    if (not isinstance(settings, (list, tuple))
+            or not all(isinstance(st, Setting) for st in settings)):
+        raise ValueError(
+            f"[advise] settings must be 'auto', None or a list of "
+            f"memfit.strategies.llm_settings.Setting, got {settings!r}")
+    labels = [st.label for st in settings]
+    if len(set(labels)) != len(labels) or not all(labels):
+        raise ValueError(f"[advise] settings need distinct, non-empty labels, got {labels}: "
+                         f"name each setting once")
+    return list(settings), []
+
+
+class _SettingBenches:
+    """The Bench of each setting: a copy of the model with the setting
+    applied, made the first time the planner asks for it."""
+
+    def __init__(self, bench, settings, paths):
+        self.bench = bench
+        self.settings = {st.label: st for st in settings}
+        self.paths = paths
+        self.made = {}
+
+    def of(self, s):
+        if s.setting is None:
+            return self.bench
+        if s.setting not in self.made:
+            b = self.bench
+            st = self.settings[s.setting]
+            m, prefix = materialize(b.model, st)
+            opt = (st.optimizer(m, b.optimizer) if st.optimizer is not None
+                   else user_optimizer_on(m, b.optimizer))
+            paths = [f"{prefix}.{p}" if prefix else p for p in self.paths]
+            self.made[s.setting] = Bench(m, b.inputs, b.target, b.loss_fn, opt, b.batch_dim,
+                                         paths, b.repeats, b.target_device)
+        return self.made[s.setting]
+
+
+def _flop_ratio(benches, flops, s, loss_fn, n_blocks):
+    """Step FLOPs under strategy `s` over the plain step's, counted on meta
+    (See Note [Time estimated from FLOPs and bytes]): the setting's forward
+    and backward plus the forward of the blocks `s` checkpoints."""
+    def counted(setting):
+        if setting not in flops:
+            b = benches.of(dataclasses.replace(Strategy(), setting=setting))
+            flops[setting] = count_step_flops(b.model, b.inputs, b.target, b.loss_fn)
+        return flops[setting]
+
+    plain, f = counted(None), counted(s.setting)
+    total = f.forward + f.backward
+    if s.checkpoint:
+        blocks = list(f.blocks.values())
+        if len(blocks) != n_blocks:  # a wrapper hid the chain: blocks share the forward
+            blocks = [f.forward / max(1, n_blocks)] * n_blocks
+        total += sum(blocks[i] for i in s.checkpoint)
+    base = plain.forward + plain.backward
+    return total / base if base > 0 else -1.0
+
+
+def _strategy(variant):
+    """The Python Strategy of the core's StepVariant."""
+    return Strategy(checkpoint=tuple(i for i, c in enumerate(variant.checkpoint) if c),
+                    autocast_bf16=variant.autocast_bf16,
+                    zero_grad_in_place=variant.zero_grad_in_place,
+                    optimizer=variant.optimizer or None, host_state=variant.host_state,
+                    step=variant.step, setting=variant.setting or None,
+                    setting_exact=variant.setting_exact)
+
+
+def _row(r, limit):
+    return Row(r.name, r.kind, _strategy(r.variant), r.peak_bytes, r.saving_bytes,
+               r.time_ratio if r.time_ratio >= 0 else None,
+               None if limit is None else r.fits, r.variant.exact(),
+               r.recompute_ns if r.recompute_ns >= 0 else None,
+               r.predicted_peak_bytes if r.predicted_peak_bytes >= 0 else None,
+               meta=r.meta, time_measured=r.time_measured)
+
+
+def _plan(p, limit):
+    return Plan(p.found and limit is not None, _strategy(p.variant), p.summary, p.peak_bytes,
+                p.time_ratio if p.time_ratio >= 0 else None, p.exact, p.optimizer,
+                micro_batch=p.micro_batch, time_measured=p.time_measured)
+
+
+def _does_not_fit(advice):
+    """The core planner's line (See Note [How advise plans]), with the
+    advice attached."""
+    err = DoesNotFit("[advise] " + advice.native.does_not_fit)
+    err.advice = advice
+    return err

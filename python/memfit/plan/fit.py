@@ -1,0 +1,199 @@
+"""memfit.find_batch_size and @memfit.auto_batch_size: the largest batch
+that fits, from probes at small batches, without trial-and-error crashes."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Callable
+
+import torch
+
+from .. import _memfit
+from .._step.batching import count
+from .._step.device import budget_target, to_bytes
+from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
+from .._step.progress import as_progress
+from .._step.training_step import check_optimizer
+from ..report.data_parallel import trainable_sizes
+from ..report.profile import profile
+
+__all__ = [
+    "DoesNotFit", "model_tracked_bytes", "others_live_bytes", "cuda_free_bytes", "available_bytes",
+    "find_batch_size", "search", "auto_batch_size",
+]
+
+DoesNotFit = _memfit.DoesNotFit
+
+
+def model_tracked_bytes(model):
+    """Bytes of the model's own weights and buffers that the simulated device
+    counts: the rehearsal keeps them on the host while the step runs (see
+    Note [A rehearsed step leaves no trace]), so they leave room for it."""
+    seen, total = set(), 0
+    for t in list(model.parameters()) + list(model.buffers()):
+        key = t.untyped_storage().data_ptr()
+        if key in seen or _memfit.allocation_id(t) is None:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
+def others_live_bytes(model):
+    """Bytes the simulated device holds that are not `model`'s weights and
+    buffers (the batch, optimizer state, the user's other tensors): a
+    rehearsed step of `model` counts its own copy of the weights, and
+    finds only the rest of the budget free, as on a GPU."""
+    return max(0, _memfit.tracked_live_bytes("cpu") - model_tracked_bytes(model))
+
+
+def cuda_free_bytes():
+    """The current CUDA device's free memory, with what the caching
+    allocator holds but does not use counted as free: it is free to us."""
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+
+def available_bytes(budget, model):
+    """What find_batch_size fits the step in: `budget` as given; else what
+    the simulated device's budget leaves beside the live tensors that are not
+    the model's; else the free CUDA memory."""
+    if budget is not None:
+        return to_bytes(budget, "find_batch_size")
+    simulated = _memfit.budget("cpu")
+    if simulated is not None:
+        # As a GPU's free memory: what other live tensors hold is not ours.
+        return max(0, simulated - others_live_bytes(model))
+    if torch.cuda.is_available():
+        return cuda_free_bytes()
+    raise ValueError(
+        "[find_batch_size] no budget: pass budget= ('16GiB' or bytes), run inside "
+        "memfit.simulated_device(...), or run on a CUDA device"
+    )
+
+
+def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
+                    loss_fn: LossFn | None = None, optimizer: OptimizerArg = None,
+                    budget: Size | None = None, batch_dim: int = 0, mode: str = "cpu",
+                    margin: Size = 0, verify: bool = True, progress: ProgressArg = None,
+                    target_device: str | None = None) -> _memfit.BatchFit:
+    """The largest batch whose whole training step fits `budget`, verified.
+
+    `inputs`/`target` are an example batch of any size: memfit records the
+    step (forward, loss, backward, optimizer step, two iterations) at batches
+    made from them (cut, or repeated: only shapes matter to memory), grown
+    from 2, 4, 8 toward the answer, each first predicted from the smaller
+    ones; fits each event's memory as M0 + m*batch on the largest, solves for
+    the budget, and runs one whole step at the answer to verify it (see
+    Note [Verifying the answer]). If that step does not fit, the next batch
+    comes from its measured peak, and is verified again: the answer is always
+    a batch measured to fit. verify=False skips that step (for planning
+    only); the result then says verified=False.
+
+    budget: bytes or "16GiB"; default: what the simulated device's budget
+    leaves beside the live tensors that are not the model's, else the free
+    CUDA memory. margin: extra bytes to keep free. progress: None, True (a
+    line on stderr per recorded phase, probe and verification) or a
+    callable given each line.
+
+    target_device: the device the budget is for, "cpu" or "cuda"; None:
+    "cuda" when the model's parameters are on a CUDA device, else "cpu".
+    For "cuda" each step is recorded as for a card and held against the
+    budget by the caching allocator's reserved bytes, replayed on it (more
+    than the allocated bytes: cached segments); measured_peak_bytes is
+    then reserved bytes and the notes say so.
+
+    A model wrapped in DistributedDataParallel gets each rank's batch: the
+    budget first loses DDP's gradient buckets, one copy of the trainable
+    parameters (exactly what DDP adds to every phase when .grad are separate
+    from the buckets; an upper bound with gradient_as_bucket_view=True), and
+    budget_bytes says what is left for the step itself.
+
+    Returns a BatchFit: max_batch, recommended_batch (the largest multiple of 8
+    not above max_batch when that gives up at most an eighth of it, else
+    max_batch), predicted_peak_bytes, measured_peak_bytes, verified, trials
+    (full-size steps run), probes, held_out_error, affine (False when the
+    memory per sample changed between probes; notes say so with the
+    figures), budget_bytes, margin_bytes, mode, notes. Raises
+    memfit.DoesNotFit (a ValueError) with the numbers when even batch 1 does
+    not fit.
+    """
+    check_optimizer(model, optimizer, "find_batch_size")
+    target_device = budget_target(model, target_device, "find_batch_size")
+    available = available_bytes(budget, model)
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+        available = _memfit.budget_beside_ddp_buckets(
+            available, sum(trainable_sizes(model)), "find_batch_size", "report.data_parallel()")
+    said = as_progress(progress, "find_batch_size")
+    report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
+                     batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device)
+    return search(report, available, to_bytes(margin, "margin"), verify=bool(verify),
+                  progress=said)
+
+
+def search(report, available, margin=0, verify=True, max_batch=None, progress=None):
+    """The largest batch whose step, as `report` (a memfit.profile Report)
+    measures it at other batches, fits `available` bytes less `margin`: the
+    search of find_batch_size (see Note [Probing toward the answer] and Note
+    [Verifying the answer]). max_batch: no larger batch is wanted (a
+    Trainer's whole batch); the search stops there. Returns a BatchFit;
+    raises DoesNotFit when even batch 1 does not fit."""
+    kwargs = {} if max_batch is None else {"max_batch": count(max_batch, "search", "max_batch")}
+
+    # Probes end at the example batch when it fits and is large enough to
+    # start from: small batches cost their fixed overhead for little.
+    if report.batch >= 16 and report.budget_peak_bytes <= available - margin:
+        kwargs["first"] = [report.batch // 4, report.batch // 2, report.batch]
+    return _memfit.search_batch(report.measure_step, available, margin, verify=bool(verify),
+                                host_limit=_memfit.probe_memory_limit(report.mode),
+                                progress=as_progress(progress, "search").relay(), **kwargs)
+
+
+def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, inputs: Batch,
+                    target: Batch = None, loss_fn: LossFn | None = None,
+                    optimizer: OptimizerArg = None, budget: Size | None = None,
+                    batch_dim: int = 0) -> Callable[[Callable], Callable]:
+    """Decorator for people coming from accelerate's find_executable_batch_size.
+
+        @memfit.auto_batch_size(starting_batch_size=256, model=model,
+                                inputs=x_example, target=y_example)
+        def train(batch_size, accumulation_steps):
+            ...   # batch_size * accumulation_steps == 256, always
+
+    The function gets the largest micro-batch that fits (found from probes,
+    no crash) that divides `starting_batch_size`, and the accumulation steps
+    that keep the effective batch exactly `starting_batch_size`. A function
+    taking one argument gets only the batch size. If a step still runs out of
+    memory, the next smaller divisor is tried.
+    """
+    starting_batch_size = count(starting_batch_size, "auto_batch_size", "starting_batch_size")
+    check_optimizer(model, optimizer, "auto_batch_size")
+
+    def decorate(fn):
+        takes_two = len(inspect.signature(fn).parameters) >= 2
+
+        @functools.wraps(fn)
+        def run(*args, **kwargs):
+            fit = find_batch_size(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
+                                  budget=budget, batch_dim=batch_dim)
+            divisors = [d for d in range(starting_batch_size, 0, -1)
+                        if starting_batch_size % d == 0 and d <= max(1, fit.max_batch)]
+            last = None
+            for micro in divisors:
+                steps = starting_batch_size // micro
+                try:
+                    if takes_two:
+                        return fn(micro, steps, *args, **kwargs)
+                    return fn(micro, *args, **kwargs)
+                except torch.cuda.OutOfMemoryError as e:
+                    last = str(e)
+                    continue
+            raise torch.cuda.OutOfMemoryError(
+                f"[auto_batch_size] even a batch of 1 ran out of memory: {last}"
+            )
+
+        return run
+
+    return decorate

@@ -1,0 +1,162 @@
+"""What memfit.advise returns: the recorded rows, the plan, and the Advice
+that prints them (the core's table and JSON, as `memfit advise` prints)
+and applies the plan to a model."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from . import Strategy, applied
+
+__all__ = ["Row", "Plan", "Advice"]
+
+
+@dataclasses.dataclass
+class Row:
+    """One strategy measured at the user's whole batch."""
+
+    name: str
+    # baseline | memory | checkpointing | precision | optimizer | eval | combination | setting
+    kind: str
+    strategy: Strategy
+    peak_bytes: int  # memfit.profile of the transformed step
+    saving_bytes: int  # plain peak (recorded the same way) - peak; negative: costs memory
+    time_ratio: float  # step time / the plain step's; None: unknown
+    fits: bool  # peak <= budget; None without a budget
+    exact: bool  # same result as the plain step
+    recompute_ns: float = None  # checkpointing: forward time recomputed
+    predicted_peak_bytes: int = None  # checkpointing: the planner's prediction
+    meta: bool = False  # recorded on the meta device
+    time_measured: bool = False  # False: time_ratio estimated from the recorded times
+
+    def to_dict(self):
+        d = dataclasses.asdict(self)
+        d["strategy"] = dataclasses.asdict(self.strategy)
+        d["strategy"]["checkpoint"] = list(self.strategy.checkpoint)
+        return d
+
+
+@dataclasses.dataclass
+class Plan:
+    """What to run: found=False when there is no budget to plan for."""
+
+    found: bool
+    strategy: Strategy
+    summary: str
+    peak_bytes: int
+    time_ratio: float  # None: unknown
+    exact: bool
+    # the optimizer to train with (adam, momentum, sgd, ...); "-offload" after
+    # it: that optimizer wrapped in memfit.offload
+    optimizer: str
+    micro_batch: int = 0  # memfit.Trainer(micro_batch=...); 0: the whole batch
+    time_measured: bool = False
+
+
+class _Applied:
+    """A strategy's model-side parts, on the model until restore() (or the
+    end of a `with` block)."""
+
+    def __init__(self, model, strategy, block_paths):
+        self._cm = applied(model, strategy, block_paths)
+        self._cm.__enter__()
+        self.model = model
+
+    def restore(self):
+        if self._cm is not None:
+            cm, self._cm = self._cm, None
+            cm.__exit__(None, None, None)
+
+    def __enter__(self):
+        return self.model
+
+    def __exit__(self, *exc):
+        self.restore()
+
+
+class Advice:
+    """Every strategy measured on the model, and the plan for the budget.
+
+    model (class name), batch, budget_bytes (None: no budget), optimizer
+    (the user's: adam, momentum, sgd, none or a class name),
+    parameter_bytes, plain_peak_bytes, plain_step_ms; cuda_reserved
+    (True: every peak is the CUDA caching allocator's reserved bytes, for
+    target_device="cuda"; False: allocated bytes); chain (a Chain:
+    path, block_paths, found; None without one); rows (Row: name, kind,
+    strategy, peak_bytes, saving_bytes, time_ratio, fits, exact,
+    recompute_ns, predicted_peak_bytes); segments and chain_memory (what
+    the core planner was given); chain_plans (its rules compared:
+    rule, checkpointed, predicted_peak, recompute_ns, fits); plan (Plan:
+    found, strategy, summary, peak_bytes, time_ratio, exact, optimizer,
+    micro_batch, time_measured); settings (the Settings proposed, as
+    memfit.strategies.llm_settings.Setting); notes.
+    """
+
+    def __init__(self, **fields: Any) -> None:
+        self.__dict__.update(fields)
+
+    def apply(self, model: torch.nn.Module, what: str | None = None) -> Any:
+        """Put the plan's (or a Row's / Strategy's) model-side parts on
+        `model` (this model or a copy of it): checkpointed blocks, bf16
+        autocast. Returns a handle: use it in a `with` block, or call
+        restore(). The optimizer is the training loop's (optimizer_for()
+        gives the one the plan trains with); memfit.Trainer frees gradients
+        itself."""
+        s = what.strategy if isinstance(what, Row) else what or self.plan.strategy
+        if s.setting is not None:
+            raise ValueError(
+                f"[Advice.apply] the strategy uses the setting {s.setting!r}, which changes the "
+                f"model itself: apply advice.setting({s.setting!r}).apply to your model (or a "
+                f"copy), then checkpoint and micro-batch as the plan says")
+        paths = self.chain.block_paths if self.chain else []
+        for i in s.checkpoint:
+            try:
+                model.get_submodule(paths[i])
+            except (AttributeError, IndexError):
+                raise ValueError(
+                    f"[Advice.apply] the model has no block {paths[i] if i < len(paths) else i!r}"
+                    f" to checkpoint: apply the advice to the model it was made for"
+                ) from None
+        return _Applied(model, s, paths)
+
+    def setting(self, label: str) -> Any:
+        """The proposed Setting named `label` (a row's name, plan.strategy.setting)."""
+        for st in getattr(self, "settings", []):
+            if st.label == label:
+                return st
+        raise ValueError(f"[Advice.setting] no setting {label!r} was proposed: one of "
+                         f"{[st.label for st in getattr(self, 'settings', [])]}")
+
+    def optimizer_for(self, optimizer: torch.optim.Optimizer,
+                      what: str | None = None) -> torch.optim.Optimizer:
+        """The optimizer to train with under the plan (or a Row's / Strategy's
+        strategy): `optimizer` itself, or wrapped in memfit.offload where the
+        plan keeps its state on the host. A plan that changes the optimizer
+        (a lighter one, allow_approximate) names it instead: build that one
+        with your hyperparameters."""
+        s = what.strategy if isinstance(what, Row) else what or self.plan.strategy
+        if s.optimizer is not None:
+            raise ValueError(
+                f"[Advice.optimizer_for] the plan trains with {s.optimizer} instead of "
+                f"{self.optimizer}: build that optimizer with your hyperparameters")
+        if not s.host_state:
+            return optimizer
+        from ..._step.offload import OffloadedOptimizer, offload
+        return optimizer if isinstance(optimizer, OffloadedOptimizer) else offload(optimizer)
+
+    def table(self) -> str:
+        """The table `memfit advise` prints: the rows, the checkpointing
+        rules, the plan and the notes."""
+        return self.native.table()
+
+    def to_json(self, pretty: bool = True) -> str:
+        """Keys: model, batch, budget_bytes, optimizer, parameter_bytes,
+        plain_peak_bytes, plain_step_ms, chain, strategies, checkpoint_rules,
+        plan, notes (as `memfit advise --json`)."""
+        return self.native.to_json(pretty)
+
+    def __repr__(self):
+        return self.table()

@@ -1,0 +1,375 @@
+"""memfit.profile: where a training step's memory goes, and what a bigger
+batch would need."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable
+
+import torch
+
+from .. import _memfit
+from .._step.batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
+from .._step.device import host_memory
+from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
+from .._step.meta_reads import MetaReads, foreach_as_on_cuda
+from .._step.progress import as_progress
+from .._step.record import rehearse
+from .._step.training_step import check_optimizer, optimizer_name
+from .._step.user_state import kept_rng
+from . import data_parallel as _dp
+from . import page as report_page
+
+__all__ = ["DEFAULT_CUDA_WORKSPACE", "Report", "profile"]
+
+# cuBLAS workspace on most GPUs (8 MiB + 128 KiB); 32 MiB on Hopper.
+DEFAULT_CUDA_WORKSPACE = _memfit.DEFAULT_CUDA_WORKSPACE
+
+
+class Report:
+    """One profiled step: phases, categories at the peak, modules, timeline."""
+
+    def __init__(self, native: _memfit.Report, timeline: _memfit.Timeline,
+                 model_sizes: tuple = ((), 0), record_at: Callable | None = None) -> None:
+        self._native = native
+        self.timeline = timeline
+        self._record_at = record_at
+        self._probed = None  # see prediction()
+        self._trainable_sizes, self._largest_unit_bytes = model_sizes
+
+    @property
+    def optimizer(self) -> str:
+        """The optimizer the step ran ("adam", "sgd", "none", ...)."""
+        return self._native.optimizer
+
+    @property
+    def peak_bytes(self) -> int:
+        """The most bytes alive at once during the step."""
+        return self._native.peak_bytes
+
+    @property
+    def peak_phase(self) -> str:
+        """The phase the peak fell in ("forward", "backward", ...)."""
+        return self._native.peak_phase
+
+    @property
+    def peak_iteration(self) -> int:
+        """The iteration the peak fell in (1 = the first)."""
+        return self._native.peak_iteration
+
+    @property
+    def mode(self) -> str:
+        """How the step was recorded: "cpu" or "meta"."""
+        return self._native.mode
+
+    @property
+    def batch(self) -> int:
+        """The batch size the step ran with."""
+        return self._native.batch
+
+    @property
+    def parameter_bytes(self) -> int:
+        """The bytes of the model's parameters."""
+        return self._native.parameter_bytes
+
+    @property
+    def categories_at_peak(self) -> dict:
+        """Bytes by category (parameter, activation, ...) at the peak."""
+        return self._native.categories_at_peak
+
+    @property
+    def modules(self) -> list:
+        """The modules that held the most bytes at the peak."""
+        return self._native.modules
+
+    @property
+    def notes(self) -> list[str]:
+        """What the report is unsure of or left out, one line each."""
+        return self._native.notes
+
+    @property
+    def cuda(self) -> Any:
+        """target_device="cuda": the caching allocator's view (peak_allocated,
+        peak_reserved, workspace_bytes); else None."""
+        return self._native.cuda
+
+    @property
+    def budget_peak_bytes(self) -> int:
+        """The peak a budget is held against: cuda.peak_reserved for a CUDA
+        target, else peak_bytes."""
+        return self._native.budget_peak()
+
+    @property
+    def phases(self) -> list[dict]:
+        """Per phase and iteration: name, iteration, live_bytes_after,
+        delta_bytes, peak_bytes, note."""
+        return [p.as_dict() for p in self._native.phases]
+
+    def table(self, max_modules: int = 10) -> str:
+        """The report as a text table."""
+        return self._native.table(max_modules)
+
+    def to_json(self, pretty: bool = True) -> str:
+        """The report as JSON (keys as `memfit profile --json`)."""
+        return self._native.to_json(pretty)
+
+    def save_html(self, path: str, title: str | None = None, budget: Size | None = None,
+                  advice: Any = None, x_axis: str = "time", predict: bool = True) -> str:
+        """Write one self-contained HTML page of this report to `path`: memory by
+        category over time and activations by module (hover for exact bytes), the
+        tables, the notes, the peak over batch sizes with the `budget` line, and
+        `advice` (a memfit.advise() result) as the advise table. predict=True runs
+        the probes of prediction() (peak_model()). Returns `path`."""
+        return report_page.save_html(self, path, title=title, budget=budget, advice=advice,
+                                     x_axis=x_axis, predict=predict)
+
+    def save_svg(self, path: str, title: str | None = None) -> None:
+        """Write the memory timeline as an SVG to `path`."""
+        with open(path, "w") as f:
+            f.write(self.timeline.svg(title or f"memfit profile: {self._native.model}"))
+
+    def peak_model(self, batch: int | None = None) -> _memfit.PeakModel:
+        """The fitted peak-vs-batch model (a PeakModel) behind prediction(batch):
+        the same probes, grown toward `batch` (default: this report's batch),
+        run on first use and kept."""
+        batch = self.batch if batch is None else count(batch, "peak_model", "batch")
+        return self._probe_toward(batch).model
+
+    @property
+    def native(self) -> _memfit.Report:
+        """The C++ report, for memfit's planners."""
+        return self._native
+
+    def at_batch(self, batch: int) -> Report:
+        """The same step recorded at `batch` samples (the example batch cut
+        or repeated: only shapes matter to memory), as a Report."""
+        if self._record_at is None:
+            raise ValueError("[at_batch] this report cannot record other batches")
+        native, timeline = self._record_at(count(batch, "at_batch", "batch"))
+        return Report(native, timeline, (self._trainable_sizes, self._largest_unit_bytes),
+                      self._record_at)
+
+    def measure_step(self, batch: int) -> tuple[_memfit.Report, _memfit.Timeline] | None:
+        """(C++ report, timeline) of the step at `batch`, or None when it ran
+        out of memory: the measurement memfit's search calls back. This
+        report's own batch is recorded already: measuring it is free."""
+        if batch == self.batch:
+            return self.native, self.timeline
+        try:
+            r = self.at_batch(batch)
+        except torch.cuda.OutOfMemoryError:
+            return None
+        return r.native, r.timeline
+
+    def prediction(self, batch: int) -> _memfit.PredictionCertainty:
+        """The predicted peak at `batch` and how sure it is: probes grown from
+        small batches toward `batch` (see Note [Probing toward the answer]),
+        each checked against the ones before it. Returns a
+        PredictionCertainty: predicted_bytes, probes, held_out_error (worst
+        relative miss), affine, beyond_probes; text() says it in a line."""
+        batch = count(batch, "prediction", "batch")
+        return self._probe_toward(batch).certainty_at(batch)
+
+    def _probe_toward(self, batch):
+        """The one way a report probes other batches (prediction(),
+        predict_peak_bytes(), peak_model(), the HTML page's curve): probes
+        grown from around this report's batch toward `batch`, kept and grown
+        further when a later call asks for a batch past 8x the largest."""
+        if self._probed is None or self._probed.largest_probe() * 8 < batch:
+            if self._record_at is None:
+                raise ValueError("[predict_peak_bytes] this report cannot probe other batches")
+            self._probed = _memfit.probe_toward(self.measure_step, batch,
+                                                _probe_batches(self.batch),
+                                                _memfit.probe_memory_limit(self.mode))
+        return self._probed
+
+    def predict_peak_bytes(self, batch: int) -> int:
+        """Predicted peak bytes of the same step at `batch`, from probes grown
+        toward it (each phase's events fitted as M0 + m*batch on the largest
+        probes; the largest wins). prediction(batch) says how sure it is."""
+        return self.prediction(count(batch, "predict_peak_bytes", "batch")).predicted_bytes
+
+    def data_parallel(self, world_size: int, **options: Any) -> list:
+        """Each rank's peak when this step runs on `world_size` ranks, each on
+        this report's batch: under DDP (its gradient buckets: one more copy of
+        the gradients, or none with gradient_as_bucket_view), ZeRO-1
+        (optimizer state sharded), ZeRO-2 (+ gradients) and ZeRO-3/FSDP
+        (+ parameters, the largest unit gathered). optimizer_shards="flat"
+        splits the optimizer state evenly (DeepSpeed, FSDP); "parameters"
+        deals whole parameters as torch's ZeroRedundancyOptimizer does, and
+        the fullest rank is predicted. Returns one RankPeak per sharding
+        (sharding, peak_bytes, phase, iteration, formula); table() and
+        to_json() show them from then on. sharding="fsdp2", with model=
+        (and units=, mixed_precision=, cpu_offload=), plans torch's
+        fully_shard instead: one row, its host_bytes the host's share. The
+        options are memfit.data_parallel.rank_peaks's."""
+        return _dp.rank_peaks(self._native, self.timeline, self._trainable_sizes,
+                              self._largest_unit_bytes, world_size, **options)
+
+    def __repr__(self):
+        return self.table()
+
+
+def _probe_batches(b):
+    if b >= 4:
+        return sorted({max(1, b // 4), max(2, b // 2), b})
+    return [b, 2 * b, 3 * b]
+
+
+def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
+            loss_fn: LossFn | None = None, optimizer: OptimizerArg = None, iterations: int = 2,
+            batch_dim: int = 0, mode: str = "cpu", target_device: str = "cpu",
+            cuda_workspace: Size = DEFAULT_CUDA_WORKSPACE, set_to_none: bool = True,
+            progress: ProgressArg = None) -> Report:
+    """Profile `iterations` training iterations of `model` on `inputs`.
+
+    Each iteration runs the phases inputs, forward, loss, backward,
+    optimizer_step, zero_grad (after a first "parameters" phase that puts a
+    copy of the weights on the device) under memfit's recorder, and the
+    report explains each phase's delta, the categories at the peak and the
+    activations each module saves.
+
+    - inputs: a tensor, or a tuple/list (passed as positional arguments) or
+      dict (keyword arguments) of tensors; batch along `batch_dim`: an int,
+      or one entry per input (a tuple beside a tuple, a dict beside a dict),
+      None for an input shared by every sample (a mask of shape (1, ...)):
+      batch_dim=(0, None). The target is batched along the first int.
+    - target: passed to the loss; loss_fn(output, target) must return a
+      scalar. Without loss_fn: cross-entropy for integer targets, MSE for
+      float targets, or the output itself when it is a scalar.
+    - optimizer: a torch.optim.Optimizer over model.parameters() (one
+      wrapped in memfit.offload too), or "adam", "adam-offload", "sgd",
+      "momentum", or None (no optimizer step).
+    - mode: "cpu" runs the step for real on the CPU; "meta" runs it on meta
+      tensors (exact sizes, no memory, no time) and falls back to "cpu",
+      saying so in the report's notes, where this torch lacks a meta kernel.
+    - target_device="cuda" adds the CUDA caching allocator's view (rounding,
+      segments, `cuda_workspace` bytes of cuBLAS workspace).
+    - set_to_none: how zero_grad ends each iteration. True (the default, as
+      torch's): the gradients are freed. False: zeroed in place, so they stay
+      alive through the next iteration's forward and backward, as the
+      accumulated gradients do between the micro-batches of a split step:
+      the step memfit.Trainer measures to choose its micro-batch (see Note
+      [The first micro-batch from the fit], trainer.py). The report's notes
+      say so.
+    - progress: None (silent), True (a line on stderr as each phase is
+      recorded: a meta step of a large model takes seconds), or a callable
+      given each line.
+
+    The step runs on copies: the model's weights, buffers and .grad, the
+    optimizer's state and learning rate, the inputs and the RNG state are
+    left exactly as they were (see Note [A rehearsed step leaves no trace]).
+    Returns a Report: peak_bytes, phases, categories_at_peak, modules,
+    table(), to_json(), save_svg(path), predict_peak_bytes(batch), and
+    data_parallel(world_size): each rank's peak under DDP, ZeRO-1/2/3.
+    """
+    check_optimizer(model, optimizer, "profile")
+    said = as_progress(progress, "profile")
+    if target_device not in ("cpu", "cuda"):
+        raise ValueError(
+            f"[profile] target_device must be 'cpu' or 'cuda', got {target_device!r}"
+        )
+    if mode not in ("cpu", "meta"):
+        raise ValueError(f"[profile] mode must be 'cpu' or 'meta', got {mode!r}")
+    iterations = count(iterations, "profile", "iterations")
+    if not isinstance(set_to_none, bool):
+        raise ValueError(f"[profile] set_to_none must be True or False, got {set_to_none!r}")
+    b = batch_size(inputs, batch_dim, "profile")
+    if target is not None:
+        tb = batch_size(target, first_batch_dim(batch_dim), "profile target")
+        if tb != b:
+            raise ValueError(
+                f"[profile] inputs hold {b} samples but target holds {tb}: "
+                f"they must hold the same samples"
+            )
+    meta = _meta_tensors(model, inputs, target)
+    if mode == "cpu" and meta:
+        raise ValueError(
+            f"[profile] the {meta} on the meta device (shapes without values), and "
+            f"mode='cpu' runs the step on real values: pass mode='meta', or real tensors"
+        )
+
+    def run(inputs, target, mode):
+        # The step trains; it runs on copies, and the RNG it draws from is
+        # put back: see Note [A rehearsed step leaves no trace].
+        notes = []
+        rec = None
+        reads = MetaReads()  # See Note [Data-dependent reads on the meta device].
+        with kept_rng():
+            try:
+                # For a card, the optimizer a GPU would run: See Note [The
+                # optimizer a GPU would run].
+                card = target_device == "cuda"
+                with contextlib.ExitStack() as stack:
+                    if mode == "meta":
+                        stack.enter_context(reads.answering())
+                    foreach = stack.enter_context(
+                        foreach_as_on_cuda(optimizer if card else None))
+                    rec = rehearse(model, inputs, target, loss_fn, optimizer, iterations,
+                                    torch.device(mode), set_to_none, said, as_on_cuda=card)
+                if foreach or rec.ran_foreach:
+                    notes.append("the optimizer ran its foreach implementation, as torch "
+                                 "does for CUDA parameters (temporaries as large as all "
+                                 "parameters); see Note [The optimizer a GPU would run]")
+            except (NotImplementedError, RuntimeError) as e:
+                if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
+                    raise
+                first = str(e).splitlines()[0]
+                first = first if first.startswith("[profile]") else first[:160]
+                notes.append(f"meta mode unavailable in this torch ({first}); fell back to cpu mode")
+            if rec is None:  # outside the except: its traceback holds the meta graph
+                if meta and first.startswith("[profile]"):
+                    raise ValueError(f"{first} (the {meta} on the meta device)")
+                if meta:
+                    raise ValueError(
+                        f"[profile] meta mode is unavailable in this torch ({first}), and "
+                        f"the {meta} on the meta device, which cpu mode cannot run: pass "
+                        f"real tensors"
+                    )
+                mode = "cpu"
+                rec = rehearse(model, inputs, target, loss_fn, optimizer, iterations,
+                                torch.device("cpu"), set_to_none, said)
+        if not set_to_none:
+            notes.append("zero_grad in place (set_to_none=False): the gradients stay alive "
+                         "through the next iteration, as between the micro-batches of an "
+                         "accumulated step")
+        if meta:
+            notes.append(f"unverified: the {meta} on the meta device (shapes without "
+                         f"values), so no step can run for real to check these figures")
+        if rec is not None and mode == "meta" and reads.note():
+            notes.append(reads.note())
+        n = batch_size(inputs, batch_dim, "profile")
+        said.step(f"explain batch {n}'s {len(rec.timeline)} allocations and frees")
+        native = _memfit.make_report(rec.timeline, type(model).__name__, n,
+                                     optimizer_name(optimizer), mode)
+        if rec.host_bytes:
+            notes.append(f"optimizer state and step on the host: "
+                         f"{_memfit.format_bytes(rec.host_bytes)} of host memory (parameter "
+                         f"copies, gradient buffers, state), not in the device's figures")
+        native.notes = notes
+        if target_device == "cuda":  # every batch recorded, for the same card
+            native.set_cuda_estimate(rec.timeline, cuda_workspace)
+        return native, rec.timeline
+
+    native, timeline = run(inputs, target, mode)
+
+    def record_at(n):
+        # The cut or repeated batch is memfit's, made on the host: only the
+        # step's own copy of it counts (under a simulated device too).
+        with host_memory():
+            x = resize_batch(inputs, n, batch_dim)
+            y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
+        return run(x, y, mode)
+
+    sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
+    return Report(native, timeline, sizes, record_at)
+
+
+def _meta_tensors(model, inputs, target):
+    """What holds meta tensors ("inputs are", "model's parameters or
+    buffers are"), or None."""
+    if any(t.is_meta for t in tensors_in(inputs) + tensors_in(target)):
+        return "inputs are"
+    if any(t.is_meta for t in list(model.parameters()) + list(model.buffers())):
+        return "model's parameters or buffers are"
+    return None

@@ -1,0 +1,532 @@
+"""memfit.Trainer: the batch you asked for, in micro-batches that fit."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from .. import _memfit
+from .._step.batching import (batch_size, count, first_batch_dim, map_tensors, narrow_batch,
+                              tensors_in)
+from .._step.device import to_bytes
+from .._step.hints import Batch, LossFn, Size
+from .._step.training_step import call_model, check_loss_trains, check_optimizer, compute_loss
+from ..plan import fit as fitting
+from ..report.profile import profile
+from .distributed import DistributedStep, batch_signature, is_distributed
+
+__all__ = ["coupled_layers", "BufferGuard", "MicroBatchPlan", "even_micro_batch", "Trainer"]
+
+
+def coupled_layers(model):
+    """Paths of the layers that mix the samples of a batch in training mode
+    (BatchNorm); splitting the batch changes what they compute."""
+    return [
+        path or type(m).__name__
+        for path, m in model.named_modules()
+        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
+    ]
+
+
+# Note [Buffers of a failed micro-batch]
+# A forward in training mode writes buffers (BatchNorm's running statistics
+# and num_batches_tracked): a micro-batch that runs out of memory after its
+# forward would leave its statistics in them, and its redo would add them a
+# second time. So the buffers of the modules in training mode (eval-mode
+# modules write none) are copied before a micro-batch's first attempt and
+# copied back before it is redone. The native step only asks for the same
+# start again when the attempt there failed (pos moves on success only), so
+# that is how a redo is recognised. Every such buffer is copied: kernels
+# such as batch_norm write running statistics without moving their version
+# counter, so versions cannot tell which moved. The copies die with the
+# step. If the step raises, its gradients are dropped and the buffers go back
+# to how they were before it: the step did not happen.
+class BufferGuard:
+    """Copies of the buffers a forward may write, to undo a failed attempt."""
+
+    def __init__(self, module):
+        self._buffers = list(
+            {id(b): b for m in module.modules() if m.training
+             for b in m.buffers(recurse=False)}.values()
+        )
+        self._first = None  # copies from before the step
+        self._copies = None  # copies from before the attempts at _start
+        self._start = None
+
+    def _put_back(self, copies):
+        with torch.no_grad():
+            for buf, copy in zip(self._buffers, copies):
+                buf.copy_(copy)
+
+    def before_attempt(self, start):
+        """Called before each attempt at the micro-batch from `start`."""
+        if not self._buffers:
+            return
+        if start == self._start:
+            self._put_back(self._copies)  # the attempt there failed
+            return
+        self._copies = None  # the last position's copies are done with
+        with torch.no_grad():
+            copies = [buf.clone() for buf in self._buffers]
+        self._copies, self._start = copies, start
+        if self._first is None:
+            self._first = copies
+
+    def restore_before_step(self):
+        if self._first is not None:
+            self._put_back(self._first)
+
+
+def _scaled_step(optimizer, scaler):
+    """GradScaler's step: unscale the accumulated gradients, step unless
+    one is inf/NaN, update the scale. A closure over the optimizer and the
+    scaler only: the native Trainer holds it, and a bound method of the
+    Python Trainer would make a cycle through C++ that gc cannot free."""
+
+    def step():
+        scaler.step(optimizer)
+        scaler.update()
+
+    return step
+
+
+# Note [The first micro-batch from the fit]
+# Under a budget, the Trainer's first micro-batch is not found by running out
+# of memory (halve on each OOM, so that the first step of a batch that must
+# be split recovered OOMs): before the first step that has a budget (its
+# own, or a memfit.simulated_device around it, on the CPU; the card's free
+# memory on CUDA) the step is measured on the user's model with
+# find_batch_size's search (Report.measure_step -> _memfit.search_batch, see
+# Note [Probing toward the answer] and Note [Verifying the answer]), capped
+# at the batch, as `memfit train` does (train_command.cpp). Two questions:
+#
+# 1. Does the batch fit whole? Measured as a whole step runs (gradients
+#    freed by zero_grad(set_to_none=True)): probes grown toward the batch,
+#    not verified: the fit's answer, its residual kept free, is trusted and
+#    the step itself is the check. Cost: the probes, fewer samples in all
+#    than a quarter of the batch, two iterations each.
+# 2. If not: the largest micro-batch. From the second micro-batch on the
+#    accumulated gradients are alive through the next forward and backward,
+#    so the step is measured with them kept (profile(set_to_none=False));
+#    measured with set_to_none the C++ fit came out one sample too large and
+#    step 2 recovered an OOM. Verified by one to four whole steps at the
+#    answer (two iterations each), on top of the probes again. The batch is
+#    then cut into as many micro-batches as that answer needs, of equal size
+#    (256 samples with an answer of 67: 4 x 64, not 67, 67, 67, 55): never
+#    above the measured answer, and no more micro-batches.
+#
+# The probes run on the first two samples of the user's batch repeated to
+# each probe's size (only shapes matter to memory), under the user's
+# autocast, on copies: the weights, .grad, buffers, optimizer state, inputs
+# and RNG are left as they were (Note [A rehearsed step leaves no trace],
+# snapshot.py). The room is the budget less the live tracked tensors that
+# are not the model's (the batch on the device, optimizer state); the
+# probes' memory shows in a memfit.track() around the step, not in the
+# StepReport. OOM recovery stays the safety net: a micro-batch that runs out
+# of memory all the same is halved and redone as before.
+#
+# Not planned (nothing measured, nothing spent): split=False, micro_batch=
+# given, plan=False, a DistributedDataParallel model (the ranks agree on the
+# micro-batch they start from, see distributed.py; each would plan alone),
+# BatchNorm in training mode with coupled="error" (the batch cannot be split
+# anyway), a batch of one sample, no budget (the CPU without one), and a
+# target batched along another dimension than the inputs (the probes resize
+# both along the inputs'). Planned again after set_budget(), and when a batch
+# larger than the one planned whole arrives. When the plan cannot answer
+# (even one sample does not fit, or a probe raised), the step runs as it did
+# without it, and its own message says what does not fit; trainer.planned
+# says why.
+#
+# On CUDA the probes are CPU steps (as find_batch_size's), recorded for the
+# card: each is held against the caching allocator's reserved bytes replayed
+# on it (cuBLAS's workspace included), not the allocated ones, which a card
+# exceeds. Question 2 runs unverified (a CPU step verifies nothing about the
+# card): the largest probe's reserve gap is kept free, and what the replay
+# misses is left to the safety net. Not checked on a GPU yet.
+
+
+@dataclasses.dataclass
+class MicroBatchPlan:
+    """What the Trainer measured before its first step under a budget (see
+    Note [The first micro-batch from the fit]): the batch planned for, the
+    micro-batch it starts from (0: whole), the fits of the two questions
+    (`whole`: does the batch fit whole; `split`: the largest micro-batch
+    with the gradients accumulated, None when not asked), the room in bytes
+    and, when no plan was made, why."""
+
+    batch: int
+    micro_batch: int = 0
+    room_bytes: int = 0
+    whole: object = None
+    split: object = None
+    failed: str = ""
+
+
+def even_micro_batch(batch, largest):
+    """The micro-batch that cuts `batch` samples into as many equal parts as
+    micro-batches of `largest` would: never above `largest`."""
+    parts = -(-batch // largest)
+    return -(-batch // parts)
+
+
+def _reduction(loss_fn, reduction):
+    if reduction is not None:
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"[Trainer] reduction must be 'mean' or 'sum', got {reduction!r}")
+        return reduction
+    r = getattr(loss_fn, "reduction", "mean")
+    if r not in ("mean", "sum"):
+        raise ValueError(
+            f"[Trainer] the loss reduces with {r!r}; memfit weights micro-batches for "
+            f"'mean' or 'sum' losses: pass reduction= to say which yours is"
+        )
+    return r
+
+
+class Trainer:
+    """Run one optimizer step on a batch of any size under a memory budget.
+
+        trainer = memfit.Trainer(model, optimizer, loss_fn=nn.CrossEntropyLoss(),
+                                 budget="4GiB")
+        report = trainer.step(inputs, target)   # never OOMs while 1 sample fits
+
+    The batch is split along `batch_dim` (an int, or one entry per input
+    with None for an input shared by every sample, such as a mask of shape
+    (1, ...): batch_dim=(0, None)) into micro-batches that fit; each
+    micro-batch's loss is weighted (mean: its share of the batch; sum: 1) so
+    the accumulated gradients equal the full batch's; then one optimizer step
+    and zero_grad(set_to_none=True). An OOM in a micro-batch halves it and
+    redoes it: gradients already accumulated stay, no sample is dropped or
+    counted twice, and later steps start from the size that worked.
+
+    Under a budget the first micro-batch is measured, not found by running
+    out of memory: before the first step with a budget, memfit probes the
+    step on a few samples (on copies: nothing of yours changes) and starts
+    from the largest micro-batch that find_batch_size's search verifies
+    fits with the gradients accumulated, cut evenly; OOM recovery stays the
+    safety net. It costs the probes (under a quarter of the batch's
+    samples, two iterations each) and, when the batch must be split, one
+    to four steps at the micro-batch. plan=False skips it (then the first
+    micro-batch is found by OOM recovery); micro_batch=, split=False and a
+    DDP model skip it too. trainer.planned says what was measured. See Note
+    [The first micro-batch from the fit].
+
+    - budget: "16GiB", bytes, or None. On CPU it simulates a device of that
+      size (the model's parameters count); on CUDA leave it None: the card
+      is the limit.
+    - coupled: "error" (default) refuses to split a model with BatchNorm in
+      training mode, naming the layers; "allow" splits anyway (each
+      micro-batch uses its own statistics).
+    - reduction: "mean" or "sum"; read from loss_fn.reduction when omitted.
+    - split=False runs the batch whole and lets an OOM out.
+    - scaler: a torch.amp.GradScaler for mixed precision. Autocast stays
+      yours (wrap step() in torch.autocast); each micro-batch's loss is
+      scaled for its backward (scaler.scale), then scaler.step(optimizer) and
+      scaler.update() run once for the whole batch: the recipe of PyTorch's
+      AMP tutorial, with the same gradients. report.loss stays unscaled.
+
+    The batch may stay on the host (CPU memory beside a GPU; on the
+    simulated device, tensors made under memfit.host_memory()): each
+    micro-batch is moved to the model's device as it runs, pinned and with
+    non_blocking copies on CUDA, so only one micro-batch of data takes
+    device memory. An OOM names the phase and what fills the memory (the
+    batch's own data among it) with advice for that cause.
+
+    A micro-batch that runs out of memory leaves no trace: its gradients are
+    not kept (see Note [Why a retried micro-batch never counts twice],
+    trainer.cpp) and the buffers its forward wrote (BatchNorm's running
+    statistics) are put back before it is redone; a step that raises puts
+    them back as they were before it. See Note [Buffers of a failed
+    micro-batch].
+
+    The parameters that train and the BatchNorm layers in training mode are
+    read at each step: freezing a layer or putting it in eval mode after
+    the Trainer was made counts. A forward that writes into its inputs in
+    place (x.mul_(2)) changes each sample once, as one eager step would; a
+    micro-batch that ran out of memory after such a write is not redone
+    (the write would count twice): step() raises ValueError saying so.
+
+    A DistributedDataParallel model runs distributed: each rank splits its own
+    batch, the ranks agree on the micro-batch to start from, and the gradients
+    are synced once, before the optimizer step: the mean of the ranks'
+    local-batch gradients, as DDP computes. step() then returns a
+    DistributedStepReport (rank, world_size, local_batches, global_batch,
+    start_micro_batch), and a failed collective or rank raises
+    memfit.DistributedError. See Note [Micro-batches under
+    DistributedDataParallel] (distributed.py).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 loss_fn: LossFn | None = None, budget: Size | None = None, batch_dim: int = 0,
+                 target_batch_dim: int = 0, coupled: str = "error", reduction: str | None = None,
+                 split: bool = True, micro_batch: int = 0, scaler: Any = None,
+                 plan: bool = True) -> None:
+        if coupled not in ("error", "allow"):
+            raise ValueError(f"[Trainer] coupled must be 'error' or 'allow', got {coupled!r}")
+        if not isinstance(plan, bool):
+            raise ValueError(f"[Trainer] plan must be True or False, got {plan!r}")
+        check_optimizer(model, optimizer, "Trainer", instance_only=True)
+        micro_batch = count(micro_batch, "Trainer", "micro_batch", minimum=0)
+        # See Note [The first micro-batch from the fit].
+        self._plan = plan and split and micro_batch == 0
+        self.planned = None  # a MicroBatchPlan once one was made
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.scaler = scaler
+        self.batch_dim = batch_dim
+        self.target_batch_dim = target_batch_dim
+        budget = None if budget is None else to_bytes(budget, "Trainer")
+        self._dist = DistributedStep(model) if is_distributed(model) else None
+        self._module = model.module if self._dist else model
+        opt_step = optimizer.step if scaler is None else _scaled_step(optimizer, scaler)
+        self._options = (
+            self._dist.optimizer_step(opt_step) if self._dist else opt_step,
+            split,
+            coupled == "allow",
+            _reduction(loss_fn, reduction) == "mean",
+        )
+        self._shape = None
+        self._native_now(budget, micro_batch)
+
+    def _native_now(self, budget=None, micro_batch=0):
+        """The native Trainer over the parameters that train now and the
+        layers that mix samples now; rebuilt, keeping its budget and
+        micro-batch, when either changed since the last step."""
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        layers = coupled_layers(self._module)
+        shape = ([id(p) for p in params], layers)
+        if shape != self._shape:
+            if self._shape is not None:
+                budget, micro_batch = self._native.budget, self._native.micro_batch
+            step, split, allow, mean = self._options
+            self._native = _memfit.Trainer(params, step, budget, split, allow, mean,
+                                           micro_batch, layers)
+            self._shape = shape
+        return self._native
+
+    @property
+    def micro_batch(self) -> int:
+        """The micro-batch size the next step starts from (0: whole batch)."""
+        return self._native.micro_batch
+
+    def set_budget(self, budget: Size | None) -> None:
+        """Change the budget (bytes, "8GiB", or None) for the next steps; the
+        next step plans its micro-batch again (Note [The first micro-batch
+        from the fit])."""
+        self._native.set_budget(None if budget is None else to_bytes(budget, "Trainer"))
+        self.planned = None
+
+    def step(self, inputs: Batch, target: Batch = None) -> Any:
+        """One optimizer step on the whole batch; returns a StepReport with
+        batch, micro_batch, micro_batches, ooms_recovered, samples, loss,
+        peak_bytes and chunks."""
+        native = self._native_now()
+        if self._dist is not None:
+            return self._distributed_step(native, inputs, target)
+        # The native step sets the parameters' gradients to None before and
+        # after (see Note [The order of a training iteration]).
+        n = self._batch(inputs, target)
+        if self._plan and self._wants_plan(native, target, n):
+            self._plan_micro_batch(native, inputs, target, n)
+        buffers = BufferGuard(self._module)
+        try:
+            return native.step(n, self._chunk_loss(inputs, target, buffers),
+                               self._batch_bytes(inputs, target))
+        except BaseException:
+            buffers.restore_before_step()
+            raise
+
+    def _wants_plan(self, native, target, n):
+        """Whether this step plans its micro-batch first: see Note [The first
+        micro-batch from the fit] for when it does not."""
+        if n < 2 or (coupled_layers(self._module) and not self._options[2]):
+            return False
+        if target is not None and self.target_batch_dim != first_batch_dim(self.batch_dim):
+            return False
+        if self.planned is not None:
+            # Planned: again only for a larger batch than the one that ran whole.
+            return native.micro_batch == 0 and n > self.planned.batch
+        return self._room() is not None
+
+    def _room(self):
+        """(bytes the step may take, whether a step measured here verifies
+        it), or None without a budget."""
+        device = self._device()
+        model = self._module
+        if device.type == "cuda":
+            room = fitting.cuda_free_bytes()
+            if self._native.budget is not None:
+                room = min(room, self._native.budget)
+            return room, False
+        if device.type != "cpu":
+            return None
+        budgets = [b for b in (self._native.budget, _memfit.budget("cpu")) if b is not None]
+        if not budgets:
+            return None
+        # The native step counts the weights made before tracking on top of
+        # the tracked bytes; the rehearsal counts its own copy of every
+        # weight: what is left is the budget less the tensors that are not
+        # the model's.
+        return max(0, min(budgets) - fitting.others_live_bytes(model)), True
+
+    def _plan_micro_batch(self, native, inputs, target, n):
+        """Sets the micro-batch the step starts from, measured: see Note [The
+        first micro-batch from the fit]."""
+        room, on_device = self._room()
+        plan = MicroBatchPlan(batch=n, room_bytes=room)
+        self.planned = plan
+        k = min(n, 2)
+        example = narrow_batch(inputs, 0, k, self.batch_dim)
+        example_target = None if target is None else map_tensors(
+            target, lambda t: t.narrow(self.target_batch_dim, 0, k))
+
+        # Beside a card (not the simulated device) the steps are held against
+        # the caching allocator's reserved bytes, workspace included.
+        card = "cpu" if on_device else "cuda"
+
+        def fit(set_to_none, verify, margin):
+            report = profile(self._module, example, example_target, loss_fn=self.loss_fn,
+                             optimizer=self.optimizer, batch_dim=self.batch_dim,
+                             set_to_none=set_to_none, target_device=card)
+            return fitting.search(report, room, margin, verify=verify, max_batch=n)
+
+        margin = 0
+        try:
+            plan.whole = fit(True, False, margin)
+            if plan.whole.max_batch < n:
+                plan.split = fit(False, on_device, margin)
+                if plan.split.max_batch < n:
+                    plan.micro_batch = even_micro_batch(n, plan.split.max_batch)
+        except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
+            plan.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return
+        native.set_micro_batch(plan.micro_batch)
+
+    def _batch(self, inputs, target):
+        n = batch_size(inputs, self.batch_dim, "Trainer.step")
+        if target is not None:
+            nt = batch_size(target, self.target_batch_dim, "Trainer.step target")
+            if nt != n:
+                raise ValueError(
+                    f"[Trainer.step] inputs hold {n} samples but the target holds "
+                    f"{nt}: they must hold the same samples"
+                )
+        return n
+
+    def _device(self):
+        p = next(self._module.parameters(), None)
+        return torch.device("cpu") if p is None else p.device
+
+    def _simulated(self):
+        return self._native.budget is not None or _memfit.budget("cpu") is not None
+
+    def _on_host(self, t, device):
+        """Whether `t` lives on the host, not on the model's device: CPU
+        beside a GPU, or memfit.host_memory() (untracked) beside the
+        simulated device."""
+        if t.device != device:
+            return True
+        return device.type == "cpu" and self._simulated() and _memfit.allocation_id(t) is None
+
+    def _batch_bytes(self, inputs, target):
+        """Bytes of the batch's own data that sit on the device for the step."""
+        device = self._device()
+        storages = {}
+        for t in tensors_in(inputs) + tensors_in(target):
+            if not self._on_host(t, device):
+                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return sum(storages.values())
+
+    def _mover(self):
+        """fn(micro-batch tensor) -> the tensor on the model's device: a batch
+        kept on the host is moved one micro-batch at a time, as it runs
+        (pinned and non_blocking into CUDA)."""
+        device = self._device()
+        simulated = device.type == "cpu" and self._simulated()
+
+        def move(t):
+            if t.device == device:
+                # Host memory beside the simulated device: the copy is what
+                # the device holds.
+                if simulated and _memfit.allocation_id(t) is None:
+                    return t.clone()
+                return t
+            if device.type == "cuda" and t.device.type == "cpu":
+                if not t.is_pinned():
+                    t = t.pin_memory()
+                return t.to(device, non_blocking=True)
+            return t.to(device)
+
+        return move
+
+    def _chunk_loss(self, inputs, target, buffers=None):
+        model, loss_fn, bd, tbd = self._module, self.loss_fn, self.batch_dim, self.target_batch_dim
+        scaler = self.scaler
+        move = self._mover()
+        # The micro-batches are views of the user's tensors: a forward that
+        # writes into them changes each sample once, as an eager step would.
+        # A micro-batch is only ever asked for twice when it is redone after
+        # an OOM: if the failed attempt wrote into it (the tensors' version
+        # counters moved), the redo would write twice, so it is refused.
+        users = tensors_in(inputs) + tensors_in(target)
+        written = []  # [start, end) of the micro-batches whose forward wrote
+
+        def chunk_loss(start, n):
+            for a, b in written:
+                if a < start + n and start < b:
+                    raise ValueError(
+                        f"[Trainer.step] samples {a}..{b - 1} ran out of memory after the "
+                        f"forward or loss wrote into them in place (their tensors' version "
+                        f"changed); redoing them would apply that write twice. Write out of "
+                        f"place (x = x * 2, not x.mul_(2)), or pass a micro_batch= that fits"
+                    )
+            if buffers is not None:
+                buffers.before_attempt(start)
+            versions = [t._version for t in users]
+            moved = []  # (the user's view, its copy on the device, its version)
+
+            def to_device(t):
+                m = move(t)
+                if m is not t:
+                    moved.append((t, m, m._version))
+                return m
+
+            try:
+                x = map_tensors(narrow_batch(inputs, start, n, bd), to_device)
+                y = None if target is None else map_tensors(
+                    target, lambda t: to_device(t.narrow(tbd, start, n)))
+                loss = compute_loss(call_model(model, x), y, loss_fn)
+            finally:
+                # A write into a micro-batch's copy goes back into the user's
+                # samples, where an eager step on these tensors would leave it.
+                with torch.no_grad():
+                    for view, m, version in moved:
+                        if m._version != version:
+                            view.copy_(m)
+                if any(t._version != v for t, v in zip(users, versions)):
+                    written.append((start, start + n))
+            check_loss_trains(loss, model, "Trainer.step")
+            if scaler is not None and scaler.is_enabled():
+                # The backward sees scaler.scale(loss); the value (report.loss)
+                # stays the loss itself.
+                scaled = scaler.scale(loss)
+                loss = loss.detach() + (scaled - scaled.detach())
+            return loss
+
+        return chunk_loss
+
+    def _distributed_step(self, native, inputs, target):
+        try:
+            n = self._batch(inputs, target)
+        except ValueError as e:
+            n = e  # the other ranks must hear of it, not wait for this rank
+        buffers = BufferGuard(self._module)
+        try:
+            return self._dist.step(native, n, batch_signature(inputs, target),
+                                   self._chunk_loss(inputs, target, buffers))
+        except BaseException:
+            buffers.restore_before_step()
+            raise

@@ -28,6 +28,7 @@ and says what it would record.
 
 import argparse
 import datetime
+import importlib.util
 import json
 import os
 import pickle
@@ -37,8 +38,17 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-BENCH = os.path.dirname(HERE)
-sys.path.insert(0, BENCH)
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _testing_models():
+    """memfit's Python twins of its built-in models, by file, not through
+    `import memfit`: recording needs torch alone (as compare_cuda.py)."""
+    spec = importlib.util.spec_from_file_location(
+        "memfit_testing_models", os.path.join(ROOT, "python", "memfit", "testing", "models.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 MAX_BYTES = 2 << 20
 ITERATIONS = 2
@@ -75,8 +85,7 @@ def build(case):
     import torch
     import torch.nn.functional as F
 
-    import _models
-
+    _models = _testing_models()
     name, b = case["model"], case["batch"]
     if name == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
@@ -101,10 +110,9 @@ def build(case):
 
         return model, batch, _models.gpt_loss, False
     if name == "resnet18":
-        try:
-            model = _models._torchvision("resnet18")
-        except ImportError:
-            model = _models.ResNet18()
+        # torchvision's where it imports; else the twin of its layout.
+        model = _models.make("resnet18" if _models.available("resnet18") else
+                             "resnet18-twin", 1)[0]
         size = 64
     elif name == "cnn":
         model, size = _models.Cnn(), 32

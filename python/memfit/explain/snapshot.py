@@ -141,7 +141,7 @@ class Snapshot:
                 raise NotASnapshot(f"{self.path}: the trace holds no allocation")
             r = _memfit.make_report(self.timeline, os.path.basename(self.path), 0,
                                     self.events.optimizer, "cuda snapshot")
-            r.notes = list(self.notes) + [f.line() for f in self.findings()]
+            r.notes = list(self.notes)
             self._report = r
         return self._report
 
@@ -153,7 +153,7 @@ class Snapshot:
                 f"peak allocated {fb(self.peak_allocated_bytes)} in {r.peak_phase} (iteration "
                 f"{r.peak_iteration}); peak reserved {fb(self.peak_reserved_bytes)}"]
         body = r.table(max_modules).split("\n", 2)[2]  # its own head is memfit profile's
-        lines = head + [""] + [body.rstrip("\n")]
+        lines = head + [""] + [body.strip("\n")]
         findings = self.findings()
         if findings:
             lines += ["", f"findings ({len(findings)}):"]
@@ -193,8 +193,16 @@ class Snapshot:
         return json.dumps(self.as_dict(), indent=2 if pretty else None)
 
     def html(self, title: Optional[str] = None) -> str:
-        return _memfit.html_report(self.report(), self.timeline,
-                                   title=title or f"memfit explain: {os.path.basename(self.path)}")
+        """One self-contained page: the report's (`memfit profile --html`),
+        the findings and the replay among its notes."""
+        r = self.report()
+        notes = list(r.notes)
+        r.notes = notes + [f.line() for f in self.findings()] + [self.replay().summary()]
+        try:
+            return _memfit.html_report(
+                r, self.timeline, title=title or f"memfit explain: {os.path.basename(self.path)}")
+        finally:
+            r.notes = notes
 
     def save_html(self, path, title: Optional[str] = None) -> str:
         with open(path, "w", encoding="utf-8") as f:

@@ -16,18 +16,19 @@ AllocatorOp free_op(uint64_t id) { return {AllocatorOp::kFree, id, 0, 0}; }
 AllocatorOp release_op() { return {AllocatorOp::kReleaseCache, 0, 0, 0}; }
 
 TEST(AllocatorTraceTest, ReservedAfterEachOpFollowsTheRules) {
-  // 1000 B: a 2 MiB small segment; 3 MiB: a 20 MiB one; 11 MiB: 12 MiB.
+  // 1000 B: a 2 MiB small segment; 3 MiB: a 20 MiB one, split; 16.5 MiB:
+  // the 17 MiB rest, whole (0.5 MiB left is not split off); 11 MiB: a
+  // segment of 12 MiB, whole; freed and released; 5 MiB: no free large
+  // block is left, so a new 20 MiB segment.
   const auto r = replay_allocator_ops(
-      {malloc_op(1, 1000), malloc_op(2, 3 * MiB), malloc_op(3, 11 * MiB), free_op(3),
-       release_op(), malloc_op(4, 5 * MiB)});
-  EXPECT_EQ(r.reserved, (std::vector<int64_t>{2 * MiB, 22 * MiB, 34 * MiB, 34 * MiB,
-                                              22 * MiB, 22 * MiB}));
-  // 512 B rounding; 3 MiB split off its segment; 11 MiB takes all 12 MiB
-  // (1 MiB left is not split); the 5 MiB fits the 17 MiB left of the 20.
-  EXPECT_EQ(r.allocated, (std::vector<int64_t>{1024, 1024 + 3 * MiB, 1024 + 15 * MiB,
-                                               1024 + 3 * MiB, 1024 + 3 * MiB,
-                                               1024 + 8 * MiB}));
-  EXPECT_EQ(r.segments, (std::vector<int64_t>{2 * MiB, 20 * MiB}));
+      {malloc_op(1, 1000), malloc_op(2, 3 * MiB), malloc_op(3, 16 * MiB + MiB / 2),
+       malloc_op(4, 11 * MiB), free_op(4), release_op(), malloc_op(5, 5 * MiB)});
+  EXPECT_EQ(r.reserved, (std::vector<int64_t>{2 * MiB, 22 * MiB, 22 * MiB, 34 * MiB,
+                                              34 * MiB, 22 * MiB, 42 * MiB}));
+  EXPECT_EQ(r.allocated, (std::vector<int64_t>{1024, 1024 + 3 * MiB, 1024 + 20 * MiB,
+                                               1024 + 32 * MiB, 1024 + 20 * MiB,
+                                               1024 + 20 * MiB, 1024 + 25 * MiB}));
+  EXPECT_EQ(r.segments, (std::vector<int64_t>{2 * MiB, 20 * MiB, 20 * MiB}));
   EXPECT_EQ(r.num_ooms, 0);
 }
 

@@ -243,3 +243,102 @@ def test_a_large_snapshot_is_read_in_less_memory_than_the_file(tmp_path):
     assert m["peak_allocated"] == written["peak_allocated"]
     assert m["peak_reserved"] == written["segment"]
     assert m["grown"] < written["bytes"], m
+
+
+def test_the_prediction_beside_a_snapshot_of_its_own_step(tmp_path):
+    # A snapshot written from memfit's own recorded step (its events, frames
+    # of each phase as a real run shows them): read back, its phases are the
+    # step's, and the prediction's allocated bytes meet it exactly in each.
+    from memfit import _memfit
+
+    report, tl = _memfit.profile_builtin("mlp", 8, "adam", 2, 0)
+    b = SnapshotBuilder()
+    addr, owner = 0x7F0000000000, {}
+    for kind, nbytes, ident, _, _, phase, _, _ in tl.events():
+        if nbytes == 0:
+            continue
+        if kind == "alloc":
+            seg = max(2 * MiB, (nbytes + 2 * MiB - 1) // (2 * MiB) * (2 * MiB))
+            b.segment_alloc(addr, seg)
+            name = {"parameters": "parameters", "inputs": "inputs", "forward": "forward_fc1",
+                    "loss": "loss", "backward": "backward_main",
+                    "optimizer_step": "adam_state"}[phase]
+            b.alloc(addr, nbytes, stack(name))
+            owner[ident] = addr
+            addr += seg
+        else:
+            b.free(owner.pop(ident), frames_=stack("zero_grad") if phase == "zero_grad" else None)
+    s = memfit.load_snapshot(b.write(tmp_path / "own.pickle"))
+    c = s.compare(report, tl)
+    assert [(p.phase, p.iteration) for p in c.phases] == [
+        (p.name, p.iteration) for p in report.phases]
+    for p, want in zip(c.phases, report.phases):
+        assert p.measured_allocated == p.predicted_allocated == want.peak_bytes
+    assert c.measured_peak_allocated == c.predicted_peak_allocated == report.peak_bytes
+    assert c.allocated_error == 0
+    assert c.predicted_peak_reserved == report.cuda.peak_reserved
+    assert "backward" in c.table() and "peak" in c.table()
+
+
+def test_explain_predict_puts_the_builtin_models_prediction_beside_it(step_file, capsys):
+    from memfit.explain.cli import main
+
+    assert main([step_file, "--predict", "--model", "mlp", "--batch", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "measured on the card (the snapshot) beside memfit's prediction" in out
+    assert main([step_file, "--predict", "--model", "mlp"]) == 1
+    assert "--predict needs --model NAME and --batch B" in capsys.readouterr().err
+
+
+def test_a_snapshot_torch_writes_from_its_profiler_is_read_with_its_module_names(tmp_path):
+    # torch's own writer (_memory_viz._profile_to_snapshot, a snapshot of a
+    # torch.profiler run, here on the CPU): frames "path.py(LINE): function"
+    # and "nn.Module: Linear_0", blocks without addresses, no segment events.
+    import torch
+    from torch.cuda._memory_viz import _profile_to_snapshot
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                torch.nn.Linear(256, 10))
+    opt = torch.optim.Adam(model.parameters())
+    x, y = torch.randn(32, 64), torch.randint(0, 10, (32,))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU],
+                                profile_memory=True, record_shapes=True, with_stack=True) as p:
+        for _ in range(2):
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+    snap = _profile_to_snapshot(p)
+    path = tmp_path / "profiler.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    # The peak by hand: what the trace frees without allocating it, and the
+    # blocks live at the end it never allocated (their addresses laid out
+    # from the segment's start, as torch's writer lays them), were live at
+    # its start; then the trace's own sizes.
+    (trace,) = [t for t in snap["device_traces"] if t]
+    live_at_end, before = {}, 0
+    for e in trace:
+        if e["action"] == "alloc":
+            live_at_end[e["addr"]] = e["size"]
+        elif e["action"] == "free_requested" and live_at_end.pop(e["addr"], None) is None:
+            before += e["size"]
+    for seg in snap["segments"]:
+        at = seg["address"]
+        for blk in seg["blocks"]:
+            if blk["state"] == "active_allocated" and at not in live_at_end:
+                before += blk["size"]
+            at += blk["size"]
+    live = peak = before
+    for e in trace:
+        live += {"alloc": e["size"], "free_requested": -e["size"]}.get(e["action"], 0)
+        peak = max(peak, live)
+    s = memfit.load_snapshot(path)
+    assert s.peak_allocated_bytes == peak
+    assert not s.trace_complete
+    phases = {name for name, _, _, _ in s.timeline.phase_spans()}
+    assert {"forward", "backward", "optimizer_step"} <= phases
+    # The activations the first forward left, by module path.
+    saved = dict(s.report().modules)
+    assert saved["Sequential_0.ReLU_0"] == 32 * 256 * 4  # its output, kept for backward
+    assert set(saved) <= {"Sequential_0.Linear_0", "Sequential_0.ReLU_0",
+                          "Sequential_0.Linear_1", "(top level)"}

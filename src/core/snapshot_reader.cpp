@@ -99,6 +99,7 @@ struct StackHash {
 };
 
 constexpr size_t kChunk = 8 << 20;
+constexpr uint64_t kNoAddress = ~0ull;
 
 // The dict keys the reader looks up, interned first.
 enum Key : int {
@@ -448,7 +449,11 @@ class Reader {
     if (r.tag != Tag::kObj || arena_[r.v].kind != Container::kDict) return x;
     const Container& d = arena_[r.v];
     SnapshotBlock b;
-    b.address = static_cast<uint64_t>(int_field(d, k_address));
+    // Blocks without an address (torch's _profile_to_snapshot writes none)
+    // get one from their segment: see segment().
+    const Val* address = field(d, key(k_address));
+    b.address = address && address->tag == Tag::kInt ? static_cast<uint64_t>(address->v)
+                                                     : kNoAddress;
     b.size = int_field(d, k_size);
     b.requested_size = int_field(d, k_requested_size, b.size);
     b.state = str_field(d, k_state);
@@ -774,6 +779,13 @@ SnapshotSegment Reader::segment(const Val& x) {
         if (blk.tag == Tag::kBlock) s.blocks.push_back(blocks_[blk.v]);
       }
     }
+  }
+  // Blocks lie in address order from the segment's start (as torch's
+  // snapshot writes their addresses): fill in those written without one.
+  uint64_t at = s.address;
+  for (SnapshotBlock& b : s.blocks) {
+    if (b.address == kNoAddress) b.address = at;
+    at = b.address + static_cast<uint64_t>(b.size);
   }
   return s;
 }

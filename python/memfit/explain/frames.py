@@ -3,9 +3,11 @@ training step it was made in, and the place in the code it belongs to.
 
 Note [Phases and places from a snapshot's frames]
 A snapshot's frames are (filename, line, function name), innermost call
-first; Python frames always, C++ frames too with stacks="all". No module
-path is recorded (torch writes a code object's name, "forward", not its
-class), so:
+first; Python frames always, C++ frames too with stacks="all".
+_record_memory_history records no module path (torch writes a code object's
+name, "forward", not its class); a snapshot made from torch.profiler
+(_memory_viz._profile_to_snapshot) has "nn.Module: Linear_0" frames, which
+give one ("Sequential_0.Linear_0"). So:
 - the phase is read from the frames of torch's own code that every step
   passes through: torch/optim/ (optimizer_step; zero_grad by name), the
   autograd engine (backward: C++ frames torch::autograd::Engine, or Python
@@ -27,11 +29,8 @@ from typing import Optional, Sequence, Tuple
 
 from .snapshot_format import Frame
 
-__all__ = ["PHASE_ORDER", "classify_stack", "is_torch_file", "is_user_file", "place_of"]
-
-# memfit's phase names (include/memfit/core/report.h), in step order.
-PHASE_ORDER = ("parameters", "inputs", "forward", "loss", "backward", "optimizer_step",
-               "zero_grad")
+__all__ = ["MODULE_FRAME", "classify_stack", "describe", "is_python_file", "is_torch_file",
+           "is_user_file", "place_of"]
 
 _TORCH = re.compile(r"(^|/)torch/(?!csrc/)")
 _CPP = re.compile(r"\.(c|cc|cpp|cxx|h|hpp|cu|cuh)$")
@@ -48,14 +47,16 @@ def is_torch_file(filename: str) -> bool:
     return bool(_TORCH.search(filename)) and filename.endswith(".py")
 
 
-def _is_python(filename: str) -> bool:
+def is_python_file(filename: str) -> bool:
     return filename.endswith(".py") or filename.startswith("<")
 
 
 def is_user_file(filename: str) -> bool:
     """Code the user wrote: a Python file outside installed packages, the
     standard library and frozen modules."""
-    if not filename.endswith(".py") or filename.startswith("<"):
+    if filename.startswith("<"):  # <stdin>, a notebook's cell; not <frozen ...>
+        return not filename.startswith(("<frozen", "<built-in", "<string>"))
+    if not filename.endswith(".py"):
         return False
     if "site-packages" in filename or "dist-packages" in filename:
         return False
@@ -71,7 +72,7 @@ def classify_stack(frames: Sequence[Frame]) -> Optional[str]:
     forward = parameters = loss = False
     for f in frames:
         fn, name = f.filename, f.name
-        if not _is_python(fn):  # a C++ frame
+        if not is_python_file(fn):  # a C++ frame
             if "torch::autograd::Engine" in name or "AccumulateGrad" in name:
                 return "backward"
             continue
@@ -105,13 +106,21 @@ def classify_stack(frames: Sequence[Frame]) -> Optional[str]:
     return None
 
 
+MODULE_FRAME = "nn.Module: "
+
+
 def place_of(frames: Sequence[Frame]) -> str:
-    """Where in the code an allocation belongs: "file.py:LINE function" (See
-    Note [Phases and places from a snapshot's frames]); "" when no Python
-    frame says."""
+    """Where in the code an allocation belongs: the module path when the
+    frames name modules (torch.profiler's "nn.Module: Linear_0" frames, in a
+    snapshot made by _profile_to_snapshot: "Sequential_0.Linear_0"), else
+    "file.py:LINE function" (See Note [Phases and places from a snapshot's
+    frames]); "" when no Python frame says."""
+    modules = [f.name[len(MODULE_FRAME):] for f in frames if f.name.startswith(MODULE_FRAME)]
+    if modules:
+        return ".".join(reversed(modules))
     user = None
     for f in frames:
-        if not f.filename.endswith(".py"):
+        if not is_python_file(f.filename):
             continue
         if f.name == "forward" and not is_torch_file(f.filename):
             return _label(f)
@@ -126,5 +135,5 @@ def _label(f: Frame) -> str:
 
 def describe(frames: Sequence[Frame], limit: int = 3) -> Tuple[str, ...]:
     """The innermost `limit` Python frames as "file.py:LINE function"."""
-    out = [_label(f) for f in frames if f.filename.endswith(".py")]
+    out = [_label(f) for f in frames if is_python_file(f.filename)]
     return tuple(out[:limit])

@@ -18,6 +18,7 @@ the C++ one reads about 80 MB/s in the same memory.
 
 import array
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
@@ -114,6 +115,20 @@ class RawSnapshot:
     has_trace_key: bool  # the file had "device_traces" at all
 
 
+# torch's _profile_to_snapshot (a snapshot made from torch.profiler) writes
+# frames as {"filename": "none", "line": 0, "name": "path.py(LINE): function"},
+# and a module's call as "nn.Module: Linear_0".
+_PROFILER_FRAME = re.compile(r"^(.*)\((\d+)\): (.*)$")
+
+
+def _frame(filename: str, line: int, name: str) -> Frame:
+    if filename in ("none", "") and not line:
+        m = _PROFILER_FRAME.match(name)
+        if m:
+            return Frame(m.group(1), int(m.group(2)), m.group(3))
+    return Frame(filename, line, name)
+
+
 def _column(data: bytes, code: str) -> array.array:
     a = array.array(code)
     a.frombytes(data)
@@ -149,7 +164,7 @@ def read_snapshot(path) -> RawSnapshot:
         path=path,
         segments=segments,
         traces=traces,
-        frames=[Frame(*f) for f in raw["frames"]],
+        frames=[_frame(*f) for f in raw["frames"]],
         stacks=[tuple(s) for s in raw["stacks"]],
         allocator_settings=dict(raw["allocator_settings"]),
         unknown_actions=dict(raw["unknown_actions"]),

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .. import _memfit
-from .frames import PHASE_ORDER, classify_stack, is_user_file, place_of
+from .frames import classify_stack, is_python_file, is_user_file, place_of
 from .snapshot_format import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, SEGMENT_ALLOC,
                               SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, RawSnapshot)
 
@@ -79,8 +79,8 @@ def _stack_phase(raw: RawSnapshot, cache: Dict[int, Optional[str]], sid: int) ->
         return hit
     frames = [raw.frames[i] for i in raw.stacks[sid]]
     phase = classify_stack(frames)
-    if phase is None and any(f.filename.endswith(".py") for f in frames):
-        py = [f for f in frames if f.filename.endswith(".py")]
+    if phase is None:
+        py = [f for f in frames if is_python_file(f.filename)]
         if py and all(is_user_file(f.filename) for f in py):
             phase = "user"  # only the user's own code: a tensor made by hand
     cache[sid] = phase

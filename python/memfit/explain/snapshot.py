@@ -20,7 +20,7 @@ from .. import _memfit
 from .compare import Comparison, compare_prediction
 from .findings import Finding, find
 from .replay import ReplayCheck, check_replay
-from .snapshot_format import NotASnapshot, RawSnapshot, read_snapshot
+from .snapshot_format import ALLOC, NotASnapshot, RawSnapshot, read_snapshot
 from .trace import CATEGORIES, TraceEvents, events_of
 
 __all__ = ["NotASnapshot", "Snapshot", "load_snapshot"]
@@ -103,8 +103,12 @@ class Snapshot:
         at_peak_reserved = ev.peak_reserved_bytes
         allocated = 0
         if ev.peak_reserved_trace_index >= 0 and len(self.timeline):
-            # live bytes at the last event at or before the reserved peak
+            # Live bytes once the allocation the new segment was made for
+            # (the next event, when it allocates) has its block.
             k = _last_event_at(ev.trace_index, ev.peak_reserved_trace_index)
+            actions = self.raw.traces[self.device].action
+            if k + 1 < len(ev.trace_index) and actions[ev.trace_index[k + 1]] == ALLOC:
+                k += 1
             allocated = self.timeline.live_after(k) if k >= 0 else 0
         segs = [s for s in self.raw.segments if s.device == self.device]
         free_blocks = [b.size for s in segs for b in s.blocks if b.state == "inactive"]

@@ -342,3 +342,20 @@ def test_a_snapshot_torch_writes_from_its_profiler_is_read_with_its_module_names
     assert saved["Sequential_0.ReLU_0"] == 32 * 256 * 4  # its output, kept for backward
     assert set(saved) <= {"Sequential_0.Linear_0", "Sequential_0.ReLU_0",
                           "Sequential_0.Linear_1", "(top level)"}
+
+
+def test_what_forward_makes_and_backward_keeps_is_no_activation(tmp_path):
+    # The cuBLAS workspace (made at the first matmul, kept for good) is no
+    # activation; an activation dies in its iteration's backward.
+    b = SnapshotBuilder()
+    base = 0x7F0000000000
+    b.segment_alloc(base, 40 * MiB)
+    b.alloc(base, 10 * MiB, stack("parameters"))
+    b.alloc(base + 10 * MiB, 8 * MiB + 128 * 1024, stack("forward_fc1"))  # the workspace
+    b.alloc(base + 20 * MiB, 4 * MiB, stack("forward_fc2"))  # an activation
+    b.alloc(base + 24 * MiB, 1024, stack("backward_main"))
+    b.free(base + 20 * MiB)
+    b.free(base + 24 * MiB)
+    s = memfit.load_snapshot(b.write(tmp_path / "ws.pickle"))
+    assert s.categories_at_peak["activation"] == 4 * MiB
+    assert s.categories_at_peak["other"] == 8 * MiB + 128 * 1024

@@ -275,22 +275,35 @@ def _spans(labels, kinds):
     return spans, phase_of_alloc
 
 
+def _outlives(free_event, backward_end) -> bool:
+    """Whether an allocation freed at `free_event` (None: never) outlives
+    its iteration's backward (None: the trace has none)."""
+    return backward_end is not None and (free_event is None or free_event >= backward_end)
+
+
 def _categories(kinds, ids, spans, phase_of_alloc, trace_index):
     """Each allocation's category, from its phase and its lifetime (See Note
     [Allocated and reserved bytes from a trace] for pre-existing ones): freed
     inside its own phase span, a temporary; else what that phase leaves
     (activations after forward and loss, gradients after backward, state
-    after the optimizer's step)."""
+    after the optimizer's step). What forward makes and its iteration's
+    backward does not free is no activation (the cuBLAS workspace, a cache,
+    an output the loop keeps): other."""
     n = len(kinds)
     free_at: Dict[int, int] = {}
     for e in range(n - 1, -1, -1):
         if kinds[e] == 1:
             free_at[ids[e]] = e
     span_end = array.array("q", [0] * n)
+    span_iteration = array.array("q", [0] * n)
     bounds = [s[0] for s in spans] + [n]
+    backward_end: Dict[int, int] = {}  # iteration -> the end of its backward
     for k in range(len(spans)):
+        if spans[k][1] == "backward":
+            backward_end[spans[k][2]] = bounds[k + 1]
         for e in range(bounds[k], bounds[k + 1]):
             span_end[e] = bounds[k + 1]
+            span_iteration[e] = spans[k][2]
     out = array.array("B")
     a = 0
     for e in range(n):
@@ -306,6 +319,8 @@ def _categories(kinds, ids, spans, phase_of_alloc, trace_index):
             out.append(_CAT["other"])
         elif f is not None and f < span_end[e]:
             out.append(_CAT["temporary"])
+        elif phase in ("forward", "loss") and _outlives(f, backward_end.get(span_iteration[e])):
+            out.append(_CAT["other"])
         else:
             out.append(_CAT[_BY_PHASE.get(phase, "other")])
     return out

@@ -9,6 +9,15 @@
 # gpu_fit_on_card.json, gpu_build.log).
 #
 #   scripts/gpu_check.sh [--quick]
+#   scripts/gpu_check.sh --snapshots [--dry-run] [--only CASE,...]
+#
+# --snapshots: records CUDA memory snapshots of small training steps
+# (bench/gpu/record_snapshots.py: mlp, gpt, cnn, resnet18, a tiny HF Llama,
+# Adam, with and without expandable_segments, one ending in an OOM), each
+# with its metadata, into $OUT/snapshots/ (else build-gpu/snapshots/); no
+# build. Commit them under tests/data/snapshots/: CI replays each. With
+# --dry-run (no GPU) it builds every case on the CPU and says what it would
+# record.
 #
 # Environment: MEMFIT_PYTHON (default python3), MEMFIT_GPU_BUILD (build-gpu),
 # JOBS (nproc), MEMFIT_GPU_TIMEOUT (seconds for the comparison, 300),
@@ -29,6 +38,9 @@ start=$(date +%s)
 
 step() { echo "== $* ($(($(date +%s) - start)) s)"; }
 
+SNAPSHOTS=0
+for a in "$@"; do [ "$a" = --snapshots ] && SNAPSHOTS=1; done
+
 step "machine"
 "$PY" - <<'EOF' || { echo "gpu_check: $PY cannot import torch" >&2; exit 1; }
 import sys, torch
@@ -45,6 +57,18 @@ EOF
 command -v nvidia-smi >/dev/null && nvidia-smi -L
 cmake --version | head -1
 "${CXX:-c++}" --version 2>/dev/null | head -1
+
+if [ "$SNAPSHOTS" = 1 ]; then
+  step "record CUDA memory snapshots into ${OUT:-$BUILD}/snapshots"
+  args=()
+  for a in "$@"; do [ "$a" != --snapshots ] && args+=("$a"); done
+  rc=0
+  timeout "${MEMFIT_GPU_TIMEOUT:-480}" "$PY" bench/gpu/record_snapshots.py --out "${OUT:-$BUILD}/snapshots" \
+    ${args[@]+"${args[@]}"} || rc=$?
+  ls -l "${OUT:-$BUILD}/snapshots" 2>/dev/null
+  step "done (exit $rc)"
+  exit "$rc"
+fi
 
 # torch as $PY reports it (Note [Torch from Python]): no CUDA toolkit needed.
 TORCH_PREFIX=$("$PY" -c 'import os, torch; print(os.path.dirname(torch.__file__))')

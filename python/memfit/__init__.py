@@ -20,6 +20,7 @@ from ._step.device import host_memory, simulated_device, to_bytes
 from ._step.offload import OffloadedOptimizer, offload
 from ._step.tracking import Tracking, track
 from .diagnosis import Doctor, Finding, doctor
+from .explain import load_snapshot
 from .lazy_mode.api import LazyError, LazyRun, LazyTensor, eager, last_lazy_run, lazy
 from .plan.advise import Advice, advise
 from .plan.cost import CostRow, estimate_costs
@@ -44,6 +45,7 @@ __all__ = [
     "Finding",
     "format_bytes",
     "host_memory",
+    "load_snapshot",
     "offload",
     "OffloadedOptimizer",
     "parse_size",

@@ -5,7 +5,8 @@ Python serve meta mode for any op; its meta recordings put torch's C++
 meta kernels in front of them (Note [Native meta kernels],
 src/torch/native_meta.cpp), as memfit.profile does.
 `memfit doctor script.py` is Python's: it runs the user's script under
-memfit.doctor (see memfit.diagnosis.script)."""
+memfit.doctor (see memfit.diagnosis.script); so is `memfit explain
+snapshot.pickle` (memfit.explain.cli)."""
 
 import signal
 import sys
@@ -21,6 +22,10 @@ def main(argv=None):
         from .diagnosis.script import main as doctor_main
 
         sys.exit(doctor_main(args[1:]))
+    if args[:1] == ["explain"]:
+        from .explain.cli import main as explain_main
+
+        sys.exit(explain_main(args[1:]))
     # Ctrl-C stops the command at once: the C++ loop never returns to
     # Python's interpreter to see a KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)

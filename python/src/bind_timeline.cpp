@@ -76,6 +76,14 @@ void init_timeline(py::module_& m) {
         return breakdown_dict(t.breakdown_after(t.peak().event_index));
       })
       .def("phase_summaries", &Timeline::phase_summaries)
+      .def("phase_spans", [](const Timeline& t) {
+        py::list out;
+        for (const PhaseSpan& s : t.phase_spans()) {
+          out.append(py::make_tuple(t.phase_name(s.phase), s.iteration, s.first_event,
+                                    s.end_event));
+        }
+        return out;
+      }, "(phase, iteration, first event, end event) per phase span, in order.")
       .def("curve", [](const Timeline& t, size_t max_points) {
         return max_points ? t.curve(max_points) : t.curve();
       }, py::arg("max_points") = 0)

@@ -30,5 +30,6 @@ void init_ddp_budget(pybind11::module_& m);  // after init_fit (DoesNotFit)
 void init_strategies(pybind11::module_& m);
 void init_cli(pybind11::module_& m);
 void init_native_meta(pybind11::module_& m);
+void init_explain(pybind11::module_& m);  // after init_report (Report)
 
 }  // namespace memfit::python

@@ -19,4 +19,5 @@ PYBIND11_MODULE(_memfit, m) {
   memfit::python::init_strategies(m);
   memfit::python::init_cli(m);
   memfit::python::init_native_meta(m);
+  memfit::python::init_explain(m);
 }

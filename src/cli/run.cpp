@@ -70,6 +70,11 @@ commands:
             --repeats 0: the plan's time estimated, not timed
             --target cuda: the budget is a card's: held against the CUDA
             caching allocator's reserved bytes, replayed on each step
+  explain   (Python only: the `memfit` command pip installs) a CUDA memory
+            snapshot from a real run, as this report: phases, categories,
+            findings, the allocator replay held against the card
+            memfit explain SNAPSHOT.pickle [--json] [--html FILE]
+                           [--predict --model NAME --batch B]
 
 profile, fit and train say each long step (a probe, a verification, a
 recorded phase) on stderr as it starts, when stderr is a terminal or with
@@ -109,6 +114,11 @@ int memfit::cli::run(std::vector<std::string> args) {
     if (command == "fit") return memfit::cli::fit_command(args);
     if (command == "train") return memfit::cli::train_command(args);
     if (command == "advise") return memfit::cli::advise_command(args);
+    if (command == "explain") {
+      std::cerr << "memfit explain is in the Python package: run the `memfit` command pip "
+                << "installs, or python -m memfit explain\n";
+      return 1;
+    }
     std::cerr << "memfit: unknown command '" << command
               << "' (commands: profile, fit, train, advise; see memfit --help)\n";
     return 1;

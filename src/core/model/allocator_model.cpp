@@ -31,8 +31,10 @@ namespace memfit {
 // - With max_split_size unlimited (the default) blocks of any size may be
 //   split and oversize-block rules never apply; release of "available"
 //   oversize blocks is a no-op.
-// Not modelled: several streams (blocks are per stream; here there is one),
-// expandable segments, max_split_size, garbage_collection_threshold, CUDA
+// - Blocks belong to the stream they were allocated on: a cached block is
+//   reused by that stream only (the pools order blocks by stream, then size,
+//   then address), and a segment is made for the stream that asked.
+// Not modelled: expandable segments, max_split_size, garbage_collection_threshold, CUDA
 // graph pools, and the driver's own fragmentation: cudaMalloc succeeds
 // exactly when reserved + segment <= capacity.
 
@@ -71,23 +73,27 @@ CudaAllocatorModel::Block* CudaAllocatorModel::new_block() {
 void CudaAllocatorModel::recycle(Block* b) { spare_.push_back(b); }
 
 CudaAllocatorModel::Block* CudaAllocatorModel::take_best_fit(Pool& pool,
-                                                             int64_t size) {
+                                                             int64_t size,
+                                                             int64_t stream) {
   Block key;
   key.size = size;
   key.address = 0;
+  key.stream = stream;
   auto it = pool.lower_bound(&key);
-  if (it == pool.end()) return nullptr;
+  if (it == pool.end() || (*it)->stream != stream) return nullptr;
   Block* b = *it;
   pool.erase(it);
   return b;
 }
 
 CudaAllocatorModel::Block* CudaAllocatorModel::new_segment(int64_t size,
-                                                           bool small) {
+                                                           bool small,
+                                                           int64_t stream) {
   if (capacity_ && reserved_ + size > *capacity_) return nullptr;
   Block* b = new_block();
   b->size = size;
   b->small = small;
+  b->stream = stream;
   b->address = next_address_;
   next_address_ += static_cast<uint64_t>(size);
   reserved_ += size;
@@ -96,7 +102,7 @@ CudaAllocatorModel::Block* CudaAllocatorModel::new_segment(int64_t size,
   return b;
 }
 
-bool CudaAllocatorModel::malloc(uint64_t id, int64_t bytes) {
+bool CudaAllocatorModel::malloc(uint64_t id, int64_t bytes, int64_t stream) {
   if (bytes < 0) {
     throw std::invalid_argument("[CudaAllocatorModel::malloc] " +
                                 std::to_string(bytes) + " bytes for id " +
@@ -118,13 +124,13 @@ bool CudaAllocatorModel::malloc(uint64_t id, int64_t bytes) {
   const bool small = size <= kCudaSmallSize;
   Pool& pool = small ? small_pool_ : large_pool_;
 
-  Block* b = take_best_fit(pool, size);
+  Block* b = take_best_fit(pool, size, stream);
   if (b == nullptr) {
     const int64_t segment = cuda_segment_size(size);
-    b = new_segment(segment, small);
+    b = new_segment(segment, small, stream);
     if (b == nullptr) {
       empty_cache();
-      b = new_segment(segment, small);
+      b = new_segment(segment, small, stream);
     }
     if (b == nullptr) {
       ++num_ooms_;
@@ -140,6 +146,7 @@ bool CudaAllocatorModel::malloc(uint64_t id, int64_t bytes) {
     Block* rest = new_block();
     rest->size = remaining;
     rest->small = small;
+    rest->stream = stream;
     rest->address = b->address + static_cast<uint64_t>(size);
     rest->prev = b;
     rest->next = b->next;
@@ -200,6 +207,21 @@ void CudaAllocatorModel::release_free_segments(Pool& pool) {
       ++it;
     }
   }
+}
+
+std::vector<int64_t> CudaAllocatorModel::segment_sizes() const {
+  std::vector<int64_t> out;
+  auto add_if_head = [&](const Block* b) {
+    if (b == nullptr || b->prev != nullptr) return;
+    int64_t size = 0;
+    for (const Block* x = b; x != nullptr; x = x->next) size += x->size;
+    out.push_back(size);
+  };
+  for (const auto& [id, b] : live_) add_if_head(b);
+  for (const Block* b : small_pool_) add_if_head(b);
+  for (const Block* b : large_pool_) add_if_head(b);
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 void CudaAllocatorModel::empty_cache() {

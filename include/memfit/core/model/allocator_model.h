@@ -43,11 +43,12 @@ class CudaAllocatorModel {
   CudaAllocatorModel(CudaAllocatorModel&&) = default;
   CudaAllocatorModel& operator=(CudaAllocatorModel&&) = default;
 
-  // Allocates `bytes` under `id`. False is an OOM (nothing changes but the
-  // release of wholly free cached segments it tried first). Zero bytes
-  // reserve nothing, as in PyTorch. Throws std::invalid_argument for
-  // negative bytes or an id that is still allocated.
-  bool malloc(uint64_t id, int64_t bytes);
+  // Allocates `bytes` under `id` on `stream` (cached blocks are reused on
+  // the stream they were allocated on only). False is an OOM (nothing
+  // changes but the release of wholly free cached segments it tried first).
+  // Zero bytes reserve nothing, as in PyTorch. Throws std::invalid_argument
+  // for negative bytes or an id that is still allocated.
+  bool malloc(uint64_t id, int64_t bytes, int64_t stream = 0);
   // Returns `id`'s block to the cache; unknown ids are ignored.
   void free(uint64_t id);
   // Releases every cached segment that is wholly free
@@ -61,12 +62,15 @@ class CudaAllocatorModel {
   int64_t peak_reserved() const { return peak_reserved_; }
   int num_segments() const { return num_segments_; }
   int num_ooms() const { return num_ooms_; }
+  // The size of each segment held now, ascending.
+  std::vector<int64_t> segment_sizes() const;
 
  private:
   struct Block {
     int64_t size = 0;
     int64_t requested = 0;  // bytes asked for, while allocated
     uint64_t address = 0;   // simulated; orders equal-size blocks
+    int64_t stream = 0;
     bool small = false;
     bool allocated = false;
     Block* prev = nullptr;  // neighbours in the same segment
@@ -74,6 +78,7 @@ class CudaAllocatorModel {
   };
   struct BySizeThenAddress {
     bool operator()(const Block* a, const Block* b) const {
+      if (a->stream != b->stream) return a->stream < b->stream;
       return a->size != b->size ? a->size < b->size : a->address < b->address;
     }
   };
@@ -81,8 +86,8 @@ class CudaAllocatorModel {
 
   Block* new_block();
   void recycle(Block* b);
-  Block* take_best_fit(Pool& pool, int64_t size);
-  Block* new_segment(int64_t size, bool small);
+  Block* take_best_fit(Pool& pool, int64_t size, int64_t stream);
+  Block* new_segment(int64_t size, bool small, int64_t stream);
   void release_free_segments(Pool& pool);
   void merge_into(Block* dst, Block* src, Pool& pool);
 

@@ -1,0 +1,154 @@
+"""memfit's prediction for a step (recorded on the CPU, target_device="cuda")
+beside a snapshot of the same step on a card: allocated and reserved peaks,
+in all and phase by phase.
+
+Measured: the snapshot's allocated bytes (the bytes asked for, live) and its
+reserved bytes, peak per phase span. Predicted: the recorded step's live
+bytes per phase span, and its reserved bytes from memfit's allocator replay
+of those events; the cuBLAS workspace (cuda_workspace, allocated through
+the caching allocator at the first matmul) is added from the first forward
+on, as memfit's CUDA estimate counts it.
+"""
+
+import array
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+from .. import _memfit
+
+__all__ = ["Comparison", "PhaseComparison", "compare_prediction"]
+
+
+@dataclass
+class PhaseComparison:
+    phase: str
+    iteration: int
+    measured_allocated: int
+    measured_reserved: int
+    predicted_allocated: Optional[int]  # None: the prediction has no such phase
+    predicted_reserved: Optional[int]
+
+    def as_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _err(predicted, measured):
+    return None if predicted is None or not measured else (predicted - measured) / measured
+
+
+@dataclass
+class Comparison:
+    measured_peak_allocated: int
+    measured_peak_reserved: int
+    predicted_peak_allocated: int
+    predicted_peak_reserved: int
+    workspace_bytes: int
+    phases: List[PhaseComparison] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+
+    @property
+    def reserved_error(self) -> Optional[float]:
+        """(predicted - measured) / measured peak reserved bytes."""
+        return _err(self.predicted_peak_reserved, self.measured_peak_reserved)
+
+    @property
+    def allocated_error(self) -> Optional[float]:
+        return _err(self.predicted_peak_allocated, self.measured_peak_allocated)
+
+    def table(self) -> str:
+        fb = _memfit.format_bytes
+
+        def pct(e):
+            return "" if e is None else f"{e * 100:+.1f}%"
+
+        rows = [("phase", "iter", "allocated", "predicted", "err", "reserved", "predicted",
+                 "err")]
+        for p in self.phases:
+            rows.append((p.phase, str(p.iteration), fb(p.measured_allocated),
+                         "-" if p.predicted_allocated is None else fb(p.predicted_allocated),
+                         pct(_err(p.predicted_allocated, p.measured_allocated)),
+                         fb(p.measured_reserved),
+                         "-" if p.predicted_reserved is None else fb(p.predicted_reserved),
+                         pct(_err(p.predicted_reserved, p.measured_reserved))))
+        rows.append(("peak", "", fb(self.measured_peak_allocated),
+                     fb(self.predicted_peak_allocated), pct(self.allocated_error),
+                     fb(self.measured_peak_reserved), fb(self.predicted_peak_reserved),
+                     pct(self.reserved_error)))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["measured on the card (the snapshot) beside memfit's prediction "
+                 "(recorded on the CPU):"]
+        for k, r in enumerate(rows):
+            lines.append("  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+                                   for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+            if k == 0 or k == len(rows) - 2:
+                lines.append("-" * len(lines[-1]))
+        lines += [f"note: {n}" for n in self.notes]
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        return {
+            "measured_peak_allocated_bytes": self.measured_peak_allocated,
+            "measured_peak_reserved_bytes": self.measured_peak_reserved,
+            "predicted_peak_allocated_bytes": self.predicted_peak_allocated,
+            "predicted_peak_reserved_bytes": self.predicted_peak_reserved,
+            "allocated_error": self.allocated_error, "reserved_error": self.reserved_error,
+            "workspace_bytes": self.workspace_bytes,
+            "phases": [p.as_dict() for p in self.phases], "notes": list(self.notes),
+        }
+
+
+def compare_prediction(measured_timeline, measured_reserved_after, measured_peak_allocated: int,
+                       measured_peak_reserved: int, prediction_report,
+                       prediction_timeline) -> Comparison:
+    """The comparison table (See the module's docstring). The prediction is a
+    report with a CUDA estimate (memfit.profile(..., target_device="cuda") or
+    a built-in model's) and the timeline it was made from."""
+    cuda = prediction_report.cuda
+    if cuda is None:
+        raise ValueError("[compare] the prediction has no CUDA estimate: profile it with "
+                         "target_device='cuda' (memfit profile --target cuda)")
+    workspace = int(cuda.workspace_bytes)
+    # The prediction's reserved bytes after each of its events, replayed.
+    kinds, ids, nbytes, streams = (array.array("B"), array.array("Q"), array.array("q"),
+                                   array.array("q"))
+    for kind, b, i, *_ in prediction_timeline.events():
+        kinds.append(0 if kind == "alloc" else 1)
+        ids.append(i)
+        nbytes.append(b)
+        streams.append(0)
+    rep, _, _, _ = _memfit.replay_allocator_ops(kinds, ids, nbytes, streams)
+    pred_reserved = array.array("q")
+    pred_reserved.frombytes(rep)
+    pred_spans = _spans_of(prediction_timeline)
+    pred = {}
+    forward_seen = False
+    for name, it, first, end, peak in pred_spans:
+        forward_seen |= name == "forward"
+        extra = workspace if forward_seen else 0
+        res = max(pred_reserved[first:end], default=pred_reserved[first - 1] if first else 0)
+        pred[(name, it)] = (peak + extra, res + extra)
+    rows = []
+    meas_spans = _spans_of(measured_timeline)
+    for name, it, first, end, peak in meas_spans:
+        res = max(measured_reserved_after[first:end],
+                  default=measured_reserved_after[first - 1] if first else 0)
+        p = pred.get((name, it))
+        if p is None:  # the prediction ran fewer iterations: its last of this phase
+            its = [k[1] for k in pred if k[0] == name]
+            p = pred.get((name, max(its))) if its else None
+        rows.append(PhaseComparison(name, it, peak, res, None if p is None else p[0],
+                                    None if p is None else p[1]))
+    notes = ["allocated: the bytes asked for (the snapshot's sizes), not rounded to blocks"]
+    return Comparison(
+        measured_peak_allocated=measured_peak_allocated,
+        measured_peak_reserved=measured_peak_reserved,
+        predicted_peak_allocated=int(prediction_report.peak_bytes) + workspace,
+        predicted_peak_reserved=int(cuda.peak_reserved),
+        workspace_bytes=workspace, phases=rows, notes=notes)
+
+
+def _spans_of(timeline):
+    """(phase, iteration, first event, end event, peak live bytes) per phase
+    span."""
+    return [(name, it, first, end, s.peak) for (name, it, first, end), s in
+            zip(timeline.phase_spans(), timeline.phase_summaries())]

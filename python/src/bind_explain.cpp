@@ -1,0 +1,196 @@
+// `memfit explain`: reading a CUDA memory snapshot, replaying its allocator
+// trace, building a Timeline of its events, and the built-in models'
+// prediction beside it. Glue only: the logic is in the core headers.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bindings.h"
+#include "memfit/core/model/allocator_trace.h"
+#include "memfit/core/model/snapshot_reader.h"
+#include "memfit/core/model/timeline.h"
+#include "memfit/torch/models.h"
+#include "memfit/torch/profile.h"
+
+namespace py = pybind11;
+
+namespace memfit::python {
+namespace {
+
+template <typename T>
+py::bytes column(const std::vector<T>& v) {
+  return py::bytes(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+// A buffer (array.array, bytes) of `n` items of T.
+template <typename T>
+const T* items(const py::buffer& b, size_t n, const char* what) {
+  py::buffer_info info = b.request();
+  if (static_cast<size_t>(info.size * info.itemsize) != n * sizeof(T)) {
+    throw std::invalid_argument(std::string("[explain] column ") + what + " holds " +
+                                std::to_string(info.size * info.itemsize) + " bytes, expected " +
+                                std::to_string(n * sizeof(T)));
+  }
+  return static_cast<const T*>(info.ptr);
+}
+
+size_t count(const py::buffer& b) { return static_cast<size_t>(b.request().size); }
+
+py::dict snapshot_dict(Snapshot&& s) {
+  py::list frames;
+  for (const auto& f : s.frames) frames.append(py::make_tuple(f.filename, f.line, f.name));
+  py::list stacks;
+  for (const auto& st : s.stacks) stacks.append(py::tuple(py::cast(st)));
+  py::list segments;
+  for (const auto& seg : s.segments) {
+    py::list blocks;
+    for (const auto& b : seg.blocks) {
+      blocks.append(py::make_tuple(b.address, b.size, b.requested_size, b.state, b.stack));
+    }
+    py::dict d;
+    d["device"] = seg.device;
+    d["address"] = seg.address;
+    d["total_size"] = seg.total_size;
+    d["stream"] = seg.stream;
+    d["segment_type"] = seg.segment_type;
+    d["allocated_size"] = seg.allocated_size;
+    d["active_size"] = seg.active_size;
+    d["is_expandable"] = seg.is_expandable;
+    d["blocks"] = blocks;
+    segments.append(d);
+  }
+  py::list traces;
+  for (const auto& t : s.traces) {
+    py::dict d;
+    d["action"] = column(t.action);
+    d["addr"] = column(t.addr);
+    d["size"] = column(t.size);
+    d["stream"] = column(t.stream);
+    d["time_us"] = column(t.time_us);
+    d["stack"] = column(t.stack);
+    traces.append(d);
+  }
+  py::dict out;
+  out["segments"] = segments;
+  out["traces"] = traces;
+  out["has_traces"] = s.has_traces;
+  out["frames"] = frames;
+  out["stacks"] = stacks;
+  out["allocator_settings"] = s.allocator_settings;
+  out["unknown_actions"] = s.unknown_actions;
+  return out;
+}
+
+}  // namespace
+
+void init_explain(py::module_& m) {
+  py::register_exception<SnapshotFormatError>(m, "SnapshotFormatError", PyExc_ValueError);
+
+  py::list actions;
+  for (int a = 0; a < kNumTraceActions; ++a) actions.append(to_string(static_cast<TraceAction>(a)));
+  m.attr("SNAPSHOT_ACTIONS") = py::tuple(actions);
+
+  m.def("read_snapshot", [](const std::string& path) {
+    Snapshot s;
+    {
+      py::gil_scoped_release no_gil;
+      s = read_snapshot(path);
+    }
+    return snapshot_dict(std::move(s));
+  }, py::arg("path"),
+     "The snapshot at `path` read in bounded memory: segments, per device the "
+     "trace's columns as bytes (action u8, addr u64, size i64, stream i64, "
+     "time_us i64, stack u32), frames (filename, line, name), stacks (frame "
+     "indices, innermost first). Raises SnapshotFormatError (a ValueError) "
+     "with one line for a file that is not a snapshot.");
+
+  m.def("replay_allocator_ops", [](const py::buffer& kinds, const py::buffer& ids,
+                                   const py::buffer& bytes, const py::buffer& streams) {
+    const size_t n = count(kinds);
+    const auto* k = items<uint8_t>(kinds, n, "kinds");
+    const auto* id = items<uint64_t>(ids, n, "ids");
+    const auto* b = items<int64_t>(bytes, n, "bytes");
+    const auto* s = items<int64_t>(streams, n, "streams");
+    std::vector<AllocatorOp> ops(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (k[i] > AllocatorOp::kReleaseCache) throw std::invalid_argument("[explain] bad op kind");
+      ops[i] = AllocatorOp{static_cast<AllocatorOp::Kind>(k[i]), id[i], b[i], s[i]};
+    }
+    AllocatorReplay r;
+    {
+      py::gil_scoped_release no_gil;
+      r = replay_allocator_ops(ops);
+    }
+    return py::make_tuple(column(r.reserved), column(r.allocated), r.segments, r.num_ooms);
+  }, py::arg("kinds"), py::arg("ids"), py::arg("bytes"), py::arg("streams"),
+     "memfit's caching-allocator replay over ops (kind 0 malloc, 1 free, 2 release "
+     "the cache): (reserved after each op as i64 bytes, allocated likewise, the "
+     "segment sizes at the end, OOMs).");
+
+  m.def("timeline_from_events", [](const py::buffer& kinds, const py::buffer& bytes,
+                                   const py::buffer& ids, const py::buffer& times_ns,
+                                   const py::buffer& categories, const py::buffer& modules,
+                                   const std::vector<std::string>& module_names,
+                                   const std::vector<std::tuple<size_t, std::string, int>>& spans) {
+    const size_t n = count(kinds);
+    const auto* k = items<uint8_t>(kinds, n, "kinds");
+    const auto* b = items<int64_t>(bytes, n, "bytes");
+    const auto* id = items<uint64_t>(ids, n, "ids");
+    const auto* t = items<int64_t>(times_ns, n, "times_ns");
+    const auto* c = items<uint8_t>(categories, n, "categories");
+    const auto* mod = items<uint32_t>(modules, n, "modules");
+    Timeline tl;
+    tl.reserve(n);
+    std::vector<uint32_t> module_index;
+    for (const auto& name : module_names) module_index.push_back(tl.module_index(name));
+    size_t next_span = 0;
+    for (size_t i = 0; i < n; ++i) {
+      while (next_span < spans.size() && std::get<0>(spans[next_span]) <= i) {
+        tl.begin_phase(std::get<1>(spans[next_span]), std::get<2>(spans[next_span]));
+        ++next_span;
+      }
+      if (c[i] >= kNumCategories) throw std::invalid_argument("[explain] bad category");
+      if (mod[i] >= module_index.size()) throw std::invalid_argument("[explain] bad module");
+      Event e;
+      e.kind = k[i] ? EventKind::kFree : EventKind::kAlloc;
+      e.bytes = b[i];
+      e.id = id[i];
+      e.time_ns = t[i];
+      e.device = Device::kCUDA;
+      e.category = static_cast<Category>(c[i]);
+      e.module = module_index[mod[i]];
+      e.phase = tl.current_phase();
+      tl.record(e);
+    }
+    tl.end_phase();
+    return tl;
+  }, py::arg("kinds"), py::arg("bytes"), py::arg("ids"), py::arg("times_ns"),
+     py::arg("categories"), py::arg("modules"), py::arg("module_names"), py::arg("spans"),
+     "A CUDA Timeline from event columns (kind u8: 0 alloc, 1 free; bytes i64; "
+     "id u64; time_ns i64; category u8 in Category order; module u32 into "
+     "module_names) and phase spans (first event, name, iteration).");
+
+  m.def("profile_builtin", [](const std::string& model, int64_t batch,
+                              const std::string& optimizer, int iterations,
+                              int64_t cuda_workspace) {
+    ProfileOptions o;
+    o.batch = batch;
+    o.optimizer = optimizer;
+    o.iterations = iterations;
+    o.cuda_target = true;
+    o.cuda_workspace = cuda_workspace;
+    py::gil_scoped_release no_gil;
+    auto m = make_model(model);
+    Profile p = profile_model(*m, o);
+    return std::make_pair(std::move(p.report), std::move(p.timeline));
+  }, py::arg("model"), py::arg("batch"), py::arg("optimizer") = "adam",
+     py::arg("iterations") = 2, py::arg("cuda_workspace") = kDefaultCudaWorkspaceBytes,
+     "A built-in model's step (`memfit profile --model M --batch B --target cuda`) "
+     "recorded on the CPU: (Report with its CUDA estimate, Timeline).");
+}
+
+}  // namespace memfit::python

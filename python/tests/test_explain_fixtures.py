@@ -1,0 +1,61 @@
+"""Every CUDA memory snapshot under tests/data/snapshots/ (recorded on a GPU
+by `scripts/gpu_check.sh --snapshots`; synthetic ones under synthetic/, named
+so): memfit's allocator replay must reproduce the card's reserved bytes
+(within 1% at every event, the peak exact) and, where the fixture's metadata
+names the step, memfit's prediction recorded on the CPU must come within the
+tolerance the metadata sets of the card's reserved peak. New fixtures are
+picked up as they are dropped in."""
+
+import glob
+import json
+import os
+
+import pytest
+
+import memfit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DATA = os.path.join(HERE, "..", "..", "tests", "data", "snapshots")
+FIXTURES = sorted(glob.glob(os.path.join(DATA, "**", "*.pickle"), recursive=True))
+
+
+def metadata(path):
+    meta = os.path.splitext(path)[0] + ".json"
+    if not os.path.exists(meta):
+        return {}
+    with open(meta) as f:
+        return json.load(f)
+
+
+def test_there_is_a_fixture():
+    assert FIXTURES, f"no snapshots under {DATA}"
+
+
+@pytest.mark.parametrize("path", FIXTURES, ids=lambda p: os.path.relpath(p, DATA))
+def test_the_replay_reproduces_the_card(path):
+    meta = metadata(path)
+    s = memfit.load_snapshot(path)
+    r = s.replay()
+    if r.status == "not replayed":
+        assert meta.get("expandable_segments"), r.reason
+        return
+    assert r.status == "checked", r.reason
+    assert r.max_rel_error <= 0.01, r.summary()
+    assert r.peak_reserved_replayed == r.peak_reserved_measured, r.summary()
+    assert r.segments_replayed == r.segments_measured, r.summary()
+
+
+@pytest.mark.parametrize("path", [p for p in FIXTURES if metadata(p).get("predict")],
+                         ids=lambda p: os.path.relpath(p, DATA))
+def test_the_prediction_comes_within_the_fixtures_tolerance(path):
+    meta = metadata(path)
+    p = meta["predict"]
+    import memfit._memfit as native
+
+    report, timeline = native.profile_builtin(p["model"], p["batch"], p.get("optimizer", "adam"),
+                                              p.get("iterations", 2),
+                                              p.get("cuda_workspace",
+                                                    native.DEFAULT_CUDA_WORKSPACE))
+    c = memfit.load_snapshot(path).compare(report, timeline)
+    tolerance = p.get("tolerance", 0.10)
+    assert abs(c.reserved_error) <= tolerance, c.table()

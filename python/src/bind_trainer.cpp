@@ -67,9 +67,10 @@ void init_trainer(py::module_& m) {
       .def_readonly("micro_batches", &StepReport::micro_batches)
       .def_readonly("ooms_recovered", &StepReport::ooms_recovered)
       .def_readonly("samples", &StepReport::samples)
-      .def_readonly("loss", &StepReport::loss)
+      .def_readwrite("loss", &StepReport::loss)
       .def_readonly("peak_bytes", &StepReport::peak_bytes)
       .def_readonly("chunks", &StepReport::chunks)
+      .def_readwrite("notes", &StepReport::notes)
       .def("__repr__", [](const StepReport& r) {
         return "StepReport(batch=" + std::to_string(r.batch) + ", micro_batch=" +
                std::to_string(r.micro_batch) + ", micro_batches=" +
@@ -153,6 +154,8 @@ void init_trainer(py::module_& m) {
       "(cause, message, advice, what_fills, phase_words) of an OOM: what fills the memory "
       "and the advice that fits it (see include/memfit/core/oom_cause.h). phase: a profile "
       "phase name.");
+  m.def("allocator_figures", &allocator_figures, py::arg("message"),
+        "An allocator's OOM message without CUDA's words and its generic advice.");
 }
 
 }  // namespace memfit::python

@@ -6,6 +6,7 @@ import contextlib
 from typing import ContextManager
 
 from .. import _memfit
+from . import oom_explain
 from .hints import Size
 
 __all__ = ["to_bytes", "simulated_device", "host_memory", "budget_target"]
@@ -53,6 +54,8 @@ def simulated_device(budget: Size, device: str = "cpu") -> ContextManager[None]:
     data inside the block (or inside memfit.track()) to have them count.
     Nested blocks apply the smallest budget.
     """
+    # Its OOMs say what fills it: see Note [What fills the simulated device].
+    oom_explain.install()
     handle = _memfit.SimulatedDevice(to_bytes(budget, "simulated_device"), device)
     try:
         yield handle

@@ -132,8 +132,22 @@ def counted_targets(target, weight, ignore_index):
     of targets not equal to `ignore_index`, each counted by its class weight
     when `weight` is given. See Note [How a chunk's loss counts in the
     batch's]."""
-    valid = target != ignore_index
-    if weight is None:
-        return valid.sum()
-    safe = torch.where(valid, target, torch.zeros_like(target))
-    return (weight.to(target.device)[safe] * valid).sum()
+    # In slices: counting must not take 9 bytes per target at once (a bool
+    # mask and its int64 sum) beside a batch that fits the device.
+    flat = target.reshape(-1)
+    if weight is not None:
+        weight = weight.to(target.device)
+    total = None
+    for start in range(0, max(flat.numel(), 1), _COUNT_SLICE):
+        part = flat[start:start + _COUNT_SLICE]
+        valid = part != ignore_index
+        if weight is None:
+            n = valid.sum()
+        else:
+            safe = torch.where(valid, part, torch.zeros_like(part))
+            n = (weight[safe] * valid).sum()
+        total = n if total is None else total + n
+    return total
+
+
+_COUNT_SLICE = 1 << 16

@@ -240,7 +240,18 @@ class Trainer:
     - coupled: "error" (default) refuses to split a model with BatchNorm in
       training mode, naming the layers; "allow" splits anyway (each
       micro-batch uses its own statistics).
-    - reduction: "mean" or "sum"; read from loss_fn.reduction when omitted.
+    - reduction: None (default) or "mean"/"sum". Each micro-batch's loss is
+      weighted by how the loss reduces the batch, found by watching it run
+      (Note [Probing how the loss reduces], loss_weighting.py): a torch loss
+      function's or .mean()/.sum()'s own reduction, with cross_entropy and
+      nll_loss weighted by counted targets (ignore_index, class weights), as
+      memfit.lazy does; a loss made otherwise is probed by its values once,
+      and refused when it is neither a mean nor a sum. reduction= says it
+      for such losses; one contradicting the loss's own is refused.
+    - Dropout draws its masks per micro-batch: a split step of a model with
+      dropout in training mode is a valid step but not the eager step on the
+      whole batch, and its report's notes say so (Note [Dropout in a split
+      step], step_notes.py).
     - split=False runs the batch whole and lets an OOM out.
     - scaler: a torch.amp.GradScaler for mixed precision. Autocast stays
       yours (wrap step() in torch.autocast); each micro-batch's loss is
@@ -348,7 +359,8 @@ class Trainer:
     def step(self, inputs: Batch, target: Batch = None) -> Any:
         """One optimizer step on the whole batch; returns a StepReport with
         batch, micro_batch, micro_batches, ooms_recovered, samples, loss,
-        peak_bytes and chunks."""
+        peak_bytes, chunks and notes (what differs from one eager step on
+        the whole batch: dropout's masks)."""
         native = self._native_now()
         if self._dist is not None:
             return self._distributed_step(native, inputs, target)

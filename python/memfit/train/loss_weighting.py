@@ -126,6 +126,8 @@ class LossWeighting:
         self._probed = None  # the numeric probe's answer, "mean" or "sum"
         self._counts = {}  # start -> counted targets of this step's chunk there
         self._sum_chunks = False
+        self._full_target = None
+        self._denominators = {}
 
     def begin_step(self, full_target=None):
         """Before a step on the batch whose target is `full_target`."""
@@ -179,6 +181,14 @@ class LossWeighting:
         self._sum_chunks = True
         self._counts[start] = (n, count.detach())
         return loss * count
+
+    def finish_step(self):
+        """After the step: grad_scale(), and the step's target and counts
+        let go (the object lives as long as the Trainer)."""
+        scale = self.grad_scale()
+        self._full_target, self._denominators, self._counts = None, {}, {}
+        self._sum_chunks = False
+        return scale
 
     def grad_scale(self):
         """1 / the batch's counted targets when the chunks' losses were sums

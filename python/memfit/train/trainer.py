@@ -376,8 +376,9 @@ class Trainer:
                                  self._batch_bytes(inputs, target))
         except BaseException:
             buffers.restore_before_step()
+            self._weighting.finish_step()
             raise
-        scale = self._weighting.grad_scale()
+        scale = self._weighting.finish_step()
         if scale is not None:
             report.loss *= scale
         report.notes = split_notes(self._module, report.micro_batches)
@@ -578,8 +579,9 @@ class Trainer:
                                      self._chunk_loss(inputs, target, n, buffers))
         except BaseException:
             buffers.restore_before_step()
+            self._weighting.finish_step()
             raise
-        scale = self._weighting.grad_scale()
+        scale = self._weighting.finish_step()
         if scale is not None:
             report.loss *= scale
         report.notes = split_notes(self._module, report.micro_batches)

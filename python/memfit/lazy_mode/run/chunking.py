@@ -115,11 +115,11 @@ def plan_limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, m
     if entry is None and device is not None and device.type in ("cpu", "meta"):
         # Garbage not yet collected (cycles a finished step left) still holds
         # tracked bytes: without this, the plan depended on when Python's GC
-        # last ran. Only before measuring: cached plans stay cheap. The young
-        # generations only: a step's garbage is young, and a full collection
-        # walks every object of the process (torch's own: up to a second,
-        # half of a first call's cost).
-        gc.collect(1)
+        # last ran. Only before measuring: cached plans stay cheap. A full
+        # collection: garbage promoted to the oldest generation holds bytes
+        # too (an LSTM step's 4 B); it walks every object of the process,
+        # the largest part of a first call's cost on a small model.
+        gc.collect()
     avail = device_available(device)
     info.available_bytes = avail
     if avail is None:

@@ -1,6 +1,12 @@
 #!/usr/bin/env python3
 """What memfit.lazy costs.
 
+0. The first call: a step on shapes memfit has not seen (a fresh model: the
+   probe and memory caches are keyed by the module) against the first eager
+   step of another fresh copy of the same model. Recording runs every
+   operation on 2 and 3 samples (the probes); under a budget the step is
+   also measured once at 2 and 3 samples to size the chunks. The goal is
+   <= 2x.
 1. No split needed: one training step (zero_grad, forward, loss, backward)
    written with memfit.lazy against the same step written plainly, at the
    same batch. Printed as a ratio of median times; the goal is <= 1.05.
@@ -16,6 +22,8 @@
 """
 
 import argparse
+import contextlib
+import copy
 import statistics
 import time
 
@@ -52,6 +60,32 @@ def interleaved(fns, reps, warmup=3):
     return [statistics.median(t) for t in times]
 
 
+def first_calls(make, batch, budget, reps):
+    """Median seconds of the first eager step and of the first lazy step,
+    each on a fresh copy of the model (cold caches), under a simulated
+    device of `budget` bytes (None: none)."""
+    base = make()
+    crit = nn.CrossEntropyLoss()
+    X = torch.randn(batch, 1, 28, 28)
+    Y = torch.randint(0, 10, (batch,))
+    crit(base(X), Y).backward()  # torch's own first-call costs, once
+    times = {"eager": [], "lazy": []}
+    for _ in range(reps):
+        for kind in ("eager", "lazy"):
+            model = copy.deepcopy(base)
+            model.zero_grad(set_to_none=True)
+            device = memfit.simulated_device(budget) if budget else contextlib.nullcontext()
+            with device:
+                t0 = time.perf_counter()
+                if kind == "eager":
+                    crit(model(X), Y).backward()
+                else:
+                    x, y = memfit.lazy(X, Y)
+                    crit(model(x), y).backward()
+                times[kind].append(time.perf_counter() - t0)
+    return statistics.median(times["eager"]), statistics.median(times["lazy"])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=30)
@@ -79,6 +113,13 @@ def main():
     t_eager, t_lazy = interleaved([tiny_eager, tiny_lazy], 20 * reps)
     print(f"fixed cost of lazy per step (Linear 16-4, batch 32): "
           f"{(t_lazy - t_eager) * 1e6:.0f} us (eager step {t_eager * 1e6:.0f} us)")
+
+    for name, make, batch in (("MLP 784-512-512-10", mlp, 256), ("CNN 2 conv", cnn, 64)):
+        for budget in (None, 1 << 30):
+            t_eager, t_lazy = first_calls(make, batch, budget, max(3, reps // 4))
+            where = "no budget" if budget is None else f"budget {memfit.format_bytes(budget)}"
+            print(f"{name}, batch {batch}, first call, {where}: eager {t_eager * 1e3:7.2f} ms  "
+                  f"lazy {t_lazy * 1e3:7.2f} ms  ratio {t_lazy / t_eager:.2f}  (goal <= 2)")
 
     for name, make, batch, split in (("MLP 784-512-512-10", mlp, 256, False),
                                      ("CNN 2 conv", cnn, 64, True)):

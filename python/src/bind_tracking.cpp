@@ -1,5 +1,6 @@
 // Simulated device and recorder, held by small Python-side handles whose
 // enter/exit create and destroy the C++ RAII objects.
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <memory>
@@ -82,10 +83,47 @@ void init_tracking(py::module_& m) {
     return b ? py::cast(*b) : py::none();
   }, py::arg("device") = "cpu",
      "The simulated device's budget in bytes, or None when none is in force.");
-  m.def("allocation_id", [](const at::Tensor& t) -> py::object {
-    auto a = tracking::allocation_of(t);
+  m.def("allocation_id", [](py::handle obj) -> py::object {
+    // Only a real tensor: an object that merely claims to be one through
+    // __class__ (memfit.lazy's LazyTensor does, for isinstance) passes
+    // pybind's at::Tensor check and would be read as one.
+    if (!PyType_IsSubtype(Py_TYPE(obj.ptr()), reinterpret_cast<PyTypeObject*>(THPVariableClass))) {
+      return py::none();
+    }
+    auto a = tracking::allocation_of(THPVariable_Unpack(obj.ptr()));
     return a ? py::cast(a->id) : py::none();
-  }, py::arg("tensor"));
+  }, py::arg("tensor"),
+     "The id of the tracked allocation behind a tensor's storage, or None (not tracked, or "
+     "not a tensor).");
+  // See Note [What fills the simulated device] (tracking.cpp). The callable
+  // is kept for the life of the process (never destroyed: the interpreter
+  // may be gone when static destructors run).
+  m.def("set_oom_explainer", [](py::object fn) {
+    static py::object* held = nullptr;
+    if (held == nullptr) held = new py::object();
+    *held = fn;
+    if (fn.is_none()) {
+      tracking::set_oom_explainer({});
+      return;
+    }
+    tracking::set_oom_explainer([](const tracking::OomContext& c) -> std::string {
+      // Only a thread Python knows (its own, or one that released the GIL
+      // inside a torch call) takes the GIL here: a kernel's worker thread
+      // could wait forever for a GIL its caller holds.
+      if (!Py_IsInitialized() || PyGILState_GetThisThreadState() == nullptr) return "";
+      py::gil_scoped_acquire gil;
+      try {
+        if (held == nullptr || held->is_none()) return "";
+        py::object out = (*held)(c.bytes, c.used, c.budget,
+                                 c.device == Device::kMeta ? "meta" : "cpu", c.message);
+        return out.is_none() ? std::string() : out.cast<std::string>();
+      } catch (py::error_already_set&) {
+        return "";
+      }
+    });
+  }, py::arg("explainer"),
+     "explainer(bytes, used, budget, device, message) -> the message a simulated device's "
+     "OOM raises instead (None or '' keeps it); None removes it.");
   m.def("fail_allocation_after", [](int64_t n, const std::string& device) {
     tracking::fail_allocation_after(device_from(device), n);
   }, py::arg("n"), py::arg("device") = "cpu");

@@ -79,10 +79,12 @@ void init_trainer(py::module_& m) {
       .def_readonly("ooms_recovered", &StepReport::ooms_recovered,
                     "out-of-memory errors recovered from by halving")
       .def_readonly("samples", &StepReport::samples, "samples whose gradient was accumulated")
-      .def_readonly("loss", &StepReport::loss, "the whole batch's loss (mean or sum)")
+      .def_readwrite("loss", &StepReport::loss, "the whole batch's loss (mean or sum)")
       .def_readonly("peak_bytes", &StepReport::peak_bytes,
                     "the most tracked bytes live on the CPU at once")
       .def_readonly("chunks", &StepReport::chunks, "micro-batch sizes in the order they completed")
+      .def_readwrite("notes", &StepReport::notes,
+                     "what the step did differently from the whole batch in one step")
       .def("__repr__", [](const StepReport& r) {
         return "StepReport(batch=" + std::to_string(r.batch) + ", micro_batch=" +
                std::to_string(r.micro_batch) + ", micro_batches=" +
@@ -213,6 +215,8 @@ void init_trainer(py::module_& m) {
       py::arg("detail") = "",
       "An OOM explained (an OomExplanation): what fills the memory and the advice that "
       "fits it. phase: a profile phase name.");
+  m.def("allocator_figures", &allocator_figures, py::arg("message"),
+        "An allocator's OOM message without CUDA's words and its generic advice.");
 }
 
 }  // namespace memfit::python

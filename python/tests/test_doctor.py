@@ -539,10 +539,10 @@ def test_max_steps_stops_the_loop():
 
 
 def test_doctor_arguments_before_and_after_the_script():
-    assert parse(["t.py", "--lr", "1", "--steps", "4"]) == ("t.py", ["--lr", "1"], 4, True)
-    assert parse(["--steps=2", "--no-trials", "t.py", "-h"]) == ("t.py", ["-h"], 2, False)
+    assert parse(["t.py", "--lr", "1", "--steps", "4"]) == ("t.py", ["--lr", "1"], 4, True, 600)
+    assert parse(["--steps=2", "--no-trials", "t.py", "-h"]) == ("t.py", ["-h"], 2, False, 600)
     assert parse(["--steps", "3", "t.py", "--", "--steps", "9"]) == (
-        "t.py", ["--steps", "9"], 3, True)
+        "t.py", ["--steps", "9"], 3, True, 600)
     with pytest.raises(ValueError):
         parse(["--steps", "0", "t.py"])
     with pytest.raises(ValueError):

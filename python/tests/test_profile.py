@@ -50,8 +50,9 @@ def test_json_has_exactly_the_documented_keys():
     assert set(doc["phases"][0]) == {
         "name", "iteration", "live_bytes_after", "delta_bytes", "peak_bytes", "note",
     }
-    # ReLU outputs are what the MLP saves (the Linear outputs die in forward)
-    assert {m["path"] for m in doc["modules"]} >= {"2", "4"}
+    # ReLU outputs are what the MLP saves (the Linear outputs die in forward),
+    # labelled as track() labels them (path and class)
+    assert {m["path"] for m in doc["modules"]} >= {"2 (ReLU)", "4 (ReLU)"}
 
 
 def test_profile_leaves_model_gradients_and_optimizer_as_they_were():

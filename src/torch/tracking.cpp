@@ -35,6 +35,14 @@
 // so its OOM starts with CUDA's words; memfit's own figures (budget, already
 // allocated, free) follow in parentheses, naming the simulated device.
 
+// Note [What fills the simulated device]
+// The allocator knows how many bytes are live, not what they are. What
+// fills the device (parameters, gradients, optimizer state) and the advice
+// for that cause (oom_cause.h) are known above it: the Python package
+// installs an OomExplainer that reads the live models and optimizers and
+// the phase from the stack, and returns the message to raise. Without one
+// (C++ alone) the figures and the generic advice stay.
+
 namespace memfit {
 namespace {
 
@@ -77,6 +85,7 @@ struct State {
   std::vector<Budget> budgets;
   uint64_t next_id = 1;
   uint64_t next_budget = 1;
+  tracking::OomExplainer explainer;  // See Note [What fills the simulated device]
 };
 
 State& state() {
@@ -206,7 +215,23 @@ class TrackingAllocator final : public c10::Allocator {
         << format_bytes(std::max<int64_t>(0, budget - used))
         << " free). Use a smaller batch, or let memfit find one that fits "
            "(`memfit fit`, memfit.find_batch_size).";
-    C10_THROW_ERROR(OutOfMemoryError, msg.str());
+    tracking::OomContext context{bytes, used, budget, device_, msg.str()};
+    C10_THROW_ERROR(OutOfMemoryError, explained(context));
+  }
+  static std::string explained(const tracking::OomContext& context) {
+    tracking::OomExplainer explainer;
+    {
+      State& s = state();
+      std::lock_guard<std::mutex> lock(s.mu);
+      explainer = s.explainer;
+    }
+    if (!explainer) return context.message;
+    try {
+      std::string better = explainer(context);
+      return better.empty() ? context.message : better;
+    } catch (...) {
+      return context.message;  // the OOM is what the caller must see
+    }
   }
   [[noreturn]] void throw_oom(int64_t bytes, const char* why) const {
     std::ostringstream msg;
@@ -319,6 +344,9 @@ void remove_observer(AllocationObserver* o) {
 
 std::optional<Allocation> allocation_of(const at::Tensor& t) {
   if (!t.defined() || !t.has_storage()) return std::nullopt;
+  // A Python wrapper subclass (memfit.lazy's LazyTensor, FakeTensor) holds
+  // no memory of its own, and reading its storage is not allowed.
+  if (t.key_set().has(c10::DispatchKey::Python)) return std::nullopt;
   const c10::DataPtr& dp = t.storage().data_ptr();
   if (dp.get_deleter() != &free_tracked) return std::nullopt;
   State& s = state();
@@ -343,6 +371,12 @@ void fail_allocation_after(Device d, int64_t n) {
   State& s = state();
   std::lock_guard<std::mutex> lock(s.mu);
   s.fail_after[index_of(d)] = n;
+}
+
+void set_oom_explainer(OomExplainer e) {
+  State& s = state();
+  std::lock_guard<std::mutex> lock(s.mu);
+  s.explainer = std::move(e);
 }
 
 }  // namespace tracking

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 
@@ -63,6 +65,22 @@ std::optional<int64_t> budget(Device d);
 void fail_allocation_after(Device d, int64_t n);
 // How many tracked allocations were made on d since the process started.
 int64_t allocation_count(Device d);
+
+// A simulated device's OOM, as the explainer is told of it.
+struct OomContext {
+  int64_t bytes = 0;   // the allocation refused
+  int64_t used = 0;    // tracked bytes live on the device then
+  int64_t budget = 0;
+  Device device = Device::kCPU;
+  std::string message;  // the allocator's own message (figures and generic advice)
+};
+// Returns the message to raise instead of context.message, "" to keep it.
+// Called on the allocating thread without the tracker's lock, before the
+// OutOfMemoryError is thrown; an exception it throws is ignored. See Note
+// [What fills the simulated device] (tracking.cpp).
+using OomExplainer = std::function<std::string(const OomContext&)>;
+// Installs `e` (an empty function removes it) for every simulated device.
+void set_oom_explainer(OomExplainer e);
 
 }  // namespace tracking
 

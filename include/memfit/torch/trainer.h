@@ -55,6 +55,9 @@ struct StepReport {
   double loss = 0;              // of the whole batch (mean or sum)
   int64_t peak_bytes = 0;       // most tracked bytes live on the CPU at once
   std::vector<int64_t> chunks;  // sizes in the order they completed
+  // What makes this step differ from one eager step on the whole batch
+  // (the Python Trainer's: dropout's masks drawn per micro-batch).
+  std::vector<std::string> notes;
 };
 
 class Trainer {

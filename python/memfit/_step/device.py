@@ -6,6 +6,7 @@ import contextlib
 from typing import ContextManager
 
 from .. import _memfit
+from . import oom_explain
 from .hints import Size
 
 __all__ = ["to_bytes", "simulated_device", "host_memory", "budget_target"]
@@ -52,7 +53,15 @@ def simulated_device(budget: Size, device: str = "cpu") -> ContextManager[None]:
     Only memory allocated while memfit tracks is counted: create the model and
     data inside the block (or inside memfit.track()) to have them count.
     Nested blocks apply the smallest budget.
+
+    The error names what fills the device (parameters, gradients, optimizer
+    state, the rest: activations in the forward and backward) and the advice
+    for that cause, then the allocator's figures: an OOM in Adam's first
+    step says a smaller batch cannot help. See Note [What fills the
+    simulated device] (tracking.cpp).
     """
+    # Its OOMs say what fills it: see Note [What fills the simulated device].
+    oom_explain.install()
     handle = _memfit.SimulatedDevice(to_bytes(budget, "simulated_device"), device)
     try:
         yield handle

@@ -126,7 +126,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         t.only_device("meta")
         # See Note [Meta kernels allocate only their outputs] (op_frames.h).
         t.drop_meta_kernel_intermediates()
-    t.watch_modules(model)
+    t.watch_modules(model, classes=True)
     step = _StepState(optimizer)
 
     def materialize():

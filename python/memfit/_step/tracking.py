@@ -19,6 +19,7 @@ class Tracking:
         self._recorder = _memfit.Recorder()
         self._hooks = []
         self._finish = []  # run at stop(), before the recorder stops
+        self._open_modules = 0  # submodule scopes open now (watch_modules)
 
     @property
     def live_bytes(self) -> int:
@@ -72,9 +73,11 @@ class Tracking:
 
             def pre(_module, _inputs, path=path):
                 recorder.push_module(path, True)
+                self._open_modules += 1
 
             def post(_module, _inputs, _output):
                 recorder.pop_module()
+                self._open_modules -= 1
 
             self._hooks.append(module.register_forward_pre_hook(pre))
             self._hooks.append(module.register_forward_hook(post))
@@ -87,13 +90,26 @@ class Tracking:
         and `optimizer`'s step "optimizer_step"; gradients, optimizer state,
         and parameters and buffers made inside the block are classified.
         See Note [Phases of a step memfit does not run]."""
-        state = {"iteration": 0, "phase": None, "live": True}
+        state = {"iteration": 0, "phase": None, "live": True, "scope": False}
         recorder = self._recorder
+        # See Note [Allocations outside the model's submodules].
+        scopes = {"forward": f"({type(model).__name__}'s own forward)", "loss": "(loss)",
+                  "backward": "(backward)", "optimizer_step": "(optimizer)",
+                  "zero_grad": "(outside the model)"}
+
+        def scope(name):
+            if self._open_modules:
+                return  # a submodule's scope is on top: keep the stack's order
+            if state["scope"]:
+                recorder.pop_module()
+            recorder.push_module(scopes[name], True)
+            state["scope"] = True
 
         def begin(name):
             if state["live"] and state["phase"] != name:
                 state["phase"] = name
                 recorder.begin_phase(name, state["iteration"])
+                scope(name)
 
         def pre(_module, _inputs):
             if state["phase"] != "forward":
@@ -130,7 +146,12 @@ class Tracking:
             self._hooks.append(optimizer.register_step_pre_hook(step_pre))
             self._hooks.append(optimizer.register_step_post_hook(step_post))
 
+        scope("zero_grad")
+
         def finish():
+            if state["scope"] and not self._open_modules:
+                recorder.pop_module()
+                state["scope"] = False
             state["live"] = False
             for p in model.parameters():
                 self.classify(p, "parameter")
@@ -159,6 +180,14 @@ def _tensors(obj):
     if isinstance(obj, dict):
         return [t for o in obj.values() for t in _tensors(o)]
     return []
+
+
+# Note [Allocations outside the model's submodules]
+# Submodules name what they allocate ("0 (Linear)"). What no submodule
+# allocates is named by what made it, from the phase the step is in: the
+# model's own forward (code in its forward() outside any submodule),
+# "(loss)", "(backward)", "(optimizer)", and "(outside the model)" before
+# the first forward and after the optimizer's step, never an empty name.
 
 
 # Note [Phases of a step memfit does not run]

@@ -20,11 +20,11 @@ OPTIMIZERS = {
     "adam-offload": lambda params: _offload(torch.optim.Adam(params, lr=1e-3)),
 }
 
-def default_loss(output, target):
+def default_loss(output, target, who="profile"):
     if target is None:
         if output.dim() != 0:
             raise ValueError(
-                f"[profile] the model returned a tensor of shape {tuple(output.shape)} "
+                f"[{who}] the model returned a tensor of shape {tuple(output.shape)} "
                 f"and there is no target or loss_fn: pass loss_fn=, or a target"
             )
         return output
@@ -33,21 +33,38 @@ def default_loss(output, target):
     return torch.nn.functional.mse_loss(output, target)
 
 
-def compute_loss(output, target, loss_fn):
+def compute_loss(output, target, loss_fn, who="profile"):
+    """loss_fn(output, target), or the default loss; raises ValueError, one
+    line tagged `who`, for an output no loss can take (None, or a dict or
+    tuple without loss_fn) and for a loss that is not a scalar tensor."""
+    if output is None:
+        raise ValueError(
+            f"[{who}] the model returned None: its forward must return its output "
+            f"(a missing `return`?)"
+        )
     if loss_fn is None:
         if not isinstance(output, torch.Tensor):
             raise ValueError(
-                f"[profile] the model returned a {type(output).__name__}, not a "
+                f"[{who}] the model returned a {type(output).__name__}, not a "
                 f"tensor: pass loss_fn= taking (output, target) and returning "
                 f"a scalar tensor"
             )
-        loss = default_loss(output, target)
+        loss = default_loss(output, target, who)
     else:
-        loss = loss_fn(output, target) if target is not None else loss_fn(output)
+        try:
+            loss = loss_fn(output, target) if target is not None else loss_fn(output)
+        except (TypeError, AttributeError) as e:
+            if isinstance(output, torch.Tensor):
+                raise
+            raise ValueError(
+                f"[{who}] loss_fn failed on the model's output, a {type(output).__name__} "
+                f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): make "
+                f"loss_fn take that output, or return a tensor from the model"
+            ) from e
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(
-            f"[profile] the loss must be a scalar tensor, got {shape}: reduce it "
+            f"[{who}] the loss must be a scalar tensor, got {shape}: reduce it "
             f"(e.g. .mean()) in loss_fn"
         )
     return loss

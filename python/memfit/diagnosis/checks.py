@@ -14,6 +14,7 @@ import collections
 import statistics
 
 from .._memfit import format_bytes
+from .keepers import keeper_of
 from .lifetimes import Run
 from .observe import IN_PLACE_FIXES
 from .records import UNKNOWN_SITE, Finding
@@ -186,9 +187,31 @@ def check_memory_growth(run, graph_explained=False):
                 f"the autograd graphs of the forward at {site} stay alive "
                 f"(+{_fmt(graph_slope)} per step): something keeps a tensor computed with grad.")
         fix = "run it under `torch.no_grad()`, or keep `.detach()`ed results"
+        keeper = _keeper(run, graph_sites)
+        if keeper is not None:
+            # See keepers.py: the line that keeps it, and the number to keep.
+            k = keeper
+            seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
+                    f"`{k.container}` at {k.site} keeps each step's `{k.name}` (made at "
+                    f"{site}), a tensor with its autograd graph: +{_fmt(graph_slope)} per "
+                    f"step, and the graph's nodes in host memory.")
+            fix = (f"keep the number: `{k.container}.append({k.name}.item())` (or "
+                   f"`{k.name}.detach()` for a tensor)")
+            site = k.site
         findings.append(Finding("memory_growth", int(graph_slope), site, seen, fix,
                                 int(graph_slope)))
     return findings
+
+
+def _keeper(run, graph_sites):
+    """The line keeping the growing graph's tensor in a list (keepers.py),
+    for the sites whose graph memory stays alive, or None."""
+    for made, _bytes in graph_sites.most_common():
+        if made is not UNKNOWN_SITE:
+            keeper = keeper_of(made)
+            if keeper is not None:
+                return keeper
+    return None
 
 
 def _capital(text):

@@ -141,6 +141,9 @@ class Observer:
         self.model = model
         self.optimizer = optimizer
         self.max_steps = max_steps
+        # Set once StopRun was raised: raised again at every forward and
+        # step, should the loop swallow it (`except BaseException: pass`).
+        self.stopping = False
         self.quiet = False
         self.spans = []
         self.markers = []
@@ -159,6 +162,7 @@ class Observer:
         self._has_params = {}
         self._seen = set()  # (what, boundary) recorded once per step
         self._optimizers = []
+        self._seen_steppers = []  # optimizers whose step() began, finished or not
         self._hooked = set()  # ids of the modules whose forward has our post-hook
         self._root = None  # (module, ForwardCall) of the forward running
         self._forwards_since_step = 0
@@ -305,9 +309,12 @@ class Observer:
         self.quiet = True  # reading .grad below is ours, not the user's
         try:
             n = len(self.timeline)
+            if self.stopping:
+                raise StopRun()  # a loop swallowed the last one
             if (self.max_steps and not self.optimizer_steps
                     and len(self.forwards) >= self.max_steps):
                 self.markers.append((n, "forward"))
+                self.stopping = True
                 raise StopRun()
             self.markers.append((n, "forward"))
             self._new_boundary()
@@ -365,6 +372,10 @@ class Observer:
     def _step_pre(self, optimizer, args, kwargs):
         if self.optimizer is not None and optimizer is not self.optimizer:
             return
+        if self.stopping:
+            raise StopRun()  # a loop swallowed the last one
+        if not any(o is optimizer for o in self._seen_steppers):
+            self._seen_steppers.append(optimizer)
         self._step_open = (len(self.timeline), user_frame(1), self.quiet, self._suspend())
         self.quiet = True
 
@@ -387,7 +398,12 @@ class Observer:
         finally:
             self.quiet = prev
         if self.max_steps and self.optimizer_steps >= self.max_steps:
+            self.stopping = True
             raise StopRun()
+
+    def optimizers_seen(self):
+        """The optimizers whose step() began (an OOM may have ended it)."""
+        return list(self._seen_steppers)
 
     def params(self):
         """The parameters whose gradients count: the optimizers', else the

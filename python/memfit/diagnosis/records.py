@@ -28,6 +28,7 @@ KINDS = {
     "float64": "float64 tensors in the step",
     "not_in_place": "an out-of-place activation or add that could run in place",
     "pageable_copy": "host-to-device copies from pageable memory or with non_blocking=False",
+    "out_of_memory": "the loop died of an out-of-memory error",
 }
 
 

@@ -36,12 +36,18 @@ def format_report(findings, steps, step_kind, peak_bytes, peak_step, outside_byt
     if not findings:
         lines.append("no findings: no memory mistake seen in these steps")
         return "\n".join(lines)
+    if findings[0].kind == "out_of_memory":
+        lines.append(f"the loop ran out of memory at {findings[0].where}: see finding 1")
     lines.append(f"{len(findings)} finding{'s' if len(findings) > 1 else ''}, largest first:")
     for i, f in enumerate(findings, 1):
         lines.append("")
-        lines.append(f"{i}. {f.kind} at {f.where}: {format_bytes(f.bytes_per_step)} per step")
+        if f.kind == "out_of_memory":
+            lines.append(f"{i}. {f.kind} at {f.where}: {format_bytes(f.bytes_per_step)} alive")
+        else:
+            lines.append(f"{i}. {f.kind} at {f.where}: {format_bytes(f.bytes_per_step)} per step")
         lines.append(f"   what:  {KINDS[f.kind]}")
         lines.append(f"   seen:  {f.evidence}")
         lines.append(f"   fix:   {f.fix}")
-        lines.append(f"   saves: {_saving(f)}")
+        if f.kind != "out_of_memory":
+            lines.append(f"   saves: {_saving(f)}")
     return "\n".join(lines)

@@ -7,11 +7,14 @@ import dataclasses
 
 import torch
 
+from .._step.arguments import flag
+from .._step.batching import count
 from .._step.tracking import Tracking
 from . import trials
 from .checks import run_checks
 from .lifetimes import build_run
 from .observe import Observer, StopRun
+from .oom import is_oom, oom_finding
 from .report import format_report
 
 __all__ = ["Doctor", "doctor"]
@@ -41,6 +44,7 @@ class Doctor:
     def __init__(self, model: torch.nn.Module | None = None,
                  optimizer: torch.optim.Optimizer | None = None, *, trials: bool = True,
                  max_steps: int | None = None) -> None:
+        _check_arguments(model, optimizer, trials, max_steps)
         self.model = model
         self.optimizer = optimizer
         self.trials = trials
@@ -74,6 +78,12 @@ class Doctor:
             tracking.stop()
         stopped = exc_type is not None and issubclass(exc_type, StopRun)
         failed = exc_type is not None and not stopped
+        oom = []
+        if is_oom(exc):
+            # What the OOM left alive is still held by its traceback's frames.
+            oom = [oom_finding(exc, observer.optimizer_steps, self.model,
+                               observer.optimizers_seen())]
+            self.findings = oom
         try:
             run = build_run(tracking.timeline.events(), observation)
             self.steps, self.step_kind = run.steps, run.step_kind
@@ -81,7 +91,7 @@ class Doctor:
             findings = run_checks(run)
             if self.trials and not failed:
                 findings = [self._try(f, observer, run) for f in findings]
-            self.findings = findings
+            self.findings = oom + findings
         except Exception:
             if not failed:
                 raise  # else the loop's own exception is the one to see
@@ -120,6 +130,30 @@ class Doctor:
         peak_step = max(self.steps, key=lambda s: s.peak).index if self.steps else 0
         return format_report(self.findings, len(self.steps), self.step_kind, self.peak_bytes,
                              peak_step, self.outside_bytes)
+
+
+def _check_arguments(model, optimizer, trials, max_steps):
+    """Raises ValueError, one line, for what the doctor cannot watch."""
+    if model is not None and not isinstance(model, torch.nn.Module):
+        raise ValueError(f"[doctor] model must be the torch.nn.Module the loop trains (or None: "
+                         f"any model), got {type(model).__name__} {model!r:.40}")
+    if optimizer is not None:
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError(f"[doctor] optimizer must be the torch.optim optimizer the loop "
+                             f"steps (or None: any optimizer), got {type(optimizer).__name__} "
+                             f"{optimizer!r:.40}")
+        if model is not None:
+            trainable = [p for p in model.parameters() if p.requires_grad]
+            held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            if trainable and not any(id(p) in held for p in trainable):
+                raise ValueError(
+                    f"[doctor] the {type(optimizer).__name__} optimizer holds none of the "
+                    f"model's {len(trainable)} trainable parameters: it steps another model "
+                    f"(or a copy of this one), so its steps would not be this model's; pass "
+                    f"the optimizer made over model.parameters()")
+    flag(trials, "doctor", "trials")
+    if max_steps is not None:
+        count(max_steps, "doctor", "max_steps")
 
 
 def doctor(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimizer | None = None,

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from .._step.arguments import flag
 from .graph import BatchInt, LazyError
 from .run import LazyRun, last_run, read
 from .tensor import LazyTensor, install_module_hook, lazy_leaf
@@ -131,6 +132,11 @@ def lazy(*tensors: torch.Tensor, batch: int = 0, allow_mixing: bool = False,
       backward(create_graph=True) is not supported. A batch of one sample,
       or tensors with batch=None, are computed at once.
 
+    The first call wraps nn.Module.__call__ (a module called on lazy
+    tensors is recorded as one step; any other call goes straight to the
+    original): the wrapper stays for the rest of the process. A call whose
+    arguments are refused installs nothing.
+
     Raises TypeError for a non-tensor, ValueError for a batch dimension out
     of range, an empty batch, or tensors with different batch sizes.
     """
@@ -150,7 +156,6 @@ def lazy(*tensors: torch.Tensor, batch: int = 0, allow_mixing: bool = False,
             device = torch.device(device)
         except (RuntimeError, TypeError) as e:
             raise ValueError(f"[lazy] device must name a torch device, got {device!r}") from e
-    install_module_hook()
     out = []
     sizes = {}
     for i, (t, d) in enumerate(zip(tensors, dims)):
@@ -180,13 +185,16 @@ def lazy(*tensors: torch.Tensor, batch: int = 0, allow_mixing: bool = False,
                     f"dimension {d}: there is nothing to compute"
                 )
             sizes[i] = t.shape[d]
-        out.append(lazy_leaf(t, d, bool(allow_mixing), device))
+        out.append((t, d))
     if len(set(sizes.values())) > 1:
         detail = ", ".join(f"tensor {i}: {n}" for i, n in sizes.items())
         raise ValueError(
             f"[lazy] the tensors hold different numbers of samples ({detail}); tensors "
             f"made lazy together must hold the same samples"
         )
+    # Only once the arguments are valid: the hook stays for the process.
+    install_module_hook()
+    out = [lazy_leaf(t, d, flag(allow_mixing, "lazy", "allow_mixing"), device) for t, d in out]
     return out[0] if len(out) == 1 else tuple(out)
 
 

@@ -10,6 +10,7 @@ from typing import Callable
 import torch
 
 from .. import _memfit
+from .._step.arguments import flag
 from .._step.batching import count
 from .._step.device import budget_target, to_bytes
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
@@ -60,11 +61,23 @@ def available_bytes(budget, model):
     the simulated device's budget leaves beside the live tensors that are not
     the model's; else the free CUDA memory."""
     if budget is not None:
-        return to_bytes(budget, "find_batch_size")
+        given = to_bytes(budget, "find_batch_size")
+        if given == 0:
+            raise ValueError(f"[find_batch_size] the budget is 0 B ({budget!r}): no step fits in "
+                             f"it; pass the memory the step may use, e.g. budget='16GiB'")
+        return given
     simulated = _memfit.budget("cpu")
     if simulated is not None:
         # As a GPU's free memory: what other live tensors hold is not ours.
-        return max(0, simulated - others_live_bytes(model))
+        others = others_live_bytes(model)
+        if others >= simulated:
+            fmt = _memfit.format_bytes
+            raise ValueError(
+                f"[find_batch_size] the simulated device's budget of {fmt(simulated)} is full "
+                f"already: {fmt(others)} of live tensors that are not the model's (the batch, "
+                f"optimizer state, your other tensors) leave no room for a step; free them or "
+                f"give the device more memory")
+        return simulated - others
     if torch.cuda.is_available():
         return cuda_free_bytes()
     raise ValueError(
@@ -120,6 +133,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     not fit.
     """
     check_optimizer(model, optimizer, "find_batch_size")
+    verify = flag(verify, "find_batch_size", "verify")
     target_device = budget_target(model, target_device, "find_batch_size")
     available = available_bytes(budget, model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -129,7 +143,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     said = as_progress(progress, "find_batch_size")
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device)
-    return search(report, available, to_bytes(margin, "margin"), verify=bool(verify),
+    return search(report, available, to_bytes(margin, "margin"), verify=verify,
                   progress=said)
 
 

@@ -6,6 +6,7 @@ rank's memory under FSDP2] (src/core/model/data_parallel.cpp)."""
 import torch
 
 from .. import _memfit
+from .._step.arguments import flag
 
 __all__ = [
     "SHARDINGS", "FSDP2", "trainable_sizes", "largest_unit_bytes", "unit_bytes",
@@ -62,9 +63,16 @@ def optimizer_shard_fraction(optimizer_shards, sizes, world_size):
     )
 
 
+# The core counts ranks in an int.
+_MAX_RANKS = 2**31 - 1
+
+
 def check_world_size(world_size, who):
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"[{who}] world_size must be an int >= 1 (ranks), got {world_size!r}")
+    if world_size > _MAX_RANKS:
+        raise ValueError(f"[{who}] world_size {world_size} is more ranks than memfit plans for "
+                         f"(at most 2**31 - 1): pass the number of processes you launch")
 
 
 def chain_blocks(model):
@@ -84,12 +92,32 @@ def _low_dtype(mixed_precision, name):
     if mixed_precision is None:
         return None
     if isinstance(mixed_precision, torch.dtype):
-        return mixed_precision if name == "param_dtype" else None
+        return _floating(mixed_precision) if name == "param_dtype" else None
     if hasattr(mixed_precision, "param_dtype"):  # MixedPrecisionPolicy
-        return getattr(mixed_precision, name)
+        return _floating(getattr(mixed_precision, name))
     raise ValueError(
         f"[data_parallel] mixed_precision must be None, a dtype (the param_dtype) or "
         f"torch.distributed.fsdp.MixedPrecisionPolicy, got {mixed_precision!r}")
+
+
+def _floating(dtype):
+    """A dtype parameters or gradients can be cast to (None: not cast)."""
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise ValueError(
+            f"[data_parallel] mixed_precision's dtypes must be floating point (torch.bfloat16, "
+            f"torch.float16, torch.float32), got {dtype!r}: weights cannot train in it")
+    return dtype
+
+
+def _cpu_offload(cpu_offload):
+    """True/False, or a CPUOffloadPolicy (True) / OffloadPolicy (False)."""
+    if isinstance(cpu_offload, bool):
+        return cpu_offload
+    kind = type(cpu_offload).__name__
+    if kind in ("CPUOffloadPolicy", "OffloadPolicy"):
+        return kind == "CPUOffloadPolicy"
+    raise ValueError(f"[data_parallel] cpu_offload must be True, False or a "
+                     f"CPUOffloadPolicy, got {cpu_offload!r}")
 
 
 def _dtype_size(dtype):
@@ -112,6 +140,7 @@ def fsdp2_setup(model, world_size, units=None, mixed_precision=None, cpu_offload
     `units` (the modules fully_shard wraps, default chain_blocks(model)) and
     the root, `model`, owning every parameter no unit holds."""
     check_world_size(world_size, "data_parallel")
+    cpu_offload = _cpu_offload(cpu_offload)
     if model is None or not isinstance(model, torch.nn.Module):
         raise ValueError(
             f"[data_parallel] sharding='fsdp2' needs model= (the module fully_shard wraps "
@@ -138,12 +167,27 @@ def fsdp2_setup(model, world_size, units=None, mixed_precision=None, cpu_offload
                  reduce_dtype_size=_dtype_size(_low_dtype(mixed_precision, "reduce_dtype")))
     made = [
         _memfit.fsdp2_unit(n, _shapes(ps, param_dtype), world_size,
-                           cpu_offload=bool(cpu_offload), **sizes)
+                           cpu_offload=cpu_offload, **sizes)
         for n, ps in [("", rest)] + out
     ]
     scale = _memfit.fsdp2_grad_scale(_shapes(model.parameters(), param_dtype),
                                      sizes["param_dtype_size"])
-    return _memfit.Fsdp2Setup(world_size, made, scale, bool(cpu_offload))
+    return _memfit.Fsdp2Setup(world_size, made, scale, cpu_offload)
+
+
+def _check_profiled(model, sizes):
+    """Raises ValueError unless `model`'s trainable parameters are those of
+    the profiled step (`sizes`, trainable_sizes of the profiled model): the
+    plan shards that model's parameters around that step's timeline."""
+    if not isinstance(model, torch.nn.Module):
+        return  # fsdp2_setup says what model= must be
+    mine = trainable_sizes(model)
+    if mine != list(sizes):
+        fmt = _memfit.format_bytes
+        raise ValueError(
+            f"[data_parallel] model= is not the model this report profiled: its trainable "
+            f"parameters are {len(mine)} tensors, {fmt(sum(mine))}; the profiled step's are "
+            f"{len(sizes)}, {fmt(sum(sizes))}: pass the model given to memfit.profile()")
 
 
 def rank_peaks(native, timeline, trainable_sizes, largest_unit_bytes, world_size,
@@ -163,8 +207,12 @@ def rank_peaks(native, timeline, trainable_sizes, largest_unit_bytes, world_size
     if sharding is not None and sharding not in SHARDINGS + (FSDP2,):
         raise ValueError(f"[data_parallel] unknown sharding {sharding!r}: use one of "
                          f"{', '.join(SHARDINGS + (FSDP2,))}, or None for the four ZeRO rows")
-    if not bucket_cap_mb > 0:
-        raise ValueError(f"[data_parallel] bucket_cap_mb must be > 0, got {bucket_cap_mb!r}")
+    gradient_as_bucket_view = flag(gradient_as_bucket_view, "data_parallel",
+                                   "gradient_as_bucket_view")
+    if (isinstance(bucket_cap_mb, bool) or not isinstance(bucket_cap_mb, (int, float))
+            or not 0 < bucket_cap_mb < 2**40):
+        raise ValueError(f"[data_parallel] bucket_cap_mb must be a number of MiB > 0, got "
+                         f"{bucket_cap_mb!r}")
     unit = largest_unit_bytes if largest_unit is None else unit_bytes(largest_unit)
     share = optimizer_shard_fraction(optimizer_shards, list(trainable_sizes), world_size)
     # See Note [A rank's optimizer step deals parameters in another order].
@@ -172,9 +220,10 @@ def rank_peaks(native, timeline, trainable_sizes, largest_unit_bytes, world_size
                if optimizer_shards == "parameters" else 0)
     setup = None
     if sharding == FSDP2:
+        _check_profiled(model, trainable_sizes)
         setup = fsdp2_setup(model, world_size, units, mixed_precision, cpu_offload)
     native.set_data_parallel(
-        timeline, world_size, sum(trainable_sizes), bool(gradient_as_bucket_view),
+        timeline, world_size, sum(trainable_sizes), gradient_as_bucket_view,
         int(bucket_cap_mb * 1024 * 1024), unit, share, reorder)
     if setup is not None:
         return [native.add_fsdp2(timeline, setup)]

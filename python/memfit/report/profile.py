@@ -4,13 +4,14 @@ batch would need."""
 from __future__ import annotations
 
 import contextlib
+import os
 from typing import Any, Callable
 
 import torch
 
 from .. import _memfit
 from .._step.batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
-from .._step.device import host_memory
+from .._step.device import host_memory, to_bytes
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
 from .._step.meta_reads import MetaReads, foreach_as_on_cuda
 from .._step.progress import as_progress
@@ -19,6 +20,7 @@ from .._step.training_step import check_optimizer, optimizer_name
 from .._step.user_state import kept_rng
 from . import data_parallel as _dp
 from . import page as report_page
+from .workspace_note import workspace_note
 
 __all__ = ["DEFAULT_CUDA_WORKSPACE", "Report", "profile"]
 
@@ -274,6 +276,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     iterations = count(iterations, "profile", "iterations")
     if not isinstance(set_to_none, bool):
         raise ValueError(f"[profile] set_to_none must be True or False, got {set_to_none!r}")
+    cuda_workspace = to_bytes(cuda_workspace, "profile")
     b = batch_size(inputs, batch_dim, "profile")
     if target is not None:
         tb = batch_size(target, first_batch_dim(batch_dim), "profile target")
@@ -283,6 +286,8 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                 f"they must hold the same samples"
             )
     meta = _meta_tensors(model, inputs, target)
+    if mode == "cpu":
+        _check_copy_fits(inputs, target, b)
     if mode == "cpu" and meta:
         raise ValueError(
             f"[profile] the {meta} on the meta device (shapes without values), and "
@@ -338,6 +343,10 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                          f"values), so no step can run for real to check these figures")
         if rec is not None and mode == "meta" and reads.note():
             notes.append(reads.note())
+        # See Note [Workspace meta mode cannot see] (workspace_note.py).
+        workspace = workspace_note(model, mode, rec.timeline)
+        if workspace:
+            notes.append(workspace)
         n = batch_size(inputs, batch_dim, "profile")
         said.step(f"explain batch {n}'s {len(rec.timeline)} allocations and frees")
         native = _memfit.make_report(rec.timeline, type(model).__name__, n,
@@ -363,6 +372,27 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
     return Report(native, timeline, sizes, record_at)
+
+
+def _check_copy_fits(inputs, target, samples):
+    """Raises ValueError when the step's own copy of the batch (the step
+    runs on copies: Note [A rehearsed step leaves no trace]) cannot fit in
+    this machine's memory, as for a stride-0 batch (x.expand(2**40, 16))
+    that takes almost nothing itself."""
+    try:
+        ram = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return
+    dense = sum(t.numel() * t.element_size() for t in tensors_in(inputs) + tensors_in(target)
+                if not t.is_meta)
+    if dense > ram:
+        fmt = _memfit.format_bytes
+        raise ValueError(
+            f"[profile] the inputs hold {samples} samples, and the step's copy of them would "
+            f"take {fmt(dense)}, more than this machine's {fmt(ram)} (a stride-0 tensor from "
+            f"expand() takes almost nothing until copied): pass a smaller example batch; "
+            f"report.predict_peak_bytes(n) and find_batch_size answer for larger ones, or "
+            f"pass mode='meta'")
 
 
 def _meta_tensors(model, inputs, target):

@@ -116,7 +116,7 @@ class DistributedStepReport:
             f"global_batch={self.global_batch}, batch={r.batch}, "
             f"start_micro_batch={self.start_micro_batch}, micro_batch={r.micro_batch}, "
             f"micro_batches={r.micro_batches}, ooms_recovered={r.ooms_recovered}, "
-            f"loss={r.loss:.6g}, peak_bytes={r.peak_bytes})"
+            f"loss={self.loss:.6g}, peak_bytes={r.peak_bytes})"
         )
 
 

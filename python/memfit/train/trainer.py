@@ -8,14 +8,17 @@ from typing import Any
 import torch
 
 from .. import _memfit
+from .._step.arguments import flag
 from .._step.batching import (batch_size, count, first_batch_dim, map_tensors, narrow_batch,
                               tensors_in)
-from .._step.device import to_bytes
+from .._step.device import host_memory, to_bytes
 from .._step.hints import Batch, LossFn, Size
 from .._step.training_step import call_model, check_loss_trains, check_optimizer, compute_loss
 from ..plan import fit as fitting
 from ..report.profile import profile
 from .distributed import DistributedStep, batch_signature, is_distributed
+from .loss_weighting import LossWeighting
+from .step_notes import split_notes
 
 __all__ = ["coupled_layers", "BufferGuard", "MicroBatchPlan", "even_micro_batch", "Trainer"]
 
@@ -77,6 +80,38 @@ class BufferGuard:
     def restore_before_step(self):
         if self._first is not None:
             self._put_back(self._first)
+
+
+def _weighted_step(opt_step, optimizer, weighting):
+    """opt_step, after dividing the accumulated gradients by the batch's
+    counted targets when the chunks' losses were their sums (Note [Probing
+    how the loss reduces], loss_weighting.py). A closure, as _scaled_step."""
+
+    def step():
+        scale = weighting.grad_scale()
+        if scale is not None:
+            # In place; the scalar torch wraps for mul_ on the CPU is the
+            # host's, as beside a GPU (an 8-byte OOM here would end the step).
+            with torch.no_grad(), host_memory():
+                for group in optimizer.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            p.grad.mul_(scale)
+        opt_step()
+
+    return step
+
+
+def _check_scaler(scaler):
+    """None, or an object with GradScaler's scale/step/update/is_enabled."""
+    if scaler is None:
+        return
+    missing = [m for m in ("scale", "step", "update", "is_enabled")
+               if not callable(getattr(scaler, m, None))]
+    if missing:
+        raise ValueError(
+            f"[Trainer] scaler must be a torch.amp.GradScaler (or None), got "
+            f"{type(scaler).__name__} {scaler!r:.60}, which has no {', '.join(missing)}")
 
 
 def _scaled_step(optimizer, scaler):
@@ -171,20 +206,6 @@ def even_micro_batch(batch, largest):
     return -(-batch // parts)
 
 
-def _reduction(loss_fn, reduction):
-    if reduction is not None:
-        if reduction not in ("mean", "sum"):
-            raise ValueError(f"[Trainer] reduction must be 'mean' or 'sum', got {reduction!r}")
-        return reduction
-    r = getattr(loss_fn, "reduction", "mean")
-    if r not in ("mean", "sum"):
-        raise ValueError(
-            f"[Trainer] the loss reduces with {r!r}; memfit weights micro-batches for "
-            f"'mean' or 'sum' losses: pass reduction= to say which yours is"
-        )
-    return r
-
-
 class Trainer:
     """Run one optimizer step on a batch of any size under a memory budget.
 
@@ -219,7 +240,18 @@ class Trainer:
     - coupled: "error" (default) refuses to split a model with BatchNorm in
       training mode, naming the layers; "allow" splits anyway (each
       micro-batch uses its own statistics).
-    - reduction: "mean" or "sum"; read from loss_fn.reduction when omitted.
+    - reduction: None (default) or "mean"/"sum". Each micro-batch's loss is
+      weighted by how the loss reduces the batch, found by watching it run
+      (Note [Probing how the loss reduces], loss_weighting.py): a torch loss
+      function's or .mean()/.sum()'s own reduction, with cross_entropy and
+      nll_loss weighted by counted targets (ignore_index, class weights), as
+      memfit.lazy does; a loss made otherwise is probed by its values once,
+      and refused when it is neither a mean nor a sum. reduction= says it
+      for such losses; one contradicting the loss's own is refused.
+    - Dropout draws its masks per micro-batch: a split step of a model with
+      dropout in training mode is a valid step but not the eager step on the
+      whole batch, and its report's notes say so (Note [Dropout in a split
+      step], step_notes.py).
     - split=False runs the batch whole and lets an OOM out.
     - scaler: a torch.amp.GradScaler for mixed precision. Autocast stays
       yours (wrap step() in torch.autocast); each micro-batch's loss is
@@ -265,8 +297,9 @@ class Trainer:
                  plan: bool = True) -> None:
         if coupled not in ("error", "allow"):
             raise ValueError(f"[Trainer] coupled must be 'error' or 'allow', got {coupled!r}")
-        if not isinstance(plan, bool):
-            raise ValueError(f"[Trainer] plan must be True or False, got {plan!r}")
+        plan = flag(plan, "Trainer", "plan")
+        split = flag(split, "Trainer", "split")
+        _check_scaler(scaler)
         check_optimizer(model, optimizer, "Trainer", instance_only=True)
         micro_batch = count(micro_batch, "Trainer", "micro_batch", minimum=0)
         # See Note [The first micro-batch from the fit].
@@ -281,12 +314,16 @@ class Trainer:
         budget = None if budget is None else to_bytes(budget, "Trainer")
         self._dist = DistributedStep(model) if is_distributed(model) else None
         self._module = model.module if self._dist else model
+        # See Note [Probing how the loss reduces] (loss_weighting.py): the
+        # chunks come weighted, the native step adds them as they are.
+        self._weighting = LossWeighting(loss_fn, reduction)
         opt_step = optimizer.step if scaler is None else _scaled_step(optimizer, scaler)
+        opt_step = _weighted_step(opt_step, optimizer, self._weighting)
         self._options = (
             self._dist.optimizer_step(opt_step) if self._dist else opt_step,
             split,
             coupled == "allow",
-            _reduction(loss_fn, reduction) == "mean",
+            False,
         )
         self._shape = None
         self._native_now(budget, micro_batch)
@@ -324,7 +361,8 @@ class Trainer:
     def step(self, inputs: Batch, target: Batch = None) -> Any:
         """One optimizer step on the whole batch; returns a StepReport with
         batch, micro_batch, micro_batches, ooms_recovered, samples, loss,
-        peak_bytes and chunks."""
+        peak_bytes, chunks and notes (what differs from one eager step on
+        the whole batch: dropout's masks)."""
         native = self._native_now()
         if self._dist is not None:
             return self._distributed_step(native, inputs, target)
@@ -334,12 +372,19 @@ class Trainer:
         if self._plan and self._wants_plan(native, target, n):
             self._plan_micro_batch(native, inputs, target, n)
         buffers = BufferGuard(self._module)
+        self._weighting.begin_step(target)
         try:
-            return native.step(n, self._chunk_loss(inputs, target, buffers),
-                               self._batch_bytes(inputs, target))
+            report = native.step(n, self._chunk_loss(inputs, target, n, buffers),
+                                 self._batch_bytes(inputs, target))
         except BaseException:
             buffers.restore_before_step()
+            self._weighting.finish_step()
             raise
+        scale = self._weighting.finish_step()
+        if scale is not None:
+            report.loss *= scale
+        report.notes = split_notes(self._module, report.micro_batches)
+        return report
 
     def _wants_plan(self, native, target, n):
         """Whether this step plans its micro-batch first: see Note [The first
@@ -464,9 +509,10 @@ class Trainer:
 
         return move
 
-    def _chunk_loss(self, inputs, target, buffers=None):
+    def _chunk_loss(self, inputs, target, batch, buffers=None):
         model, loss_fn, bd, tbd = self._module, self.loss_fn, self.batch_dim, self.target_batch_dim
         scaler = self.scaler
+        weighting = self._weighting
         move = self._mover()
         # The micro-batches are views of the user's tensors: a forward that
         # writes into them changes each sample once, as an eager step would.
@@ -500,7 +546,10 @@ class Trainer:
                 x = map_tensors(narrow_batch(inputs, start, n, bd), to_device)
                 y = None if target is None else map_tensors(
                     target, lambda t: to_device(t.narrow(tbd, start, n)))
-                loss = compute_loss(call_model(model, x), y, loss_fn)
+                out = call_model(model, x)
+                loss = weighting.chunk_loss(lambda: compute_loss(out, y, loss_fn, "Trainer.step"),
+                                            start, n, batch, out, y, tbd)
+                out = None
             finally:
                 # A write into a micro-batch's copy goes back into the user's
                 # samples, where an eager step on these tensors would leave it.
@@ -526,9 +575,16 @@ class Trainer:
         except ValueError as e:
             n = e  # the other ranks must hear of it, not wait for this rank
         buffers = BufferGuard(self._module)
+        self._weighting.begin_step(target)
         try:
-            return self._dist.step(native, n, batch_signature(inputs, target),
-                                   self._chunk_loss(inputs, target, buffers))
+            report = self._dist.step(native, n, batch_signature(inputs, target),
+                                     self._chunk_loss(inputs, target, n, buffers))
         except BaseException:
             buffers.restore_before_step()
+            self._weighting.finish_step()
             raise
+        scale = self._weighting.finish_step()
+        if scale is not None:
+            report.loss *= scale
+        report.notes = split_notes(self._module, report.micro_batches)
+        return report

@@ -454,7 +454,12 @@ void check(const SearchOptions& options) {
   if (options.verify && options.max_trials < 1) {
     throw std::invalid_argument("[fit] verification needs max_trials >= 1");
   }
-  if (options.budget_bytes - options.extra_margin_bytes <= 0) {
+  const int64_t usable = options.budget_bytes - options.extra_margin_bytes;
+  if (options.budget_bytes == 0) {
+    throw std::invalid_argument(
+        "[fit] the budget is 0 B: no step fits in it; give the memory the step may use");
+  }
+  if (usable <= 0) {
     throw std::invalid_argument("[fit] the margin " + format_bytes(options.extra_margin_bytes) +
                                 " leaves nothing of the budget " +
                                 format_bytes(options.budget_bytes) +
@@ -562,6 +567,13 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) 
       f.notes.push_back(
           "measured on the meta device: the sizes are exact, but no kernel ran (no "
           "workspace, no allocator): unverified");
+    } else if (f.trials == 0) {
+      // Verified, yet no full-size step ran: the answer's own step was one
+      // of the probes (the example batch's, recorded by profile()).
+      f.notes.push_back("verified by a step already recorded: batch " + std::to_string(best) +
+                        " was measured as a probe (the example batch's own step when that is "
+                        "its size) and fits, and no larger batch is predicted to: no further "
+                        "full-size step ran (trials=0)");
     }
   } else {
     if (reference->cuda && !pm.model.phases.empty() && record_at(pm, candidate, usable) == nullptr) {

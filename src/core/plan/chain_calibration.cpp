@@ -18,12 +18,15 @@ size_t forward_end(const Timeline& t) {
   return end;
 }
 
-// Which chain block a module path belongs to; -1 for none.
+// Which chain block a module path belongs to; -1 for none. A path may be
+// labelled with its class ("layers.0 (Block)", as the Python front end
+// labels them): the label ends the path.
 int block_of(const std::string& path, const std::vector<std::string>& chain) {
   for (size_t i = 0; i < chain.size(); ++i) {
     const auto& c = chain[i];
     if (path.compare(0, c.size(), c) == 0 &&
-        (path.size() == c.size() || path[c.size()] == '.')) {
+        (path.size() == c.size() || path[c.size()] == '.' ||
+         path.compare(c.size(), 2, " (") == 0)) {
       return static_cast<int>(i);
     }
   }

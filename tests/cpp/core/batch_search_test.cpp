@@ -98,6 +98,35 @@ TEST(BatchSearch, AffineStepIsFoundExactlyAndVerifiedOnce) {
   EXPECT_LT(probe_samples, f.max_batch / 2);
 }
 
+TEST(BatchSearch, AnAnswerAProbeMeasuredIsVerifiedWithoutAStepAndSaysSo) {
+  // A budget that the probe at 32 exactly fills: that probe is the answer,
+  // and no further full-size step runs (issue 35 item 7: "verified=True,
+  // trials=0" said nothing of why).
+  Step s{[](int64_t b) { return 4096 * b; }};
+  SearchOptions o = budget_of(s.peak(32));
+  o.probes.first = {8, 16, 32};
+  const BatchFit f = search_batch(s.measure(), o);
+  EXPECT_EQ(f.max_batch, 32);
+  EXPECT_TRUE(f.verified);
+  EXPECT_EQ(f.trials, 0);
+  bool said = false;
+  for (const auto& n : f.notes) {
+    said = said || n.find("verified by a step already recorded: batch 32 was measured as a "
+                          "probe") == 0;
+  }
+  EXPECT_TRUE(said) << (f.notes.empty() ? "no notes" : f.notes.front());
+}
+
+TEST(BatchSearch, AZeroBudgetIsNamedNotTheMargin) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  try {
+    search_batch(s.measure(), budget_of(0));
+    FAIL() << "expected invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).find("[fit] the budget is 0 B"), 0u) << e.what();
+  }
+}
+
 TEST(BatchSearch, PerSampleMemoryThatJumpsWithTheBatchNeverOvershoots) {
   // As the CPU kernels of a GroupNorm/SiLU net: ~600 B a sample at small
   // batches, ~790 B from 16 up (scaled up here).

@@ -87,6 +87,40 @@ TEST(SimulatedDeviceTest, BudgetLetsNineMiBThroughAndRefusesTwoMore) {
   EXPECT_EQ(tracking::live_bytes(Device::kCPU), 10 * kMiB);
 }
 
+// See Note [What fills the simulated device].
+TEST(SimulatedDeviceTest, AnExplainerWordsTheOutOfMemoryErrorAndCannotHideIt) {
+  SimulatedDevice device(4 * kMiB);
+  auto a = torch::empty({3 * kMiB}, torch::kUInt8);
+  tracking::OomContext seen;
+  tracking::set_oom_explainer([&seen](const tracking::OomContext& c) {
+    seen = c;
+    return std::string("CUDA out of memory. [simulated_device] explained");
+  });
+  try {
+    auto b = torch::empty({2 * kMiB}, torch::kUInt8);
+    FAIL() << "expected an out-of-memory error";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_EQ(std::string(e.what_without_backtrace()),
+              "CUDA out of memory. [simulated_device] explained");
+  }
+  EXPECT_EQ(seen.bytes, 2 * kMiB);
+  EXPECT_EQ(seen.used, 3 * kMiB);
+  EXPECT_EQ(seen.budget, 4 * kMiB);
+  EXPECT_NE(seen.message.find("Tried to allocate 2.00 MiB"), std::string::npos);
+  // An explainer that fails leaves the allocator's own message.
+  tracking::set_oom_explainer(
+      [](const tracking::OomContext&) -> std::string { throw std::runtime_error("no"); });
+  try {
+    auto b = torch::empty({2 * kMiB}, torch::kUInt8);
+    FAIL() << "expected an out-of-memory error";
+  } catch (const c10::OutOfMemoryError& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("Tried to allocate 2.00 MiB"),
+              std::string::npos);
+  }
+  tracking::set_oom_explainer({});
+  EXPECT_THROW(torch::empty({2 * kMiB}, torch::kUInt8), c10::OutOfMemoryError);
+}
+
 TEST(SimulatedDeviceTest, NestedBudgetsApplyTheSmallest) {
   SimulatedDevice outer(10 * kMiB);
   {

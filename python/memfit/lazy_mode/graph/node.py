@@ -76,7 +76,7 @@ class Node:
         "B", "state", "bdims", "ragged", "shape", "interleaved", "probe",
         "value", "grad", "autocast", "allow", "mixes", "wref", "parent", "path",
         "leaf_dim", "requires_grad", "dtype", "device", "rkind", "rinfo",
-        "module", "cached", "to_device", "__weakref__",
+        "module", "cached", "to_device", "backward_done", "__weakref__",
     )
 
     def __init__(self, kind):
@@ -113,6 +113,9 @@ class Node:
         self.module = None
         self.cached = False
         self.to_device = None  # a leaf kept on the host: the device its chunks move to
+        # A backward went through it without retain_graph: see Note [A second
+        # backward through a lazy graph] (run/backward.py).
+        self.backward_done = False
 
     def probe_at(self, i):
         p = self.probe

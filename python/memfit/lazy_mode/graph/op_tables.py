@@ -3,7 +3,7 @@ mix or select along a dimension, need the batch first, depend on the data,
 return values of the data or take inplace=; and binding a call's arguments.
 """
 
-import inspect
+from ..._step.loss_rule import bind_arguments
 
 __all__ = [
     "POINTWISE", "DIM_MIXERS", "SELECTORS", "BATCH_FIRST", "DATA_DEPENDENT", "DATA_VALUED",
@@ -86,25 +86,8 @@ INPLACE_ARG = {
 }
 
 
-_SIGNATURES = {}
-
-
-def bind_args(fn, args, kwargs):
-    sig = _SIGNATURES.get(fn)
-    if sig is None:
-        try:
-            sig = inspect.signature(fn)
-        except (TypeError, ValueError):
-            sig = False
-        _SIGNATURES[fn] = sig
-    if not sig:
-        return None
-    try:
-        b = sig.bind(*args, **kwargs)
-    except TypeError:
-        return None
-    b.apply_defaults()
-    return b.arguments
+# One signature binder for the package: see _step/loss_rule.py.
+bind_args = bind_arguments
 
 
 def inplace_positional(fn, args, kwargs):

@@ -277,8 +277,11 @@ def drop_probes(node):
         if n in seen:
             continue
         seen.add(n)
-        if n.held():
-            continue  # a later recording may start from it: keep what it saw
+        if n.held() and n is not node:
+            # A later recording may start from it: keep what it saw. The node
+            # computed now is held by the very tensor being computed; it gets
+            # its full value.
+            continue
         if n.kind != "leaf" or n.to_device is not None:  # a leaf's own probes are views
             n.probe = ()
         stack.extend(n.parents)

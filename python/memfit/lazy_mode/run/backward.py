@@ -51,12 +51,34 @@ def backward(T, gradient=None, retain_graph=None, create_graph=False, inputs=Non
     if gradient is None and T.shape is not None and math.prod(
             s for s in T.shape if s is not None) != 1:
         raise RuntimeError("grad can be implicitly created only for scalar outputs")
+    order, sources, _ = collect_nodes([T], train=True)
+    through = [n for n in order if n not in sources and n.requires_grad]
+    if any(n.backward_done for n in through):
+        raise RuntimeError(
+            "Trying to backward through the graph a second time (memfit.lazy: a backward "
+            "already went through this lazy loss's graph, and eager PyTorch would have freed "
+            "it). Specify retain_graph=True in the first backward() if you need to backward "
+            "through the graph a second time"
+        )
     drop_probes(T)
     info = LazyRun("backward", T.B)
     try:
         _backward(T, gradient, retain_graph, inputs, info)
     finally:
         set_last_run(info)  # internal reads (targets, masks) must not hide it
+    if not retain_graph:
+        for n in through:
+            n.backward_done = True
+
+
+# Note [A second backward through a lazy graph]
+# Eager PyTorch frees a graph's saved tensors in backward, so a second
+# backward through it raises, unless the first passed retain_graph=True.
+# memfit.lazy recomputes each chunk's graph and could go through it again,
+# adding the gradients twice: a loop that calls backward() twice on one
+# loss would silently train on doubled gradients. So lazy says what eager
+# says: each node a backward went through without retain_graph is marked,
+# and a later backward through any of them raises the same RuntimeError.
 
 
 def _backward(T, gradient, retain_graph, inputs, info):

@@ -9,7 +9,8 @@ import traceback
 
 import torch
 
-from ..._memfit import ChunkCoverage, ChunkSchedule
+from ..._memfit import ChunkCoverage, ChunkSchedule, allocator_figures, budget
+from ..._step.oom_explain import explain, live_memory, phase_of
 from ..graph.errors import LazyError, OutOfMemoryError
 from .buffers import BufferSnapshot
 from .grad_bookkeeping import grad_snapshot, changed_grads
@@ -18,10 +19,30 @@ from .memory import batch_note
 __all__ = ["drive_chunks"]
 
 
-def _oom(e_text, size, what, data, info):
+def _explained(e):
+    """What filled the device when `e` was raised, and the advice for that
+    cause, in a sentence (the core's, as the simulated device's own OOM),
+    read while e's frames still hold what the chunk had allocated."""
+    device = "meta" if "simulated meta device" in str(e) else "cpu"
+    if budget(device) is None:
+        return ""  # a real card's: memfit tracks none of its memory
+    tb = e.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    phase = phase_of(tb.tb_frame) if tb is not None else ""
+    _, _, advice, what_fills, words = explain("lazy", "", phase, live_memory(device),
+                                              budget(device))
+    return f"it ran out in {words}, with {what_fills} on the device. {advice}"
+
+
+def _oom(e_text, size, what, data, info, explained=""):
     note = batch_note(data, info) if data is not None else ""
+    figures = allocator_figures(e_text) or e_text
+    where = (f" even {size} sample(s) at a time" if size < info.batch else
+             " with the whole batch at once, as eager PyTorch runs it")
+    head = f"memfit.lazy: {what} does not fit{where}: "
     return OutOfMemoryError(
-        f"memfit.lazy: {what} does not fit even {size} sample(s) at a time: {e_text}"
+        head + (f"{explained} {figures}" if explained else e_text)
         + (f"\n{note}" if note else "")
     )
 
@@ -58,12 +79,15 @@ def drive_chunks(B, limit, attempt, commit, info, cands=None, can_split=True, wh
         if kept is not None:
             kept.take()
         failed = None
+        go_on = True
         try:
             result = attempt(start, size, only)
         except OutOfMemoryError as e:
+            failed = str(e).splitlines()[0] if str(e) else "out of memory"
+            go_on = schedule.failed()
+            explained = "" if go_on else _explained(e)
             # Drop every reference the failed chunk held: the frames in the
             # traceback keep its tensors alive until cleared.
-            failed = str(e).splitlines()[0] if str(e) else "out of memory"
             traceback.clear_frames(e.__traceback__)
             e.__traceback__ = None
         if failed is None:
@@ -77,8 +101,8 @@ def drive_chunks(B, limit, attempt, commit, info, cands=None, can_split=True, wh
         info.ooms += 1
         if kept is not None:
             kept.restore()
-        if not schedule.failed():
-            raise _oom(failed, size, what, inputs, info)
+        if not go_on:
+            raise _oom(failed, size, what, inputs, info, explained)
         if any(t._version != v for t, v in zip(resident, versions)):
             raise LazyError(
                 f"memfit.lazy: samples {start}..{start + size - 1} of {what} ran out of memory "

@@ -1,24 +1,16 @@
 """Chunk weights: what a chunk's value of a reduction counts for in the full
 batch's (c_i/B for a mean, the share of counted targets for
-cross_entropy/nll_loss).
+cross_entropy/nll_loss): see Note [How a chunk's loss counts in the batch's]
+(_step/loss_rule.py), the rule the Trainer uses too.
 """
 
 import dataclasses
 
-import torch
-
+from ..._step.loss_rule import counted_targets
 from ..graph.node import Node, Sliced
 from ..graph.template import ChunkCtx, subst
 
 __all__ = ["ChunkWeight", "prepare_weights", "chunk_weight", "weight_targets"]
-
-
-def _class_count(target, weight, ignore_index):
-    valid = target != ignore_index
-    if weight is None:
-        return valid.sum()
-    safe = torch.where(valid, target, torch.zeros_like(target))
-    return (weight.to(target.device)[safe] * valid).sum()
 
 
 @dataclasses.dataclass
@@ -69,10 +61,10 @@ def chunk_weight(spec, env, start, size, B):
     if size == B and start == 0:
         return None
     if spec.denominator is None:
-        spec.denominator = _class_count(_full_target(spec.target, spec.read), spec.weight,
+        spec.denominator = counted_targets(_full_target(spec.target, spec.read), spec.weight,
                                         spec.ignore_index)
     target = subst(spec.target, ChunkCtx(env, start, size))
-    return _class_count(target, spec.weight, spec.ignore_index) / spec.denominator
+    return counted_targets(target, spec.weight, spec.ignore_index) / spec.denominator
 
 
 def weight_targets(weights):

@@ -18,6 +18,10 @@ __all__ = ["MARGIN", "graph_signature", "learn_from_ooms", "plan_limit", "plan"]
 
 #: Fraction of the available memory left unused when sizing chunks.
 MARGIN = 0.10
+#: How far over the memory available the fit of the whole batch may be and
+#: the whole batch still be tried, when no split fits (Note [Never worse
+#: than eager]): an OOM costs one attempt, and the fit's bytes are not exact.
+WHOLE_SLACK = 0.02
 #: Probe sizes used to measure memory per sample.
 _MEASURE_SIZES = (2, 3)
 _CACHE_MAX = 64
@@ -111,7 +115,10 @@ def plan_limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, m
     if entry is None and device is not None and device.type in ("cpu", "meta"):
         # Garbage not yet collected (cycles a finished step left) still holds
         # tracked bytes: without this, the plan depended on when Python's GC
-        # last ran. Only before measuring: cached plans stay cheap.
+        # last ran. Only before measuring: cached plans stay cheap. A full
+        # collection: garbage promoted to the oldest generation holds bytes
+        # too (an LSTM step's 4 B); it walks every object of the process,
+        # the largest part of a first call's cost on a small model.
         gc.collect()
     avail = device_available(device)
     info.available_bytes = avail
@@ -149,9 +156,11 @@ def plan_limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, m
 # no split fits where the whole batch does (at 1.0-1.1x the eager peak,
 # lazy used to plan chunks of 1 sample and fail). Chunks are planned with a
 # 10% margin (the fit is extrapolated from 2 and 3 samples); when no chunk
-# size fits that way, the whole batch runs if the fit says it fits the
-# memory available, margin or not, as eager would. A plan that still ran
-# out of memory lowers `scale`, and the next plan splits (see learn_from_ooms).
+# size fits that way, the whole batch runs, as eager would, when the fit
+# says it fits within WHOLE_SLACK (at exactly the eager peak the fit can be
+# bytes over the memory available while the step itself fits; the probes'
+# own values are freed before, see drop_probes). A plan that still ran out
+# of memory lowers `scale`, and the next plan splits (see learn_from_ooms).
 
 
 def plan(entry, B, avail, reserve, extra_per_sample):
@@ -165,7 +174,10 @@ def plan(entry, B, avail, reserve, extra_per_sample):
     if c != math.inf:
         c = int(c * entry["scale"])
     if c < 1 and entry["scale"] >= 1.0:
-        whole, lim = solve_lines(entry["first"], avail, 0.0)
+        # No split fits: the whole batch is the only step that can, as in
+        # eager PyTorch, when the fit (extrapolated from 2 and 3 samples)
+        # says it fits, give or take WHOLE_SLACK.
+        whole, lim = solve_lines(entry["first"], avail * (1.0 + WHOLE_SLACK), 0.0)
         if whole >= B:
             return B, lim
     return max(1, min(c, B)), line

@@ -46,7 +46,7 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
         raise ValueError(f"[profile_eval] step must be one of {sorted(GUARDS)}, got {step!r}")
     saved = ModelTensors(model)
     t = Tracking()
-    t.watch_modules(model)
+    t.watch_modules(model, classes=True)
     try:
         with eval_mode(model):
             t.phase("parameters", 1)

@@ -1,0 +1,251 @@
+"""How the Trainer weights each micro-batch's loss: the rule of
+_step/loss_rule.py (memfit.lazy's too), found by watching the loss function
+run (see Note [Probing how the loss reduces])."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from .._step.loss_rule import LossRule, bind_arguments, counted_targets, loss_rule
+
+__all__ = ["LossWeighting", "declared_reduction"]
+
+# Note [Probing how the loss reduces]
+# A micro-batch's loss counts in the batch's by how the loss reduces the
+# batch (Note [How a chunk's loss counts in the batch's]). The Trainer does
+# not guess it from loss_fn.reduction, which a lambda or a function does
+# not have: it watches the loss function run on each micro-batch of a split
+# step, under a TorchFunctionMode that sees its torch calls (the model's
+# forward runs outside it, at no cost). When the loss returned is the
+# result of one torch loss function (F.cross_entropy, nn.MSELoss, ...) or
+# of a full .mean()/.sum(), that call's reduction is the rule: a sum weighs
+# 1, a mean c_i/B, cross_entropy/nll_loss with class indices the chunk's
+# share of the counted targets (ignore_index, class weights). For those two
+# the mode computes the chunk's mean as sum/count (0, not NaN, for a chunk
+# whose targets are all ignored). When the loss is given the step's target
+# (a slice of it), the batch's count is counted from the whole target first
+# and the chunk weighs count/that. When it derives its targets (labels
+# shifted by one), the Trainer backpropagates the chunk's sum (mean x
+# count) and divides the accumulated gradients and the loss by the batch's
+# count before the optimizer step. Both are exact whatever the chunks are,
+# also when an OOM redoes one smaller.
+#
+# A loss made otherwise (ce + 0.1 * l2, 0.5 * x.pow(2).mean()) is probed by
+# its values once: the loss of up to 8 samples together against each alone,
+# on the first split micro-batch's output; their mean or their sum, to the
+# rounding of the loss's dtype, is the rule. Neither (or both: a zero loss)
+# is refused, asking for reduction=. A loss nonlinear in its per-sample
+# terms can pass for a mean only where those terms are alike to rounding. A reduction=
+# given is used for such losses; one that contradicts what the loss does
+# (reduction="sum" with nn.CrossEntropyLoss()) is refused. A step that
+# runs whole weighs its loss 1 whatever the rule, so nothing is probed.
+
+_REDUCTIONS = {torch.mean: "mean", torch.Tensor.mean: "mean", torch.sum: "sum",
+               torch.Tensor.sum: "sum", torch.nansum: "sum", torch.Tensor.nansum: "sum"}
+
+
+def declared_reduction(loss_fn, reduction, who="Trainer"):
+    """The reduction the user declared: `reduction` ("mean"/"sum"/None),
+    checked against loss_fn.reduction when the loss has one. Raises
+    ValueError, one line, for anything else or a contradiction."""
+    if reduction is not None and reduction not in ("mean", "sum"):
+        raise ValueError(f"[{who}] reduction must be 'mean' or 'sum', got {reduction!r}")
+    own = getattr(loss_fn, "reduction", None)
+    if own is None:
+        return reduction
+    if own not in ("mean", "sum", "batchmean"):
+        raise ValueError(
+            f"[{who}] the loss reduces with {own!r}; memfit weights micro-batches for "
+            f"'mean' or 'sum' losses: make the loss reduce to a scalar (reduction='mean')"
+        )
+    own = "mean" if own == "batchmean" else own
+    if reduction is not None and reduction != own:
+        raise ValueError(
+            f"[{who}] reduction={reduction!r} contradicts the loss's own reduction "
+            f"{own!r} ({type(loss_fn).__name__}.reduction): the micro-batches would be "
+            f"weighted wrongly; drop reduction= (memfit reads the loss's), or build the loss "
+            f"with reduction={reduction!r}"
+        )
+    return reduction
+
+
+class _Reductions(TorchFunctionMode):
+    """Sees the loss function's torch calls: each loss function and full
+    mean/sum, with its LossRule; cross_entropy/nll_loss means computed as
+    sum/count (see Note [Probing how the loss reduces])."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []  # (result, LossRule, count or None)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        kind = _REDUCTIONS.get(func)
+        if kind is not None:
+            out = func(*args, **kwargs)
+            full = len(args) == 1 and not (set(kwargs) - {"dtype"})
+            if full:
+                self.calls.append((out, LossRule(kind, f"Tensor.{kind}"), None))
+            return out
+        rule = None
+        try:
+            arguments = bind_arguments(func, args, kwargs)
+        except Exception:
+            arguments = None
+        if arguments is not None:
+            target = arguments.get("target")
+            rule = loss_rule(func, arguments,
+                             target.dtype if isinstance(target, torch.Tensor) else None)
+        if rule is None or rule.kind != "classes":
+            out = func(*args, **kwargs)
+            if rule is not None:
+                self.calls.append((out, rule, None))
+            return out
+        summed = dict(arguments)
+        summed["reduction"] = "sum"
+        summed.pop("size_average", None)
+        summed.pop("reduce", None)
+        total = func(**summed)
+        count = counted_targets(rule.target, rule.weight, rule.ignore_index).to(total.dtype)
+        out = total / torch.where(count > 0, count, torch.ones_like(count))
+        self.calls.append((out, rule, count))
+        return out
+
+
+class LossWeighting:
+    """The rule one Trainer's loss reduces by, and each micro-batch's weight.
+    Holds no reference to the Trainer (the native Trainer's optimizer-step
+    callback holds this object)."""
+
+    def __init__(self, loss_fn, reduction):
+        self._loss_fn = loss_fn
+        self._declared = declared_reduction(loss_fn, reduction)
+        self._probed = None  # the numeric probe's answer, "mean" or "sum"
+        self._counts = {}  # start -> counted targets of this step's chunk there
+        self._sum_chunks = False
+        self._full_target = None
+        self._denominators = {}
+
+    def begin_step(self, full_target=None):
+        """Before a step on the batch whose target is `full_target`."""
+        self._counts = {}
+        self._sum_chunks = False
+        self._full_target = full_target
+        self._denominators = {}  # (ignore_index, id(weight)) -> the batch's count
+
+    def _batch_count(self, rule):
+        """The batch's counted targets for `rule`, from the step's target."""
+        key = (rule.ignore_index, id(rule.weight))
+        if key not in self._denominators:
+            with torch.no_grad():
+                self._denominators[key] = float(counted_targets(
+                    self._full_target, rule.weight, rule.ignore_index))
+        return self._denominators[key]
+
+    def chunk_loss(self, compute, start, n, batch, output, target, target_dim):
+        """The loss of samples [start, start + n) of `batch`, weighted by
+        their share of the batch's: compute() returns the micro-batch's loss
+        as the user's loss function makes it; `target` is the micro-batch's
+        target (a slice of the step's)."""
+        if n == batch:
+            return compute()  # whole: weight 1 whatever the rule
+        mode = _Reductions()
+        with mode:
+            loss = compute()
+        found = next(((rule, count) for out, rule, count in mode.calls if out is loss), None)
+        if found is None:
+            kind = self._declared or self._probe(output, target, target_dim)
+            return loss * (n / batch) if kind == "mean" else loss
+        rule, count = found
+        if self._declared is not None and self._declared != ("sum" if rule.kind == "sum" else
+                                                              "mean"):
+            raise ValueError(
+                f"[Trainer.step] reduction={self._declared!r}, but the loss is "
+                f"{rule.name} reducing with {'sum' if rule.kind == 'sum' else 'mean'}: the "
+                f"micro-batches would be weighted wrongly; drop reduction= (memfit reads it "
+                f"from the loss) or make them agree"
+            )
+        if rule.kind == "sum":
+            return loss
+        if rule.kind == "mean":
+            return loss * (n / batch)
+        if rule.target is target and isinstance(self._full_target, torch.Tensor):
+            # The loss counts the step's own targets: the batch's count is
+            # known now, and the chunk weighs count / batch's count.
+            return loss * (count / self._batch_count(rule))
+        # Targets the loss derived (labels shifted by one): the batch's
+        # count is known once every chunk ran; see grad_scale().
+        self._sum_chunks = True
+        self._counts[start] = (n, count.detach())
+        return loss * count
+
+    def finish_step(self):
+        """After the step: grad_scale(), and the step's target and counts
+        let go (the object lives as long as the Trainer)."""
+        scale = self.grad_scale()
+        self._full_target, self._denominators, self._counts = None, {}, {}
+        self._sum_chunks = False
+        return scale
+
+    def grad_scale(self):
+        """1 / the batch's counted targets when the chunks' losses were sums
+        of counted targets (Note [Probing how the loss reduces]), else None."""
+        if not self._sum_chunks:
+            return None
+        # The chunks that completed partition the batch: a redo after an OOM
+        # starts where the failed attempt did and replaces its entry.
+        total = _partition_total(self._counts)
+        return 1.0 / total if total else math.nan
+
+    def _probe(self, output, target, target_dim):
+        """"mean" or "sum" from the loss's values on up to 8 samples together
+        against each alone; raises ValueError when they say neither."""
+        if self._probed is not None:
+            return self._probed
+        ask = ("pass reduction='mean' or 'sum' to the Trainer (how loss_fn reduces the "
+               "batch), or return a torch loss function's result or a .mean()/.sum()")
+        out = output if isinstance(output, torch.Tensor) else None
+        tgt = target if target is None or isinstance(target, torch.Tensor) else None
+        if (out is None or out.dim() == 0 or out.shape[0] < 2 or
+                (target is not None and (tgt is None or tgt.dim() <= target_dim
+                                         or tgt.shape[target_dim] != out.shape[0]))):
+            raise ValueError(f"[Trainer.step] cannot tell how loss_fn reduces the batch: {ask}")
+        k = min(8, out.shape[0])
+        with torch.no_grad():
+            o = out.detach()
+
+            def value(a, b):
+                y = None if target is None else tgt.narrow(target_dim, a, b - a)
+                v = self._loss_fn(o[a:b], y) if y is not None else self._loss_fn(o[a:b])
+                return float(v)
+
+            together = value(0, k)
+            alone = [value(i, i + 1) for i in range(k)]
+        total = sum(alone)
+        scale = max(max(abs(v) for v in alone), abs(together), 1e-30)
+        # Rounding of the loss's dtype, summed over k values.
+        tol = 64 * k * torch.finfo(o.dtype if o.is_floating_point() else torch.float32).eps
+        is_mean = abs(together - total / k) <= tol * scale
+        is_sum = abs(together - total) <= tol * scale
+        if is_mean == is_sum:
+            raise ValueError(
+                f"[Trainer.step] cannot tell how loss_fn reduces the batch (on {k} samples it "
+                f"gave {together:.6g}; alone they give {total / k:.6g} on average, "
+                f"{total:.6g} in all: {'both' if is_mean else 'neither'} the mean "
+                f"{'and' if is_mean else 'nor'} the sum): {ask}")
+        self._probed = "mean" if is_mean else "sum"
+        return self._probed
+
+
+def _partition_total(counts):
+    total, at = 0.0, 0
+    for start in sorted(counts):
+        if start < at:
+            continue  # a failed attempt's entry a redo's chunks cover
+        n, count = counts[start]
+        total += float(count)
+        at = start + n
+    return total

@@ -2,6 +2,8 @@
 advise and the strategies: calling the model on a batch, the loss, the
 built-in optimizers by name, and the checks made before anything runs."""
 
+from collections.abc import Mapping
+
 import torch
 
 from .offload import OffloadedOptimizer
@@ -20,11 +22,11 @@ OPTIMIZERS = {
     "adam-offload": lambda params: _offload(torch.optim.Adam(params, lr=1e-3)),
 }
 
-def default_loss(output, target):
+def default_loss(output, target, what="profile"):
     if target is None:
         if output.dim() != 0:
             raise ValueError(
-                f"[profile] the model returned a tensor of shape {tuple(output.shape)} "
+                f"[{what}] the model returned a tensor of shape {tuple(output.shape)} "
                 f"and there is no target or loss_fn: pass loss_fn=, or a target"
             )
         return output
@@ -33,21 +35,24 @@ def default_loss(output, target):
     return torch.nn.functional.mse_loss(output, target)
 
 
-def compute_loss(output, target, loss_fn):
+def compute_loss(output, target, loss_fn, what="profile"):
+    """The loss of `output` as loss_fn (or default_loss) computes it; errors
+    tagged with `what`, the operation the user called. A model's output that
+    carries its own loss (Hugging Face's) is _step.user_step's to read."""
     if loss_fn is None:
         if not isinstance(output, torch.Tensor):
             raise ValueError(
-                f"[profile] the model returned a {type(output).__name__}, not a "
+                f"[{what}] the model returned a {type(output).__name__}, not a "
                 f"tensor: pass loss_fn= taking (output, target) and returning "
                 f"a scalar tensor"
             )
-        loss = default_loss(output, target)
+        loss = default_loss(output, target, what)
     else:
         loss = loss_fn(output, target) if target is not None else loss_fn(output)
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(
-            f"[profile] the loss must be a scalar tensor, got {shape}: reduce it "
+            f"[{what}] the loss must be a scalar tensor, got {shape}: reduce it "
             f"(e.g. .mean()) in loss_fn"
         )
     return loss
@@ -56,7 +61,7 @@ def compute_loss(output, target, loss_fn):
 def call_model(model, inputs):
     if isinstance(inputs, (tuple, list)):  # positional arguments, as documented
         return model(*inputs)
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):  # a dict, or a BatchEncoding: keyword arguments
         return model(**inputs)
     return model(inputs)
 

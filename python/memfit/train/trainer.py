@@ -11,8 +11,9 @@ from .. import _memfit
 from .._step.batching import (batch_size, count, first_batch_dim, map_tensors, narrow_batch,
                               tensors_in)
 from .._step.device import to_bytes
-from .._step.hints import Batch, LossFn, Size
-from .._step.training_step import call_model, check_loss_trains, check_optimizer, compute_loss
+from .._step.hints import Batch, LossFn, Size, StepFn
+from .._step.training_step import check_loss_trains, check_optimizer
+from .._step.user_step import StepError, as_user_step
 from ..plan import fit as fitting
 from ..report.profile import profile
 from .distributed import DistributedStep, batch_signature, is_distributed
@@ -219,7 +220,14 @@ class Trainer:
     - coupled: "error" (default) refuses to split a model with BatchNorm in
       training mode, naming the layers; "allow" splits anyway (each
       micro-batch uses its own statistics).
-    - reduction: "mean" or "sum"; read from loss_fn.reduction when omitted.
+    - reduction: "mean" or "sum"; read from loss_fn.reduction when omitted
+      ("mean" for a step function and a model that returns its own loss).
+    - step: the user's own step, step(model, batch) -> loss, instead of
+      loss_fn and a target: each micro-batch is a slice of the batch along
+      batch_dim, of the kind given (tensor, tuple, dict, BatchEncoding); the
+      Trainer weights the loss it returns and runs backward (Note [The step
+      function's contract], user_step.py). A Hugging Face model with labels
+      in its batch needs neither.
     - split=False runs the batch whole and lets an OOM out.
     - scaler: a torch.amp.GradScaler for mixed precision. Autocast stays
       yours (wrap step() in torch.autocast); each micro-batch's loss is
@@ -262,12 +270,15 @@ class Trainer:
                  loss_fn: LossFn | None = None, budget: Size | None = None, batch_dim: int = 0,
                  target_batch_dim: int = 0, coupled: str = "error", reduction: str | None = None,
                  split: bool = True, micro_batch: int = 0, scaler: Any = None,
-                 plan: bool = True) -> None:
+                 plan: bool = True, step: StepFn | None = None) -> None:
         if coupled not in ("error", "allow"):
             raise ValueError(f"[Trainer] coupled must be 'error' or 'allow', got {coupled!r}")
         if not isinstance(plan, bool):
             raise ValueError(f"[Trainer] plan must be True or False, got {plan!r}")
         check_optimizer(model, optimizer, "Trainer", instance_only=True)
+        # Checked now, not at the first step: see user_step.as_user_step.
+        how = as_user_step(loss_fn, step, "Trainer", model)
+        self._how = dataclasses.replace(how, what="Trainer.step")
         micro_batch = count(micro_batch, "Trainer", "micro_batch", minimum=0)
         # See Note [The first micro-batch from the fit].
         self._plan = plan and split and micro_batch == 0
@@ -329,6 +340,7 @@ class Trainer:
         # The native step sets the parameters' gradients to None before and
         # after (see Note [The order of a training iteration]).
         n = self._batch(inputs, target)
+        self._how.check_batch(self._module, inputs, target)  # before any plan or probe
         if self._plan and self._wants_plan(native, target, n):
             self._plan_micro_batch(native, inputs, target, n)
         buffers = BufferGuard(self._module)
@@ -388,7 +400,7 @@ class Trainer:
         card = "cpu" if on_device else "cuda"
 
         def fit(set_to_none, verify, margin):
-            report = profile(self._module, example, example_target, loss_fn=self.loss_fn,
+            report = profile(self._module, example, example_target, loss_fn=self._how,
                              optimizer=self.optimizer, batch_dim=self.batch_dim,
                              set_to_none=set_to_none, target_device=card)
             return fitting.search(report, room, margin, verify=verify, max_batch=n)
@@ -400,6 +412,8 @@ class Trainer:
                 plan.split = fit(False, on_device, margin)
                 if plan.split.max_batch < n:
                     plan.micro_batch = even_micro_batch(n, plan.split.max_batch)
+        except StepError:
+            raise  # the step itself would fail the same way
         except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
             plan.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             return
@@ -463,7 +477,7 @@ class Trainer:
         return move
 
     def _chunk_loss(self, inputs, target, buffers=None):
-        model, loss_fn, bd, tbd = self._module, self.loss_fn, self.batch_dim, self.target_batch_dim
+        model, how, bd, tbd = self._module, self._how, self.batch_dim, self.target_batch_dim
         scaler = self.scaler
         move = self._mover()
         # The micro-batches are views of the user's tensors: a forward that
@@ -498,7 +512,7 @@ class Trainer:
                 x = map_tensors(narrow_batch(inputs, start, n, bd), to_device)
                 y = None if target is None else map_tensors(
                     target, lambda t: to_device(t.narrow(tbd, start, n)))
-                loss = compute_loss(call_model(model, x), y, loss_fn)
+                loss = how.run(model, x, y)
             finally:
                 # A write into a micro-batch's copy goes back into the user's
                 # samples, where an eager step on these tensors would leave it.

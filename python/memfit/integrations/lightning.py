@@ -31,6 +31,7 @@ except ImportError:
         ) from None
 
 from .._step.batching import count
+from .._step.device import host_memory
 from .._step.hints import Size
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
@@ -103,10 +104,10 @@ def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
     return LoopStep(UserStep(step=step, what=what), set_to_none=False)
 
 
-def _first_batch(trainer, pl_module, what):
-    """The first training batch as training_step gets it (the module's
-    transfer hooks, on its device); the generators are put back, so the
-    fit loop draws the same order."""
+def _first_batch(trainer, pl_module, what, batch_dim=0):
+    """The first samples of the first training batch as training_step gets
+    them (the module's transfer hooks, on its device); the generators are
+    put back, so the fit loop draws the same order."""
     dm = trainer.datamodule
     source = dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
     if not is_overridden("train_dataloader", source):
@@ -114,8 +115,10 @@ def _first_batch(trainer, pl_module, what):
             f"[{what}] no train_dataloader on the module or datamodule: memfit takes an example "
             f"batch from it (dataloaders passed to fit() have a fixed batch size)"
         )
-    with kept_rng():
-        batch = next(iter(source.train_dataloader()))
+    # On the host, as beside a GPU: only the few samples memfit keeps go to
+    # the device.
+    with kept_rng(), host_memory():
+        batch = example_of(next(iter(source.train_dataloader())), batch_dim)
     return trainer.strategy.batch_to_device(batch)
 
 
@@ -204,7 +207,7 @@ class FitBatchSize(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         what = "FitBatchSize"
-        batch = example_of(_first_batch(trainer, pl_module, what), self.batch_dim)
+        batch = _first_batch(trainer, pl_module, what, self.batch_dim)
         plan = plan_batch(pl_module, batch, _optimizer(trainer, what),
                           whole=lightning_step(trainer, pl_module, what),
                           accumulated=lightning_step(trainer, pl_module, what, accumulating=True),

@@ -25,6 +25,7 @@ except ImportError:
         "pip install transformers"
     ) from None
 
+from .._step.device import host_memory
 from .._step.hints import Size
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
@@ -75,8 +76,11 @@ def trainer_step(trainer: Any, what: str = "FitBatchSize") -> UserStep:
 
 
 def _first_batch(dataloader):
-    with kept_rng():  # the sampler's seed: training draws the same order
-        return next(iter(dataloader))
+    """The first samples of the loader's first batch, collated in host
+    memory (the loader's whole batch may not fit the device); the sampler's
+    seed is put back, so training draws the same order."""
+    with kept_rng(), host_memory():
+        return example_of(next(iter(dataloader)))
 
 
 def _optimizer_for(trainer, model, given):
@@ -137,7 +141,7 @@ class FitBatchSize(TrainerCallback):
         args, model = trainer.args, trainer.model
         effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
         how = trainer_step(trainer, what)
-        batch = example_of(_first_batch(trainer.get_train_dataloader()))
+        batch = _first_batch(trainer.get_train_dataloader())
         reserve = int(batch_bytes_per_sample(batch) * effective)
         opt = _optimizer_for(trainer, model, optimizer)
         # The optimizer's step and zero_grad end each optimizer step; between
@@ -150,7 +154,7 @@ class FitBatchSize(TrainerCallback):
         args.gradient_accumulation_steps = plan.accumulation
         trainer._train_batch_size = args.train_batch_size  # See Note [Where the HF ...]
         if self.size_eval and trainer.eval_dataset is not None:
-            eval_batch = example_of(_first_batch(trainer.get_eval_dataloader()))
+            eval_batch = _first_batch(trainer.get_eval_dataloader())
             size, _ = plan_eval_batch(
                 model, eval_batch, how, budget=self.budget, what=what,
                 held_bytes=plan.optimizer_state_bytes + reserve,

@@ -186,15 +186,18 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
     accelerator it shares) its gradient_accumulation_steps is set to the
     accumulation steps before each call, so that `with
     accelerator.accumulate(model)` steps the optimizer once per
-    `starting_batch_size` samples; and the next batch accelerate's prepared
-    DataLoader fetches ahead is left room for.
+    `starting_batch_size` samples; on the CPU (the simulated device) the
+    next batch accelerate's prepared DataLoader fetches ahead is left room
+    for (beside a GPU it waits on the host).
     """
     starting_batch_size = count(starting_batch_size, "auto_batch_size", "starting_batch_size")
     accumulation = accumulation_setter(accelerator, optimizer)
     optimizer = unwrapped_optimizer(optimizer)
     check_optimizer(model, optimizer, "auto_batch_size")
     how = as_user_step(loss_fn, step, "auto_batch_size", model)
-    if accumulation is not None:  # accelerate's DataLoader holds the next batch
+    if accumulation is not None and budget_target(model, None, "auto_batch_size") == "cpu":
+        # accelerate's DataLoader holds the next batch: on the host, which
+        # is the device on the simulated one.
         how = dataclasses.replace(how, held_batches=1)
 
     def decorate(fn):

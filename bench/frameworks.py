@@ -348,7 +348,8 @@ def hf_survives(case, tmp):
                 args.max_steps = steps
                 trainer = Counting(model=model(), args=args, train_dataset=Tokens())
                 try:
-                    trainer.train()
+                    with contextlib.redirect_stdout(sys.stderr):  # train()'s metrics dict
+                        trainer.train()
                     cache[key] = trainer.state.global_step >= steps
                 except torch.OutOfMemoryError:
                     cache[key] = False
@@ -409,7 +410,8 @@ def hf_method(case, tmp, method):
                                callbacks=callbacks)
             built = time.perf_counter()
             try:
-                trainer.train()
+                with contextlib.redirect_stdout(sys.stderr):  # train()'s metrics dict
+                    trainer.train()
             except Exception as e:  # noqa: BLE001 (a finder raising is a result)
                 row["error"] = first_line(e)
                 if isinstance(e, torch.OutOfMemoryError) and not ooms:

@@ -131,12 +131,12 @@ def test_keep_effective_batch_sets_accumulation_so_the_product_is_exact():
     gc.collect()
     with memfit.simulated_device(BUDGET):
         module = Mlp()
-        fit = FitBatchSize(keep_effective_batch=3000)
-        t = trainer(max_steps=5, callbacks=[fit])
+        fit = FitBatchSize(keep_effective_batch=1200)
+        t = trainer(max_steps=3, callbacks=[fit])
         t.fit(module)
         b, k = fit.optimal_batch_size, t.accumulate_grad_batches
-        assert b * k == 3000 and k > 1
-        assert t.sizes == [b] * (5 * k)  # 5 optimizer steps of k micro-batches
+        assert b * k == 1200 and k > 1
+        assert t.sizes == [b] * (3 * k)  # 3 optimizer steps of k micro-batches
         module = None
 
 

@@ -1,6 +1,8 @@
-"""Walking and resizing the tensors of a batch: tensors, tuples, lists, dicts."""
+"""Walking and resizing the tensors of a batch: tensors, tuples, lists, dicts
+and other mappings (Hugging Face's BatchEncoding)."""
 
 import operator
+from collections.abc import Mapping
 
 import torch
 
@@ -26,16 +28,28 @@ def count(value, what, name, minimum=1):
 
 
 def map_tensors(obj, fn):
-    """`obj` with `fn` applied to every tensor in it (nested tuple/list/dict)."""
+    """`obj` with `fn` applied to every tensor in it (nested tuple/list/dict,
+    or another mapping such as a BatchEncoding)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, tuple):
         return tuple(map_tensors(o, fn) for o in obj)
     if isinstance(obj, list):
         return [map_tensors(o, fn) for o in obj]
-    if isinstance(obj, dict):
-        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    if isinstance(obj, Mapping):
+        items = {k: map_tensors(v, fn) for k, v in obj.items()}
+        return items if isinstance(obj, dict) else _same_mapping(obj, items)
     return obj
+
+
+def _same_mapping(obj, items):
+    """`items` as a mapping of `obj`'s kind where its constructor takes a
+    dict (BatchEncoding does: the step then gets what the user's loader
+    gives), else as a dict."""
+    try:
+        return type(obj)(items)
+    except Exception:  # noqa: BLE001 (any constructor that will not take a dict)
+        return items
 
 
 def tensors_in(obj):
@@ -57,7 +71,7 @@ def _dims(obj, batch_dim, what):
                 f"input, got {batch_dim!r}"
             )
         return [(t, batch_dim) for t in tensors_in(obj)]
-    if isinstance(batch_dim, dict) and isinstance(obj, dict):
+    if isinstance(batch_dim, dict) and isinstance(obj, Mapping):
         keys = list(obj)
         entries = [batch_dim.get(k, 0) for k in keys]
         unknown = set(batch_dim) - set(keys)

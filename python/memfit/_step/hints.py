@@ -4,7 +4,7 @@ from typing import Any, Callable, Union
 
 import torch
 
-__all__ = ["Batch", "LossFn", "OptimizerArg", "ProgressArg", "Size"]
+__all__ = ["Batch", "LossFn", "OptimizerArg", "ProgressArg", "Size", "StepFn"]
 
 # A batch: a tensor, or tuples, lists and dicts of them (and of other values),
 # split along its batch dimension.
@@ -17,3 +17,6 @@ LossFn = Callable[..., torch.Tensor]
 OptimizerArg = Union[torch.optim.Optimizer, str, None]
 # progress=True prints to stderr; a callable receives each line.
 ProgressArg = Union[bool, Callable[[str], Any], None]
+# step(model, batch) -> the loss (a scalar tensor): the user's own step; memfit
+# runs backward and the optimizer (Note [The step function's contract]).
+StepFn = Callable[[torch.nn.Module, Any], Any]

@@ -13,7 +13,8 @@ from .meta_reads import run_foreach
 from .offload import OffloadedOptimizer
 from .progress import as_progress
 from .tracking import Tracking
-from .training_step import OPTIMIZERS, call_model, check_loss_trains, compute_loss
+from .training_step import OPTIMIZERS, check_loss_trains
+from .user_step import as_user_step
 from .user_state import ModelTensors, OptimizerState, private_copy
 
 __all__ = ["RecordedStep", "record_step", "rehearse"]
@@ -100,8 +101,10 @@ class _StepState:
     def __init__(self, optimizer):
         self.optimizer = optimizer
         self.x = self.y = self.out = self.loss = None
+        self.held = None  # batches a framework's loop holds beside the step's
 
     def drop(self):
+        self.held = None
         self.x = None
         self.y = None
         self.out = None
@@ -118,6 +121,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     `saved` is restored: the user's .grad come back. as_on_cuda: an
     optimizer named by a string runs foreach, as on CUDA parameters (See
     Note [The optimizer a GPU would run])."""
+    how = as_user_step(loss_fn)  # See Note [The step function's contract].
     t = Tracking()
     ran_foreach = False  # a named optimizer set to foreach (as_on_cuda)
     if device.type == "meta":
@@ -140,13 +144,14 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     def inputs_():
         step.x = private_copy(inputs, device)
         step.y = None if target is None else private_copy(target, device)
+        step.held = [private_copy(inputs, device) for _ in range(how.held_batches)]
 
     def forward():
-        step.out = call_model(model, step.x)
+        step.out = how.forward(model, step.x)
 
     def loss():
-        step.loss = compute_loss(step.out, step.y, loss_fn)
-        check_loss_trains(step.loss, model, "profile")
+        step.loss = how.loss(step.out, step.y)
+        check_loss_trains(step.loss, model, how.what)
         step.out = None  # See Note [The order of a training iteration] (report.h).
 
     def optimizer_step():

@@ -2,6 +2,8 @@
 advise and the strategies: calling the model on a batch, the loss, the
 built-in optimizers by name, and the checks made before anything runs."""
 
+from collections.abc import Mapping
+
 import torch
 
 from .offload import OffloadedOptimizer
@@ -20,11 +22,11 @@ OPTIMIZERS = {
     "adam-offload": lambda params: _offload(torch.optim.Adam(params, lr=1e-3)),
 }
 
-def default_loss(output, target, who="profile"):
+def default_loss(output, target, what="profile"):
     if target is None:
         if output.dim() != 0:
             raise ValueError(
-                f"[{who}] the model returned a tensor of shape {tuple(output.shape)} "
+                f"[{what}] the model returned a tensor of shape {tuple(output.shape)} "
                 f"and there is no target or loss_fn: pass loss_fn=, or a target"
             )
         return output
@@ -33,23 +35,25 @@ def default_loss(output, target, who="profile"):
     return torch.nn.functional.mse_loss(output, target)
 
 
-def compute_loss(output, target, loss_fn, who="profile"):
+def compute_loss(output, target, loss_fn, what="profile"):
     """loss_fn(output, target), or the default loss; raises ValueError, one
-    line tagged `who`, for an output no loss can take (None, or a dict or
-    tuple without loss_fn) and for a loss that is not a scalar tensor."""
+    line tagged `what` (the operation the user called), for an output no loss
+    can take (None, or a dict or tuple without loss_fn) and for a loss that
+    is not a scalar tensor. A model's output that carries its own loss
+    (Hugging Face's) is _step.user_step's to read."""
     if output is None:
         raise ValueError(
-            f"[{who}] the model returned None: its forward must return its output "
+            f"[{what}] the model returned None: its forward must return its output "
             f"(a missing `return`?)"
         )
     if loss_fn is None:
         if not isinstance(output, torch.Tensor):
             raise ValueError(
-                f"[{who}] the model returned a {type(output).__name__}, not a "
+                f"[{what}] the model returned a {type(output).__name__}, not a "
                 f"tensor: pass loss_fn= taking (output, target) and returning "
                 f"a scalar tensor"
             )
-        loss = default_loss(output, target, who)
+        loss = default_loss(output, target, what)
     else:
         try:
             loss = loss_fn(output, target) if target is not None else loss_fn(output)
@@ -57,14 +61,14 @@ def compute_loss(output, target, loss_fn, who="profile"):
             if isinstance(output, torch.Tensor):
                 raise
             raise ValueError(
-                f"[{who}] loss_fn failed on the model's output, a {type(output).__name__} "
+                f"[{what}] loss_fn failed on the model's output, a {type(output).__name__} "
                 f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}): make "
                 f"loss_fn take that output, or return a tensor from the model"
             ) from e
     if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
         shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
         raise ValueError(
-            f"[{who}] the loss must be a scalar tensor, got {shape}: reduce it "
+            f"[{what}] the loss must be a scalar tensor, got {shape}: reduce it "
             f"(e.g. .mean()) in loss_fn"
         )
     return loss
@@ -73,7 +77,7 @@ def compute_loss(output, target, loss_fn, who="profile"):
 def call_model(model, inputs):
     if isinstance(inputs, (tuple, list)):  # positional arguments, as documented
         return model(*inputs)
-    if isinstance(inputs, dict):
+    if isinstance(inputs, Mapping):  # a dict, or a BatchEncoding: keyword arguments
         return model(**inputs)
     return model(inputs)
 

@@ -17,6 +17,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from .._step.tracking import Tracking
+from .._step.user_step import output_loss
 
 __all__ = ["TrialResult", "try_no_grad", "try_item", "try_set_to_none"]
 
@@ -49,6 +50,9 @@ def _forward(inputs):
 
 
 def _scalar(output):
+    own = output_loss(output)  # an HF model given labels: the loss it trains on
+    if own is not None and own.dim() == 0:
+        return own
     parts = [t.float().sum() for t in pytree.tree_leaves(output)
              if isinstance(t, torch.Tensor) and t.is_floating_point()]
     if not parts:

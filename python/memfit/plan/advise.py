@@ -14,9 +14,10 @@ import torch
 from .. import _memfit
 from .._step.batching import batch_size, count
 from .._step.device import budget_target, to_bytes
-from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
+from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
 from .._step.training_step import check_optimizer
+from .._step.user_step import as_user_step
 from .cost import count_step_flops
 from .fit import DoesNotFit
 from .strategies import Strategy, resolve_chain
@@ -39,7 +40,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
            chain: Sequence[torch.nn.Module] | str | None = None,
            allow_approximate: bool = False, repeats: int = 1, mode: str = "cpu",
            progress: ProgressArg = None, settings: str | Sequence[Setting] = "auto",
-           target_device: str | None = None) -> Advice:
+           target_device: str | None = None, step: StepFn | None = None) -> Advice:
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
 
@@ -99,7 +100,9 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     bytes: cached segments that do not fit a later tensor); the table and
     every peak say so (advice.cuda_reserved). Plan a card from a meta model
     with target_device="cuda". progress: None, True (a line on
-    stderr per recording) or a callable given each line.
+    stderr per recording) or a callable given each line. step: the user's
+    own step, step(model, batch) -> loss, instead of loss_fn and target (as
+    memfit.profile's; each setting's copy of the model is what it gets).
     Returns an Advice: rows, plan, chain_plans, table(), to_json(),
     apply(model). Raises memfit.DoesNotFit (a ValueError) when the budget is
     below the model's parameters or nothing recorded fits, naming the
@@ -109,6 +112,8 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     if mode not in ("cpu", "meta"):
         raise ValueError(f"[advise] mode must be 'cpu' or 'meta', got {mode!r}")
     check_optimizer(model, optimizer, "advise")
+    loss_fn = as_user_step(loss_fn, step, "advise", model)  # the step every row records
+    loss_fn.check_batch(model, inputs, target)
     target_device = budget_target(model, target_device, "advise")
     n = batch_size(inputs, batch_dim, "advise")
     limit = None if budget is None else to_bytes(budget, "advise")

@@ -120,7 +120,7 @@ class _OpFlops(TorchDispatchMode):
 def _count_on_meta(model, inputs, target, loss_fn, fwd, bwd):
     """Runs the step on meta copies, forward and loss under the mode `fwd`,
     backward under `bwd`; the model and the inputs are left as they were."""
-    from .._step.training_step import call_model, compute_loss  # the step as profile() runs it
+    from .._step.user_step import as_user_step  # the step as profile() runs it
 
     saved = ModelTensors(model)
     try:
@@ -129,7 +129,7 @@ def _count_on_meta(model, inputs, target, loss_fn, fwd, bwd):
             x = private_copy(inputs, torch.device("meta"))
             y = None if target is None else private_copy(target, torch.device("meta"))
             with fwd:
-                loss = compute_loss(call_model(model, x), y, loss_fn)
+                loss = as_user_step(loss_fn).run(model, x, y)
             with bwd:
                 loss.backward()
     finally:

@@ -3,9 +3,10 @@ that fits, from probes at small batches, without trial-and-error crashes."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
@@ -13,9 +14,11 @@ from .. import _memfit
 from .._step.arguments import flag
 from .._step.batching import count
 from .._step.device import budget_target, to_bytes
-from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
+from .._step.frameworks import accumulation_setter, unwrapped_optimizer
+from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
 from .._step.training_step import check_optimizer
+from .._step.user_step import as_user_step
 from ..report.data_parallel import trainable_sizes
 from ..report.profile import profile
 
@@ -90,7 +93,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     loss_fn: LossFn | None = None, optimizer: OptimizerArg = None,
                     budget: Size | None = None, batch_dim: int = 0, mode: str = "cpu",
                     margin: Size = 0, verify: bool = True, progress: ProgressArg = None,
-                    target_device: str | None = None) -> _memfit.BatchFit:
+                    target_device: str | None = None,
+                    step: StepFn | None = None) -> _memfit.BatchFit:
     """The largest batch whose whole training step fits `budget`, verified.
 
     `inputs`/`target` are an example batch of any size: memfit records the
@@ -117,6 +121,10 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     than the allocated bytes: cached segments); measured_peak_bytes is
     then reserved bytes and the notes say so.
 
+    step: the user's own step, step(model, batch) -> loss, instead of
+    loss_fn and target (memfit.profile's step=); a Hugging Face model with
+    labels in its dict batch needs neither.
+
     A model wrapped in DistributedDataParallel gets each rank's batch: the
     budget first loses DDP's gradient buckets, one copy of the trainable
     parameters (exactly what DDP adds to every phase when .grad are separate
@@ -132,8 +140,10 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     memfit.DoesNotFit (a ValueError) with the numbers when even batch 1 does
     not fit.
     """
+    optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
     check_optimizer(model, optimizer, "find_batch_size")
     verify = flag(verify, "find_batch_size", "verify")
+    how = as_user_step(loss_fn, step, "find_batch_size", model)
     target_device = budget_target(model, target_device, "find_batch_size")
     available = available_bytes(budget, model)
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
@@ -141,7 +151,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         available = _memfit.budget_beside_ddp_buckets(
             available, sum(trainable_sizes(model)), "find_batch_size", "report.data_parallel()")
     said = as_progress(progress, "find_batch_size")
-    report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
+    report = profile(model, inputs, target, loss_fn=how, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device)
     return search(report, available, to_bytes(margin, "margin"), verify=verify,
                   progress=said)
@@ -168,7 +178,8 @@ def search(report, available, margin=0, verify=True, max_batch=None, progress=No
 def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, inputs: Batch,
                     target: Batch = None, loss_fn: LossFn | None = None,
                     optimizer: OptimizerArg = None, budget: Size | None = None,
-                    batch_dim: int = 0) -> Callable[[Callable], Callable]:
+                    batch_dim: int = 0, step: StepFn | None = None,
+                    accelerator: Any = None) -> Callable[[Callable], Callable]:
     """Decorator for people coming from accelerate's find_executable_batch_size.
 
         @memfit.auto_batch_size(starting_batch_size=256, model=model,
@@ -180,23 +191,43 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
     no crash) that divides `starting_batch_size`, and the accumulation steps
     that keep the effective batch exactly `starting_batch_size`. A function
     taking one argument gets only the batch size. If a step still runs out of
-    memory, the next smaller divisor is tried.
+    memory, the next smaller divisor is tried. step: the user's own step
+    (find_batch_size's step=).
+
+    accelerate: the model and optimizer may be accelerator.prepare()d (the
+    step is measured with the optimizer inside accelerate's wrapper).
+    With `accelerator=` (or an optimizer accelerate prepared, whose
+    accelerator it shares) its gradient_accumulation_steps is set to the
+    accumulation steps before each call, so that `with
+    accelerator.accumulate(model)` steps the optimizer once per
+    `starting_batch_size` samples; on the CPU (the simulated device) the
+    next batch accelerate's prepared DataLoader fetches ahead is left room
+    for (beside a GPU it waits on the host).
     """
     starting_batch_size = count(starting_batch_size, "auto_batch_size", "starting_batch_size")
+    accumulation = accumulation_setter(accelerator, optimizer)
+    optimizer = unwrapped_optimizer(optimizer)
     check_optimizer(model, optimizer, "auto_batch_size")
+    how = as_user_step(loss_fn, step, "auto_batch_size", model)
+    if accumulation is not None and budget_target(model, None, "auto_batch_size") == "cpu":
+        # accelerate's DataLoader holds the next batch: on the host, which
+        # is the device on the simulated one.
+        how = dataclasses.replace(how, held_batches=1)
 
     def decorate(fn):
         takes_two = len(inspect.signature(fn).parameters) >= 2
 
         @functools.wraps(fn)
         def run(*args, **kwargs):
-            fit = find_batch_size(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
+            fit = find_batch_size(model, inputs, target, loss_fn=how, optimizer=optimizer,
                                   budget=budget, batch_dim=batch_dim)
             divisors = [d for d in range(starting_batch_size, 0, -1)
                         if starting_batch_size % d == 0 and d <= max(1, fit.max_batch)]
             last = None
             for micro in divisors:
                 steps = starting_batch_size // micro
+                if accumulation is not None:
+                    accumulation(steps)
                 try:
                     if takes_two:
                         return fn(micro, steps, *args, **kwargs)

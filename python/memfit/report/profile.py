@@ -12,11 +12,13 @@ import torch
 from .. import _memfit
 from .._step.batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
 from .._step.device import host_memory, to_bytes
-from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
+from .._step.frameworks import unwrapped_optimizer
+from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.meta_reads import MetaReads, foreach_as_on_cuda
 from .._step.progress import as_progress
 from .._step.record import rehearse
 from .._step.training_step import check_optimizer, optimizer_name
+from .._step.user_step import as_user_step
 from .._step.user_state import kept_rng
 from . import data_parallel as _dp
 from . import page as report_page
@@ -222,7 +224,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             loss_fn: LossFn | None = None, optimizer: OptimizerArg = None, iterations: int = 2,
             batch_dim: int = 0, mode: str = "cpu", target_device: str = "cpu",
             cuda_workspace: Size = DEFAULT_CUDA_WORKSPACE, set_to_none: bool = True,
-            progress: ProgressArg = None) -> Report:
+            progress: ProgressArg = None, step: StepFn | None = None) -> Report:
     """Profile `iterations` training iterations of `model` on `inputs`.
 
     Each iteration runs the phases inputs, forward, loss, backward,
@@ -257,6 +259,12 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     - progress: None (silent), True (a line on stderr as each phase is
       recorded: a meta step of a large model takes seconds), or a callable
       given each line.
+    - step: the user's own step instead of loss_fn and target,
+      step(model, batch) -> loss, given `inputs` (or the part of it a probe
+      uses, cut along batch_dim) as `batch`; memfit runs backward and the
+      optimizer. See Note [The step function's contract] (user_step.py). A
+      Hugging Face model given labels in a dict batch needs neither: its
+      output's loss is the loss.
 
     The step runs on copies: the model's weights, buffers and .grad, the
     optimizer's state and learning rate, the inputs and the RNG state are
@@ -265,7 +273,9 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     table(), to_json(), save_svg(path), predict_peak_bytes(batch), and
     data_parallel(world_size): each rank's peak under DDP, ZeRO-1/2/3.
     """
+    optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
     check_optimizer(model, optimizer, "profile")
+    how = as_user_step(loss_fn, step, "profile", model)
     said = as_progress(progress, "profile")
     if target_device not in ("cpu", "cuda"):
         raise ValueError(
@@ -285,6 +295,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                 f"[profile] inputs hold {b} samples but target holds {tb}: "
                 f"they must hold the same samples"
             )
+    how.check_batch(model, inputs, target)
     meta = _meta_tensors(model, inputs, target)
     if mode == "cpu":
         _check_copy_fits(inputs, target, b)
@@ -310,7 +321,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                         stack.enter_context(reads.answering())
                     foreach = stack.enter_context(
                         foreach_as_on_cuda(optimizer if card else None))
-                    rec = rehearse(model, inputs, target, loss_fn, optimizer, iterations,
+                    rec = rehearse(model, inputs, target, how, optimizer, iterations,
                                     torch.device(mode), set_to_none, said, as_on_cuda=card)
                 if foreach or rec.ran_foreach:
                     notes.append("the optimizer ran its foreach implementation, as torch "
@@ -332,8 +343,10 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                         f"real tensors"
                     )
                 mode = "cpu"
-                rec = rehearse(model, inputs, target, loss_fn, optimizer, iterations,
+                rec = rehearse(model, inputs, target, how, optimizer, iterations,
                                 torch.device("cpu"), set_to_none, said)
+        if how.note:
+            notes.append(how.note)
         if not set_to_none:
             notes.append("zero_grad in place (set_to_none=False): the gradients stay alive "
                          "through the next iteration, as between the micro-batches of an "

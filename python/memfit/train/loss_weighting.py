@@ -145,16 +145,17 @@ class LossWeighting:
                     self._full_target, rule.weight, rule.ignore_index))
         return self._denominators[key]
 
-    def chunk_loss(self, compute, start, n, batch, output, target, target_dim):
+    def chunk_loss(self, compute, start, n, batch, target, target_dim):
         """The loss of samples [start, start + n) of `batch`, weighted by
-        their share of the batch's: compute() returns the micro-batch's loss
-        as the user's loss function makes it; `target` is the micro-batch's
-        target (a slice of the step's)."""
+        their share of the batch's: compute() returns (the micro-batch's loss
+        as the user's loss function makes it, the model's output it took, or
+        None where the loss was made inside the forward); `target` is the
+        micro-batch's target (a slice of the step's)."""
         if n == batch:
-            return compute()  # whole: weight 1 whatever the rule
+            return compute()[0]  # whole: weight 1 whatever the rule
         mode = _Reductions()
         with mode:
-            loss = compute()
+            loss, output = compute()
         found = next(((rule, count) for out, rule, count in mode.calls if out is loss), None)
         if found is None:
             kind = self._declared or self._probe(output, target, target_dim)

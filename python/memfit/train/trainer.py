@@ -12,8 +12,9 @@ from .._step.arguments import flag
 from .._step.batching import (batch_size, count, first_batch_dim, map_tensors, narrow_batch,
                               tensors_in)
 from .._step.device import host_memory, to_bytes
-from .._step.hints import Batch, LossFn, Size
-from .._step.training_step import call_model, check_loss_trains, check_optimizer, compute_loss
+from .._step.hints import Batch, LossFn, Size, StepFn
+from .._step.training_step import check_loss_trains, check_optimizer
+from .._step.user_step import StepError, as_user_step, is_hf_model
 from ..plan import fit as fitting
 from ..report.profile import profile
 from .distributed import DistributedStep, batch_signature, is_distributed
@@ -252,6 +253,13 @@ class Trainer:
       dropout in training mode is a valid step but not the eager step on the
       whole batch, and its report's notes say so (Note [Dropout in a split
       step], step_notes.py).
+      A step function's or a model's own loss is watched the same way.
+    - step: the user's own step, step(model, batch) -> loss, instead of
+      loss_fn and a target: each micro-batch is a slice of the batch along
+      batch_dim, of the kind given (tensor, tuple, dict, BatchEncoding); the
+      Trainer weights the loss it returns and runs backward (Note [The step
+      function's contract], user_step.py). A Hugging Face model with labels
+      in its batch needs neither.
     - split=False runs the batch whole and lets an OOM out.
     - scaler: a torch.amp.GradScaler for mixed precision. Autocast stays
       yours (wrap step() in torch.autocast); each micro-batch's loss is
@@ -294,13 +302,16 @@ class Trainer:
                  loss_fn: LossFn | None = None, budget: Size | None = None, batch_dim: int = 0,
                  target_batch_dim: int = 0, coupled: str = "error", reduction: str | None = None,
                  split: bool = True, micro_batch: int = 0, scaler: Any = None,
-                 plan: bool = True) -> None:
+                 plan: bool = True, step: StepFn | None = None) -> None:
         if coupled not in ("error", "allow"):
             raise ValueError(f"[Trainer] coupled must be 'error' or 'allow', got {coupled!r}")
         plan = flag(plan, "Trainer", "plan")
         split = flag(split, "Trainer", "split")
         _check_scaler(scaler)
         check_optimizer(model, optimizer, "Trainer", instance_only=True)
+        # Checked now, not at the first step: see user_step.as_user_step.
+        how = as_user_step(loss_fn, step, "Trainer", model)
+        self._how = dataclasses.replace(how, what="Trainer.step")
         micro_batch = count(micro_batch, "Trainer", "micro_batch", minimum=0)
         # See Note [The first micro-batch from the fit].
         self._plan = plan and split and micro_batch == 0
@@ -369,6 +380,7 @@ class Trainer:
         # The native step sets the parameters' gradients to None before and
         # after (see Note [The order of a training iteration]).
         n = self._batch(inputs, target)
+        self._how.check_batch(self._module, inputs, target)  # before any plan or probe
         if self._plan and self._wants_plan(native, target, n):
             self._plan_micro_batch(native, inputs, target, n)
         buffers = BufferGuard(self._module)
@@ -435,7 +447,7 @@ class Trainer:
         card = "cpu" if on_device else "cuda"
 
         def fit(set_to_none, verify, margin):
-            report = profile(self._module, example, example_target, loss_fn=self.loss_fn,
+            report = profile(self._module, example, example_target, loss_fn=self._how,
                              optimizer=self.optimizer, batch_dim=self.batch_dim,
                              set_to_none=set_to_none, target_device=card)
             return fitting.search(report, room, margin, verify=verify, max_batch=n)
@@ -447,6 +459,8 @@ class Trainer:
                 plan.split = fit(False, on_device, margin)
                 if plan.split.max_batch < n:
                     plan.micro_batch = even_micro_batch(n, plan.split.max_batch)
+        except StepError:
+            raise  # the step itself would fail the same way
         except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
             plan.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
             return
@@ -510,7 +524,10 @@ class Trainer:
         return move
 
     def _chunk_loss(self, inputs, target, batch, buffers=None):
-        model, loss_fn, bd, tbd = self._module, self.loss_fn, self.batch_dim, self.target_batch_dim
+        model, how, bd, tbd = self._module, self._how, self.batch_dim, self.target_batch_dim
+        # A step function's or the model's own loss is computed inside the
+        # forward: the weighting watches the forward too (its reductions).
+        own_loss = how.step is not None or (how.loss_fn is None and is_hf_model(model))
         scaler = self.scaler
         weighting = self._weighting
         move = self._mover()
@@ -546,10 +563,14 @@ class Trainer:
                 x = map_tensors(narrow_batch(inputs, start, n, bd), to_device)
                 y = None if target is None else map_tensors(
                     target, lambda t: to_device(t.narrow(tbd, start, n)))
-                out = call_model(model, x)
-                loss = weighting.chunk_loss(lambda: compute_loss(out, y, loss_fn, "Trainer.step"),
-                                            start, n, batch, out, y, tbd)
-                out = None
+                if own_loss:
+                    loss = weighting.chunk_loss(lambda: (how.run(model, x, y), None),
+                                                start, n, batch, y, tbd)
+                else:
+                    out = how.forward(model, x)
+                    loss = weighting.chunk_loss(lambda: (how.loss(out, y), out),
+                                                start, n, batch, y, tbd)
+                    out = None
             finally:
                 # A write into a micro-batch's copy goes back into the user's
                 # samples, where an eager step on these tensors would leave it.

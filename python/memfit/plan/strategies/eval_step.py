@@ -8,7 +8,7 @@ import torch
 from ... import _memfit
 from ..._step.batching import batch_size
 from ...report.profile import Report
-from ..._step.training_step import call_model, compute_loss
+from ..._step.user_step import as_user_step
 from ..._step.user_state import ModelTensors, private_copy
 from ..._step.tracking import Tracking
 
@@ -33,9 +33,7 @@ def run_eval(model, inputs, target, loss_fn, step):
     """Forward and loss under the `step` guard ("no_grad" or
     "inference_mode"); returns the loss as a float."""
     with GUARDS[step]():
-        out = call_model(model, inputs)
-        loss = compute_loss(out, target, loss_fn)
-        return float(loss)
+        return float(as_user_step(loss_fn).run(model, inputs, target))
 
 
 def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch_dim=0):
@@ -44,6 +42,7 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
     model in eval mode. The model is left as it was."""
     if step not in GUARDS:
         raise ValueError(f"[profile_eval] step must be one of {sorted(GUARDS)}, got {step!r}")
+    how = as_user_step(loss_fn, what="profile_eval")
     saved = ModelTensors(model)
     t = Tracking()
     t.watch_modules(model, classes=True)
@@ -56,9 +55,9 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
             y = None if target is None else private_copy(target, torch.device("cpu"))
             t.phase("forward", 1)
             with GUARDS[step]():
-                out = call_model(model, x)
+                out = how.forward(model, x)
                 t.phase("loss", 1)
-                loss = compute_loss(out, y, loss_fn)
+                loss = how.loss(out, y)
                 out = None
             t.end_phase()
             del x, y, out, loss

@@ -8,7 +8,7 @@ import torch
 
 from ..._step.batching import batch_size, narrow_batch, resize_batch
 from ...report.profile import profile
-from ..._step.training_step import call_model, compute_loss
+from ..._step.user_step import as_user_step
 from ..._step.user_state import ModelTensors, private_copy
 from . import TRAIN, applied
 from .eval_step import eval_mode, profile_eval, run_eval
@@ -117,9 +117,7 @@ class Bench:
             y = self.target
             if y is not None and size < n:
                 y = narrow_batch(y, start, k, 0)
-            out = call_model(self.model, x)
-            loss = compute_loss(out, y, self.loss_fn)
-            out = None
+            loss = as_user_step(self.loss_fn).run(self.model, x, y)
             (loss * (k / n) if size < n else loss).backward()
         if opt is not None:
             opt.step()

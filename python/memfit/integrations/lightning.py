@@ -1,0 +1,296 @@
+"""memfit inside Lightning's Trainer: callbacks that size the batch from the
+LightningModule's own training_step, write the HTML page of the first
+training step, and run the doctor over the fit loop.
+
+    trainer = pl.Trainer(callbacks=[FitBatchSize(budget="16GiB")])
+    trainer.fit(module)          # module.batch_size set before the loop starts
+
+Needs Lightning (`lightning.pytorch`, or the older `pytorch_lightning`)."""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import logging
+from typing import Any
+
+import torch
+
+try:
+    import lightning.pytorch as pl
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+    from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
+except ImportError:
+    try:
+        import pytorch_lightning as pl
+        from pytorch_lightning.utilities.model_helpers import is_overridden
+        from pytorch_lightning.utilities.parsing import lightning_hasattr, lightning_setattr
+    except ImportError:
+        raise ImportError(
+            "[memfit.integrations.lightning] Lightning is not installed: pip install lightning"
+        ) from None
+
+from .._step.batching import count
+from .._step.device import host_memory
+from .._step.hints import Size
+from .._step.user_state import kept_rng
+from .._step.user_step import UserStep
+from ..diagnosis import Doctor
+from ..report.profile import Report, profile
+from .sizing import BatchPlan, LoopStep, example_of, plan_batch
+
+__all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
+
+log = logging.getLogger("memfit")
+
+
+# Note [How Lightning's loop runs the step]
+# Read from Lightning 2.6 (loops/optimization/automatic.py) and measured
+# with memfit's tracker between its hooks. The automatic optimization's
+# closure runs training_step, then zero_grad, then backward, inside
+# optimizer.step: the last step's gradients are alive through this step's
+# forward, and freed just before its backward. The plain step (gradients
+# freed when the step ends) misses that: memfit's answer for an mlp was 573
+# samples where Lightning's loop survives 539. Zeroing in place through the
+# whole step (profile(set_to_none=False)) overshoots: its backward holds
+# the gradients beside the activations, which Lightning's does not (the
+# mlp's peak at 539: 16.8 MB recorded, 15.7 MB in Lightning's loop). So the
+# step is recorded with set_to_none=False and the step function frees the
+# gradients after training_step, as the closure does. Between the
+# micro-batches of accumulate_grad_batches the closure does not zero them:
+# there the step keeps them (the in-place order). The next batch is fetched
+# after the step ends (2.6: the loop holds one batch while the step runs;
+# the previous one is freed once the next is fetched), so nothing more is
+# reserved.
+
+
+def _quiet_log(pl_module):
+    """LightningModule.log raises outside the fit loop's result collection:
+    a rehearsed training_step logs nothing."""
+
+    @contextlib.contextmanager
+    def block():
+        pl_module.log = pl_module.log_dict = lambda *a, **k: None
+        try:
+            yield
+        finally:
+            del pl_module.log, pl_module.log_dict
+
+    return block()
+
+
+def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
+                   what: str = "FitBatchSize", accumulating: bool = False) -> LoopStep:
+    """The LightningModule's training_step as memfit's step (Note [The step
+    function's contract]) under the precision plugin's context (autocast
+    for mixed precision), in the order Lightning's loop runs it: See Note
+    [How Lightning's loop runs the step]. `accumulating`: a micro-batch
+    after the first of accumulate_grad_batches (no zero_grad)."""
+    if not pl_module.automatic_optimization:
+        raise ValueError(
+            f"[{what}] the module uses manual optimization (automatic_optimization=False): its "
+            f"training_step runs backward and the optimizer itself, which memfit measures "
+            f"apart; use memfit.find_batch_size(step=...) with a step that returns the loss"
+        )
+    takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
+
+    def step(model, batch):
+        with trainer.precision_plugin.train_step_context(), _quiet_log(model):
+            out = model.training_step(batch, 0) if takes_index else model.training_step(batch)
+        if not accumulating:
+            model.zero_grad(set_to_none=True)  # the closure's zero_grad, before backward
+        return out
+
+    return LoopStep(UserStep(step=step, what=what), set_to_none=False)
+
+
+def _first_batch(trainer, pl_module, what, batch_dim=0):
+    """The first samples of the first training batch as training_step gets
+    them (the module's transfer hooks, on its device); the generators are
+    put back, so the fit loop draws the same order."""
+    dm = trainer.datamodule
+    source = dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
+    if not is_overridden("train_dataloader", source):
+        raise ValueError(
+            f"[{what}] no train_dataloader on the module or datamodule: memfit takes an example "
+            f"batch from it (dataloaders passed to fit() have a fixed batch size)"
+        )
+    # On the host, as beside a GPU: only the few samples memfit keeps go to
+    # the device.
+    with kept_rng(), host_memory():
+        batch = example_of(next(iter(source.train_dataloader())), batch_dim)
+    return trainer.strategy.batch_to_device(batch)
+
+
+def _optimizer(trainer, what):
+    optimizers = trainer.optimizers
+    if len(optimizers) != 1:
+        raise ValueError(
+            f"[{what}] the module has {len(optimizers)} optimizers; memfit measures a step with "
+            f"one (configure_optimizers returning a single optimizer)"
+        )
+    return optimizers[0]
+
+
+class FitBatchSize(pl.Callback):
+    """A drop-in for Lightning's BatchSizeFinder: the largest batch the fit
+    loop can run, measured from the module's own training_step and
+    configure_optimizers (probes at small batches and one or two verifying
+    steps, on copies), set before the loop starts.
+
+        trainer = pl.Trainer(callbacks=[FitBatchSize(budget="16GiB")])
+        trainer.fit(module)
+
+    - budget: "16GiB" or bytes; None: what memfit.simulated_device leaves,
+      else the CUDA card's free memory.
+    - target_device: "cpu" or "cuda", the device the budget is for; None:
+      the module's.
+    - keep_effective_batch=N: the batch is the largest divisor of N that
+      fits and trainer.accumulate_grad_batches the rest, so that batch x
+      accumulation == N exactly; raises, saying why, where Lightning cannot
+      accumulate (manual optimization, a GradientAccumulationScheduler, a
+      strategy that accumulates itself).
+    - batch_arg_name: the attribute set, found as Lightning's finder finds
+      it (the module, its hparams, the datamodule, its hparams).
+
+    The step is measured as Lightning's loop runs it: See Note [How
+    Lightning's loop runs the step]. After the fit starts,
+    `optimal_batch_size` and `plan` (a memfit BatchPlan) say what was set.
+    Not for distributed strategies (the ranks must agree, as for
+    BatchSizeFinder).
+    """
+
+    def __init__(self, budget: Size | None = None, target_device: str | None = None,
+                 keep_effective_batch: int | None = None, batch_arg_name: str = "batch_size",
+                 batch_dim: int = 0) -> None:
+        super().__init__()
+        self.budget = budget
+        self.target_device = target_device
+        self.keep_effective_batch = (None if keep_effective_batch is None else count(
+            keep_effective_batch, "FitBatchSize", "keep_effective_batch"))
+        self.batch_arg_name = batch_arg_name
+        self.batch_dim = batch_dim
+        self.optimal_batch_size: int | None = None
+        self.plan: BatchPlan | None = None
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+              stage: str | None = None) -> None:
+        if stage not in (None, "fit"):
+            return
+        if trainer.world_size > 1:
+            raise ValueError(
+                "[FitBatchSize] not with a distributed strategy: the ranks must agree on the "
+                "batch (as for Lightning's BatchSizeFinder); size it on one device"
+            )
+        if not lightning_hasattr(pl_module, self.batch_arg_name):
+            raise ValueError(
+                f"[FitBatchSize] field {self.batch_arg_name} not found in the model, the "
+                f"datamodule, nor their hparams: give the module (or datamodule) a "
+                f"{self.batch_arg_name} its train_dataloader reads"
+            )
+        if self.keep_effective_batch is not None:
+            self._check_accumulation(trainer, pl_module)
+
+    def _check_accumulation(self, trainer, pl_module):
+        why = None
+        if not pl_module.automatic_optimization:
+            why = "the module optimizes manually (automatic_optimization=False)"
+        elif any(type(c).__name__ == "GradientAccumulationScheduler" for c in trainer.callbacks):
+            why = "a GradientAccumulationScheduler sets accumulate_grad_batches per epoch"
+        elif trainer.strategy.handles_gradient_accumulation:
+            why = f"the {type(trainer.strategy).__name__} accumulates gradients itself"
+        if why:
+            raise ValueError(
+                f"[FitBatchSize] keep_effective_batch={self.keep_effective_batch} sets "
+                f"accumulate_grad_batches, but {why}: drop keep_effective_batch or that setting"
+            )
+
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        what = "FitBatchSize"
+        batch = _first_batch(trainer, pl_module, what, self.batch_dim)
+        plan = plan_batch(pl_module, batch, _optimizer(trainer, what),
+                          whole=lightning_step(trainer, pl_module, what),
+                          accumulated=lightning_step(trainer, pl_module, what, accumulating=True),
+                          budget=self.budget, what=what, batch_dim=self.batch_dim,
+                          effective=self.keep_effective_batch,
+                          target_device=self.target_device)
+        lightning_setattr(pl_module, self.batch_arg_name, plan.batch_size)
+        if self.keep_effective_batch is not None:
+            trainer.accumulate_grad_batches = plan.accumulation
+        self.plan, self.optimal_batch_size = plan, plan.batch_size
+        log.info(plan.summary())
+        for note in plan.notes:
+            log.info("memfit: %s", note)
+
+
+class MemoryReport(pl.Callback):
+    """Writes the HTML page of the first training step (memfit.Report's
+    save_html: memory by category over time, by module, the peak over
+    batch sizes) to `path`, before that step runs: the module's own
+    training_step on its first batch, rehearsed on copies (nothing of the
+    run changes). `budget` draws the budget line. After it, `report` is
+    the memfit Report."""
+
+    def __init__(self, path: str, budget: Size | None = None, predict: bool = True) -> None:
+        super().__init__()
+        self.path = path
+        self.budget = budget
+        self.predict = predict
+        self.report: Report | None = None
+
+    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                             batch: Any, batch_idx: int) -> None:
+        if self.report is not None:
+            return
+        loop = lightning_step(trainer, pl_module, "MemoryReport")
+        with kept_rng():
+            self.report = profile(pl_module, batch, loss_fn=loop.how,
+                                  optimizer=_optimizer(trainer, "MemoryReport"),
+                                  set_to_none=loop.set_to_none)
+        self.report.save_html(self.path, title=f"memfit: {type(pl_module).__name__}, first "
+                              f"training step", budget=self.budget, predict=self.predict)
+
+
+class MemoryDoctor(pl.Callback):
+    """memfit.doctor() over the fit loop: from the start of training to its
+    end, the memory mistakes of the module's steps, each with its line and
+    fix. `findings` and `report()` after the fit; `path`: the report is also
+    written there; trials=False skips re-running the last forward with each
+    fix."""
+
+    def __init__(self, path: str | None = None, trials: bool = True) -> None:
+        super().__init__()
+        self.path = path
+        self.trials = trials
+        self.doctor: Doctor | None = None
+
+    @property
+    def findings(self) -> list:
+        return [] if self.doctor is None else self.doctor.findings
+
+    def report(self) -> str:
+        return "" if self.doctor is None else self.doctor.report()
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self.doctor = Doctor(None, _optimizer(trainer, "MemoryDoctor"), trials=self.trials)
+        self.doctor.__enter__()
+
+    def _finish(self, exc=None):
+        d = self.doctor
+        if d is None or getattr(self, "_done", False):
+            return
+        self._done = True
+        d.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
+        if exc is None:
+            text = d.report()
+            log.info(text)
+            if self.path:
+                with open(self.path, "w") as f:
+                    f.write(text + "\n")
+
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._finish()
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
+                     exception: BaseException) -> None:
+        self._finish(exception)

@@ -1,0 +1,205 @@
+"""The batch a framework's own loop can run, sized from the user's step: the
+planning the Lightning and Hugging Face callbacks share. Each callback says
+how its framework runs the step (a UserStep, whether the gradients are
+alive through the next forward, what its loop holds beside the step) and
+gets a BatchPlan to apply."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import _memfit
+from .._step.batching import batch_size, count, resize_batch, tensors_in
+from .._step.device import budget_target, host_memory, to_bytes
+from .._step.user_state import kept_rng
+from .._step.user_step import UserStep
+from ..plan.fit import available_bytes, search
+from ..plan.strategies.eval_step import profile_eval
+from ..report.profile import Report, profile
+
+__all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "largest_divisor", "optimizer_state_bytes",
+           "plan_batch", "plan_eval_batch"]
+
+
+@dataclasses.dataclass
+class BatchPlan:
+    """What a callback measured and set.
+
+    batch_size: the batch each step of the loop runs; accumulation: the
+    steps accumulated per optimizer step (1: none), so that batch_size x
+    accumulation == effective_batch when one was kept (None: not asked);
+    max_batch: the largest batch measured to fit this loop; fits: the
+    BatchFit of each search run (steps: sum of their trials, the full-size
+    steps spent); reserved_bytes: kept free beside the step for what the
+    loop holds (batches fetched ahead); eval_batch_size: the evaluation
+    batch sized separately (None: not sized); optimizer_state_bytes: the
+    state the step's optimizer keeps (alive through an evaluation during
+    training); notes: one line each."""
+
+    batch_size: int
+    accumulation: int = 1
+    effective_batch: int | None = None
+    max_batch: int = 0
+    fits: list = dataclasses.field(default_factory=list)
+    budget_bytes: int = 0
+    reserved_bytes: int = 0
+    eval_batch_size: int | None = None
+    optimizer_state_bytes: int = 0
+    notes: list = dataclasses.field(default_factory=list)
+
+    @property
+    def full_size_steps(self) -> int:
+        """Whole steps the searches ran at sizes they answered with (their
+        verification; probes are smaller)."""
+        return sum(f.trials for f in self.fits)
+
+    def summary(self) -> str:
+        """The plan in one line."""
+        fb = _memfit.format_bytes
+        acc = (f" x {self.accumulation} accumulated = {self.effective_batch}"
+               if self.effective_batch is not None else "")
+        ev = "" if self.eval_batch_size is None else f"; eval batch {self.eval_batch_size}"
+        return (f"memfit: batch {self.batch_size}{acc} (largest that fits {self.max_batch}, "
+                f"budget {fb(self.budget_bytes)}, {fb(self.reserved_bytes)} kept for the "
+                f"loop's batches){ev}")
+
+
+def largest_divisor(n: int, limit: int) -> int:
+    """The largest d dividing n with d <= limit (at least 1)."""
+    best = 1
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            for c in (d, n // d):
+                if best < c <= limit:
+                    best = c
+        d += 1
+    return best
+
+
+def batch_bytes_per_sample(batch, batch_dim=0) -> float:
+    """Bytes the batch's tensors hold per sample (tensors shared by every
+    sample spread over them: an upper bound for a bigger batch)."""
+    n = batch_size(batch, batch_dim, "batch")
+    storages = {}
+    for t in tensors_in(batch):
+        storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values()) / n
+
+
+def example_of(batch, batch_dim=0, samples=2):
+    """The first `samples` samples of a batch the loader gave, copied to
+    host memory (outside a simulated device's budget): the probes grow
+    from it, and the loader's whole batch can go."""
+    n = batch_size(batch, batch_dim, "batch")
+    with host_memory():
+        return resize_batch(batch, min(n, samples), batch_dim)
+
+
+def _available(budget, model, what):
+    if budget is None and _memfit.budget("cpu") is None and not torch.cuda.is_available():
+        raise ValueError(
+            f"[{what}] no budget: pass budget= ('16GiB' or bytes), train inside "
+            f"memfit.simulated_device(...), or train on a CUDA device"
+        )
+    return available_bytes(None if budget is None else to_bytes(budget, what), model)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopStep:
+    """How a framework's loop runs one step: the step (a UserStep), and
+    whether the gradients are freed when a step ends (set_to_none=True) or
+    stay alive through the next forward (False: accumulated micro-batches;
+    Lightning, which zeroes them only after training_step: its UserStep
+    frees them there)."""
+
+    how: UserStep
+    set_to_none: bool = True
+
+
+def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
+               accumulated: LoopStep | None = None, budget, what: str, batch_dim=0,
+               effective: int | None = None, reserve_bytes: int = 0,
+               target_device: str | None = None) -> BatchPlan:
+    """The batch (and accumulation) a loop can use on `model`.
+
+    `batch`: an example batch (any size: probes cut or repeat it). `whole`:
+    the loop's step without accumulation; `accumulated`: its step between
+    the micro-batches of an accumulated one (default `whole` with the
+    gradients kept). `reserve_bytes`: kept free beside the step.
+
+    Without `effective`: the largest batch `whole` fits, verified. With it:
+    does the effective batch fit whole (probes only, as the Trainer's first
+    question, Note [The first micro-batch from the fit], trainer.py)? Else
+    the largest batch `accumulated` fits, verified, and of it the largest
+    divisor of `effective`: batch x accumulation == effective exactly."""
+    available = _available(budget, model, what)
+    target = budget_target(model, target_device, what)
+    plan = BatchPlan(batch_size=0, effective_batch=effective, budget_bytes=available,
+                     reserved_bytes=int(reserve_bytes))
+
+    def fit(loop, verify, max_batch):
+        with kept_rng():
+            report = profile(model, batch, loss_fn=loop.how, optimizer=optimizer,
+                             batch_dim=batch_dim, set_to_none=loop.set_to_none,
+                             target_device=target)
+        plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
+                                         optimizer_state_bytes(report.timeline))
+        f = search(report, available, int(reserve_bytes), verify=verify, max_batch=max_batch)
+        plan.fits.append(f)
+        return f
+
+    if effective is None:
+        plan.max_batch = plan.batch_size = fit(whole, True, None).max_batch
+        return plan
+    effective = count(effective, what, "the effective batch")
+    if fit(whole, False, effective).max_batch >= effective:
+        plan.max_batch = plan.batch_size = effective
+        return plan
+    if accumulated is None:
+        accumulated = dataclasses.replace(whole, set_to_none=False)
+    split = fit(accumulated, True, effective)
+    plan.max_batch = split.max_batch
+    plan.batch_size = largest_divisor(effective, split.max_batch)
+    plan.accumulation = effective // plan.batch_size
+    if plan.batch_size < 0.75 * split.max_batch:
+        plan.notes.append(
+            f"{effective} has no divisor between {plan.batch_size} and {split.max_batch}, the "
+            f"largest batch that fits: an effective batch with more divisors (a multiple of 8) "
+            f"would run fewer, larger steps"
+        )
+    return plan
+
+
+def plan_eval_batch(model: torch.nn.Module, batch, how: UserStep, *, budget, what: str,
+                    batch_dim=0, held_bytes: int = 0, cap: int | None = None,
+                    target_device: str | None = None):
+    """(the largest evaluation batch that fits, its BatchFit): forward and
+    loss under torch.no_grad() with the model in eval mode, beside
+    `held_bytes` the training holds meanwhile (optimizer state, its
+    batches), capped at `cap`."""
+    available = _available(budget, model, what)
+    target = budget_target(model, target_device, what)
+
+    def record_at(n):
+        with host_memory():
+            x = resize_batch(batch, n, batch_dim)
+        with kept_rng():
+            r = profile_eval(model, x, None, how, "no_grad", batch_dim)
+        if target == "cuda":
+            r.native.set_cuda_estimate(r.timeline)
+        return r.native, r.timeline
+
+    native, timeline = record_at(batch_size(batch, batch_dim, what))
+    report = Report(native, timeline, record_at=record_at)
+    kwargs = {} if cap is None else {"max_batch": cap}
+    f = search(report, max(0, available - int(held_bytes)), verify=True, **kwargs)
+    return f.max_batch, f
+
+
+def optimizer_state_bytes(timeline) -> int:
+    """The optimizer state alive at the end of a recorded step."""
+    n = len(timeline)
+    return int(timeline.breakdown_after(n - 1)["categories"].get("optimizer_state", 0)) if n else 0

@@ -64,7 +64,7 @@ void init_fit(py::module_& m) {
       .def_readonly("probes", &BatchFit::probes)
       .def_readonly("held_out_error", &BatchFit::held_out_error)
       .def_readonly("affine", &BatchFit::affine)
-      .def_readonly("notes", &BatchFit::notes)
+      .def_readwrite("notes", &BatchFit::notes)
       .def("to_json", &BatchFit::to_json, py::arg("pretty") = true)
       .def("__repr__", [](const BatchFit& f) {
         return "BatchFit(max_batch=" + std::to_string(f.max_batch) +

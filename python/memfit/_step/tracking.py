@@ -8,6 +8,7 @@ from typing import Iterator
 import torch
 
 from .. import _memfit
+from .compiled import module_calls, watch_call
 
 __all__ = ["Tracking", "track"]
 
@@ -64,7 +65,8 @@ class Tracking:
         `model`'s submodules run their forward; with `classes`, each path
         also names its class ("layer1.0.conv1 (Conv2d)")."""
         recorder = self._recorder
-        for path, module in model.named_modules():
+        # Not inside compiled code: See Note [Recording a compiled step].
+        for path, module, how in module_calls(model):
             if not path:
                 continue
             if classes:
@@ -76,8 +78,7 @@ class Tracking:
             def post(_module, _inputs, _output):
                 recorder.pop_module()
 
-            self._hooks.append(module.register_forward_pre_hook(pre))
-            self._hooks.append(module.register_forward_hook(post))
+            self._hooks.extend(watch_call(module, how, pre, post))
 
     def watch_step(self, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -110,8 +111,8 @@ class Tracking:
             if state["live"]:
                 self.classify(p.grad, "gradient")
 
-        self._hooks.append(model.register_forward_pre_hook(pre))
-        self._hooks.append(model.register_forward_hook(post))
+        root = next(how for path, _, how in module_calls(model) if not path)
+        self._hooks.extend(watch_call(model, root, pre, post))
         for p in model.parameters():
             if p.requires_grad:
                 self._hooks.append(p.register_hook(lambda g: begin("backward")))

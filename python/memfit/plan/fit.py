@@ -15,6 +15,7 @@ from .._step.device import budget_target, to_bytes
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size
 from .._step.progress import as_progress
 from .._step.training_step import check_optimizer
+from ..report.compiled import search_notes
 from ..report.data_parallel import trainable_sizes
 from ..report.profile import profile
 
@@ -104,6 +105,11 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     than the allocated bytes: cached segments); measured_peak_bytes is
     then reserved bytes and the notes say so.
 
+    A compiled model (torch.compile) is measured as its step runs once
+    compiled (see memfit.profile); the probes share one graph with a
+    dynamic batch dimension, and the notes say whether the step verified at
+    the answer ran that graph or compiled its own.
+
     A model wrapped in DistributedDataParallel gets each rank's batch: the
     budget first loses DDP's gradient buckets, one copy of the trainable
     parameters (exactly what DDP adds to every phase when .grad are separate
@@ -129,8 +135,12 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     said = as_progress(progress, "find_batch_size")
     report = profile(model, inputs, target, loss_fn=loss_fn, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device)
-    return search(report, available, to_bytes(margin, "margin"), verify=bool(verify),
-                  progress=said)
+    fit = search(report, available, to_bytes(margin, "margin"), verify=bool(verify),
+                 progress=said)
+    notes = search_notes(report, fit)  # a compiled model's graphs
+    if notes:
+        fit.notes = list(fit.notes) + notes
+    return fit
 
 
 def search(report, available, margin=0, verify=True, max_batch=None, progress=None):

@@ -7,6 +7,7 @@ import torch
 
 from ... import _memfit
 from ..._step.batching import batch_size
+from ..._step.compiled import is_compiled
 from ...report.profile import Report
 from ..._step.training_step import call_model, compute_loss
 from ..._step.user_state import ModelTensors, private_copy
@@ -44,6 +45,10 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
     model in eval mode. The model is left as it was."""
     if step not in GUARDS:
         raise ValueError(f"[profile_eval] step must be one of {sorted(GUARDS)}, got {step!r}")
+    if is_compiled(model):  # compiled before the recording: See Note [Recording a compiled step]
+        with eval_mode(model):
+            run_eval(model, private_copy(inputs), None if target is None else private_copy(target),
+                     loss_fn, step)
     saved = ModelTensors(model)
     t = Tracking()
     t.watch_modules(model)

@@ -4,6 +4,7 @@ optimizer state, and the user's model, gradients and optimizer are put back
 as they were."""
 
 import dataclasses
+import time
 import traceback
 
 import torch
@@ -32,6 +33,9 @@ class RecordedStep:
     ran_foreach: bool
     host_bytes: int
     compile: CompileCost | None = None
+    # Wall time of the forward, loss and backward phases, all iterations:
+    # what a compiled model's warm-up runs besides compiling.
+    train_seconds: float = 0.0
 
     @property
     def timeline(self):
@@ -79,7 +83,7 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_
     try:
         if not is_compiled(model):
             return record()
-        return _record_compiled(model, record, reset, device, eager)
+        return _record_compiled(model, record, reset, device, eager, iterations)
     except BaseException as e:
         # See Note [A rehearsal that runs out of memory puts everything back].
         traceback.clear_frames(e.__traceback__)
@@ -126,7 +130,7 @@ class _StepState:
         self.loss = None
 
 
-def _record_compiled(model, record, reset, device, eager):
+def _record_compiled(model, record, reset, device, eager, iterations):
     """The recording of a compiled model's step: warm, or eager where it
     cannot compile (the meta device, no C++ compiler for inductor), the
     CompileCost saying which."""
@@ -136,7 +140,7 @@ def _record_compiled(model, record, reset, device, eager):
            else compiler_unavailable(model))
     if why is None:
         try:
-            rec, cost, warm = record_warm(model, record, reset)
+            rec, cost, warm = record_warm(model, record, reset, iterations)
             cost.recorded_warm = warm
             rec.compile = cost
             return rec
@@ -189,8 +193,17 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         step.x = private_copy(inputs, device)
         step.y = None if target is None else private_copy(target, device)
 
+    timed = [0.0]
+
     def forward():
+        t0 = time.perf_counter()
         step.out = call_model(model, step.x)
+        timed[0] += time.perf_counter() - t0
+
+    def backward():
+        t0 = time.perf_counter()
+        step.loss.backward()
+        timed[0] += time.perf_counter() - t0
 
     def loss():
         step.loss = compute_loss(step.out, step.y, loss_fn)
@@ -213,7 +226,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
 
     try:
         _memfit.run_step_protocol(
-            t.phase, materialize, inputs_, forward, loss, lambda: step.loss.backward(),
+            t.phase, materialize, inputs_, forward, loss, backward,
             None if optimizer is None else optimizer_step, zero_grad, end_phase,
             iterations=iterations, progress=as_progress(say).native,
             what=f"record on {device.type}")
@@ -222,4 +235,4 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.
     host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
-    return RecordedStep(t, ran_foreach, host_bytes)
+    return RecordedStep(t, ran_foreach, host_bytes, train_seconds=timed[0])

@@ -187,7 +187,10 @@ def track(model: torch.nn.Module | None = None,
     by path and class ("0 (Linear)"), and the step's phases (forward, loss,
     backward, optimizer_step with `optimizer`) and categories (parameters,
     gradients, optimizer state, activations) are named as profile() names
-    them (see Note [Phases of a step memfit does not run]).
+    them (see Note [Phases of a step memfit does not run]). A compiled
+    model (torch.compile, model.compile()) is watched from outside its
+    compiled code, so nothing recompiles: what runs inside is attributed to
+    the compiled module (See Note [Recording a compiled step]).
     """
     if optimizer is not None and model is None:
         raise ValueError("[track] an optimizer needs its model: memfit.track(model, optimizer)")

@@ -35,7 +35,11 @@ class Doctor:
     block swallows) once that many steps ran.
 
     Only memory memfit tracks is seen: the CPU (and meta) allocations of the
-    process, as when rehearsing a GPU run on the CPU.
+    process, as when rehearsing a GPU run on the CPU. A compiled model's
+    calls are seen from outside its compiled code (nothing recompiles; pass
+    the model for one compiled in place), and what compiles during the
+    loop is checked: a recompile at every step, graph breaks (See Note
+    [The doctor beside compiled code]).
     """
 
     def __init__(self, model: torch.nn.Module | None = None,

@@ -3,6 +3,7 @@ compiled, and a recompile at every step and a graph break are findings at
 the user's line, with what they cost."""
 
 import inspect
+import re
 
 import pytest
 import torch
@@ -75,7 +76,9 @@ def test_recompile_at_every_step_and_a_graph_break_are_findings_at_their_lines()
     call = _line_of(test_recompile_at_every_step_and_a_graph_break_are_findings_at_their_lines,
                     "# CALL")
     assert (recompiles.where.file, recompiles.where.line) == (this, call)
-    assert "compiled again in 2 of 3 steps" in recompiles.evidence
+    # Steps 2 and 3 recompile; the first may too, where an earlier compile
+    # left an entry on a code object it shares (dynamo then calls it one).
+    assert re.search(r"compiled again in [23] of 3 steps", recompiles.evidence)
     assert "size mismatch at index 0" in recompiles.evidence
     assert "[10, 16], [11, 16]" in recompiles.evidence
 

@@ -77,7 +77,7 @@ void init_fit(py::module_& m) {
       .def_readonly("held_out_error", &BatchFit::held_out_error,
                     "the worst relative miss predicting a probe from the ones before it")
       .def_readonly("affine", &BatchFit::affine, "every probe was predicted within tolerance")
-      .def_readonly("notes", &BatchFit::notes,
+      .def_readwrite("notes", &BatchFit::notes,
                     "what the numbers rest on and what was left unverified, one line each")
       .def("to_json", [](const BatchFit& f, bool pretty) { return to_json(f, pretty); },
            py::arg("pretty") = true, "The JSON `memfit fit --json` prints (render/fit_text.h).")

@@ -4,11 +4,14 @@ optimizer state, and the user's model, gradients and optimizer are put back
 as they were."""
 
 import dataclasses
+import time
 import traceback
 
 import torch
 
 from .. import _memfit
+from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor_error,
+                       is_compiled, record_warm)
 from .meta_reads import run_foreach
 from .offload import OffloadedOptimizer
 from .progress import as_progress
@@ -23,12 +26,17 @@ __all__ = ["RecordedStep", "record_step", "rehearse"]
 @dataclasses.dataclass
 class RecordedStep:
     """One recorded step: its recorder, whether a named optimizer ran
-    foreach (as on CUDA parameters), and the bytes an offloaded optimizer
-    kept on the host, out of the recording."""
+    foreach (as on CUDA parameters), the bytes an offloaded optimizer
+    kept on the host, out of the recording, and for a compiled model what
+    compiling cost on the way (a CompileCost; None for an eager model)."""
 
     tracking: Tracking
     ran_foreach: bool
     host_bytes: int
+    compile: CompileCost | None = None
+    # Wall time of the forward, loss and backward phases, all iterations:
+    # what a compiled model's warm-up runs besides compiling.
+    train_seconds: float = 0.0
 
     @property
     def timeline(self):
@@ -52,17 +60,31 @@ def _autocast_on():
 
 
 def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_to_none=True,
-              say=None, as_on_cuda=False):
+              say=None, as_on_cuda=False, eager=False):
     """record_step on copies of the weights, inputs and optimizer state; the
-    model, its gradients and the optimizer are put back as they were."""
+    model, its gradients and the optimizer are put back as they were. A
+    compiled model's step is recorded warm (See Note [Recording a compiled
+    step]); eager=True records its eager step instead."""
     saved = ModelTensors(model)
     opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
     autocast = _autocast_on()
     if autocast:  # See Note [A rehearsal inside the user's autocast].
         torch.clear_autocast_cache()
-    try:
+
+    def record(warm_up=False):
         return record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                            set_to_none, say, as_on_cuda)
+                           set_to_none, say, as_on_cuda, warm_up)
+
+    def reset():  # what a recording that was thrown away left
+        for p in saved.parameters:
+            p.grad = None
+        if opt_state is not None and not isinstance(optimizer, OffloadedOptimizer):
+            optimizer.state.clear()
+
+    try:
+        if not is_compiled(model):
+            return record()
+        return _record_compiled(model, record, reset, device, eager, iterations)
     except BaseException as e:
         # See Note [A rehearsal that runs out of memory puts everything back].
         traceback.clear_frames(e.__traceback__)
@@ -111,8 +133,34 @@ class _StepState:
         self.loss = None
 
 
+def _record_compiled(model, record, reset, device, eager, iterations):
+    """The recording of a compiled model's step: warm, or eager where it
+    cannot compile (the meta device, no C++ compiler for inductor), the
+    CompileCost saying which."""
+    why = ("eager step asked for (compare_eager)" if eager
+           else "recorded the eager step on the meta device (inductor does not compile for "
+                "meta tensors); compiled may differ" if device.type == "meta"
+           else compiler_unavailable(model))
+    if why is None:
+        try:
+            rec, cost, warm = record_warm(model, record, reset, iterations)
+            cost.recorded_warm = warm
+            rec.compile = cost
+            return rec
+        except Exception as e:  # noqa: BLE001 - only inductor's toolchain errors are handled
+            why = inductor_error(e)
+            if why is None:
+                raise
+            traceback.clear_frames(e.__traceback__)
+        reset()
+    with eager_stance():
+        rec = record()
+    rec.compile = CompileCost(ran_eager=why)
+    return rec
+
+
 def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                 set_to_none=True, say=None, as_on_cuda=False):
+                 set_to_none=True, say=None, as_on_cuda=False, warm_up=False):
     """Runs `iterations` training iterations under a recorder; returns a
     RecordedStep.
     set_to_none=False zeroes the gradients in place: they stay alive through
@@ -120,8 +168,12 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     accumulated step. Either way the rehearsal's gradients are dropped when
     `saved` is restored: the user's .grad come back. as_on_cuda: an
     optimizer named by a string runs foreach, as on CUDA parameters (See
-    Note [The optimizer a GPU would run])."""
+    Note [The optimizer a GPU would run]). warm_up: one iteration without
+    the optimizer's step, to compile a compiled model (See Note [Recording
+    a compiled step])."""
     how = as_user_step(loss_fn)  # See Note [The step function's contract].
+    if warm_up:
+        iterations, optimizer, set_to_none = 1, None, True
     t = Tracking()
     ran_foreach = False  # a named optimizer set to foreach (as_on_cuda)
     if device.type == "meta":
@@ -146,8 +198,17 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         step.y = None if target is None else private_copy(target, device)
         step.held = [private_copy(inputs, device) for _ in range(how.held_batches)]
 
+    timed = [0.0]
+
     def forward():
+        t0 = time.perf_counter()
         step.out = how.forward(model, step.x)
+        timed[0] += time.perf_counter() - t0
+
+    def backward():
+        t0 = time.perf_counter()
+        step.loss.backward()
+        timed[0] += time.perf_counter() - t0
 
     def loss():
         step.loss = how.loss(step.out, step.y)
@@ -171,7 +232,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     try:
         callbacks = _memfit.StepCallbacks(
             begin_phase=t.phase, materialize=materialize, inputs=inputs_, forward=forward,
-            loss=loss, end_phase=end_phase, backward=lambda: step.loss.backward(),
+            loss=loss, end_phase=end_phase, backward=backward,
             optimizer_step=None if optimizer is None else optimizer_step, zero_grad=zero_grad)
         _memfit.run_step_protocol(callbacks, iterations=iterations,
                                   progress=as_progress(say).native,
@@ -181,4 +242,4 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.
     host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
-    return RecordedStep(t, ran_foreach, host_bytes)
+    return RecordedStep(t, ran_foreach, host_bytes, train_seconds=timed[0])

@@ -8,6 +8,7 @@ from typing import Iterator
 import torch
 
 from .. import _memfit
+from .compiled import module_calls, watch_call
 
 __all__ = ["Tracking", "track"]
 
@@ -65,7 +66,8 @@ class Tracking:
         `model`'s submodules run their forward; with `classes`, each path
         also names its class ("layer1.0.conv1 (Conv2d)")."""
         recorder = self._recorder
-        for path, module in model.named_modules():
+        # Not inside compiled code: See Note [Recording a compiled step].
+        for path, module, how in module_calls(model):
             if not path:
                 continue
             if classes:
@@ -79,8 +81,7 @@ class Tracking:
                 recorder.pop_module()
                 self._open_modules -= 1
 
-            self._hooks.append(module.register_forward_pre_hook(pre))
-            self._hooks.append(module.register_forward_hook(post))
+            self._hooks.extend(watch_call(module, how, pre, post))
 
     def watch_step(self, model: torch.nn.Module,
                    optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -126,8 +127,8 @@ class Tracking:
             if state["live"]:
                 self.classify(p.grad, "gradient")
 
-        self._hooks.append(model.register_forward_pre_hook(pre))
-        self._hooks.append(model.register_forward_hook(post))
+        root = next(how for path, _, how in module_calls(model) if not path)
+        self._hooks.extend(watch_call(model, root, pre, post))
         for p in model.parameters():
             if p.requires_grad:
                 self._hooks.append(p.register_hook(lambda g: begin("backward")))
@@ -215,7 +216,10 @@ def track(model: torch.nn.Module | None = None,
     by path and class ("0 (Linear)"), and the step's phases (forward, loss,
     backward, optimizer_step with `optimizer`) and categories (parameters,
     gradients, optimizer state, activations) are named as profile() names
-    them (see Note [Phases of a step memfit does not run]).
+    them (see Note [Phases of a step memfit does not run]). A compiled
+    model (torch.compile, model.compile()) is watched from outside its
+    compiled code, so nothing recompiles: what runs inside is attributed to
+    the compiled module (See Note [Recording a compiled step]).
     """
     if optimizer is not None and model is None:
         raise ValueError("[track] an optimizer needs its model: memfit.track(model, optimizer)")

@@ -15,6 +15,7 @@ import statistics
 
 from .._memfit import format_bytes
 from .keepers import keeper_of
+from .compile_checks import check_graph_breaks, check_recompiles
 from .lifetimes import Run
 from .observe import IN_PLACE_FIXES
 from .records import UNKNOWN_SITE, Finding
@@ -42,6 +43,8 @@ def run_checks(run: Run):
     findings += check_float64(run)
     findings += check_not_in_place(run)
     findings += check_pageable_copies(run)
+    findings += check_recompiles(run)
+    findings += check_graph_breaks(run)
     findings.sort(key=lambda f: (f.estimated_saving, f.bytes_per_step), reverse=True)
     return findings
 

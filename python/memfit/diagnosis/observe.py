@@ -30,9 +30,10 @@ from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
 from .. import _memfit
-from .frames import site_of, user_frame
-from .records import (Float64Tensor, ForwardCall, GraphUse, HostCopy, InPlaceCandidate, Marker,
-                      Observation, Span, ZeroGradCall)
+from .._step.compiled import CompileWatch, compiled_roots, module_calls, watch_call
+from .frames import is_library_file, site_of, user_frame
+from .records import (CompileEvent, Float64Tensor, ForwardCall, GraphUse, HostCopy,
+                      InPlaceCandidate, Marker, Observation, Span, ZeroGradCall)
 
 __all__ = ["StopRun", "IN_PLACE_FIXES", "func_name", "Observer"]
 
@@ -138,6 +139,7 @@ class Observer:
 
     def __init__(self, tracking, model=None, optimizer=None, max_steps=None):
         self.timeline = tracking.timeline
+        self._tracking = tracking
         self.model = model
         self.optimizer = optimizer
         self.max_steps = max_steps
@@ -170,6 +172,10 @@ class Observer:
         self._module_names = {}
         self._undo = []
         self._mode = None
+        self.compiles = []  # CompileEvent of each compiled call that compiled
+        self._compiled_seen = set()  # ids of the models whose compiled parts are watched
+        self._compile_calls = []  # (CompileWatch, mode suspended, shapes) of calls running
+        self._model_files = set()
 
     # -- starting and stopping -------------------------------------------
 
@@ -192,9 +198,19 @@ class Observer:
         # the model (see _is_model) and hooks it. Hooks on every module
         # would put each module call on torch's slow path.
         if self.model is not None:
-            pre = self.model.register_forward_pre_hook(self._forward_pre)
-            self._undo.append(pre.remove)
-            self._hook_post(self.model)
+            self._watch_compiled(self.model)
+            root = next(how for path, _, how in module_calls(self.model) if not path)
+            if root == "wrap":  # compiled in place: its hooks would run in compiled code
+                def post(module, args, output):
+                    self._forward_post(module, args, {}, output)
+
+                self._hooked.add(id(self.model))
+                self._undo += [h.remove for h in
+                               watch_call(self.model, root, self._forward_pre, post)]
+            else:
+                pre = self.model.register_forward_pre_hook(self._forward_pre)
+                self._undo.append(pre.remove)
+                self._hook_post(self.model)
         else:
             pre = module_hooks.register_module_forward_pre_hook(self._forward_pre)
             self._undo.append(pre.remove)
@@ -209,6 +225,57 @@ class Observer:
         mode = self._mode = _Calls(self)
         mode.__enter__()
         self._undo.append(self._remove_mode)
+
+    # -- compiled modules ---------------------------------------------------
+
+    # Note [The doctor beside compiled code]
+    # dynamo traces what runs inside compiled code: the mode's handler there
+    # would break the graph at every torch call, and recompile it (64 frames
+    # for a 6-layer MLP, the recompile limit hit). So a compiled module's
+    # call runs with the mode off, its inside seen as one call whose
+    # allocations the timeline still records, and under a CompileWatch:
+    # what compiled during the loop (recompiles, graph breaks) is recorded
+    # for the checks in compile_checks.py.
+    def _watch_compiled(self, model, args=None):
+        """Watch the calls of the compiled parts of `model` (See Note [The
+        doctor beside compiled code]); `args`: `model` is being called now
+        (its own pre-hook missed this call)."""
+        if id(model) in self._compiled_seen:
+            return
+        self._compiled_seen.add(id(model))
+        for m in model.modules():
+            path = sys.modules.get(type(m).__module__)
+            file = getattr(path, "__file__", None)
+            if file and not is_library_file(file):
+                self._model_files.add(file)
+        roots = compiled_roots(model)
+        devices = {p.device.type for p in model.parameters()}
+        if roots and devices == {"cpu"}:
+            # What compiling allocates on the meta device (fake tensors the
+            # caches keep) is not the loop's memory.
+            self._tracking.only_device("cpu")
+        for _, m, how in roots:
+            self._undo += [h.remove for h in
+                           watch_call(m, how, self._compiled_pre, self._compiled_post)]
+            if args is not None and m is model:
+                self._compiled_pre(m, args)
+
+    def _compiled_pre(self, module, args):
+        watch = CompileWatch().__enter__()
+        shapes = tuple(tuple(t.shape) for t in _tensors(args))
+        self._compile_calls.append((watch, self._suspend(), shapes))
+
+    def _compiled_post(self, module, args, output):
+        if not self._compile_calls:
+            return
+        watch, suspended, shapes = self._compile_calls.pop()
+        watch.__exit__(None, None, None)
+        self._resume(suspended)
+        if watch.cost.compiled:
+            forward = len(self.forwards) - 1
+            site = self.forwards[-1].site if self.forwards else site_of(user_frame(1))
+            self.compiles.append(CompileEvent(self.optimizer_steps, forward, site, watch.cost,
+                                              shapes))
 
     def _remove_mode(self):
         if torch.overrides._get_current_function_mode() is self._mode:
@@ -263,6 +330,8 @@ class Observer:
             held_ids=frozenset(self._ids(_tensors([i[1:] for i in self.inputs.values()]))),
             end_event=end,
             outside_bytes=self._outside_bytes(),
+            compiles=tuple(self.compiles),
+            model_files=frozenset(self._model_files),
         )
 
     def _outside_bytes(self):
@@ -306,6 +375,7 @@ class Observer:
             if not self._is_model(module):
                 return
             self._hook_post(module)  # torch runs it at the end of this very call
+            self._watch_compiled(module, args)
         self.quiet = True  # reading .grad below is ours, not the user's
         try:
             n = len(self.timeline)

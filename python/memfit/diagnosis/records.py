@@ -14,7 +14,8 @@ from typing import Optional, Tuple
 
 __all__ = [
     "KINDS", "Site", "UNKNOWN_SITE", "short_path", "Span", "Marker", "ForwardCall", "ZeroGradCall",
-    "GraphUse", "Float64Tensor", "HostCopy", "InPlaceCandidate", "Observation", "Finding",
+    "GraphUse", "Float64Tensor", "HostCopy", "InPlaceCandidate", "CompileEvent", "Observation",
+    "Finding",
 ]
 
 # What the doctor reports, each with the question it answers.
@@ -29,6 +30,9 @@ KINDS = {
     "not_in_place": "an out-of-place activation or add that could run in place",
     "pageable_copy": "host-to-device copies from pageable memory or with non_blocking=False",
     "out_of_memory": "the loop died of an out-of-memory error",
+    "recompiles": "the compiled model compiles again at every step (a guard fails: a new "
+                  "shape, a changed Python value)",
+    "graph_break": "a graph break splits a compiled region in two graphs",
 }
 
 
@@ -154,6 +158,17 @@ class InPlaceCandidate:
 
 
 @dataclass(frozen=True)
+class CompileEvent:
+    """A call of a compiled module during which torch.compile compiled."""
+
+    step: int  # optimizer steps before it
+    forward: int  # index of the forward it was in (-1: none)
+    site: Site  # the user's line that called the model
+    cost: object  # memfit's CompileCost
+    shapes: Tuple  # the shapes of the call's tensor arguments
+
+
+@dataclass(frozen=True)
 class Observation:
     """Everything the observer recorded, beside the timeline's events."""
 
@@ -172,6 +187,10 @@ class Observation:
     # Bytes of the models' parameters and buffers and the optimizers' state
     # allocated before the doctor started (not in the timeline).
     outside_bytes: int = 0
+    # Calls of compiled modules that compiled, and the source files of the
+    # modules the loop ran (where the model's graph breaks can lie).
+    compiles: Tuple[CompileEvent, ...] = ()
+    model_files: frozenset = frozenset()
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,14 @@ __all__ = ["format_report"]
 def _saving(f):
     if f.kind == "pageable_copy":
         return "time, not memory: the copies overlap with compute"
+    if f.kind == "recompiles":
+        return (f"compile time at every step, and {format_bytes(f.estimated_saving)} of host "
+                f"memory while each compile runs (see seen:)")
+    if f.kind == "graph_break":
+        if f.trial.startswith("not"):
+            return f"the break's graph compile and launches; bytes {f.trial}"
+        return (f"{format_bytes(f.estimated_saving)} handed across the break, materialized "
+                f"there ({f.trial})")
     est = format_bytes(f.estimated_saving)
     if f.measured_saving is not None:
         return f"{est} estimated, {format_bytes(f.measured_saving)} measured ({f.trial})"

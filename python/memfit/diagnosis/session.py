@@ -38,7 +38,11 @@ class Doctor:
     block swallows) once that many steps ran.
 
     Only memory memfit tracks is seen: the CPU (and meta) allocations of the
-    process, as when rehearsing a GPU run on the CPU.
+    process, as when rehearsing a GPU run on the CPU. A compiled model's
+    calls are seen from outside its compiled code (nothing recompiles; pass
+    the model for one compiled in place), and what compiles during the
+    loop is checked: a recompile at every step, graph breaks (See Note
+    [The doctor beside compiled code]).
     """
 
     def __init__(self, model: torch.nn.Module | None = None,
@@ -56,6 +60,7 @@ class Doctor:
         self._observer = None
         self._tracking = None
         self._used = False
+        self._split = None  # the graph-break trial, run once
 
     def __enter__(self):
         if self._used:
@@ -112,6 +117,18 @@ class Doctor:
         elif finding.kind == "graph_kept":
             backward = any(f.backward_reached for f in forwards)
             result = trials.try_item(observer.last_inputs, backward)
+        elif finding.kind == "graph_break":
+            if self._split is None:  # one re-run measures every break
+                self._split = trials.try_graph_split(observer.last_inputs)
+            handed = self._split.saving or {}
+            key = (finding.where.file, finding.where.line)
+            if key not in handed:
+                return dataclasses.replace(finding, trial=self._split.how if self._split.saving
+                                           is None else "not measured: the re-run did not "
+                                           "break there")
+            n = handed[key]
+            return dataclasses.replace(finding, bytes_per_step=n, estimated_saving=n,
+                                       trial=self._split.how)
         else:
             return finding
         return dataclasses.replace(finding, measured_saving=result.saving, trial=result.how)

@@ -16,10 +16,11 @@ from typing import Optional
 import torch
 from torch.utils import _pytree as pytree
 
+from .._step.compiled import compilation_metrics, fresh_call, graph_break_of, uncompiled_call
 from .._step.tracking import Tracking
 from .._step.user_step import output_loss
 
-__all__ = ["TrialResult", "try_no_grad", "try_item", "try_set_to_none"]
+__all__ = ["TrialResult", "try_no_grad", "try_item", "try_set_to_none", "try_graph_split"]
 
 
 @dataclass(frozen=True)
@@ -165,5 +166,52 @@ def try_set_to_none(inputs, params):
         return TrialResult(peaks[0] - peaks[1], "re-ran the last forward and a backward with "
                                                 "gradients zeroed and with them set to None: "
                                                 "difference of the peaks")
+
+    return _trial(run, inputs)
+
+
+def _output_bytes(gm):
+    """Bytes of the tensors a captured graph returns (its example values)."""
+    total = 0
+    for node in gm.graph.nodes:
+        if node.op != "output":
+            continue
+        for arg in pytree.tree_leaves(node.args):
+            value = getattr(arg, "meta", {}).get("example_value")
+            if isinstance(value, torch.Tensor):
+                total += value.numel() * value.element_size()
+    return total
+
+
+def try_graph_split(inputs):
+    """{(file, line): bytes} the graph before each graph break hands the
+    graph after it: the last forward re-run once under torch.no_grad() and a
+    backend that only captures dynamo's graphs (no inductor), on a function
+    of memfit's own (its cache entries are not the model's), and the
+    outputs of the graph before each break summed. Returns a TrialResult
+    whose `saving` is that dict (None when not tried)."""
+
+    def run(inputs):
+        module, args, kwargs = inputs
+        graphs = []
+
+        def capture(gm, example_inputs):
+            graphs.append(gm)
+            return gm.forward
+
+        seen = {id(m) for m in compilation_metrics()}
+        with torch.no_grad():
+            torch.compile(fresh_call(uncompiled_call(module)), backend=capture)(*args, **kwargs)
+        handed, last = {}, None
+        for m in compilation_metrics():
+            if id(m) in seen or getattr(m, "co_name", None) is None:
+                continue
+            brk = graph_break_of(m)
+            if brk is not None and last is not None:
+                handed.setdefault((brk.file, brk.line), _output_bytes(last))
+            if getattr(m, "graph_op_count", None) and graphs:
+                last = graphs.pop(0)
+        return TrialResult(handed, "re-ran the last forward under a capturing backend: bytes "
+                                   "the graph before the break returns")
 
     return _trial(run, inputs)

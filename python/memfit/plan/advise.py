@@ -21,7 +21,9 @@ from .._step.user_step import as_user_step
 from .cost import count_step_flops
 from .fit import DoesNotFit
 from .strategies import Strategy, resolve_chain
+from .._step.compiled import is_compiled
 from .strategies.advice import Advice, Plan, Row
+from .strategies.compiler import compile_rows
 from .strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
 from .strategies.measure import Bench, cuda_devices
 from .strategies.optimizer import kind_of
@@ -40,7 +42,8 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
            chain: Sequence[torch.nn.Module] | str | None = None,
            allow_approximate: bool = False, repeats: int = 1, mode: str = "cpu",
            progress: ProgressArg = None, settings: str | Sequence[Setting] = "auto",
-           target_device: str | None = None, step: StepFn | None = None) -> Advice:
+           target_device: str | None = None, step: StepFn | None = None,
+           compile: bool | None = None) -> Advice:
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
 
@@ -103,6 +106,15 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     stderr per recording) or a callable given each line. step: the user's
     own step, step(model, batch) -> loss, instead of loss_fn and target (as
     memfit.profile's; each setting's copy of the model is what it gets).
+    compile: torch.compile's rows (None: for a compiled model; True: for
+    an eager one too; False: none). A row for torch.compile itself (for a
+    compiled model, its eager step beside it), and where the compiled step
+    does not fit the budget, torch._functorch.config.activation_memory_budget
+    planned in bytes: the largest fraction whose measured compiled step fits
+    (See Note [The memory budget planned in bytes], strategies/compiler.py);
+    advice.compile_rows, advice.compile_plan; apply(model) puts it on the
+    model when the core's plan found nothing (apply(model,
+    advice.compile_plan) always).
     Returns an Advice: rows, plan, chain_plans, table(), to_json(),
     apply(model). Raises memfit.DoesNotFit (a ValueError) when the budget is
     below the model's parameters or nothing recorded fits, naming the
@@ -179,6 +191,14 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             record, planned, time_ratio=time_ratio if repeats > 0 and not on_meta else None,
             estimate_ratio=estimate_ratio if on_meta else None,
             estimated_from="FLOPs counted on meta (forward, backward, recompute)")
+    crows, cplan = [], None
+    wants_compile = is_compiled(model) if compile is None else bool(compile)
+    if wants_compile and not on_meta:
+        with torch.random.fork_rng(devices=cuda_devices(model)):
+            crows, cplan, cnotes = compile_rows(model, bench, native.plain_peak, limit,
+                                                allow_approximate,
+                                                progress=as_progress(progress, "advise"))
+        setting_notes = setting_notes + cnotes
     native.notes = native.notes + setting_notes
     if native.plan.found and native.plan.variant.setting and native.plan.time_measured:
         native.notes = native.notes + [
@@ -195,9 +215,10 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         cuda_reserved=native.cuda_reserved,
         plain_step_ms=native.plain_step_ms, chain=found_chain, segments=list(native.segments),
         chain_memory=native.chain_memory, chain_plans=list(native.chain_plans), rows=rows,
-        plan=plan, notes=list(native.notes), settings=proposed,
+        plan=plan, notes=list(native.notes), settings=proposed, compile_rows=crows,
+        compile_plan=cplan,
     )
-    if limit is not None and not plan.found:
+    if limit is not None and not plan.found and not (cplan is not None and cplan.found):
         raise _does_not_fit(advice)
     return advice
 

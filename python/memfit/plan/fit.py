@@ -19,6 +19,7 @@ from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
 from .._step.training_step import check_optimizer
 from .._step.user_step import as_user_step
+from ..report.compiled import search_notes
 from ..report.data_parallel import trainable_sizes
 from ..report.profile import profile
 
@@ -125,6 +126,11 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     loss_fn and target (memfit.profile's step=); a Hugging Face model with
     labels in its dict batch needs neither.
 
+    A compiled model (torch.compile) is measured as its step runs once
+    compiled (see memfit.profile); the probes share one graph with a
+    dynamic batch dimension, and the notes say whether the step verified at
+    the answer ran that graph or compiled its own.
+
     A model wrapped in DistributedDataParallel gets each rank's batch: the
     budget first loses DDP's gradient buckets, one copy of the trainable
     parameters (exactly what DDP adds to every phase when .grad are separate
@@ -153,8 +159,12 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     said = as_progress(progress, "find_batch_size")
     report = profile(model, inputs, target, loss_fn=how, optimizer=optimizer,
                      batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device)
-    return search(report, available, to_bytes(margin, "margin"), verify=verify,
-                  progress=said)
+    fit = search(report, available, to_bytes(margin, "margin"), verify=verify,
+                 progress=said)
+    notes = search_notes(report, fit)  # a compiled model's graphs
+    if notes:
+        fit.notes = list(fit.notes) + notes
+    return fit
 
 
 def search(report, available, margin=0, verify=True, max_batch=None, progress=None):

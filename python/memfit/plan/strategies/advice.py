@@ -5,11 +5,13 @@ and applies the plan to a model."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import torch
 
 from . import Strategy, applied
+from .compiler import CompiledApplied, CompilePlan, CompileRow
 
 __all__ = ["Row", "Plan", "Advice"]
 
@@ -104,7 +106,16 @@ class Advice:
         autocast. Returns a handle: use it in a `with` block, or call
         restore(). The optimizer is the training loop's (optimizer_for()
         gives the one the plan trains with); memfit.Trainer frees gradients
-        itself."""
+        itself. A compile plan or row (advice.compile_plan, the default when
+        the core's plan found nothing) compiles the model's call with its
+        activation_memory_budget instead (strategies/compiler.py)."""
+        cplan = getattr(self, "compile_plan", None)
+        if what is None and not self.plan.found and cplan is not None and cplan.found:
+            what = cplan
+        if isinstance(what, (CompilePlan, CompileRow)):
+            if isinstance(what, CompilePlan) and not what.found:
+                raise ValueError("[Advice.apply] the compile plan found no fraction that fits")
+            return CompiledApplied(model, what.fraction)
         s = what.strategy if isinstance(what, Row) else what or self.plan.strategy
         if s.setting is not None:
             raise ValueError(
@@ -149,14 +160,42 @@ class Advice:
 
     def table(self) -> str:
         """The table `memfit advise` prints: the rows, the checkpointing
-        rules, the plan and the notes."""
-        return self.native.table()
+        rules, the plan and the notes; then torch.compile's rows."""
+        text = self.native.table()
+        rows = getattr(self, "compile_rows", None)
+        if not rows:
+            return text
+        return text + "\n\n" + _compile_table(rows, self.compile_plan)
 
     def to_json(self, pretty: bool = True) -> str:
         """Keys: model, batch, budget_bytes, optimizer, parameter_bytes,
         plain_peak_bytes, plain_step_ms, chain, strategies, checkpoint_rules,
-        plan, notes (as `memfit advise --json`)."""
-        return self.native.to_json(pretty)
+        plan, notes (as `memfit advise --json`); "compiler": torch.compile's
+        rows and plan, where measured."""
+        text = self.native.to_json(pretty)
+        rows = getattr(self, "compile_rows", None)
+        if not rows:
+            return text
+        d = json.loads(text)
+        d["compiler"] = {"rows": [dataclasses.asdict(r) for r in rows],
+                         "plan": dataclasses.asdict(self.compile_plan)}
+        return json.dumps(d, indent=2 if pretty else None)
 
     def __repr__(self):
         return self.table()
+
+
+def _compile_table(rows, plan):
+    """torch.compile's rows as text, under advise's table."""
+    from ..._memfit import format_bytes
+    lines = [f"{'torch.compile':<44}  {'peak':>10}  {'saving':>11}  {'fits':>4}  compile",
+             f"{'-' * 44}  {'-' * 10}  {'-' * 11}  {'-' * 4}  -------"]
+    for r in rows:
+        sign = "+" if r.saving_bytes >= 0 else "-"
+        fits = "-" if r.fits is None else ("yes" if r.fits else "no")
+        lines.append(f"{r.name:<44}  {format_bytes(r.peak_bytes):>10}  "
+                     f"{sign + format_bytes(abs(r.saving_bytes)):>11}  {fits:>4}  "
+                     f"{r.compile_seconds:.1f} s" + (f"  ({r.note})" if r.note else ""))
+    if plan is not None and plan.found:
+        lines.append(f"compile plan: {plan.summary}; advice.apply(model, advice.compile_plan)")
+    return "\n".join(lines)

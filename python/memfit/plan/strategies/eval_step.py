@@ -7,6 +7,7 @@ import torch
 
 from ... import _memfit
 from ..._step.batching import batch_size
+from ..._step.compiled import is_compiled
 from ...report.profile import Report
 from ..._step.user_step import as_user_step
 from ..._step.user_state import ModelTensors, private_copy
@@ -43,6 +44,10 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
     if step not in GUARDS:
         raise ValueError(f"[profile_eval] step must be one of {sorted(GUARDS)}, got {step!r}")
     how = as_user_step(loss_fn, what="profile_eval")
+    if is_compiled(model):  # compiled before the recording: See Note [Recording a compiled step]
+        with eval_mode(model):
+            run_eval(model, private_copy(inputs), None if target is None else private_copy(target),
+                     loss_fn, step)
     saved = ModelTensors(model)
     t = Tracking()
     t.watch_modules(model, classes=True)

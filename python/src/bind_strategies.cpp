@@ -158,6 +158,10 @@ void init_strategies(py::module_& m) {
       .def_readonly("optimizer", &AdvisePlan::optimizer)
       .def_readonly("summary", &AdvisePlan::summary);
 
+  py::class_<CardPlan>(m, "CardPlan")
+      .def_readonly("budget", &CardPlan::budget)
+      .def_readonly("plan", &CardPlan::plan);
+
   py::class_<Advice>(m, "NativeAdvice")
       .def_readwrite("model", &Advice::model)
       .def_readwrite("chain_description", &Advice::chain_description)
@@ -178,6 +182,8 @@ void init_strategies(py::module_& m) {
       .def_readonly("estimated_from", &Advice::estimated_from)
       .def_readwrite("notes", &Advice::notes)
       .def_readonly("does_not_fit", &Advice::does_not_fit)
+      .def_readonly("cards", &Advice::cards)
+      .def("cards_table", &Advice::cards_table)
       .def("table", &Advice::table)
       .def("to_json", &Advice::to_json, py::arg("pretty") = true);
 
@@ -188,8 +194,9 @@ void init_strategies(py::module_& m) {
          std::vector<std::string> other_optimizers, std::vector<std::string> lighter,
          std::vector<std::string> chain, bool allow_approximate, py::object progress,
          std::vector<AdviseSetting> settings, py::object estimate_ratio,
-         std::string estimated_from) {
+         std::string estimated_from, std::vector<int64_t> cards) {
         AdviseSettings s;
+        s.cards = std::move(cards);
         s.batch = batch;
         s.budget = budget;
         s.optimizer = std::move(optimizer);
@@ -238,12 +245,13 @@ void init_strategies(py::module_& m) {
       py::arg("other_optimizers"), py::arg("lighter"), py::arg("chain"),
       py::arg("allow_approximate"), py::arg("progress") = py::none(),
       py::arg("settings") = std::vector<AdviseSetting>{}, py::arg("estimate_ratio") = py::none(),
-      py::arg("estimated_from") = "",
+      py::arg("estimated_from") = "", py::arg("cards") = std::vector<int64_t>{},
       "memfit.advise's planner: see Note [How advise plans]. record(variant, batch, cheap) "
       "returns (native report, timeline, recorded on meta); time_ratio(variant, "
       "micro_batch) or None; settings: the front's AdviseSettings, applied by record when a "
       "variant names one; estimate_ratio(variant, micro_batch) or None: a time ratio "
-      "estimated where the plain step has no recorded times (what it counts: estimated_from).");
+      "estimated where the plain step has no recorded times (what it counts: estimated_from); cards: budgets in bytes, each card's plan "
+      "in .cards (See Note [What fits on which card]).");
 }
 
 }  // namespace memfit::python

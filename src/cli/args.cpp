@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <iostream>
 #include <stdexcept>
 
@@ -81,6 +83,23 @@ int64_t Args::get_size(const std::string& name) const {
   } catch (const std::invalid_argument& e) {
     throw UsageError("--" + name + ": " + e.what());
   }
+}
+
+std::vector<int64_t> Args::get_sizes(const std::string& name) const {
+  const std::string text = require(name);
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string one = text.substr(start, comma - start);
+    try {
+      out.push_back(parse_size(one));
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--" + name + ": " + e.what() + " (a list of sizes: 8GiB,12GiB)");
+    }
+    start = comma + 1;
+  }
+  return out;
 }
 
 std::string Args::choice(const std::string& name, const std::string& fallback,

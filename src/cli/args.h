@@ -28,6 +28,8 @@ class Args {
   int64_t get_count(const std::string& name, int64_t fallback) const;
   // A size: bytes or 16GiB-style (see parse_size).
   int64_t get_size(const std::string& name) const;
+  // A comma-separated list of sizes: --cards 8GiB,12GiB.
+  std::vector<int64_t> get_sizes(const std::string& name) const;
   std::string choice(const std::string& name, const std::string& fallback,
                      const std::vector<std::string>& allowed) const;
 

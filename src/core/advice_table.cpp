@@ -128,6 +128,7 @@ std::string Advice::table() const {
     out << " (no budget to plan for)\n";
   }
   for (const auto& n : notes) out << "note: " << n << "\n";
+  if (!cards.empty()) out << "\n" << cards_table();
   return out.str();
 }
 
@@ -200,6 +201,19 @@ std::string Advice::to_json(bool pretty) const {
   w.key("notes").begin_array();
   for (const auto& n : notes) w.value(n);
   w.end_array();
+  if (!cards.empty()) {
+    w.key("cards").begin_array();
+    for (const auto& c : cards) {
+      w.begin_object().member("budget_bytes", c.budget).member("found", c.plan.found)
+          .member("summary", c.plan.summary).key("strategy");
+      write_variant(w, c.plan.variant);
+      w.member("optimizer", c.plan.optimizer).member("micro_batch", c.plan.micro_batch)
+          .member("peak_bytes", c.plan.peak_bytes);
+      optional_number(w, "time_ratio", c.plan.time_ratio, c.plan.time_ratio >= 0);
+      w.member("exact", c.plan.exact).member("verified", c.plan.verified).end_object();
+    }
+    w.end_array();
+  }
   // Only where a front estimated times without a clock (FLOPs on meta).
   if (!estimated_from.empty()) w.member("time_estimated_from", estimated_from);
   w.end_object();

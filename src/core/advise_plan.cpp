@@ -942,6 +942,7 @@ Advice plan_advice(const AdviseMeasurer& measurer, const AdviseSettings& setting
   if (!measurer.record) {
     throw std::invalid_argument("[advise] the measurer cannot record a step");
   }
+  if (!settings.cards.empty()) return plan_cards(measurer, settings);
   return Planner(measurer, settings).run();
 }
 

@@ -20,7 +20,7 @@ from .._step.training_step import check_optimizer
 from .cost import count_step_flops
 from .fit import DoesNotFit
 from .strategies import Strategy, resolve_chain
-from .strategies.advice import Advice, Plan, Row
+from .strategies.advice import Advice, CardPlan, Plan, Row
 from .strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
 from .strategies.measure import Bench, cuda_devices
 from .strategies.optimizer import kind_of
@@ -39,7 +39,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
            chain: Sequence[torch.nn.Module] | str | None = None,
            allow_approximate: bool = False, repeats: int = 1, mode: str = "cpu",
            progress: ProgressArg = None, settings: str | Sequence[Setting] = "auto",
-           target_device: str | None = None) -> Advice:
+           target_device: str | None = None, cards: Sequence[Size] | None = None) -> Advice:
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
 
@@ -112,8 +112,10 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     target_device = budget_target(model, target_device, "advise")
     n = batch_size(inputs, batch_dim, "advise")
     limit = None if budget is None else to_bytes(budget, "advise")
+    card_bytes = [to_bytes(c, "advise") for c in (cards or [])]
     param_bytes = _parameter_bytes(model)
-    proposed, setting_notes = _settings_for(model, settings)
+    proposed, setting_notes = _settings_for(model, settings,
+                                            min(card_bytes) if card_bytes else limit)
     fb = _memfit.format_bytes
     lighter_weights = allow_approximate and any(not st.exact for st in proposed)
     if limit is not None and limit < param_bytes and not lighter_weights:
@@ -141,7 +143,14 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         key = (s, batch)
         if meta and key in recorded:
             return recorded[key]
-        report = benches.of(s).profile(s, batch, "meta" if meta else "cpu")
+        try:
+            report = benches.of(s).profile(s, batch, "meta" if meta else "cpu")
+        except (TypeError, AttributeError, RuntimeError, ValueError) as e:
+            if s.setting is None or isinstance(e, torch.OutOfMemoryError):
+                raise
+            # A setting the step does not take (the chunked loss where the
+            # loss reads out.logits): a note, not a failure of advise.
+            return f"the step fails under this setting: {type(e).__name__}: {e}"
         out = report.native, report.timeline, meta
         if on_meta:
             recorded[key] = out
@@ -168,7 +177,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             as_progress(progress, "advise").relay(),
             [_memfit.AdviseSetting(st.label, st.exact, st.checkpoints) for st in proposed],
             estimate_ratio if on_meta else None, "FLOPs counted on meta (forward, backward, "
-            "recompute)")
+            "recompute)", card_bytes)
     native.notes = native.notes + setting_notes
     if native.plan.found and native.plan.variant.setting and native.plan.time_measured:
         native.notes = native.notes + [
@@ -186,16 +195,17 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         plain_step_ms=native.plain_step_ms, chain=found_chain, segments=list(native.segments),
         chain_memory=native.chain_memory, chain_plans=list(native.chain_plans), rows=rows,
         plan=plan, notes=list(native.notes), settings=proposed,
+        cards=[CardPlan(c.budget, _plan(c.plan, c.budget)) for c in native.cards],
     )
     if limit is not None and not plan.found:
         raise _does_not_fit(advice)
     return advice
 
 
-def _settings_for(model, settings):
+def _settings_for(model, settings, budget_bytes):
     """The settings advise proposes, and notes on those it leaves out."""
     if isinstance(settings, str) and settings == "auto":
-        return llm_settings(model)
+        return llm_settings(model, budget_bytes)
     if settings is None:
         return [], []
     if (not isinstance(settings, (list, tuple))

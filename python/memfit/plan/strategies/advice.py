@@ -11,7 +11,7 @@ import torch
 
 from . import Strategy, applied
 
-__all__ = ["Row", "Plan", "Advice"]
+__all__ = ["Row", "Plan", "CardPlan", "Advice"]
 
 
 @dataclasses.dataclass
@@ -56,6 +56,14 @@ class Plan:
     time_measured: bool = False
 
 
+@dataclasses.dataclass
+class CardPlan:
+    """The plan for one card of memfit.advise(..., cards=[...])."""
+
+    budget_bytes: int
+    plan: Plan  # plan.found False: nothing measured fits; peak_bytes the closest
+
+
 class _Applied:
     """A strategy's model-side parts, on the model until restore() (or the
     end of a `with` block)."""
@@ -92,7 +100,8 @@ class Advice:
     rule, checkpointed, predicted_peak, recompute_ns, fits); plan (Plan:
     found, strategy, summary, peak_bytes, time_ratio, exact, optimizer,
     micro_batch, time_measured); settings (the Settings proposed, as
-    memfit.strategies.llm_settings.Setting); notes.
+    memfit.strategies.llm_settings.Setting); cards (CardPlan: budget_bytes,
+    plan; [] unless advise was given cards); notes.
     """
 
     def __init__(self, **fields: Any) -> None:
@@ -149,8 +158,13 @@ class Advice:
 
     def table(self) -> str:
         """The table `memfit advise` prints: the rows, the checkpointing
-        rules, the plan and the notes."""
+        rules, the plan and the notes (and the cards' plans, if asked)."""
         return self.native.table()
+
+    def cards_table(self) -> str:
+        """What fits on which card: each card's plan, peak, time and result
+        ("" when advise was not given cards)."""
+        return self.native.cards_table()
 
     def to_json(self, pretty: bool = True) -> str:
         """Keys: model, batch, budget_bytes, optimizer, parameter_bytes,

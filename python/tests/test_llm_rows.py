@@ -32,7 +32,7 @@ def tiny_llama(device="cpu", dtype=torch.float32):
     return model.to(dtype)
 
 
-def inputs(device="cpu", b=2, t=16):
+def inputs(device="cpu", b=2, t=64):
     ids = torch.randint(0, CONFIG["vocab_size"], (b, t), device=device,
                         generator=None if device == "meta" else torch.Generator().manual_seed(0))
     return {"input_ids": ids, "labels": ids}
@@ -46,8 +46,10 @@ def loss(out):
 def advised():
     model = tiny_llama()
     x = inputs()
+    # The chunk a 16 MiB budget gives (64 tokens): 2 chunks of the 128 tokens.
+    settings, _ = llm_settings(model, budget_bytes=16 * 2**20)
     advice = memfit.advise(model, x, loss_fn=loss, optimizer=torch.optim.AdamW(model.parameters()),
-                           repeats=0, allow_approximate=True)
+                           repeats=0, allow_approximate=True, settings=settings)
     return model, x, advice
 
 
@@ -58,7 +60,9 @@ def test_the_new_settings_are_rows(advised):
         assert any(new in n for n in names), (new, names)
     chunked = next(r for r in advice.rows if r.name.startswith("chunked loss"))
     assert chunked.exact  # same gradients: the plan may use it without allow_approximate
-    assert any("paged" in n and "CUDA" in n for n in advice.notes)
+    assert chunked.name == "chunked loss (64 tokens a chunk)"
+    _, notes = llm_settings(tiny_llama("meta"))
+    assert any("paged" in n and "CUDA" in n for n in notes)
 
 
 def test_each_new_row_equals_memfit_profile_of_the_changed_copy(advised):

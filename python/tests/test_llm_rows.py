@@ -97,7 +97,7 @@ def test_the_rows_order_what_each_setting_saves(advised):
     # adapters on 7 projections and the dequantized weight of each matmul
     # weigh more than LoRA r=16 on two: not compared.)
     assert lora
-    assert peak[both] < peak[qlora]
+    assert peak[both] <= peak[qlora]
 
 
 def test_nf4_weights_take_the_closed_form_bytes():

@@ -25,10 +25,10 @@ CONFIG = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidde
 NEW = ("chunked loss", "AdamW 8-bit", "QLoRA")
 
 
-def tiny_llama(device="cpu", dtype=torch.float32):
+def tiny_llama(device="cpu", dtype=torch.float32, config=CONFIG):
     torch.manual_seed(0)
     with torch.device(device):
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**config))
     return model.to(dtype)
 
 
@@ -89,15 +89,40 @@ def test_the_rows_order_what_each_setting_saves(advised):
     qlora = next(n for n in peak if n.startswith("QLoRA") and "chunked" not in n)
     both = next(n for n in peak if n.startswith("QLoRA") and "chunked" in n)
     lora = next(n for n in peak if "LoRA r=16" in n and "QLoRA" not in n)
-    # Full fine-tuning peaks in AdamW's step, where no logits live: the
-    # chunked loss changes nothing there; under QLoRA the step is small and
-    # the logits (32 tokens x 1024, fp32 copies) count.
+    # The chunked loss never adds bytes. Full fine-tuning peaks in AdamW's
+    # step, where no logits live. QLoRA on this model peaks in layer 1's
+    # forward, at the temporaries of dequantizing an NF4 weight, before the
+    # head: its logits (128 tokens x 1024) are smaller than those, so the
+    # chunked loss leaves both peaks where they are (measured: equal).
+    # test_the_chunked_loss_lowers_qlora_where_the_logits_peak has a model
+    # whose logits do set the peak.
     assert peak[chunked] <= plain
+    assert peak[both] <= peak[qlora]
     # (QLoRA's 4-bit weights win on a large model; on this tiny one its
     # adapters on 7 projections and the dequantized weight of each matmul
     # weigh more than LoRA r=16 on two: not compared.)
     assert lora
-    assert peak[both] <= peak[qlora]
+
+
+def test_the_chunked_loss_lowers_qlora_where_the_logits_peak():
+    # One layer and a vocabulary of 4096: QLoRA's peak is in backward, with
+    # the fp32 logits' gradients (128 tokens x 4096 x 4 B, 2 MiB each) live.
+    # The chunked loss holds one chunk's (64 tokens) at a time instead: it
+    # saves at least the fp32 logits of the other tokens.
+    model = tiny_llama(config=dict(CONFIG, vocab_size=4096, num_hidden_layers=1))
+    x = inputs()
+    settings, _ = llm_settings(model, budget_bytes=16 * 2**20)
+    user = torch.optim.AdamW(model.parameters())
+    peak = {}
+    for st in settings:
+        if st.label.startswith("QLoRA"):
+            m, _ = materialize(model, st)
+            r = memfit.profile(m, x, loss_fn=loss, optimizer=user_optimizer_on(m, user))
+            peak["chunked" in st.label] = r.budget_peak_bytes
+            if "chunked" not in st.label:
+                assert r.peak_phase == "backward"
+    tokens, chunk, vocab = 128, 64, 4096
+    assert peak[False] - peak[True] >= (tokens - chunk) * vocab * 4, peak
 
 
 def test_nf4_weights_take_the_closed_form_bytes():

@@ -183,7 +183,8 @@ TEST(AdviseCardsTest, TheTableHasACardARowAndSaysWhatNothingFits) {
   EXPECT_NE(t.find("nothing measured fits (closest: "), std::string::npos) << t;
   EXPECT_NE(t.find("the plain step"), std::string::npos) << t;
   EXPECT_NE(t.find("allocated bytes (not a card's reserved bytes)"), std::string::npos) << t;
-  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 3 + 2 + 1) << t;  // title, header+rule, 3 cards
+  // The title, the header and its rule, 3 cards, the time line.
+  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 2 + 3 + 1) << t;
   EXPECT_NE(a.to_json(false).find("\"cards\""), std::string::npos);
 }
 

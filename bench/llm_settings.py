@@ -16,8 +16,11 @@ heads, 8 key/value heads, vocab 128256), fp32 weights as from_config makes
 them, AdamW. --quick: 2 layers, hidden 512, vocab 8000, 512 tokens, a
 budget of 128 MiB: seconds.
 
-Not rows: autocast (torch.autocast has no meta dispatch), 8-bit Adam
-(bitsandbytes needs CUDA). The budget is a card's: advise records each
+New rows (#33): the chunked loss (exact), bf16 weights with torchao's 8-bit
+AdamW, QLoRA r=16 (torchao NF4 on every projection) alone and with the
+chunked loss; --cards: the plan of each card from the same recordings.
+Not rows: autocast (torch.autocast has no meta dispatch), paged AdamW
+(CUDA unified memory). The budget is a card's: advise records each
 step for a CUDA target and holds the budget against the caching
 allocator's reserved bytes (--target cpu: allocated bytes, as before). The
 last line profiles the plan's step again for a CUDA target, a check of
@@ -34,6 +37,16 @@ from memfit.plan.strategies import checkpointed
 from memfit.plan.strategies.llm_settings import materialize, user_optimizer_on
 
 
+SHAPES = {
+    "1B": dict(num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
+               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
+    "3B": dict(num_hidden_layers=28, hidden_size=3072, intermediate_size=8192,
+               num_attention_heads=24, num_key_value_heads=8, vocab_size=128256),
+    "8B": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
+               num_attention_heads=32, num_key_value_heads=8, vocab_size=128256),
+}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -41,6 +54,10 @@ def main(argv=None):
     ap.add_argument("--tokens", type=int, default=4096)
     ap.add_argument("--batch", type=int, default=4, help="samples per optimizer step")
     ap.add_argument("--progress", action="store_true", help="a line per recording on stderr")
+    ap.add_argument("--size", choices=sorted(SHAPES), default="8B",
+                    help="the Llama-3 shape (1B, 3B: Llama-3.2's; 8B: Llama-3-8B)")
+    ap.add_argument("--cards", default="8GiB,12GiB,16GiB,24GiB,40GiB,80GiB",
+                    help="the plan of each card too ('' for none)")
     ap.add_argument("--target", choices=("cuda", "cpu"), default="cuda",
                     help="the device the budget is for (cuda: reserved bytes)")
     a = ap.parse_args(argv)
@@ -55,8 +72,7 @@ def main(argv=None):
         a.tokens = 512
         a.budget = a.budget or "128MiB"
     else:
-        shape = dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
-                     num_attention_heads=32, num_key_value_heads=8, vocab_size=128256)
+        shape = SHAPES[a.size]
         a.budget = a.budget or "24GiB"
     cfg = transformers.LlamaConfig(**shape, max_position_embeddings=a.tokens, use_cache=False)
     with torch.device("meta"):
@@ -73,7 +89,7 @@ def main(argv=None):
             model, {"input_ids": ids, "labels": ids}, loss_fn=lambda out: out.loss,
             optimizer=torch.optim.AdamW(model.parameters()), budget=a.budget, mode="meta",
             allow_approximate=True, progress=True if a.progress else None,
-            target_device=a.target)
+            target_device=a.target, cards=[c for c in a.cards.split(",") if c] or None)
     except memfit.DoesNotFit as e:
         advice = e.advice
         print(str(e))

@@ -25,6 +25,7 @@ from .lazy_mode.api import LazyError, LazyRun, LazyTensor, eager, last_lazy_run,
 from .plan.advise import Advice, advise
 from .plan.cost import CostRow, estimate_costs
 from .plan.fit import DoesNotFit, auto_batch_size, find_batch_size
+from .plan.strategies.chunked_loss import chunked_linear_cross_entropy, chunked_loss
 from .report.profile import Report, profile
 from .train.distributed import DistributedError, DistributedStepReport
 from .train.trainer import Trainer
@@ -34,6 +35,8 @@ __all__ = [
     "advise",
     "Advice",
     "auto_batch_size",
+    "chunked_linear_cross_entropy",
+    "chunked_loss",
     "CostRow",
     "DistributedError",
     "DistributedStepReport",

@@ -190,6 +190,10 @@ void init_strategies(py::module_& m) {
                     "what it trains with: the user's, a lighter one, or '<x>-offload'")
       .def_readonly("summary", &AdvisePlan::summary, "the plan in one line");
 
+  py::class_<CardPlan>(m, "CardPlan")
+      .def_readonly("budget", &CardPlan::budget, "the card's budget, bytes")
+      .def_readonly("plan", &CardPlan::plan, "the AdvisePlan for it (found False: none fits)");
+
   py::class_<Advice>(m, "NativeAdvice")
       .def_readwrite("model", &Advice::model, "the model's name")
       .def_readwrite("chain_description", &Advice::chain_description,
@@ -219,6 +223,10 @@ void init_strategies(py::module_& m) {
       .def_readwrite("notes", &Advice::notes, "what the rows and the plan rest on, one line each")
       .def_readonly("does_not_fit", &Advice::does_not_fit,
                     "with a budget nothing meets: the one line a front raises; else ''")
+      .def_readonly("cards", &Advice::cards,
+                    "with cards=: each card's CardPlan, smallest card first")
+      .def("cards_table", [](const Advice& a) { return cards_table(a); },
+           "What fits on which card, as `memfit advise --cards` prints it.")
       .def("table", [](const Advice& a) { return to_text(a); },
            "The table `memfit advise` prints (render/advice_table.h).")
       .def("to_json", [](const Advice& a, bool pretty) { return to_json(a, pretty); },
@@ -230,8 +238,9 @@ void init_strategies(py::module_& m) {
                        bool can_offload, std::vector<std::string> other_optimizers,
                        std::vector<std::string> lighter, std::vector<std::string> chain,
                        std::vector<AdviseSetting> settings, bool allow_approximate,
-                       const Progress& progress) {
+                       const Progress& progress, std::vector<int64_t> cards) {
              AdviseSettings s;
+             s.cards = std::move(cards);
              s.batch = batch;
              s.budget = budget;
              s.optimizer = std::move(optimizer);
@@ -253,7 +262,8 @@ void init_strategies(py::module_& m) {
            py::arg("lighter") = std::vector<std::string>{},
            py::arg("chain") = std::vector<std::string>{},
            py::arg("settings") = std::vector<AdviseSetting>{},
-           py::arg("allow_approximate") = false, py::arg("progress") = Progress())
+           py::arg("allow_approximate") = false, py::arg("progress") = Progress(),
+           py::arg("cards") = std::vector<int64_t>{})
       .def_readwrite("batch", &AdviseSettings::batch, "the user's whole batch")
       .def_readwrite("budget", &AdviseSettings::budget, "bytes; -1: no budget (rows only)")
       .def_readwrite("reserve_bytes", &AdviseSettings::reserve_bytes,
@@ -277,7 +287,10 @@ void init_strategies(py::module_& m) {
       .def_readwrite("approximate_flag", &AdviseSettings::approximate_flag,
                      "how the user allows approximate strategies, as messages say it")
       .def_readwrite("progress", &AdviseSettings::progress,
-                     "told before each recording; silent by default");
+                     "told before each recording; silent by default")
+      .def_readwrite("cards", &AdviseSettings::cards,
+                     "budgets of cards, bytes: each card's plan too (Note [What fits on which "
+                     "card])");
 
   m.def(
       "plan_advice",

@@ -18,6 +18,8 @@ peft = pytest.importorskip("peft")
 CONFIG = dict(vocab_size=16384, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
               num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
 LORA = ("LoRA r=64 (q_proj, v_proj)", "LoRA r=16 (q_proj, v_proj)", "LoRA r=8 (q_proj, v_proj)")
+CHUNKED = "chunked loss (1024 tokens a chunk)"  # no budget: the default chunk
+ADAM8 = "AdamW 8-bit (torchao)"
 
 
 def loss_fn(out, target):
@@ -74,21 +76,25 @@ def rows_case(request):
 def test_settings_are_proposed_for_a_causal_lm_only():
     settings, notes = llm_settings(tiny_llama("meta", torch.float32))
     assert [s.label for s in settings] == [
-        "HF gradient checkpointing", "bf16 weights", "bf16 weights, Adafactor",
-        "bf16 weights, SGD"] + ["bf16 weights, " + name for name in LORA]
-    assert [s.exact for s in settings] == [True] + [False] * 6
-    assert any("8-bit Adam" in n and "CUDA" in n for n in notes)
+        "HF gradient checkpointing", CHUNKED, "bf16 weights", "bf16 weights, " + ADAM8,
+        "bf16 weights, Adafactor", "bf16 weights, SGD"] + ["bf16 weights, " + name
+                                                          for name in LORA]
+    assert [s.exact for s in settings] == [True, True] + [False] * 7
+    assert any("paged AdamW" in n and "CUDA" in n for n in notes)
+    # Projections of 32 x 32 are no multiple of torchao's 64 x 256 blocks.
+    assert any(n.startswith("QLoRA: no projection") for n in notes)
     assert llm_settings(torch.nn.Linear(4, 4)) == ([], [])
     # A bf16 model: no bf16 setting, and the others say nothing of bf16.
     labels = [s.label for s in llm_settings(tiny_llama("meta"))[0]]
-    assert labels == ["HF gradient checkpointing", "Adafactor", "SGD", *LORA]
+    assert labels == ["HF gradient checkpointing", CHUNKED, ADAM8, "Adafactor", "SGD", *LORA]
 
 
 def test_each_setting_is_a_row_whose_peak_is_the_changed_copy_profiled(rows_case):
     advice, model, device = rows_case["advice"], rows_case["model"], rows_case["device"]
     by_name = {r.name: r for r in advice.rows}
     settings = {s.label: s for s in advice.settings}
-    assert list(settings) == ["HF gradient checkpointing", "Adafactor", "SGD", *LORA]
+    assert list(settings) == ["HF gradient checkpointing", CHUNKED, ADAM8, "Adafactor", "SGD",
+                              *LORA]
     for label, setting in settings.items():
         row = by_name[label]
         assert row.kind == "setting" and row.exact == setting.exact

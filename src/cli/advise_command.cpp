@@ -15,12 +15,14 @@ namespace memfit::cli {
 int advise_command(const std::vector<std::string>& argv) {
   Args args(argv,
             {"model", "batch", "budget", "optimizer", "repeats", "seed", "mode",
-             "layers", "width", "heads", "context", "target", "cuda-workspace"},
+             "layers", "width", "heads", "context", "target", "cuda-workspace", "cards"},
             {"json", "allow-approximate", "progress", "quiet"});
   const std::string name = args.require("model");
   AdviseOptions o;
   o.batch = args.get_count("batch", 8);
-  o.budget = args.get_size("budget", 1);
+  o.budget = args.has("budget") ? args.get_size("budget", 1) : -1;
+  if (args.has("cards")) o.cards = args.get_sizes("cards");
+  if (o.budget < 0 && o.cards.empty()) o.budget = args.get_size("budget", 1);  // its message
   o.optimizer =
       args.choice("optimizer", "adam", optimizer_names());
   o.timing_repeats = static_cast<int>(args.get_int("repeats", 1));
@@ -39,7 +41,7 @@ int advise_command(const std::vector<std::string>& argv) {
   }
   const Advice a = advise(*model, o, progress);
   std::cout << (args.has("json") ? to_json(a, true) + "\n" : to_text(a));
-  if (a.plan.found) return 0;
+  if (a.plan.found || (a.budget < 0 && !a.cards.empty())) return 0;
   // Exit 2, as every out-of-memory ends, with its one line on stderr.
   std::cerr << "memfit advise: " << a.does_not_fit << "\n";
   return 2;

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
 #include <iostream>
 #include <stdexcept>
 
@@ -87,6 +89,29 @@ int64_t Args::get_size(const std::string& name, int64_t at_least) const {
                      (at_least == 1 ? " byte" : " bytes") + ", got '" + text + "'");
   }
   return bytes;
+}
+
+std::vector<int64_t> Args::get_sizes(const std::string& name) const {
+  const std::string text = require(name);
+  std::vector<int64_t> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    const size_t comma = std::min(text.find(',', start), text.size());
+    const std::string one = text.substr(start, comma - start);
+    int64_t bytes = 0;
+    try {
+      bytes = parse_size(one);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError("--" + name + ": " + error_line(e.what()) +
+                       " (a list of sizes: 8GiB,12GiB)");
+    }
+    if (bytes < 1) {
+      throw UsageError("--" + name + ": each card must be at least 1 byte, got '" + one + "'");
+    }
+    out.push_back(bytes);
+    start = comma + 1;
+  }
+  return out;
 }
 
 std::string Args::choice(const std::string& name, const std::string& fallback,

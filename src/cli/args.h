@@ -29,6 +29,8 @@ class Args {
   // A size: bytes or 16GiB-style (see parse_size), at least `at_least`
   // bytes (a budget: 1): one message for every command.
   int64_t get_size(const std::string& name, int64_t at_least = 0) const;
+  // A comma-separated list of sizes, each at least 1 byte: --cards 8GiB,12GiB.
+  std::vector<int64_t> get_sizes(const std::string& name) const;
   std::string choice(const std::string& name, const std::string& fallback,
                      const std::vector<std::string>& allowed) const;
 

@@ -65,7 +65,9 @@ commands:
                           [--optimizer ...] [--allow-approximate]
                           [--mode cpu|meta] [--repeats K] [--json]
                           [--target cpu|cuda [--cuda-workspace SIZE]]
-                          [--progress | --quiet]
+                          [--progress | --quiet] [--cards 8GiB,12GiB,...]
+            --cards: the plan of each card too, from the same recordings
+            (the budget is then optional)
             --mode meta: rows recorded on the meta device (no compute);
             --repeats 0: the plan's time estimated, not timed
             --target cuda: the budget is a card's: held against the CUDA

@@ -158,7 +158,7 @@ StepStrategies strategies_of(const StepVariant& v) {
 }  // namespace
 
 Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& progress) {
-  if (o.budget < 0) {
+  if (o.budget < 0 && o.cards.empty()) {
     throw std::invalid_argument("[advise] the budget must be >= 0 bytes, got " +
                                 std::to_string(o.budget));
   }
@@ -188,6 +188,7 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
   s.chain = model.chain();
   s.allow_approximate = o.allow_approximate;
   s.progress = progress;
+  s.cards = o.cards;
 
   AdviseMeasurer m;
   m.record = [&](const StepVariant& v, int64_t batch, bool cheap) {

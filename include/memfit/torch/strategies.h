@@ -39,6 +39,9 @@ struct AdviseOptions {
   // (Report::budget_peak) instead of the allocated ones.
   bool cuda_target = false;
   int64_t cuda_workspace = kDefaultCudaWorkspaceBytes;
+  // Budgets of cards: the plan of each too (Advice::cards), from the same
+  // recordings. See Note [What fits on which card].
+  std::vector<int64_t> cards;
 };
 
 // Records every strategy at `batch` and plans for `budget`. The model is

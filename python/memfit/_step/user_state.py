@@ -24,7 +24,7 @@ from .. import _memfit
 from .batching import map_tensors
 from .device import host_memory
 
-__all__ = ["kept_rng", "private_copy", "ModelTensors", "OptimizerState"]
+__all__ = ["kept_rng", "private_copy", "storage_leaves", "ModelTensors", "OptimizerState"]
 
 
 def kept_rng():
@@ -59,6 +59,18 @@ def _to_host(t):
         return t.detach().to("cpu", copy=True)
 
 
+def storage_leaves(t):
+    """The tensors that hold `t`'s memory: itself, or for a wrapper tensor
+    subclass (torchao's NF4Tensor: codes, scales, ...) its inner tensors,
+    which can be copied and restored in place while the wrapper stays."""
+    from torch.utils._python_dispatch import is_traceable_wrapper_subclass
+
+    if not is_traceable_wrapper_subclass(t):
+        return [t]
+    names, _ = t.__tensor_flatten__()
+    return [leaf for n in names for leaf in storage_leaves(getattr(t, n))]
+
+
 class ModelTensors:
     """A model's parameters and buffers set aside while memfit runs a step on
     copies of them (see swap_in_copies), and each parameter's .grad; restore()
@@ -78,7 +90,11 @@ class ModelTensors:
 
     def __init__(self, model):
         self.parameters = list(model.parameters())
-        self.tensors = self.parameters + list(model.buffers())
+        self.tensors, self.kinds = [], []
+        for i, t in enumerate(self.parameters + list(model.buffers())):
+            for leaf in storage_leaves(t):
+                self.tensors.append(leaf)
+                self.kinds.append("parameter" if i < len(self.parameters) else "buffer")
         self.saved = [(_to_host(t), t.device) for t in self.tensors]
         self.grads = [p.grad for p in self.parameters]
         for p in self.parameters:
@@ -91,7 +107,7 @@ class ModelTensors:
             for i, t in enumerate(self.tensors):
                 _memfit.set_data(t, t.data.to(device or t.device, copy=True))
                 if classify is not None:
-                    classify(t, "parameter" if i < len(self.parameters) else "buffer")
+                    classify(t, self.kinds[i])
 
     def restore(self):
         with torch.no_grad():

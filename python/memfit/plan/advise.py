@@ -22,7 +22,7 @@ from .cost import count_step_flops
 from .fit import DoesNotFit
 from .strategies import Strategy, resolve_chain
 from .._step.compiled import is_compiled
-from .strategies.advice import Advice, Plan, Row
+from .strategies.advice import Advice, CardPlan, Plan, Row
 from .strategies.compiler import compile_rows
 from .strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
 from .strategies.measure import Bench, cuda_devices
@@ -43,7 +43,8 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
            allow_approximate: bool = False, repeats: int = 1, mode: str = "cpu",
            progress: ProgressArg = None, settings: str | Sequence[Setting] = "auto",
            target_device: str | None = None, step: StepFn | None = None,
-           compile: bool | None = None) -> Advice:
+           compile: bool | None = None,
+           cards: Sequence[Size] | None = None) -> Advice:
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
 
@@ -115,6 +116,10 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     advice.compile_rows, advice.compile_plan; apply(model) puts it on the
     model when the core's plan found nothing (apply(model,
     advice.compile_plan) always).
+    cards: budgets of cards (["8GiB", "12GiB", ...]): "what fits on which
+    card", each card's cheapest plan from the same recordings (See Note
+    [What fits on which card]); advice.cards, advice.cards_table(). The
+    budget may then be left out.
     Returns an Advice: rows, plan, chain_plans, table(), to_json(),
     apply(model). Raises memfit.DoesNotFit (a ValueError) when the budget is
     below the model's parameters or nothing recorded fits, naming the
@@ -129,8 +134,10 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     target_device = budget_target(model, target_device, "advise")
     n = batch_size(inputs, batch_dim, "advise")
     limit = None if budget is None else to_bytes(budget, "advise")
+    card_bytes = [to_bytes(c, "advise") for c in (cards or [])]
     param_bytes = _parameter_bytes(model)
-    proposed, setting_notes = _settings_for(model, settings)
+    proposed, setting_notes = _settings_for(model, settings,
+                                            min(card_bytes) if card_bytes else limit)
     fb = _memfit.format_bytes
     lighter_weights = allow_approximate and any(not st.exact for st in proposed)
     if limit is not None and limit < param_bytes and not lighter_weights:
@@ -158,7 +165,14 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         key = (s, batch)
         if meta and key in recorded:
             return recorded[key]
-        report = benches.of(s).profile(s, batch, "meta" if meta else "cpu")
+        try:
+            report = benches.of(s).profile(s, batch, "meta" if meta else "cpu")
+        except (TypeError, AttributeError, RuntimeError, ValueError) as e:
+            if s.setting is None or isinstance(e, torch.OutOfMemoryError):
+                raise
+            # A setting the step does not take (the chunked loss where the
+            # loss reads out.logits): a note, not a failure of advise.
+            return f"the step fails under this setting: {type(e).__name__}: {e}"
         out = report.native, report.timeline, meta
         if on_meta:
             recorded[key] = out
@@ -185,7 +199,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             other_optimizers=choices.others, lighter=choices.lighter, chain=paths,
             settings=[_memfit.AdviseSetting(st.label, st.exact, st.checkpoints)
                       for st in proposed],
-            allow_approximate=allow_approximate,
+            allow_approximate=allow_approximate, cards=card_bytes,
             progress=_memfit.Progress() if relay is None else _memfit.Progress(relay))
         native = _memfit.plan_advice(
             record, planned, time_ratio=time_ratio if repeats > 0 and not on_meta else None,
@@ -217,16 +231,17 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         chain_memory=native.chain_memory, chain_plans=list(native.chain_plans), rows=rows,
         plan=plan, notes=list(native.notes), settings=proposed, compile_rows=crows,
         compile_plan=cplan,
+        cards=[CardPlan(c.budget, _plan(c.plan, c.budget)) for c in native.cards],
     )
     if limit is not None and not plan.found and not (cplan is not None and cplan.found):
         raise _does_not_fit(advice)
     return advice
 
 
-def _settings_for(model, settings):
+def _settings_for(model, settings, budget_bytes):
     """The settings advise proposes, and notes on those it leaves out."""
     if isinstance(settings, str) and settings == "auto":
-        return llm_settings(model)
+        return llm_settings(model, budget_bytes)
     if settings is None:
         return [], []
     if (not isinstance(settings, (list, tuple))

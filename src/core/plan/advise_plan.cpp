@@ -164,6 +164,7 @@ Advice plan_advice(const AdviseMeasurer& measurer, const AdviseSettings& setting
   if (!measurer.record) {
     throw std::invalid_argument("[advise] the measurer cannot record a step");
   }
+  if (!settings.cards.empty()) return plan_cards(measurer, settings);
   return impl::Planner(measurer, settings).run();
 }
 

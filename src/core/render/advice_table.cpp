@@ -126,6 +126,7 @@ std::string to_text(const Advice& a) {
     out << " (no budget to plan for)\n";
   }
   for (const auto& n : a.notes) out << "note: " << n << "\n";
+  if (!a.cards.empty()) out << "\n" << cards_table(a);
   return out.str();
 }
 
@@ -198,6 +199,19 @@ std::string to_json(const Advice& a, bool pretty) {
   w.key("notes").begin_array();
   for (const auto& n : a.notes) w.value(n);
   w.end_array();
+  if (!a.cards.empty()) {
+    w.key("cards").begin_array();
+    for (const auto& c : a.cards) {
+      w.begin_object().member("budget_bytes", c.budget).member("found", c.plan.found)
+          .member("summary", c.plan.summary).key("strategy");
+      write_variant(w, c.plan.variant);
+      w.member("optimizer", c.plan.optimizer).member("micro_batch", c.plan.micro_batch)
+          .member("peak_bytes", c.plan.peak_bytes);
+      optional_number(w, "time_ratio", c.plan.time_ratio, c.plan.time_ratio >= 0);
+      w.member("exact", c.plan.exact).member("verified", c.plan.verified).end_object();
+    }
+    w.end_array();
+  }
   // Only where a front estimated times without a clock (FLOPs on meta).
   if (!a.estimated_from.empty()) w.member("time_estimated_from", a.estimated_from);
   w.end_object();
@@ -226,6 +240,37 @@ AdviceTable advice_table(const Advice& a) {
   }
   t.notes = a.notes;
   return t;
+}
+
+std::string cards_table(const Advice& a) {
+  if (a.cards.empty()) return "";
+  std::ostringstream out;
+  out << "what fits on which card: " << a.model << ", batch " << a.batch << ", optimizer "
+      << a.optimizer << "; peaks in "
+      << (a.cuda_reserved ? "the CUDA caching allocator's reserved bytes"
+                          : "allocated bytes (not a card's reserved bytes)")
+      << "\n";
+  TextTable t({"card", "plan", "peak", "time", "result"},
+              {Align::kRight, Align::kLeft, Align::kRight, Align::kRight, Align::kLeft});
+  bool unverified = false;
+  for (const auto& c : a.cards) {
+    const AdvisePlan& p = c.plan;
+    if (!p.found) {
+      t.add_row({format_bytes(c.budget), "nothing measured fits (closest: " + p.summary + ")",
+                 format_bytes(p.peak_bytes), "-", "-"});
+      continue;
+    }
+    unverified = unverified || !p.verified;
+    t.add_row({format_bytes(c.budget), p.summary,
+               format_bytes(p.peak_bytes) + (p.verified ? "" : " (meta)"),
+               time_cell(p.time_ratio, p.time_measured),
+               p.exact ? "same" : "changes"});
+  }
+  out << t.str();
+  out << "time: of the plain step of the whole batch; ~ estimated"
+      << (a.estimated_from.empty() ? " from the recorded times" : " from " + a.estimated_from)
+      << (unverified ? "; (meta): recorded on the meta device only, unverified" : "") << "\n";
+  return out.str();
 }
 
 }  // namespace memfit

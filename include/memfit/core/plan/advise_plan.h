@@ -134,6 +134,9 @@ struct AdviseSettings {
   // it: "--allow-approximate" (the CLI), "allow_approximate=True" (Python).
   std::string approximate_flag = "--allow-approximate";
   Progress progress;
+  // Budgets of cards, bytes: non-empty asks for the plan of each card too
+  // (Advice::cards), from the same recordings. See Note [What fits on which card].
+  std::vector<int64_t> cards;
 };
 
 // One strategy at the user's whole batch.
@@ -167,6 +170,12 @@ struct AdvisePlan {
   std::string summary;    // "checkpoint blocks 0,2 (2 of 4); micro-batches of 4"
 };
 
+// The plan for one card of a "what fits on which card" question.
+struct CardPlan {
+  int64_t budget = 0;
+  AdvisePlan plan;  // plan.found false: nothing fits; plan.peak_bytes the closest
+};
+
 // Read as a table or JSON by render/advice_table.h.
 struct Advice {
   std::string model;
@@ -195,6 +204,8 @@ struct Advice {
   // its "[advise]"), the closest peak reached and how, what allowing
   // approximate strategies adds, and what fills the plain step's peak.
   std::string does_not_fit;
+  // With AdviseSettings::cards: each card's plan, smallest card first.
+  std::vector<CardPlan> cards;
 };
 
 // "checkpoint blocks 0,2 (2 of 4); autocast bf16; micro-batches of 4"; "the
@@ -204,6 +215,9 @@ std::string describe(const StepVariant& v, const std::string& user_optimizer,
 
 // Records the strategies and plans for the budget. Throws
 // std::invalid_argument for a batch < 1 or a measurer without record.
+// With settings.cards, the plan for settings.budget (none: < 0) and then for
+// each card, every variant recorded once (plan_cards, plan/advise_cards.cpp).
 Advice plan_advice(const AdviseMeasurer& measurer, const AdviseSettings& settings);
+Advice plan_cards(const AdviseMeasurer& measurer, const AdviseSettings& settings);
 
 }  // namespace memfit

@@ -21,6 +21,9 @@ std::string to_text(const Advice& advice);
 // estimated times from FLOPs).
 std::string to_json(const Advice& advice, bool pretty = true);
 
+// The cards' plans (advise's cards): card, plan, peak, time, result; "" without cards.
+std::string cards_table(const Advice& advice);
+
 // One measured strategy of `memfit advise`, as the page shows it.
 struct AdviceRow {
   std::string name;

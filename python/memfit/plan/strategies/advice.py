@@ -13,7 +13,7 @@ import torch
 from . import Strategy, applied
 from .compiler import CompiledApplied, CompilePlan, CompileRow
 
-__all__ = ["Row", "Plan", "Advice"]
+__all__ = ["Row", "Plan", "CardPlan", "Advice"]
 
 
 @dataclasses.dataclass
@@ -58,6 +58,14 @@ class Plan:
     time_measured: bool = False
 
 
+@dataclasses.dataclass
+class CardPlan:
+    """The plan for one card of memfit.advise(..., cards=[...])."""
+
+    budget_bytes: int
+    plan: Plan  # plan.found False: nothing measured fits; peak_bytes the closest
+
+
 class _Applied:
     """A strategy's model-side parts, on the model until restore() (or the
     end of a `with` block)."""
@@ -94,7 +102,8 @@ class Advice:
     rule, checkpointed, predicted_peak, recompute_ns, fits); plan (Plan:
     found, strategy, summary, peak_bytes, time_ratio, exact, optimizer,
     micro_batch, time_measured); settings (the Settings proposed, as
-    memfit.strategies.llm_settings.Setting); notes.
+    memfit.strategies.llm_settings.Setting); cards (CardPlan: budget_bytes,
+    plan; [] unless advise was given cards); notes.
     """
 
     def __init__(self, **fields: Any) -> None:
@@ -160,12 +169,18 @@ class Advice:
 
     def table(self) -> str:
         """The table `memfit advise` prints: the rows, the checkpointing
-        rules, the plan and the notes; then torch.compile's rows."""
+        rules, the plan and the notes (and the cards' plans, if asked); then
+        torch.compile's rows."""
         text = self.native.table()
         rows = getattr(self, "compile_rows", None)
         if not rows:
             return text
         return text + "\n\n" + _compile_table(rows, self.compile_plan)
+
+    def cards_table(self) -> str:
+        """What fits on which card: each card's plan, peak, time and result
+        ("" when advise was not given cards)."""
+        return self.native.cards_table()
 
     def to_json(self, pretty: bool = True) -> str:
         """Keys: model, batch, budget_bytes, optimizer, parameter_bytes,

@@ -1,12 +1,13 @@
 """The settings people choose between to fine-tune an HF causal LM (bf16
-weights, Adafactor, SGD, HF gradient checkpointing, LoRA via peft), as
+weights, 8-bit AdamW, Adafactor, SGD, HF gradient checkpointing, LoRA via
+peft, 4-bit QLoRA, the chunked loss head), as
 memfit.advise's rows: each a change to a copy of the user's model and its
 optimizer, handed to the core planner as a named setting (See Note [How
 advise plans], src/core/plan/advise_plan.cpp). The user's model is never changed.
 
 Not settings here: autocast (torch.autocast has no meta dispatch, and the
-CPU's bf16 autocast is advise's own "autocast bf16" row), 8-bit Adam
-(bitsandbytes needs CUDA)."""
+CPU's bf16 autocast is advise's own "autocast bf16" row), paged optimizers
+(CUDA unified memory; See Note [Why torchao, not bitsandbytes])."""
 
 import copy
 import dataclasses
@@ -15,14 +16,17 @@ from typing import Callable
 import torch
 
 from ..._step.offload import OffloadedOptimizer, construct, offload
+from .chunked_loss import apply_chunked_loss, chunk_tokens_for, has_linear_head
+from .quantized import QLORA_MODULES, adamw8bit, quantizable, to_nf4_linears, torchao_available
 
 __all__ = [
-    "LORA_RANKS", "LORA_MODULES", "Setting", "is_causal_lm", "trainable", "user_optimizer_on",
+    "LORA_RANKS", "LORA_MODULES", "QLORA_RANK", "Setting", "is_causal_lm", "trainable", "user_optimizer_on",
     "materialize", "llm_settings",
 ]
 
 LORA_RANKS = (64, 16, 8)  # the plan tries the largest rank first
 LORA_MODULES = ("q_proj", "v_proj")
+QLORA_RANK = 16  # QLoRA's adapters: r=16 on every projection (Unsloth's default)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,6 +105,32 @@ def _lora(rank, modules, to_bf16):
     return apply
 
 
+def _chunked(chunk, inner=None):
+    def apply(model):
+        changed = inner(model) if inner is not None else model
+        apply_chunked_loss(model, chunk)  # the HF model itself, under a peft wrapper too
+        return changed
+
+    return apply
+
+
+def _qlora(rank, modules):
+    def apply(model):
+        import peft
+
+        model = _to_bf16(model)
+        to_nf4_linears(model, modules)
+        return peft.get_peft_model(model, peft.LoraConfig(r=rank, target_modules=list(modules)))
+
+    return apply
+
+
+def _adamw8bit(model, user):
+    group = user.param_groups[0] if isinstance(user, torch.optim.Optimizer) else {}
+    return adamw8bit(trainable(model), lr=group.get("lr", 1e-3),
+                     weight_decay=group.get("weight_decay", 1e-2))
+
+
 def _adafactor(model, user):
     return torch.optim.Adafactor(trainable(model))
 
@@ -109,9 +139,12 @@ def _sgd(model, user):
     return torch.optim.SGD(trainable(model), lr=1e-3)
 
 
-def llm_settings(model):
+def llm_settings(model, budget_bytes=None, tokens=None):
     """The settings advise proposes for an HF causal LM, in the order the
-    plan tries them, and notes on what it leaves out. [] for other models."""
+    plan tries them (closest to full fine-tuning first), and notes on what
+    it leaves out. [] for other models. budget_bytes and tokens (a
+    micro-batch's, at most) choose the chunked loss's chunk
+    (chunk_tokens_for)."""
     if not is_causal_lm(model):
         return [], []
     notes = []
@@ -119,19 +152,30 @@ def llm_settings(model):
     if getattr(model, "supports_gradient_checkpointing", False):
         settings.append(Setting("HF gradient checkpointing", _hf_checkpointing, exact=True,
                                 checkpoints=True))
+    chunk = None
+    if has_linear_head(model):
+        vocab = model.get_output_embeddings().out_features
+        chunk = chunk_tokens_for(budget_bytes, vocab, tokens)
+        settings.append(Setting(f"chunked loss ({chunk} tokens a chunk)", _chunked(chunk),
+                                exact=True))
+    else:
+        notes.append("chunked loss: the model's head is not an nn.Linear: no row")
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
     to_bf16 = torch.float32 in dtypes
     pre = "bf16 weights, " if to_bf16 else ""
     if to_bf16:
         settings.append(Setting("bf16 weights", _to_bf16))
     bf16 = _to_bf16 if to_bf16 else (lambda m: m)
+    ao = torchao_available()
+    if ao:
+        settings.append(Setting(pre + "AdamW 8-bit (torchao)", bf16, _adamw8bit))
     settings.append(Setting(pre + "Adafactor", bf16, _adafactor))
     settings.append(Setting(pre + "SGD", bf16, _sgd))
     names = {n.rsplit(".", 1)[-1] for n, _ in model.named_modules()}
     try:
         import peft  # noqa: F401
     except ImportError:
-        notes.append("LoRA: peft does not import (pip install peft): no LoRA rows")
+        notes.append("LoRA: peft does not import (pip install peft): no LoRA or QLoRA rows")
     else:
         if all(m in names for m in LORA_MODULES):
             for r in LORA_RANKS:
@@ -140,7 +184,25 @@ def llm_settings(model):
         else:
             notes.append(f"LoRA: the model has no {' and '.join(LORA_MODULES)} modules: "
                          f"no LoRA rows")
-    notes.append("8-bit Adam: not a row (bitsandbytes needs CUDA)")
+        projections = sorted({path.rsplit(".", 1)[-1] for path, m in model.named_modules()
+                              if path.rsplit(".", 1)[-1] in QLORA_MODULES
+                              and isinstance(m, torch.nn.Linear)
+                              and quantizable(m.weight.numel())},
+                             key=QLORA_MODULES.index)
+        if not ao:
+            notes.append("QLoRA and 8-bit AdamW: torchao does not import (pip install "
+                         "torchao==0.18.0): no rows")
+        elif projections:
+            label = f"QLoRA r={QLORA_RANK} (NF4 via torchao, {len(projections)} projections)"
+            settings.append(Setting(label, _qlora(QLORA_RANK, projections)))
+            if chunk is not None:
+                settings.append(Setting(f"{label}, chunked loss ({chunk} tokens a chunk)",
+                                        _chunked(chunk, _qlora(QLORA_RANK, projections))))
+        else:
+            notes.append(f"QLoRA: no projection ({', '.join(QLORA_MODULES)}) has a multiple "
+                         f"of 64 x 256 weights, as torchao's NF4 needs: no QLoRA rows")
+    notes.append("paged AdamW (bitsandbytes): not a row (its state pages through CUDA "
+                 "unified memory: CUDA only)")
     notes.append(f"settings ({'; '.join(st.label for st in settings)}): each recorded on a "
                  f"copy of the model"
                  + ("" if all(p.is_meta for p in model.parameters())

@@ -1,0 +1,176 @@
+"""4-bit QLoRA and 8-bit AdamW as advise settings, through torchao.
+
+Note [Why torchao, not bitsandbytes]: both run on the CPU here (torchao
+0.18.0, bitsandbytes 0.50.2's CPU backend). Only torchao quantizes on the
+meta device: its NF4Tensor is a tensor subclass over plain PyTorch ops, so
+to_nf4 of a meta weight is a meta NF4Tensor with exact sizes, and its
+linear runs on meta; bitsandbytes' Params4bit quantizes only in .to(cpu or
+cuda), and its Linear4bit forward on meta fails an assertion on the
+unquantized shape. advise plans an 8B model on meta, so QLoRA is torchao's
+here, and 8-bit AdamW keeps torchao's state (OptimState8bit) too: one
+library. torchao's AdamW8bit compiles its step with torch.compile for each
+parameter (185 s on meta, 370 s on this CPU for three small parameters:
+inductor's C++ build), so AdamW8bit here steps torchao's own update
+eagerly, a slice of at most SLICE elements at a time: the state is
+torchao's byte for byte; the step's temporaries are bounded by a slice, as
+the compiled kernel bounds them on a card. Paged optimizers (bitsandbytes'
+PagedAdamW) move state through CUDA unified memory: CUDA only, a note.
+
+Note [NF4 bytes]: torchao's to_nf4(w, block_size=64, scaler_block_size=256)
+of a weight of n elements holds n/2 bytes of 4-bit codes (uint8, two a
+byte), one int8 scale per block of 64 (n/64 bytes: the blocks' absmax
+quantized again), one bf16 factor per 256 scales (2n/16384 bytes), a bf16
+mean of the scales (2 bytes) and the 16 bf16 NF4 levels (32 bytes):
+nf4_bytes(n) = n/2 + n/64 + n/8192 + 34. It needs n divisible by 64 x
+256; other weights stay bf16."""
+
+from __future__ import annotations
+
+import logging
+from typing import Sequence
+
+import torch
+
+__all__ = [
+    "NF4_BLOCK", "NF4_SCALER_BLOCK", "QLORA_MODULES", "SLICE", "nf4_bytes", "quantizable",
+    "torchao_available", "to_nf4_linears", "adamw8bit", "adam8bit_state_bytes",
+]
+
+NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
+# QLoRA's adapters on every projection of a block (the QLoRA paper, Unsloth).
+QLORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+SLICE = 1 << 22  # elements of a parameter one eager 8-bit AdamW update handles at once
+_ADAM8_BLOCK = 256  # torchao's 8-bit state: one fp32 scale per 256 values
+
+
+def torchao_available() -> bool:
+    """Whether torchao imports (its CUDA extensions may fail to load here:
+    they are logged, and not needed)."""
+    log = logging.getLogger("torchao")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        import torchao  # noqa: F401
+        from torchao.optim import AdamW8bit as _  # noqa: F401
+        from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4  # noqa: F401
+    except ImportError:
+        return False
+    finally:
+        log.setLevel(level)
+    return True
+
+
+def nf4_bytes(numel: int) -> int:
+    """Bytes of torchao's NF4Tensor of a weight of `numel` elements (See
+    Note [NF4 bytes])."""
+    if not quantizable(numel):
+        raise ValueError(f"[nf4_bytes] {numel} elements is not a multiple of "
+                         f"{NF4_BLOCK * NF4_SCALER_BLOCK}: torchao keeps such a weight unquantized")
+    scalers = numel // NF4_BLOCK
+    return numel // 2 + scalers + 2 * (scalers // NF4_SCALER_BLOCK) + 2 + 2 * 16
+
+
+def quantizable(numel: int) -> bool:
+    return numel > 0 and numel % (NF4_BLOCK * NF4_SCALER_BLOCK) == 0
+
+
+def to_nf4_linears(model: torch.nn.Module, names: Sequence[str] = QLORA_MODULES) -> int:
+    """Replaces, in place, the weight of every nn.Linear of `model` named
+    one of `names` (by the last part of its path) by a frozen torchao
+    NF4Tensor of it (the lm_head and embeddings stay as they are, as QLoRA
+    does). Returns how many were quantized; a weight whose size is not a
+    multiple of 16384 stays (See Note [NF4 bytes])."""
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    done = 0
+    for path, m in model.named_modules():
+        if (isinstance(m, torch.nn.Linear) and path.rsplit(".", 1)[-1] in names
+                and quantizable(m.weight.numel())):
+            m.weight = torch.nn.Parameter(
+                to_nf4(m.weight.detach(), NF4_BLOCK, NF4_SCALER_BLOCK), requires_grad=False)
+            done += 1
+    return done
+
+
+def adam8bit_state_bytes(numel: int) -> int:
+    """Bytes of torchao's 8-bit Adam state of one parameter: two
+    OptimState8bit (uint8 codes, an fp32 scale per 256, a 256-entry fp32
+    map each) where numel >= 4096 and is a multiple of 256, else two fp32
+    tensors; plus the fp32 step count."""
+    if numel >= 4096 and numel % _ADAM8_BLOCK == 0:
+        state = 2 * (numel + 4 * (numel // _ADAM8_BLOCK) + 4 * 256)
+    else:
+        state = 2 * 4 * numel
+    return state + 4
+
+
+def _adamw8bit_base():
+    log = logging.getLogger("torchao")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        from torchao.optim import AdamW8bit as base
+        from torchao.optim.adam import single_param_adam
+        from torchao.optim.subclass_8bit import OptimState8bit
+    finally:
+        log.setLevel(level)
+    return base, single_param_adam, OptimState8bit
+
+
+def _slice_state(s, start, stop, state_class):
+    """Elements [start, stop) of a flat view of an optimizer state: a plain
+    tensor's view, or an OptimState8bit over views of its codes and scales
+    (writes land in the state)."""
+    if isinstance(s, state_class):
+        b = s.block_size
+        return state_class(s.codes.view(-1)[start:stop], s.scale[start // b:stop // b], s.qmap,
+                           s.signed)
+    return s.view(-1)[start:stop]
+
+
+_EAGER = []  # the class, made once torchao is imported
+
+
+def adamw8bit(params, **kwargs) -> torch.optim.Optimizer:
+    """torchao's AdamW8bit (its state, its update), stepped eagerly a slice
+    of SLICE elements at a time instead of compiled (See Note [Why torchao,
+    not bitsandbytes]). Same arguments as torchao.optim.AdamW8bit."""
+    if not _EAGER:
+        _EAGER.append(_eager_class())
+    return _EAGER[0](params, **kwargs)
+
+
+def _eager_class():
+    base, single, state_class = _adamw8bit_base()
+
+    class AdamW8bit(base):
+        def step(self, closure=None):
+            loss = None
+            if closure is not None:
+                with torch.enable_grad():
+                    loss = closure()
+            with torch.no_grad():
+                for group in self.param_groups:
+                    for p in group["params"]:
+                        if p.grad is not None:
+                            self._update(p, group)
+            return loss
+
+        def _update(self, p, group):
+            state = self.state[p]
+            if len(state) == 0:
+                state["step"] = torch.tensor(0.0, device=p.device)
+                state["exp_avg"] = self._new_buffer(p, True)
+                state["exp_avg_sq"] = self._new_buffer(p, False)
+            state["step"] += 1
+            n = p.numel()
+            flat_p, flat_g = p.detach().view(-1), p.grad.view(-1)
+            for start in range(0, n, SLICE):
+                stop = min(n, start + SLICE)
+                single(flat_p[start:stop], flat_g[start:stop], state["step"],
+                       _slice_state(state["exp_avg"], start, stop, state_class),
+                       _slice_state(state["exp_avg_sq"], start, stop, state_class), None,
+                       group["lr"], group["betas"][0], group["betas"][1],
+                       group["weight_decay"], group["eps"], True, False)
+
+    return AdamW8bit

@@ -1,0 +1,145 @@
+"""The chunked linear + cross-entropy loss (#33 item 1): its loss and
+gradients equal the plain loss's, alone and applied to HF causal LMs
+(Llama, GPT-2 with its tied head), with ignored labels and the causal
+shift; the logits are never returned whole."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memfit
+from memfit.plan.strategies.chunked_loss import chunk_tokens_for
+
+transformers = pytest.importorskip("transformers")
+
+
+def problem(dtype, n=37, h=16, v=50, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, dtype=dtype, generator=g).requires_grad_()
+    weight = torch.randn(v, h, dtype=dtype, generator=g).requires_grad_()
+    bias = torch.randn(v, dtype=dtype, generator=g).requires_grad_()
+    target = torch.randint(0, v, (n,), generator=g)
+    target[::5] = -100
+    return hidden, weight, bias, target
+
+
+def plain(hidden, weight, bias, target, reduction="mean"):
+    z = F.linear(hidden, weight, bias)
+    return F.cross_entropy(z if z.dtype == torch.float64 else z.float(), target,
+                           reduction=reduction)
+
+
+def rel(a, b):
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 16, 37, 1000])
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_chunked_loss_and_gradients_equal_the_plain_loss_in_fp64(chunk, reduction):
+    hidden, weight, bias, target = problem(torch.float64)
+    ref = plain(hidden, weight, bias, target, reduction)
+    grads = torch.autograd.grad(ref, (hidden, weight, bias))
+    out = memfit.chunked_linear_cross_entropy(hidden, weight, target, bias, chunk_tokens=chunk,
+                                              reduction=reduction)
+    got = torch.autograd.grad(out, (hidden, weight, bias))
+    assert abs(out.item() - ref.item()) <= 1e-6 * abs(ref.item())
+    for g, r in zip(got, grads):
+        assert rel(g, r) <= 1e-6
+    # Ignored tokens get no gradient at all.
+    assert torch.all(got[0][target == -100] == 0)
+
+
+def test_chunked_loss_in_fp32_is_within_a_few_ulps_of_the_sum():
+    # fp32: per token the same logsumexp - z[t]; only the order of the sum
+    # over tokens (chunk by chunk) and of the head's gradient (one addmm per
+    # chunk, not one GEMM) differ. Both are sums of n terms: a relative error
+    # of at most ~n * 2^-24 ~ 1e-5 for n = 37, far below for the gradients'
+    # max-normalised error. 1e-5 leaves room, and fails for any real error
+    # (a wrong shift or a lost chunk moves the loss by > 1%).
+    hidden, weight, bias, target = problem(torch.float32)
+    ref = plain(hidden, weight, bias, target)
+    grads = torch.autograd.grad(ref, (hidden, weight, bias))
+    out = memfit.chunked_linear_cross_entropy(hidden, weight, target, bias, chunk_tokens=8)
+    got = torch.autograd.grad(out, (hidden, weight, bias))
+    assert out.dtype == torch.float32
+    assert abs(out.item() - ref.item()) <= 1e-5 * abs(ref.item())
+    for g, r in zip(got, grads):
+        assert rel(g, r) <= 1e-5
+
+
+def test_chunked_loss_in_bf16_is_as_close_to_fp64_as_the_plain_loss():
+    # bf16: both compute the logits in bf16 and upcast (as HF does), so the
+    # loss carries the same bf16 logits; the gradients round softmax - onehot
+    # to bf16 for the matmuls, and the chunked head's gradient adds one bf16
+    # rounding per chunk (5 here). Against the fp64 truth, the chunked error
+    # stays within a small multiple of the plain step's own bf16 error.
+    h64, w64, b64, target = problem(torch.float64)
+    truth = plain(h64, w64, b64, target)
+    true_grads = torch.autograd.grad(truth, (h64, w64, b64))
+    leaves = [t.detach().to(torch.bfloat16).requires_grad_() for t in (h64, w64, b64)]
+    ref = plain(*leaves, target)
+    ref_grads = torch.autograd.grad(ref, leaves)
+    out = memfit.chunked_linear_cross_entropy(leaves[0], leaves[1], target, leaves[2],
+                                              chunk_tokens=8)
+    got = torch.autograd.grad(out, leaves)
+    assert abs(out.item() - truth.item()) <= 2 * abs(ref.item() - truth.item()) + 1e-6
+    for g, r, t in zip(got, ref_grads, true_grads):
+        assert rel(g.double(), t) <= 4 * max(rel(r.double(), t), 2 ** -8)
+
+
+def tiny(kind, dtype=torch.float64):
+    torch.manual_seed(0)
+    if kind == "llama":
+        cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                       num_hidden_layers=2, num_attention_heads=2,
+                                       num_key_value_heads=1, max_position_embeddings=32)
+        model = transformers.LlamaForCausalLM(cfg)
+    else:
+        cfg = transformers.GPT2Config(vocab_size=97, n_embd=32, n_layer=2, n_head=2,
+                                      n_positions=32)
+        model = transformers.GPT2LMHeadModel(cfg)
+    return model.to(dtype).eval()  # no dropout: two forwards compute the same
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2"])
+def test_hf_model_under_chunked_loss_has_the_plain_loss_and_gradients(kind):
+    model = tiny(kind)
+    ids = torch.randint(0, 97, (3, 11), generator=torch.Generator().manual_seed(1))
+    labels = ids.clone()
+    labels[0, :4] = -100  # a prompt not trained on
+    # HF's own loss upcasts the logits to fp32 (fp64 ones too): the fp64
+    # reference is cross_entropy of the fp64 logits, shifted as HF shifts.
+    hf_loss = model(input_ids=ids, labels=labels).loss.item()
+    logits = model(input_ids=ids).logits
+    loss = F.cross_entropy(logits[:, :-1].flatten(0, 1), labels[:, 1:].flatten())
+    assert abs(loss.item() - hf_loss) <= 1e-5 * abs(hf_loss)
+    loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    with memfit.chunked_loss(model, chunk_tokens=5):
+        got = model(input_ids=ids, labels=labels)
+        got.loss.backward()
+        assert got.logits is None
+        # Without labels it is the model as before: logits, no loss.
+        assert model(input_ids=ids).logits.shape == (3, 11, 97)
+    assert abs(got.loss.item() - loss.item()) <= 1e-6 * abs(loss.item())
+    for n, p in model.named_parameters():
+        assert rel(p.grad, ref[n]) <= 1e-6, n
+    # Taken off after the block: the plain logits again.
+    assert model(input_ids=ids, labels=labels).logits is not None
+
+
+def test_chunk_follows_the_budget():
+    small = chunk_tokens_for(12 * 2**30, 128256)
+    large = chunk_tokens_for(80 * 2**30, 128256)
+    assert 64 <= small < large
+    # A chunk's logits and their working copies stay within 1/16 of the budget.
+    assert small * 128256 * 16 <= 12 * 2**30 / 16
+    assert chunk_tokens_for(None, 128256) == 1024
+    assert chunk_tokens_for(80 * 2**30, 128256, tokens=100) == 100
+
+
+def test_a_model_without_a_linear_head_is_refused_in_one_line():
+    with pytest.raises(ValueError, match="no nn.Linear lm_head"):
+        with memfit.chunked_loss(torch.nn.Linear(3, 3)):
+            pass

@@ -383,20 +383,8 @@ class Trainer:
         self._how.check_batch(self._module, inputs, target)  # before any plan or probe
         if self._plan and self._wants_plan(native, target, n):
             self._plan_micro_batch(native, inputs, target, n)
-        buffers = BufferGuard(self._module)
-        self._weighting.begin_step(target)
-        try:
-            report = native.step(n, self._chunk_loss(inputs, target, n, buffers),
-                                 self._batch_bytes(inputs, target))
-        except BaseException:
-            buffers.restore_before_step()
-            self._weighting.finish_step()
-            raise
-        scale = self._weighting.finish_step()
-        if scale is not None:
-            report.loss *= scale
-        report.notes = split_notes(self._module, report.micro_batches)
-        return report
+        return self._weighted_step(target, lambda loss_of: native.step(
+            n, loss_of(inputs, target, n), self._batch_bytes(inputs, target)))
 
     def _wants_plan(self, native, target, n):
         """Whether this step plans its micro-batch first: see Note [The first
@@ -595,11 +583,18 @@ class Trainer:
             n = self._batch(inputs, target)
         except ValueError as e:
             n = e  # the other ranks must hear of it, not wait for this rank
+        return self._weighted_step(target, lambda loss_of: self._dist.step(
+            native, n, batch_signature(inputs, target), loss_of(inputs, target, n)))
+
+    def _weighted_step(self, target, run):
+        """run(loss_of) -> the native StepReport, where loss_of(inputs,
+        target, n) gives the micro-batches' loss callback: the step with the
+        loss weighting around it (Note [Probing how the loss reduces]), the
+        buffers restored if it fails, and the notes of a split step."""
         buffers = BufferGuard(self._module)
         self._weighting.begin_step(target)
         try:
-            report = self._dist.step(native, n, batch_signature(inputs, target),
-                                     self._chunk_loss(inputs, target, n, buffers))
+            report = run(lambda x, y, n: self._chunk_loss(x, y, n, buffers))
         except BaseException:
             buffers.restore_before_step()
             self._weighting.finish_step()

@@ -11,17 +11,6 @@
 namespace memfit {
 namespace {
 
-std::string ratio(int64_t bytes, int64_t parameter_bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2fx",
-                static_cast<double>(bytes) / static_cast<double>(parameter_bytes));
-  return buf;
-}
-
-std::string signed_bytes(int64_t b) {
-  return (b > 0 ? "+" : "") + format_bytes(b);
-}
-
 // Note [Explaining a phase's delta]
 // A delta is explained in units of the parameters' bytes P where that is what
 // it is (gradients are 1x P, Adam's state 2x P, momentum 1x P), and per sample
@@ -47,18 +36,18 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
   } else if (n == kPhaseInputs) {
     note = "inputs and targets of the batch: " + format_bytes(d);
   } else if (n == kPhaseForward) {
-    note = signed_bytes(d) + ": activations saved for backward";
+    note = format_signed_bytes(d) + ": activations saved for backward";
     if (in.batch > 0) note += " (" + format_bytes(d / in.batch) + " per sample)";
   } else if (n == kPhaseLoss) {
-    note = signed_bytes(d) + ": the loss and what its backward needs";
+    note = format_signed_bytes(d) + ": the loss and what its backward needs";
   } else if (n == kPhaseZeroGrad) {
-    note = d < 0 ? signed_bytes(d) + ": gradients freed (set_to_none)"
+    note = d < 0 ? format_signed_bytes(d) + ": gradients freed (set_to_none)"
                  : "nothing to free";
   } else if (n == kPhaseBackward) {
     const int64_t grads = at(after, Category::kGradient) - at(before, Category::kGradient);
     const int64_t freed = at(before, Category::kActivation) - at(after, Category::kActivation);
-    note = signed_bytes(grads) + " gradients";
-    if (p > 0) note += " (" + ratio(grads, p) + " parameters)";
+    note = format_signed_bytes(grads) + " gradients";
+    if (p > 0) note += " (" + format_times(grads, p) + " parameters)";
     if (freed > 0) note += ", -" + format_bytes(freed) + " activations freed";
   } else if (n == kPhaseOptimizerStep) {
     if (d == 0) {
@@ -66,7 +55,7 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
                  ? "+0: the optimizer's state and step are on the host"
                  : "+0: optimizer state exists already";
     } else if (p > 0) {
-      note = signed_bytes(d) + " = " + ratio(d, p) + " parameters";
+      note = format_signed_bytes(d) + " = " + format_times(d, p) + " parameters";
       if (optimizer_is_adam(in.optimizer)) {
         note += ": Adam exp_avg and exp_avg_sq";
       } else if (in.optimizer == "momentum") {
@@ -77,14 +66,14 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
       if (s.iteration <= 1) note += " (first step)";
     }
   } else {
-    note = signed_bytes(d);
+    note = format_signed_bytes(d);
   }
   const int64_t transient = s.peak - std::max(s.live_before, s.live_after);
   // Below 1% of the parameters a transient is noise in a one-line note.
   if (p > 0 && transient * 100 < p) return note;
   if (transient > 0 && n != kPhaseForward && n != kPhaseBackward &&
       n != kPhaseParameters && n != kPhaseInputs && p > 0) {
-    note += "; peak inside: temporaries of " + ratio(transient, p) +
+    note += "; peak inside: temporaries of " + format_times(transient, p) +
             " parameters";
   } else if (transient > 0 && n == kPhaseBackward) {
     note += "; peak inside +" + format_bytes(transient) +

@@ -182,4 +182,14 @@ std::string format_percent(double fraction) {
   return buf;
 }
 
+std::string format_signed_bytes(int64_t bytes) {
+  return (bytes > 0 ? "+" : "") + format_bytes(bytes);
+}
+
+std::string format_times(int64_t bytes, int64_t of) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2fx", static_cast<double>(bytes) / static_cast<double>(of));
+  return buf;
+}
+
 }  // namespace memfit

@@ -12,24 +12,13 @@
 namespace memfit {
 namespace {
 
-std::string ratio(int64_t bytes, int64_t parameter_bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2fx",
-                static_cast<double>(bytes) / static_cast<double>(parameter_bytes));
-  return buf;
-}
-
-std::string signed_bytes(int64_t b) {
-  return (b > 0 ? "+" : "") + format_bytes(b);
-}
-
 void write_phases(std::ostringstream& out, const Report& report) {
   TextTable phases({"phase", "iter", "live after", "delta", "peak", "why"},
                    {Align::kLeft, Align::kRight, Align::kRight, Align::kRight, Align::kRight,
                     Align::kLeft});
   for (const auto& p : report.phases) {
     phases.add_row({p.name, std::to_string(p.iteration), format_bytes(p.live_after),
-                    signed_bytes(p.delta_bytes), format_bytes(p.peak_bytes), p.note});
+                    format_signed_bytes(p.delta_bytes), format_bytes(p.peak_bytes), p.note});
   }
   out << phases.str() << "\n";
 }
@@ -86,7 +75,7 @@ void write_ranks(std::ostringstream& out, const DataParallelEstimate& dp, int64_
   for (const RankPeak& r : dp.per_rank) {
     std::vector<std::string> row = {
         std::string(to_string(r.sharding)), format_bytes(r.peak_bytes),
-        ratio(r.peak_bytes, std::max<int64_t>(peak_bytes, 1)),
+        format_times(r.peak_bytes, std::max<int64_t>(peak_bytes, 1)),
         r.phase + (r.iteration > 0 ? " " + std::to_string(r.iteration) : ""), r.formula};
     if (host) row.insert(row.begin() + 2, format_bytes(r.host_bytes));
     table.add_row(row);

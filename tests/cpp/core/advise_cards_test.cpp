@@ -11,7 +11,8 @@
 #include <utility>
 #include <vector>
 
-#include "memfit/core/advise_plan.h"
+#include "memfit/core/plan/advise_plan.h"
+#include "memfit/core/render/advice_table.h"
 
 namespace memfit {
 namespace {
@@ -133,7 +134,7 @@ TEST(AdviseCardsTest, EachCardGetsThePlanOfItsBudgetAlone) {
   }
   const std::vector<std::pair<std::string, bool>> stages = {
       {"LoRA r=16", false}, {"bf16 weights", false}, {"", true}, {"", false}};
-  EXPECT_EQ(seen, stages) << a.cards_table();
+  EXPECT_EQ(seen, stages) << cards_table(a);
   EXPECT_GT(found, 0);
 }
 
@@ -179,13 +180,13 @@ TEST(AdviseCardsTest, TheTableHasACardARowAndSaysWhatNothingFits) {
   ASSERT_EQ(a.cards.size(), 3u);  // sorted, duplicates dropped
   EXPECT_EQ(a.cards[0].budget, 40);
   EXPECT_EQ(a.cards[2].budget, 700);
-  const std::string t = a.cards_table();
+  const std::string t = cards_table(a);
   EXPECT_NE(t.find("nothing measured fits (closest: "), std::string::npos) << t;
   EXPECT_NE(t.find("the plain step"), std::string::npos) << t;
   EXPECT_NE(t.find("allocated bytes (not a card's reserved bytes)"), std::string::npos) << t;
   // The title, the header and its rule, 3 cards, the time line.
   EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 2 + 3 + 1) << t;
-  EXPECT_NE(a.to_json(false).find("\"cards\""), std::string::npos);
+  EXPECT_NE(to_json(a, false).find("\"cards\""), std::string::npos);
 }
 
 TEST(AdviseCardsTest, ACardOfNoBytesIsRefused) {

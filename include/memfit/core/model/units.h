@@ -23,4 +23,10 @@ std::string format_bytes(int64_t bytes);
 // A fraction as a percentage with two decimals: 0.0123 -> "1.23%".
 std::string format_percent(double fraction);
 
+// A delta of bytes with its sign: "+2.55 MiB", "-258.50 KiB", "0 B".
+std::string format_signed_bytes(int64_t bytes);
+
+// bytes as a multiple of `of` with two decimals: "2.00x".
+std::string format_times(int64_t bytes, int64_t of);
+
 }  // namespace memfit

@@ -20,8 +20,11 @@ def test_the_oom_is_torchs_own_class_and_keeps_memfits_figures():
     e = simulated_oom()
     assert isinstance(e, torch.cuda.OutOfMemoryError) and isinstance(e, RuntimeError)
     text = str(e)
-    assert text.startswith("CUDA out of memory. Tried to allocate 4.00 MiB")
-    for part in ("memfit simulated cpu device", "budget 1.00 MiB", "already allocated", "free"):
+    # CUDA's own first words, which the frameworks' detectors read; what
+    # fills the device may come between them and the allocator's figures.
+    assert text.startswith("CUDA out of memory. "), text
+    for part in ("Tried to allocate 4.00 MiB", "memfit simulated cpu device", "budget 1.00 MiB",
+                 "already allocated", "free"):
         assert part in text, text
 
 

@@ -22,11 +22,13 @@ _AUTOGRAD_FILES = (os.path.join(_TORCH_DIR, "autograd") + os.sep,
                    os.path.join(_TORCH_DIR, "_tensor.py"))
 _MEMFIT_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
 # Frames of memfit's that run the user's code as it is: the doctor (its
-# observer and `memfit doctor`, with the command's entry): an OOM under them
-# is the user's.
+# observer and `memfit doctor`, with the command's entry) and memfit.lazy's
+# hook on nn.Module.__call__, which stays installed once lazy ran and passes
+# a plain module call through: an OOM under them is the user's.
 _USERS_RUNNERS = (os.path.join(_MEMFIT_DIR, "diagnosis") + os.sep,
                   os.path.join(_MEMFIT_DIR, "command.py"),
-                  os.path.join(_MEMFIT_DIR, "__main__.py"))
+                  os.path.join(_MEMFIT_DIR, "__main__.py"),
+                  os.path.join(_MEMFIT_DIR, "lazy_mode", "tensor", "module_hook.py"))
 
 
 @dataclasses.dataclass
@@ -150,6 +152,8 @@ def _explain_simulated_oom(nbytes, used, budget, device, message):
     try:
         phase = phase_of(frame)
         memory = live_memory(device)
+        if not (memory.parameters or memory.gradients or memory.optimizer_state or memory.rest):
+            return None  # nothing to blame: the allocator's figures name the request
         _, text, _, _, _ = explain("simulated_device", "", phase, memory, budget,
                                    _memfit.allocator_figures(message))
         return text

@@ -66,12 +66,14 @@ EOF
 
 if [[ $steps == *tests* ]]; then
   # A copy of the tests outside the checkout: conftest.py would otherwise put
-  # the checkout's build/python first. bench/ and examples/ are what some
-  # tests read beside them. Tests that need build/memfit skip, saying so.
+  # the checkout's build/python first. bench/, examples/ and tests/ (its
+  # data: the snapshot fixtures) are what some tests read beside them.
+  # Tests that need build/memfit skip, saying so.
   mkdir -p "$work/tree/python"
   cp -r "$src/python/tests" "$work/tree/python/tests"
   ln -s "$src/bench" "$work/tree/bench"
   ln -s "$src/examples" "$work/tree/examples"
+  ln -s "$src/tests" "$work/tree/tests"
   say "python tests (python/tests) against the installed memfit"
   (cd "$work/tree" && "$py" -m pytest -q -p no:cacheprovider -rs python/tests) 2>&1 \
     | sed "s/^/$tag /"

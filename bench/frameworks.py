@@ -50,12 +50,10 @@ import argparse
 import contextlib
 import gc
 import json
-import logging
 import os
 import sys
 import tempfile
 import time
-import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
@@ -64,6 +62,7 @@ import torch  # noqa: E402
 import memfit  # noqa: E402
 
 import _peer_models as pm  # noqa: E402
+from peers.common import quiet_loggers  # noqa: E402
 
 LIGHTNING_CASES = [("mlp", "15MiB", 2048), ("cnn", "24MiB", 1024), ("gpt", "32MiB", 1024)]
 HF_CASE = dict(budget="12MiB", effective=192, seq=32, vocab=512, layers=2, width=64)
@@ -81,20 +80,9 @@ def first_line(e):
     return f"{type(e).__name__}: {line.split(' (memfit simulated')[0][:160]}"
 
 
-@contextlib.contextmanager
 def quiet():
-    names = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning",
-             "transformers", "accelerate")
-    levels = {n: logging.getLogger(n).level for n in names}
-    for n in names:
-        logging.getLogger(n).setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            for n, lv in levels.items():
-                logging.getLogger(n).setLevel(lv)
+    return quiet_loggers("lightning", "lightning.pytorch", "lightning.fabric",
+                         "pytorch_lightning", "transformers", "accelerate")
 
 
 def clean():

@@ -5,6 +5,7 @@ measured step that explain and estimate hold their figures against."""
 import contextlib
 import gc
 import importlib.metadata
+import logging
 import os
 import platform
 import statistics
@@ -20,7 +21,7 @@ from memfit import _memfit
 import _peer_models as pm
 from _tables import err_cell, fmt_bytes, md_table, pct
 
-__all__ = ["ROOT", "log", "first_line", "where", "short", "fmt_bytes", "pct", "err_cell",
+__all__ = ["quiet_loggers", "ROOT", "log", "first_line", "where", "short", "fmt_bytes", "pct", "err_cell",
            "md_table", "median_time", "live_tracked", "clean", "quiet_fds", "versions",
            "all_specs", "adam", "run_cases", "model_state_bytes", "plain_iterations",
            "profiler_peak"]
@@ -185,3 +186,19 @@ def profiler_peak(spec, model, xh, yh):
         cur += e.nbytes()
         peak = max(peak, cur)
     return model_state_bytes(model) + peak
+
+
+@contextlib.contextmanager
+def quiet_loggers(*names):
+    """The frameworks' loggers at ERROR and warnings ignored in the block
+    (their progress and advice lines would drown the tables)."""
+    levels = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            for n, lv in levels.items():
+                logging.getLogger(n).setLevel(lv)

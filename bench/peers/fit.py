@@ -5,21 +5,19 @@ each against the true maximum found by running plain training steps, and
 each found batch run for SURVIVE_STEPS more steps (bench/peers.py's
 docstring says how)."""
 
-import contextlib
 import gc
-import logging
 import math
 import statistics
 import tempfile
 import time
-import warnings
 
 import torch
 
 import memfit
 
 import _peer_models as pm
-from peers.common import adam, clean, first_line, fmt_bytes, log, md_table, short, where
+from peers.common import (adam, clean, first_line, fmt_bytes, log, md_table, quiet_loggers,
+                          short, where)
 
 __all__ = ["HEADING", "run", "report", "Device", "true_max"]
 
@@ -213,19 +211,9 @@ def _trainer(tmp, **kw):
                       default_root_dir=tmp, max_epochs=1, **kw)
 
 
-@contextlib.contextmanager
 def lightning_quiet():
-    names = ("lightning", "lightning.pytorch", "lightning.fabric", "pytorch_lightning")
-    levels = {n: logging.getLogger(n).level for n in names}
-    for n in names:
-        logging.getLogger(n).setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
-            yield
-        finally:
-            for n, lv in levels.items():
-                logging.getLogger(n).setLevel(lv)
+    return quiet_loggers("lightning", "lightning.pytorch", "lightning.fabric",
+                         "pytorch_lightning")
 
 
 def lightning_fit(spec, budget, mode, tmp):

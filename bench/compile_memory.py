@@ -33,23 +33,10 @@ import torch
 import torch.nn.functional as F
 
 import memfit
+from memfit.testing import models
 
 
-class Pointwise(torch.nn.Module):
-    """The issue's model: Linear, 6 pointwise layers, Linear over the mean
-    of the sequence (smaller: width 256, 64 tokens)."""
-
-    def __init__(self, d=256, n=6):
-        super().__init__()
-        self.inp = torch.nn.Linear(d, d)
-        self.out = torch.nn.Linear(d, 10)
-        self.n = n
-
-    def forward(self, x):
-        h = self.inp(x)
-        for _ in range(self.n):
-            h = h * torch.sigmoid(h) + torch.tanh(h) * 0.5
-        return self.out(h.mean(1))
+Pointwise = models.Pointwise  # the issue's model (width 256, 64 tokens)
 
 
 class Block(torch.nn.Module):

@@ -10,25 +10,15 @@ import pytest
 import torch
 
 import memfit
+from memfit.testing import models
 
 D, T, B = 48, 16, 12
 
 
-class Pointwise(torch.nn.Module):
-    """The issue's model, small: a Linear, pointwise layers that inductor
-    fuses (eager keeps each intermediate for backward), a Linear."""
-
-    def __init__(self, d=D, n=4):
-        super().__init__()
-        self.inp = torch.nn.Linear(d, d)
-        self.out = torch.nn.Linear(d, 5)
-        self.n = n
-
-    def forward(self, x):
-        h = self.inp(x)
-        for _ in range(self.n):
-            h = h * torch.sigmoid(h) + torch.tanh(h) * 0.5
-        return self.out(h.mean(1))
+def Pointwise():
+    """The issue's model, small: memfit.testing's with width D, 4 pointwise
+    layers, 5 classes."""
+    return models.Pointwise(d=D, n=4, classes=5)
 
 
 def make(dtype=torch.float32):

@@ -33,15 +33,15 @@ bad=$("$memfit" advise "${flags[@]}" --budget "$budget" --target tpu 2>&1)
 [ $? -eq 1 ] && echo "$bad" | grep -q -- "--target must be one of cpu, cuda, got 'tpu'" ||
   { echo "FAIL: --target tpu not refused: $bad"; exit 1; }
 # memfit fit --target cuda: its answer's reserved bytes are within the budget.
-fit=$("$memfit" fit --model mlp --budget 40MiB --target cuda --json --quiet) ||
+fit=$("$memfit" fit --model mlp --budget 128MiB --target cuda --json --quiet) ||
   { echo "FAIL: fit --target cuda"; exit 1; }
 batch=$(echo "$fit" | sed -n 's/^  "max_batch": \([0-9]*\).*/\1/p')
 measured=$(echo "$fit" | sed -n 's/^  "measured_peak_bytes": \([0-9]*\).*/\1/p')
 at=$("$memfit" profile --model mlp --batch "$batch" --target cuda --json |
   sed -n 's/.*"peak_reserved_bytes": \([0-9]*\).*/\1/p')
 echo "fit --target cuda: batch $batch, measured $measured B, profile reserved $at B"
-[ "$measured" = "$at" ] && [ "$at" -le $((40 << 20)) ] ||
-  { echo "FAIL: fit's answer reserves $at B (fit said $measured) against 40 MiB"; exit 1; }
+[ "$measured" = "$at" ] && [ "$at" -le $((128 << 20)) ] ||
+  { echo "FAIL: fit's answer reserves $at B (fit said $measured) against 128 MiB"; exit 1; }
 # profile --predict for a card: what it would reserve at the batch, replayed
 # on the step sized from the probes, is what a profile there replays.
 predicted=$("$memfit" profile --model mlp --batch 2000 --predict --target cuda --json --quiet |

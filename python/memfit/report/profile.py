@@ -294,7 +294,9 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       tensors (exact sizes, no memory, no time) and falls back to "cpu",
       saying so in the report's notes, where this torch lacks a meta kernel.
     - target_device="cuda" adds the CUDA caching allocator's view (rounding,
-      segments, `cuda_workspace` bytes of cuBLAS workspace).
+      segments, `cuda_workspace` bytes of cuBLAS workspaces: by default two
+      of Hopper's 32 MiB, the forward's thread's and autograd's, and
+      cuBLASLt's block; give the card's own total to plan closer).
     - set_to_none: how zero_grad ends each iteration. True (the default, as
       torch's): the gradients are freed. False: zeroed in place, so they stay
       alive through the next iteration's forward and backward, as the

@@ -62,16 +62,30 @@ struct ModuleRow {
 };
 
 // What the CUDA caching allocator would make of the same step.
-// The cuBLAS workspace goes through the caching allocator (torch 2.x), so it
-// is counted in both allocated and reserved; not yet checked on a GPU.
+// The cuBLAS workspaces go through the caching allocator (torch 2.x), so
+// they are counted in both allocated and reserved (Note [cuBLAS workspaces
+// on the card]).
 struct CudaEstimate {
   int64_t peak_allocated = 0;  // requests rounded as the allocator does
   int64_t peak_reserved = 0;   // segments held from the device
-  int64_t workspace_bytes = 0; // fixed per-device extra counted in reserved
+  int64_t workspace_bytes = 0; // fixed per-device extra, in both of the above
 };
 
-// cuBLAS workspace on most GPUs (8 MiB + 128 KiB); 32 MiB on Hopper.
-constexpr int64_t kDefaultCudaWorkspaceBytes = (8 << 20) + (128 << 10);
+// Note [cuBLAS workspaces on the card]
+// torch keeps one cuBLAS workspace per (handle, stream), and one handle per
+// thread: the step's forward runs on the caller's thread, its backward on
+// autograd's device thread, so a step that multiplies matrices in both holds
+// two. Each is 32 MiB on Hopper (sm_90) and 8 MiB + 128 KiB on older cards
+// (CUBLAS_WORKSPACE_CONFIG changes it); a Linear with a bias adds
+// cuBLASLt's 1 MiB, a small block in a 2 MiB segment of its own. All stay
+// allocated from their first use on. Seen on an H200 (torch 2.11, CUDA 13):
+// 32 MiB at the forward's first Linear, 1 MiB beside it, 32 MiB at the
+// backward's first matmul, and nothing else persistent
+// (bench/gpu/record_snapshots.py). The default is Hopper's, the largest:
+// on an older card memfit then counts 48 MiB too many rather than too few.
+constexpr int64_t kCublasWorkspacePerHandleBytes = int64_t{32} << 20;
+constexpr int64_t kDefaultCudaWorkspaceBytes =
+    2 * kCublasWorkspacePerHandleBytes + (int64_t{2} << 20);
 
 // The caching allocator replayed on the step's events, with a fixed
 // `workspace_bytes` per device (Note [Caching allocator rules], allocator_model.cpp).

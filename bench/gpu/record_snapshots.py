@@ -66,6 +66,14 @@ CASES = {
     "llama_tiny_adam": dict(model="llama", batch=4),
     # The gpt at a batch that does not fit a 160 MiB cap: ends in an OOM.
     "gpt_oom": dict(model="gpt", batch=64, cap_bytes=160 << 20),
+    # Recorded only when --only names them: the batches find_batch_size chose
+    # for a card (bench/gpu/fit_on_card.py) where the card reserved more than
+    # the budget, to see on the trace where the bytes memfit missed went.
+    "cnn_fit_256MiB": dict(model="cnn", batch=144, predict="cnn", extra=True),
+    "cnn_fit_1GiB": dict(model="cnn", batch=592, predict="cnn", extra=True),
+    "mlp_fit_256MiB": dict(model="mlp", batch=19699, predict="mlp", extra=True),
+    "gpt_fit_256MiB": dict(model="gpt", batch=13, predict="gpt", extra=True),
+    "resnet18_b128": dict(model="resnet18", batch=128, predict="resnet18", extra=True),
 }
 
 LLAMA = dict(vocab_size=1024, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
@@ -290,7 +298,8 @@ def main():
     ap.add_argument("--case", help=argparse.SUPPRESS)  # internal: one case, this process
     ap.add_argument("--timeout", type=int, default=120, help="seconds per case")
     args = ap.parse_args()
-    names = list(CASES) if not args.only else args.only.split(",")
+    names = ([n for n in CASES if not CASES[n].get("extra")] if not args.only
+             else args.only.split(","))
     unknown = [n for n in names if n not in CASES]
     if unknown:
         ap.error(f"unknown case(s) {','.join(unknown)}: the cases are {','.join(CASES)}")

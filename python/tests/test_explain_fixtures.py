@@ -3,8 +3,10 @@ by `scripts/gpu_check.sh --snapshots`; synthetic ones under synthetic/, named
 so): memfit's allocator replay must reproduce the card's reserved bytes
 (within 1% at every event, the peak exact) and, where the fixture's metadata
 names the step, memfit's prediction recorded on the CPU must come within the
-tolerance the metadata sets of the card's reserved peak. New fixtures are
-picked up as they are dropped in."""
+tolerance the metadata sets of the card's reserved peak (its
+"tolerance_why" says why, where it is not 10%). A fixture whose replay is
+known to differ says where in "replay_known_off", and its test is a strict
+xfail. New fixtures are picked up as they are dropped in."""
 
 import glob
 import json
@@ -32,8 +34,10 @@ def test_there_is_a_fixture():
 
 
 @pytest.mark.parametrize("path", FIXTURES, ids=lambda p: os.path.relpath(p, DATA))
-def test_the_replay_reproduces_the_card(path):
+def test_the_replay_reproduces_the_card(path, request):
     meta = metadata(path)
+    if meta.get("replay_known_off"):  # strict: says so when the replay is fixed
+        request.applymarker(pytest.mark.xfail(reason=meta["replay_known_off"], strict=True))
     s = memfit.load_snapshot(path)
     r = s.replay()
     if r.status == "not replayed":

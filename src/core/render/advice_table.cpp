@@ -252,12 +252,20 @@ std::string cards_table(const Advice& a) {
       << "\n";
   TextTable t({"card", "plan", "peak", "time", "result"},
               {Align::kRight, Align::kLeft, Align::kRight, Align::kRight, Align::kLeft});
+  // A card nothing fits shows the least peak any card's search measured:
+  // its own search's closest may be above a larger card's plan.
+  const AdvisePlan* least = nullptr;
+  for (const auto& c : a.cards) {
+    if (c.plan.peak_bytes > 0 && (!least || c.plan.peak_bytes < least->peak_bytes))
+      least = &c.plan;
+  }
   bool unverified = false;
   for (const auto& c : a.cards) {
     const AdvisePlan& p = c.plan;
     if (!p.found) {
-      t.add_row({format_bytes(c.budget), "nothing measured fits (closest: " + p.summary + ")",
-                 format_bytes(p.peak_bytes), "-", "-"});
+      const AdvisePlan& l = least ? *least : p;
+      t.add_row({format_bytes(c.budget), "nothing measured fits; the least measured: " + l.summary,
+                 format_bytes(l.peak_bytes), "-", "-"});
       continue;
     }
     unverified = unverified || !p.verified;

@@ -224,3 +224,37 @@ def test_8bit_adamw_on_meta_records_the_same_step_with_repeated_slices_run_once(
     every, events = recorded()
     assert every == once
     assert fewer < events / 5  # the repeated slices did not run
+
+
+def test_nf4_dequantization_on_meta_replays_torchaos_allocations():
+    # See Note [NF4 on meta]: the second dequantization of a shape replays the first's.
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    from memfit import _memfit
+    from memfit.plan.strategies.quantized import _meta_nf4_like
+
+    def events(f):
+        rec = _memfit.Recorder()
+        rec.only_device("meta")
+        rec.drop_meta_kernel_intermediates()
+        out = f()
+        del out
+        rec.stop()
+        ids = {}
+        return [(kind, n, ids.setdefault(i, len(ids))) for kind, n, i, *_ in
+                rec.timeline.events()]
+
+    for shape in [(512, 256), (256, 1024)]:
+        torchaos = to_nf4(torch.empty(shape, dtype=torch.bfloat16, device="meta"), 64, 256)
+        ours = _meta_nf4_like(torchaos)
+        def step(w):
+            x = torch.empty(3, shape[1], dtype=torch.bfloat16, device="meta", requires_grad=True)
+            y = torch.nn.functional.linear(x, w)
+            y.sum().backward()
+            return y
+
+        want = events(lambda: step(torchaos))
+        assert len(want) > 20
+        assert events(lambda: step(ours)) == want  # recorded under a second Recorder
+        assert events(lambda: step(ours)) == want  # replayed
+        assert type(torch.nn.Parameter(ours, requires_grad=False)) is type(ours)

@@ -26,9 +26,15 @@ nf4_bytes(n) = n/2 + n/64 + n/8192 + 34. It needs n divisible by 64 x
 
 Note [NF4 on meta]: to_nf4 of a meta weight runs the quantization's ops
 on meta, Python meta kernels mostly (Llama-3-8B's 224 projections: about
-12 s a copy). Its result depends only on the weight's shape, stride and
-dtype, so on meta each shape is quantized once and the others get new
-meta inner tensors shaped as its (the same NF4Tensor, byte for byte).
+12 s a copy), and so does each dequantization in forward and backward
+(3 ms each; 9,360 in the 8B advise: 27 s). On meta both depend only on
+shapes and dtypes. So each weight shape is quantized once and the others
+get new meta inner tensors shaped as its (the same NF4Tensor, byte for
+byte); and the weights are a MetaNF4Tensor whose first dequantization of
+a shape runs torchao's under a second Recorder, and each later one
+replays what it allocated and freed, in order, as plain meta
+allocations: the same bytes and order for every recording and the CUDA
+caching allocator replayed on it; the ops' names become aten::empty.
 
 Note [Repeated slices on meta]: on meta, 8-bit AdamW's step of an 8B
 model is about 2,000 slices, each some 40 ops through torchao's tensor
@@ -110,22 +116,113 @@ def to_nf4_linears(model: torch.nn.Module, names: Sequence[str] = QLORA_MODULES)
                 and quantizable(m.weight.numel())):
             w = m.weight.detach()
             key = (tuple(w.shape), w.stride(), w.dtype)
-            if w.is_meta and key in made:
-                q = _like(made[key])
+            if w.is_meta:
+                if key not in made:
+                    made[key] = to_nf4(w, NF4_BLOCK, NF4_SCALER_BLOCK)
+                q = _meta_nf4_like(made[key])
             else:
                 q = to_nf4(w, NF4_BLOCK, NF4_SCALER_BLOCK)
-                if w.is_meta:
-                    made[key] = q
             m.weight = torch.nn.Parameter(q, requires_grad=False)
             done += 1
     return done
 
 
-def _like(t):
-    """A new NF4Tensor on meta with inner tensors shaped as `t`'s."""
+def _meta_nf4_like(t):
+    """A new NF4Tensor on meta with inner tensors shaped as `t`'s, whose
+    dequantization replays its allocations (See Note [NF4 on meta])."""
     names, ctx = t.__tensor_flatten__()
     inner = {n: torch.empty_like(getattr(t, n)) for n in names}
-    return type(t).__tensor_unflatten__(inner, ctx, t.shape, t.stride())
+    return _meta_nf4_class().__tensor_unflatten__(inner, ctx, t.shape, t.stride())
+
+
+_META_NF4 = []  # the class, made once torchao is imported
+_DEQUANTIZED = {}  # See Note [NF4 on meta]: what a dequantization allocates and frees
+
+
+def _meta_nf4_class():
+    if _META_NF4:
+        return _META_NF4[0]
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor
+
+    class MetaNF4Tensor(NF4Tensor):
+        @staticmethod
+        def __tensor_unflatten__(inner_tensors, metadata, outer_size, outer_stride):
+            return MetaNF4Tensor(
+                metadata["tensor_meta"], metadata["block_size"], metadata["n_blocks"],
+                metadata["scaler_block_size"], inner_tensors["quantized_scalers"],
+                inner_tensors["quantization_factor"], inner_tensors["scaler_mean"],
+                inner_tensors["quantized_data"], inner_tensors["nf4"])
+
+        # What torchao's NF4Tensor ops return (detach, views, to(device))
+        # stays this class: a Parameter needs detach() to keep it.
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return _kept(super().__torch_dispatch__(func, types, args, kwargs))
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return _kept(super().__torch_function__(func, types, args, kwargs))
+
+        def get_original_weight(self):
+            key = (tuple(self.shape), self.dtype, self.block_size, self.scaler_block_size,
+                   tuple(getattr(self, n).shape for n in self.__tensor_flatten__()[0]))
+            events = _DEQUANTIZED.get(key)
+            if events is None:
+                return _record_dequantization(self, key, super().get_original_weight)
+            return _replay(events, self.shape, self.dtype)
+
+    def _kept(out):
+        return torch.utils._pytree.tree_map(
+            lambda x: (MetaNF4Tensor.__tensor_unflatten__(
+                {n: getattr(x, n) for n in x.__tensor_flatten__()[0]},
+                x.__tensor_flatten__()[1], x.shape, x.stride())
+                if type(x) is NF4Tensor and x.is_meta else x), out)
+
+    _META_NF4.append(MetaNF4Tensor)
+    return MetaNF4Tensor
+
+
+def _record_dequantization(t, key, dequantize):
+    """torchao's dequantization of meta NF4Tensor `t`; what it allocates and
+    frees is kept for _replay when its result is one new contiguous tensor
+    and it frees nothing it did not allocate."""
+    rec = _memfit.Recorder()
+    rec.only_device("meta")
+    rec.drop_meta_kernel_intermediates()
+    try:
+        out = dequantize()
+    finally:
+        rec.stop()
+    slots, events = {}, []  # an allocation's id -> its slot; (alloc, bytes, slot)
+    for kind, nbytes, ident, *_ in rec.timeline.events():
+        if kind == "alloc":
+            slots[ident] = len(events)
+            events.append((True, nbytes, slots[ident]))
+        elif ident in slots:
+            events.append((False, nbytes, slots.pop(ident)))
+        else:
+            return out  # a free of something older: not a dequantization's own
+    if (len(slots) == 1 and out.is_contiguous() and out.storage_offset() == 0
+            and out.shape == t.shape and out.dtype == t.dtype
+            and events[next(iter(slots.values()))][1] == out.untyped_storage().nbytes()):
+        _DEQUANTIZED[key] = (events, next(iter(slots.values())))
+    return out
+
+
+def _replay(recorded, shape, dtype):
+    """The allocations and frees of a recorded dequantization, in order, on
+    meta; returns the result, made where it was allocated."""
+    events, result = recorded
+    live = {}
+    out = None
+    for alloc, nbytes, slot in events:
+        if slot == result:
+            out = torch.empty(shape, dtype=dtype, device="meta")
+        elif alloc:
+            live[slot] = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+        else:
+            del live[slot]
+    return out
 
 
 def adam8bit_state_bytes(numel: int) -> int:

@@ -30,11 +30,20 @@ on meta, Python meta kernels mostly (Llama-3-8B's 224 projections: about
 (3 ms each; 9,360 in the 8B advise: 27 s). On meta both depend only on
 shapes and dtypes. So each weight shape is quantized once and the others
 get new meta inner tensors shaped as its (the same NF4Tensor, byte for
-byte); and the weights are a MetaNF4Tensor whose first dequantization of
-a shape runs torchao's under a second Recorder, and each later one
-replays what it allocated and freed, in order, as plain meta
-allocations: the same bytes and order for every recording and the CUDA
-caching allocator replayed on it; the ops' names become aten::empty.
+byte); and the weights are a MetaNF4Tensor whose dequantization is
+replayed (See Note [Replayed on meta]).
+
+Note [Replayed on meta]: on meta, an op computes nothing; what it
+allocates and frees depends only on shapes, dtypes and the code. Where
+memfit runs torchao's Python code on meta many times over the same
+shapes (an NF4 dequantization, an 8-bit AdamW slice), the first run of a
+key is recorded under a second Recorder (the recording under way sees
+it as it is), and each later run replays those allocations and frees in
+order as plain meta allocations of the same bytes: the same live bytes,
+peaks and CUDA caching allocator replay, at a fraction of the dispatch
+(the ops' names in the timeline become aten::empty). A run that frees
+what it did not allocate, or whose result is not one new tensor, is not
+replayed.
 
 Note [Repeated slices on meta]: on meta, 8-bit AdamW's step of an 8B
 model is about 2,000 slices, each some 40 ops through torchao's tensor
@@ -47,7 +56,9 @@ the same between the slices of a parameter and, once every state exists,
 between parameters. The allocated peak and every phase's are unchanged;
 the CUDA caching allocator replayed on the fewer events reuses the blocks
 the first slice freed (bench/llm_settings.py --size 8B: every row and
-plan the same, the 8-bit rows 56 s -> 5 s a recording)."""
+plan the same). The slices that do run are replayed after the first of
+their size (See Note [Replayed on meta]): the 8-bit rows 56 s -> under
+1 s a recording."""
 
 from __future__ import annotations
 
@@ -136,7 +147,7 @@ def _meta_nf4_like(t):
 
 
 _META_NF4 = []  # the class, made once torchao is imported
-_DEQUANTIZED = {}  # See Note [NF4 on meta]: what a dequantization allocates and frees
+_RECORDED = {}  # See Note [Replayed on meta]: key -> (allocations and frees, result's slot)
 
 
 def _meta_nf4_class():
@@ -166,10 +177,8 @@ def _meta_nf4_class():
         def get_original_weight(self):
             key = (tuple(self.shape), self.dtype, self.block_size, self.scaler_block_size,
                    tuple(getattr(self, n).shape for n in self.__tensor_flatten__()[0]))
-            events = _DEQUANTIZED.get(key)
-            if events is None:
-                return _record_dequantization(self, key, super().get_original_weight)
-            return _replay(events, self.shape, self.dtype)
+            return replayed_on_meta(("nf4", key), super().get_original_weight,
+                                    (self.shape, self.dtype))
 
     def _kept(out):
         return torch.utils._pytree.tree_map(
@@ -182,15 +191,21 @@ def _meta_nf4_class():
     return MetaNF4Tensor
 
 
-def _record_dequantization(t, key, dequantize):
-    """torchao's dequantization of meta NF4Tensor `t`; what it allocates and
-    frees is kept for _replay when its result is one new contiguous tensor
-    and it frees nothing it did not allocate."""
+def replayed_on_meta(key, run, result=None):
+    """run() on meta, whose allocations depend only on `key`: the first
+    time under a second Recorder, which keeps what it allocates and frees;
+    later, those replayed in order as plain meta allocations (See Note
+    [Replayed on meta]). result: None when run() returns nothing it
+    allocated, else the (shape, dtype) of the one new contiguous tensor
+    it returns. What does not match is run as it is, each time."""
+    recorded = _RECORDED.get(key)
+    if recorded is not None:
+        return _replay(recorded, result)
     rec = _memfit.Recorder()
     rec.only_device("meta")
     rec.drop_meta_kernel_intermediates()
     try:
-        out = dequantize()
+        out = run()
     finally:
         rec.stop()
     slots, events = {}, []  # an allocation's id -> its slot; (alloc, bytes, slot)
@@ -201,23 +216,24 @@ def _record_dequantization(t, key, dequantize):
         elif ident in slots:
             events.append((False, nbytes, slots.pop(ident)))
         else:
-            return out  # a free of something older: not a dequantization's own
-    if (len(slots) == 1 and out.is_contiguous() and out.storage_offset() == 0
-            and out.shape == t.shape and out.dtype == t.dtype
-            and events[next(iter(slots.values()))][1] == out.untyped_storage().nbytes()):
-        _DEQUANTIZED[key] = (events, next(iter(slots.values())))
+            return out  # a free of something older: not run()'s own
+    if result is None:
+        if not slots and out is None:
+            _RECORDED[key] = (events, None)
+    elif (len(slots) == 1 and isinstance(out, torch.Tensor) and out.is_contiguous()
+          and out.storage_offset() == 0 and (out.shape, out.dtype) == tuple(result)
+          and events[next(iter(slots.values()))][1] == out.untyped_storage().nbytes()):
+        _RECORDED[key] = (events, next(iter(slots.values())))
     return out
 
 
-def _replay(recorded, shape, dtype):
-    """The allocations and frees of a recorded dequantization, in order, on
-    meta; returns the result, made where it was allocated."""
-    events, result = recorded
+def _replay(recorded, result):
+    events, result_slot = recorded
     live = {}
     out = None
     for alloc, nbytes, slot in events:
-        if slot == result:
-            out = torch.empty(shape, dtype=dtype, device="meta")
+        if slot == result_slot:
+            out = torch.empty(result[0], dtype=result[1], device="meta")
         elif alloc:
             live[slot] = torch.empty(nbytes, dtype=torch.uint8, device="meta")
         else:
@@ -303,17 +319,29 @@ def _eager_class():
                 stop = min(n, start + SLICE)
                 if p.is_meta and self._seen_on_meta(p, stop - start, state):
                     continue  # See Note [Repeated slices on meta]
-                single(flat_p[start:stop], flat_g[start:stop], state["step"],
-                       _slice_state(state["exp_avg"], start, stop, state_class),
-                       _slice_state(state["exp_avg_sq"], start, stop, state_class), None,
-                       group["lr"], group["betas"][0], group["betas"][1],
-                       group["weight_decay"], group["eps"], True, False)
+
+                def update(start=start, stop=stop):
+                    single(flat_p[start:stop], flat_g[start:stop], state["step"],
+                           _slice_state(state["exp_avg"], start, stop, state_class),
+                           _slice_state(state["exp_avg_sq"], start, stop, state_class), None,
+                           group["lr"], group["betas"][0], group["betas"][1],
+                           group["weight_decay"], group["eps"], True, False)
+
+                if p.is_meta:  # See Note [Replayed on meta]
+                    replayed_on_meta(("adamw8bit", self._slice_key(p, stop - start, state),
+                                      type(group["lr"])), update)
+                else:
+                    update()
+
+        @staticmethod
+        def _slice_key(p, n, state):
+            return (n, p.dtype, p.grad.dtype, _state_key(state["exp_avg"]),
+                    _state_key(state["exp_avg_sq"]))
 
         def _seen_on_meta(self, p, n, state):
             # The slice's temporaries start from the live bytes where the
             # same slice already ran: the same rise and fall again.
-            key = (n, p.dtype, p.grad.dtype, _state_key(state["exp_avg"]),
-                   _state_key(state["exp_avg_sq"]), _memfit.tracked_live_bytes("meta"))
+            key = (self._slice_key(p, n, state), _memfit.tracked_live_bytes("meta"))
             if key in self._meta_slices:
                 return True
             self._meta_slices.add(key)

@@ -181,11 +181,13 @@ def _meta_nf4_class():
                                     (self.shape, self.dtype))
 
     def _kept(out):
-        return torch.utils._pytree.tree_map(
-            lambda x: (MetaNF4Tensor.__tensor_unflatten__(
-                {n: getattr(x, n) for n in x.__tensor_flatten__()[0]},
-                x.__tensor_flatten__()[1], x.shape, x.stride())
-                if type(x) is NF4Tensor and x.is_meta else x), out)
+        if type(out) is NF4Tensor and out.is_meta:
+            names, ctx = out.__tensor_flatten__()
+            return MetaNF4Tensor.__tensor_unflatten__({n: getattr(out, n) for n in names}, ctx,
+                                                      out.shape, out.stride())
+        if type(out) in (tuple, list):
+            return type(out)(_kept(x) for x in out)
+        return out
 
     _META_NF4.append(MetaNF4Tensor)
     return MetaNF4Tensor

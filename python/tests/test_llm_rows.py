@@ -236,7 +236,6 @@ def test_nf4_dequantization_on_meta_replays_torchaos_allocations():
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
     from memfit import _memfit
-    from memfit.plan.strategies.quantized import _meta_nf4_like
 
     def events(f):
         rec = _memfit.Recorder()
@@ -249,9 +248,15 @@ def test_nf4_dequantization_on_meta_replays_torchaos_allocations():
         return [(kind, n, ids.setdefault(i, len(ids))) for kind, n, i, *_ in
                 rec.timeline.events()]
 
-    for shape in [(512, 256), (256, 1024)]:
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(1024, 256))
+    model.to(torch.bfloat16)
+    for name in ("0", "1"):
+        assert to_nf4_linears(model, (name,)) == 1
+        ours = model.get_submodule(name).weight
+        shape = ours.shape
         torchaos = to_nf4(torch.empty(shape, dtype=torch.bfloat16, device="meta"), 64, 256)
-        ours = _meta_nf4_like(torchaos)
+        assert type(ours) is not type(torchaos)  # memfit's, replaying on meta
         def step(w):
             x = torch.empty(3, shape[1], dtype=torch.bfloat16, device="meta", requires_grad=True)
             y = torch.nn.functional.linear(x, w)

@@ -179,3 +179,92 @@ def test_setting_labels_in_the_planners_order():
     assert labels[-2:] == ["QLoRA r=16 (NF4 via torchao, 7 projections)",
                            "QLoRA r=16 (NF4 via torchao, 7 projections), chunked loss "
                            "(256 tokens a chunk)"]
+
+
+def test_nf4_on_meta_is_to_nf4_of_each_weight():
+    # See Note [NF4 on meta]: one to_nf4 a shape, the others shaped as it.
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    model = tiny_llama("meta", torch.bfloat16)
+    assert to_nf4_linears(model) == 14
+    storages = set()
+    for n, m in model.named_modules():
+        if isinstance(m, torch.nn.Linear) and n.endswith("proj"):
+            got = m.weight
+            want = to_nf4(torch.empty(got.shape, dtype=got.dtype, device="meta"), 64, 256)
+            names, ctx = got.__tensor_flatten__()
+            assert (names, ctx) == want.__tensor_flatten__()
+            for k in names:
+                a, b = getattr(got, k), getattr(want, k)
+                assert (a.shape, a.stride(), a.dtype, a.untyped_storage().nbytes()) == (
+                    b.shape, b.stride(), b.dtype, b.untyped_storage().nbytes()), (n, k)
+                storages.add(id(a))
+    assert len(storages) == 14 * 5  # each weight its own tensors
+
+
+def test_8bit_adamw_on_meta_records_the_same_step_with_repeated_slices_run_once(monkeypatch):
+    # See Notes [Repeated slices on meta], [Replayed on meta]: 8 slices a weight.
+    from memfit.plan.strategies import quantized
+
+    monkeypatch.setattr(quantized, "SLICE", 8192)
+    with torch.device("meta"):
+        model = torch.nn.Sequential(*[torch.nn.Linear(256, 256) for _ in range(4)])
+    x = torch.zeros(8, 256, device="meta")
+
+    def recorded():
+        opt = adamw8bit(model.parameters())
+        r = memfit.profile(model, x, loss_fn=lambda out: out.sum(), optimizer=opt, mode="meta",
+                           target_device="cuda")
+        return ((r.peak_bytes, r.cuda.peak_reserved,
+                 [(p["name"], p["peak_bytes"]) for p in r.phases]),
+                [e[:2] for e in r.timeline.events()])
+
+    once, fewer = recorded()
+    monkeypatch.setattr(type(adamw8bit([torch.nn.Parameter(torch.zeros(1))])), "_seen_on_meta",
+                        lambda self, p, n, state: False)
+    replayed, events = recorded()
+    assert replayed == once
+    assert len(fewer) < len(events) / 5  # the repeated slices did not run
+    monkeypatch.setattr(quantized, "replayed_on_meta", lambda key, run, result=None: run())
+    every, run = recorded()
+    assert every == once
+    assert events == run  # the replayed slices allocate and free as torchao's
+
+
+def test_nf4_dequantization_on_meta_replays_torchaos_allocations():
+    # See Note [NF4 on meta]: the second dequantization of a shape replays the first's.
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
+
+    from memfit import _memfit
+
+    def events(f):
+        rec = _memfit.Recorder()
+        rec.only_device("meta")
+        rec.drop_meta_kernel_intermediates()
+        out = f()
+        del out
+        rec.stop()
+        ids = {}
+        return [(kind, n, ids.setdefault(i, len(ids))) for kind, n, i, *_ in
+                rec.timeline.events()]
+
+    with torch.device("meta"):
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.Linear(1024, 256))
+    model.to(torch.bfloat16)
+    for name in ("0", "1"):
+        assert to_nf4_linears(model, (name,)) == 1
+        ours = model.get_submodule(name).weight
+        shape = ours.shape
+        torchaos = to_nf4(torch.empty(shape, dtype=torch.bfloat16, device="meta"), 64, 256)
+        assert type(ours) is not type(torchaos)  # memfit's, replaying on meta
+        def step(w):
+            x = torch.empty(3, shape[1], dtype=torch.bfloat16, device="meta", requires_grad=True)
+            y = torch.nn.functional.linear(x, w)
+            y.sum().backward()
+            return y
+
+        want = events(lambda: step(torchaos))
+        assert len(want) > 20
+        assert events(lambda: step(ours)) == want  # recorded under a second Recorder
+        assert events(lambda: step(ours)) == want  # replayed
+        assert type(torch.nn.Parameter(ours, requires_grad=False)) is type(ours)

@@ -258,13 +258,16 @@ def _settings_for(model, settings, budget_bytes):
 
 class _SettingBenches:
     """The Bench of each setting: a copy of the model with the setting
-    applied, made the first time the planner asks for it."""
+    applied, made the first time the planner asks for it. Settings that
+    change the model by the same function (bf16 weights with AdamW 8-bit,
+    Adafactor or SGD) share one copy: they differ in the optimizer only."""
 
     def __init__(self, bench, settings, paths):
         self.bench = bench
         self.settings = {st.label: st for st in settings}
         self.paths = paths
         self.made = {}
+        self.copies = {}  # id of a Setting.apply -> (the changed copy, its prefix)
 
     def of(self, s):
         if s.setting is None:
@@ -272,7 +275,9 @@ class _SettingBenches:
         if s.setting not in self.made:
             b = self.bench
             st = self.settings[s.setting]
-            m, prefix = materialize(b.model, st)
+            if id(st.apply) not in self.copies:
+                self.copies[id(st.apply)] = (st.apply, materialize(b.model, st))
+            m, prefix = self.copies[id(st.apply)][1]
             opt = (st.optimizer(m, b.optimizer) if st.optimizer is not None
                    else user_optimizer_on(m, b.optimizer))
             paths = [f"{prefix}.{p}" if prefix else p for p in self.paths]
@@ -286,10 +291,11 @@ def _flop_ratio(benches, flops, s, loss_fn, n_blocks):
     (See Note [Time estimated from FLOPs and bytes]): the setting's forward
     and backward plus the forward of the blocks `s` checkpoints."""
     def counted(setting):
-        if setting not in flops:
-            b = benches.of(dataclasses.replace(Strategy(), setting=setting))
-            flops[setting] = count_step_flops(b.model, b.inputs, b.target, b.loss_fn)
-        return flops[setting]
+        b = benches.of(dataclasses.replace(Strategy(), setting=setting))
+        if id(b.model) not in flops:  # the optimizer is not counted: one count a copy
+            flops[id(b.model)] = (b.model, count_step_flops(b.model, b.inputs, b.target,
+                                                            b.loss_fn))
+        return flops[id(b.model)][1]
 
     plain, f = counted(None), counted(s.setting)
     total = f.forward + f.backward

@@ -22,7 +22,43 @@ byte), one int8 scale per block of 64 (n/64 bytes: the blocks' absmax
 quantized again), one bf16 factor per 256 scales (2n/16384 bytes), a bf16
 mean of the scales (2 bytes) and the 16 bf16 NF4 levels (32 bytes):
 nf4_bytes(n) = n/2 + n/64 + n/8192 + 34. It needs n divisible by 64 x
-256; other weights stay bf16."""
+256; other weights stay bf16.
+
+Note [NF4 on meta]: to_nf4 of a meta weight runs the quantization's ops
+on meta, Python meta kernels mostly (Llama-3-8B's 224 projections: about
+12 s a copy), and so does each dequantization in forward and backward
+(3 ms each; 9,360 in the 8B advise: 27 s). On meta both depend only on
+shapes and dtypes. So each weight shape is quantized once and the others
+get new meta inner tensors shaped as its (the same NF4Tensor, byte for
+byte); and the weights are a MetaNF4Tensor whose dequantization is
+replayed (See Note [Replayed on meta]).
+
+Note [Replayed on meta]: on meta, an op computes nothing; what it
+allocates and frees depends only on shapes, dtypes and the code. Where
+memfit runs torchao's Python code on meta many times over the same
+shapes (an NF4 dequantization, an 8-bit AdamW slice), the first run of a
+key is recorded under a second Recorder (the recording under way sees
+it as it is), and each later run replays those allocations and frees in
+order as plain meta allocations of the same bytes: the same live bytes,
+peaks and CUDA caching allocator replay, at a fraction of the dispatch
+(the ops' names in the timeline become aten::empty). A run that frees
+what it did not allocate, or whose result is not one new tensor, is not
+replayed.
+
+Note [Repeated slices on meta]: on meta, 8-bit AdamW's step of an 8B
+model is about 2,000 slices, each some 40 ops through torchao's tensor
+subclass and Python meta kernels (14 ms a slice: 56 s a recording of two
+steps). A slice allocates its temporaries and frees them all before the
+next; slices of the same size, dtypes and state, starting from the same
+live bytes, rise and fall the same way. So on meta a slice runs once a
+step for each such (size, dtypes, state, live bytes): the live bytes stay
+the same between the slices of a parameter and, once every state exists,
+between parameters. The allocated peak and every phase's are unchanged;
+the CUDA caching allocator replayed on the fewer events reuses the blocks
+the first slice freed (bench/llm_settings.py --size 8B: every row and
+plan the same). The slices that do run are replayed after the first of
+their size (See Note [Replayed on meta]): the 8-bit rows 56 s -> under
+1 s a recording."""
 
 from __future__ import annotations
 
@@ -30,6 +66,8 @@ import logging
 from typing import Sequence
 
 import torch
+
+from ... import _memfit
 
 __all__ = [
     "NF4_BLOCK", "NF4_SCALER_BLOCK", "QLORA_MODULES", "SLICE", "nf4_bytes", "quantizable",
@@ -83,13 +121,126 @@ def to_nf4_linears(model: torch.nn.Module, names: Sequence[str] = QLORA_MODULES)
     from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import to_nf4
 
     done = 0
+    made = {}  # on meta: one to_nf4 a weight shape (See Note [NF4 on meta])
     for path, m in model.named_modules():
         if (isinstance(m, torch.nn.Linear) and path.rsplit(".", 1)[-1] in names
                 and quantizable(m.weight.numel())):
-            m.weight = torch.nn.Parameter(
-                to_nf4(m.weight.detach(), NF4_BLOCK, NF4_SCALER_BLOCK), requires_grad=False)
+            w = m.weight.detach()
+            key = (tuple(w.shape), w.stride(), w.dtype)
+            if w.is_meta:
+                if key not in made:
+                    made[key] = to_nf4(w, NF4_BLOCK, NF4_SCALER_BLOCK)
+                q = _meta_nf4_like(made[key])
+            else:
+                q = to_nf4(w, NF4_BLOCK, NF4_SCALER_BLOCK)
+            m.weight = torch.nn.Parameter(q, requires_grad=False)
             done += 1
     return done
+
+
+def _meta_nf4_like(t):
+    """A new NF4Tensor on meta with inner tensors shaped as `t`'s, whose
+    dequantization replays its allocations (See Note [NF4 on meta])."""
+    names, ctx = t.__tensor_flatten__()
+    inner = {n: torch.empty_like(getattr(t, n)) for n in names}
+    return _meta_nf4_class().__tensor_unflatten__(inner, ctx, t.shape, t.stride())
+
+
+_META_NF4 = []  # the class, made once torchao is imported
+_RECORDED = {}  # See Note [Replayed on meta]: key -> (allocations and frees, result's slot)
+
+
+def _meta_nf4_class():
+    if _META_NF4:
+        return _META_NF4[0]
+    from torchao.quantization.quantize_.workflows.nf4.nf4_tensor import NF4Tensor
+
+    class MetaNF4Tensor(NF4Tensor):
+        @staticmethod
+        def __tensor_unflatten__(inner_tensors, metadata, outer_size, outer_stride):
+            return MetaNF4Tensor(
+                metadata["tensor_meta"], metadata["block_size"], metadata["n_blocks"],
+                metadata["scaler_block_size"], inner_tensors["quantized_scalers"],
+                inner_tensors["quantization_factor"], inner_tensors["scaler_mean"],
+                inner_tensors["quantized_data"], inner_tensors["nf4"])
+
+        # What torchao's NF4Tensor ops return (detach, views, to(device))
+        # stays this class: a Parameter needs detach() to keep it.
+        @classmethod
+        def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+            return _kept(super().__torch_dispatch__(func, types, args, kwargs))
+
+        @classmethod
+        def __torch_function__(cls, func, types, args=(), kwargs=None):
+            return _kept(super().__torch_function__(func, types, args, kwargs))
+
+        def get_original_weight(self):
+            key = (tuple(self.shape), self.dtype, self.block_size, self.scaler_block_size,
+                   tuple(getattr(self, n).shape for n in self.__tensor_flatten__()[0]))
+            return replayed_on_meta(("nf4", key), super().get_original_weight,
+                                    (self.shape, self.dtype))
+
+    def _kept(out):
+        if type(out) is NF4Tensor and out.is_meta:
+            names, ctx = out.__tensor_flatten__()
+            return MetaNF4Tensor.__tensor_unflatten__({n: getattr(out, n) for n in names}, ctx,
+                                                      out.shape, out.stride())
+        if type(out) in (tuple, list):
+            return type(out)(_kept(x) for x in out)
+        return out
+
+    _META_NF4.append(MetaNF4Tensor)
+    return MetaNF4Tensor
+
+
+def replayed_on_meta(key, run, result=None):
+    """run() on meta, whose allocations depend only on `key`: the first
+    time under a second Recorder, which keeps what it allocates and frees;
+    later, those replayed in order as plain meta allocations (See Note
+    [Replayed on meta]). result: None when run() returns nothing it
+    allocated, else the (shape, dtype) of the one new contiguous tensor
+    it returns. What does not match is run as it is, each time."""
+    recorded = _RECORDED.get(key)
+    if recorded is not None:
+        return _replay(recorded, result)
+    rec = _memfit.Recorder()
+    rec.only_device("meta")
+    rec.drop_meta_kernel_intermediates()
+    try:
+        out = run()
+    finally:
+        rec.stop()
+    slots, events = {}, []  # an allocation's id -> its slot; (alloc, bytes, slot)
+    for kind, nbytes, ident, *_ in rec.timeline.events():
+        if kind == "alloc":
+            slots[ident] = len(events)
+            events.append((True, nbytes, slots[ident]))
+        elif ident in slots:
+            events.append((False, nbytes, slots.pop(ident)))
+        else:
+            return out  # a free of something older: not run()'s own
+    if result is None:
+        if not slots and out is None:
+            _RECORDED[key] = (events, None)
+    elif (len(slots) == 1 and isinstance(out, torch.Tensor) and out.is_contiguous()
+          and out.storage_offset() == 0 and (out.shape, out.dtype) == tuple(result)
+          and events[next(iter(slots.values()))][1] == out.untyped_storage().nbytes()):
+        _RECORDED[key] = (events, next(iter(slots.values())))
+    return out
+
+
+def _replay(recorded, result):
+    events, result_slot = recorded
+    live = {}
+    out = None
+    for alloc, nbytes, slot in events:
+        if slot == result_slot:
+            out = torch.empty(result[0], dtype=result[1], device="meta")
+        elif alloc:
+            live[slot] = torch.empty(nbytes, dtype=torch.uint8, device="meta")
+        else:
+            del live[slot]
+    return out
 
 
 def adam8bit_state_bytes(numel: int) -> int:
@@ -149,6 +300,7 @@ def _eager_class():
             if closure is not None:
                 with torch.enable_grad():
                     loss = closure()
+            self._meta_slices = set()  # each step its own (See Note [Repeated slices on meta])
             with torch.no_grad():
                 for group in self.param_groups:
                     for p in group["params"]:
@@ -167,10 +319,38 @@ def _eager_class():
             flat_p, flat_g = p.detach().view(-1), p.grad.view(-1)
             for start in range(0, n, SLICE):
                 stop = min(n, start + SLICE)
-                single(flat_p[start:stop], flat_g[start:stop], state["step"],
-                       _slice_state(state["exp_avg"], start, stop, state_class),
-                       _slice_state(state["exp_avg_sq"], start, stop, state_class), None,
-                       group["lr"], group["betas"][0], group["betas"][1],
-                       group["weight_decay"], group["eps"], True, False)
+                if p.is_meta and self._seen_on_meta(p, stop - start, state):
+                    continue  # See Note [Repeated slices on meta]
+
+                def update(start=start, stop=stop):
+                    single(flat_p[start:stop], flat_g[start:stop], state["step"],
+                           _slice_state(state["exp_avg"], start, stop, state_class),
+                           _slice_state(state["exp_avg_sq"], start, stop, state_class), None,
+                           group["lr"], group["betas"][0], group["betas"][1],
+                           group["weight_decay"], group["eps"], True, False)
+
+                if p.is_meta:  # See Note [Replayed on meta]
+                    replayed_on_meta(("adamw8bit", self._slice_key(p, stop - start, state),
+                                      type(group["lr"])), update)
+                else:
+                    update()
+
+        @staticmethod
+        def _slice_key(p, n, state):
+            return (n, p.dtype, p.grad.dtype, _state_key(state["exp_avg"]),
+                    _state_key(state["exp_avg_sq"]))
+
+        def _seen_on_meta(self, p, n, state):
+            # The slice's temporaries start from the live bytes where the
+            # same slice already ran: the same rise and fall again.
+            key = (self._slice_key(p, n, state), _memfit.tracked_live_bytes("meta"))
+            if key in self._meta_slices:
+                return True
+            self._meta_slices.add(key)
+            return False
 
     return AdamW8bit
+
+
+def _state_key(s):
+    return (type(s).__name__, getattr(s, "block_size", None), s.dtype)

@@ -189,6 +189,7 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
   s.allow_approximate = o.allow_approximate;
   s.progress = progress;
   s.cards = o.cards;
+  s.predict_rows = o.predict_rows;
 
   AdviseMeasurer m;
   m.record = [&](const StepVariant& v, int64_t batch, bool cheap) {

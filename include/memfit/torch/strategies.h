@@ -42,6 +42,8 @@ struct AdviseOptions {
   // Budgets of cards: the plan of each too (Advice::cards), from the same
   // recordings. See Note [What fits on which card].
   std::vector<int64_t> cards;
+  // AdviseSettings::predict_rows: false records every row.
+  bool predict_rows = true;
 };
 
 // Records every strategy at `batch` and plans for `budget`. The model is

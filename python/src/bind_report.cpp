@@ -128,6 +128,8 @@ void init_report(py::module_& m) {
       .def_readonly("fits", &AdviceRow::fits,
                     "its peak is within the budget; None without a budget")
       .def_readonly("result", &AdviceRow::result, "same, changes or no training")
+      .def_readonly("predicted", &AdviceRow::predicted,
+                    "its peak is predicted from the recorded rows, not recorded")
       .def("__repr__", [](const AdviceRow& r) {
         return "AdviceRow(" + quoted(r.name) + ", peak_bytes=" + std::to_string(r.peak_bytes) +
                ")";

@@ -173,7 +173,10 @@ void init_strategies(py::module_& m) {
       .def_readonly("recompute_ns", &AdviseRow::recompute_ns,
                     "checkpointing: the forward time recomputed; -1 otherwise")
       .def_readonly("predicted_peak_bytes", &AdviseRow::predicted_peak_bytes,
-                    "checkpointing: the chain model's peak; -1 otherwise");
+                    "checkpointing: the chain model's peak; -1 otherwise")
+      .def_readonly("predicted", &AdviseRow::predicted,
+                    "peak_bytes predicted from the recordings, not recorded (Note [Rows "
+                    "advise predicts])");
 
   py::class_<AdvisePlan>(m, "AdvisePlan")
       .def_readonly("found", &AdvisePlan::found, "False: nothing fits; the fields say the closest")
@@ -290,7 +293,10 @@ void init_strategies(py::module_& m) {
                      "told before each recording; silent by default")
       .def_readwrite("cards", &AdviseSettings::cards,
                      "budgets of cards, bytes: each card's plan too (Note [What fits on which "
-                     "card])");
+                     "card])")
+      .def_readwrite("predict_rows", &AdviseSettings::predict_rows,
+                     "rows that follow from other recordings are predicted (True) or "
+                     "recorded; the plan is recorded either way");
 
   m.def(
       "plan_advice",

@@ -16,7 +16,7 @@ int advise_command(const std::vector<std::string>& argv) {
   Args args(argv,
             {"model", "batch", "budget", "optimizer", "repeats", "seed", "mode",
              "layers", "width", "heads", "context", "target", "cuda-workspace", "cards"},
-            {"json", "allow-approximate", "progress", "quiet"});
+            {"json", "allow-approximate", "progress", "quiet", "record-every-row"});
   const std::string name = args.require("model");
   AdviseOptions o;
   o.batch = args.get_count("batch", 8);
@@ -30,6 +30,7 @@ int advise_command(const std::vector<std::string>& argv) {
   o.meta = args.choice("mode", "cpu", {"cpu", "meta"}) == "meta";
   o.seed = static_cast<uint64_t>(args.get_int("seed", 0));
   o.allow_approximate = args.has("allow-approximate");
+  o.predict_rows = !args.has("record-every-row");
   const CudaTarget card = cuda_target_of(args);
   o.cuda_target = card.on;
   o.cuda_workspace = card.workspace_bytes;

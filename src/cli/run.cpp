@@ -57,8 +57,9 @@ commands:
             --plan auto: when even one sample does not fit, train with the
             plan `memfit advise` measures (checkpointing, micro-batches)
   advise    when even one sample does not fit: each strategy recorded on the
-            model (peak, saving, time estimated from the recorded step, fits
-            or not), the checkpointing rules compared, and the plan: the
+            model or predicted from the recordings ("~" peak), with saving,
+            time estimated from the recorded step, fits or not; the
+            checkpointing rules compared, and the plan: the
             largest micro-batch where the plain step or checkpointing fits,
             recorded to fit and timed against the plain step
             memfit advise --model NAME --batch B --budget SIZE
@@ -66,6 +67,8 @@ commands:
                           [--mode cpu|meta] [--repeats K] [--json]
                           [--target cpu|cuda [--cuda-workspace SIZE]]
                           [--progress | --quiet] [--cards 8GiB,12GiB,...]
+                          [--record-every-row]
+            --record-every-row: record the rows advise predicts too
             --cards: the plan of each card too, from the same recordings
             (the budget is then optional)
             --mode meta: rows recorded on the meta device (no compute);

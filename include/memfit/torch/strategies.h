@@ -22,8 +22,8 @@ struct AdviseOptions {
   std::string optimizer = "adam";  // the user's: adam | momentum | sgd | none
   uint64_t seed = 0;
   double lr = 1e-3;
-  // Timed steps of the plan and of the plain step (median), after one
-  // untimed step; 0: estimated. One: timing is the costliest part of advise.
+  // Timed steps of the plan and of the plain step (median), after the
+  // recordings (no untimed step); 0: estimated.
   int timing_repeats = 1;
   // Rows recorded on the meta device where the step allows (nothing
   // computed; each saving against the plain step recorded there too). The
@@ -42,6 +42,8 @@ struct AdviseOptions {
   // Budgets of cards: the plan of each too (Advice::cards), from the same
   // recordings. See Note [What fits on which card].
   std::vector<int64_t> cards;
+  // AdviseSettings::predict_rows: false records every row.
+  bool predict_rows = true;
 };
 
 // Records every strategy at `batch` and plans for `budget`. The model is

@@ -15,9 +15,11 @@ void Planner::finish_plan() {
   AdvisePlan& p = a_.plan;
   if (!accepted_) {
     // A search ruled out before recording (its floor is over) never came
-    // close: the closest is also the lowest row the plan may use.
+    // close: the closest is also the lowest recorded row the plan may use.
     for (const auto& r : a_.rows) {
-      if (r.kind == StrategyKind::kEval || !(r.variant.exact() || s_.allow_approximate)) continue;
+      if (r.kind == StrategyKind::kEval || r.predicted ||
+          !(r.variant.exact() || s_.allow_approximate))
+        continue;
       if (!closest_ || r.peak_bytes < closest_->peak) closest_ = Tried{r.variant, 0, r.peak_bytes};
     }
   }
@@ -79,7 +81,7 @@ std::string Planner::does_not_fit_message(int64_t outside) const {
   const AdviseRow* lowest = nullptr;  // the lowest row of all
   std::vector<std::string> settings;  // approximate settings, by label
   for (const auto& r : a_.rows) {
-    if (r.kind == StrategyKind::kEval) continue;
+    if (r.kind == StrategyKind::kEval || r.predicted) continue;  // reached: recorded
     if (!lowest || r.peak_bytes < lowest->peak_bytes) lowest = &r;
     if ((r.variant.exact() || s_.allow_approximate) && (!low || r.peak_bytes < low->peak_bytes))
       low = &r;

@@ -37,6 +37,10 @@ int64_t batch_free_floor(const Report& r);
 // materializes them). Forward and backward hold at least as much.
 int64_t weights_peak(const Report& r);
 
+// Bytes of the recorded step's peak that no batch size changes: the larger
+// of weights_peak and batch_independent_at_peak (step_transform.h).
+int64_t independent_bytes(const RecordedStep& r);
+
 // The step under the front's setting `st`, nothing else.
 StepVariant variant_of(const AdviseSetting& st);
 
@@ -90,7 +94,13 @@ class Planner {
     return m_.estimate_ratio(v, micro_batch);
   }
   void add_row(std::string name, StrategyKind kind, const StepVariant& v,
-               std::optional<RecordedStep> given = std::nullopt);
+               std::optional<RecordedStep> given = std::nullopt, bool predicted = false);
+  // See Note [Rows advise predicts]: `base` (a recording without the
+  // choice) as the step with gradients kept and zeroed in place, or with
+  // the optimizer's state on the host; nullopt where rows are not
+  // predicted or `base` has no timeline to predict from.
+  enum class Prediction { kGradientsKept, kStateOnHost };
+  std::optional<RecordedStep> predict(const RecordedStep& base, Prediction p) const;
   void checkpoint_rows();
   void combination_rows();
   struct Choice {
@@ -139,13 +149,18 @@ class Planner {
   using FloorKey = std::tuple<std::string, std::string, bool>;
   static FloorKey floor_key(const StepVariant& v) { return {v.setting, v.optimizer, v.host_state}; }
   std::vector<std::pair<FloorKey, int64_t>> floors_;
-  // Each training variant recorded at the whole batch: its peak and its
-  // weights' (weights_peak), for lower_bound_at.
+  // Each training variant recorded (or predicted from a recording) at the
+  // whole batch: its peak, the bytes of it no batch changes
+  // (independent_bytes) and its weights (weights_peak), for lower_bound_at.
   struct Whole {
     StepVariant variant;
     int64_t peak = 0;
+    int64_t independent = 0;
     int64_t weights = 0;
   };
+  void add_whole(const StepVariant& v, const RecordedStep& r) {
+    wholes_.push_back({v, r.report.budget_peak(), independent_bytes(r), weights_peak(r.report)});
+  }
   std::vector<Whole> wholes_;
   // See Note [Levels the search skips].
   std::optional<int64_t> lower_bound_at(const StepVariant& v, int64_t c) const;

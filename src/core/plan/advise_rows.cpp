@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "advise_planner.h"
+#include "memfit/core/model/step_transform.h"
 #include "memfit/core/model/units.h"
 #include "memfit/core/plan/chain_calibration.h"
 
@@ -56,6 +57,10 @@ int64_t weights_peak(const Report& r) {
   return w;
 }
 
+int64_t independent_bytes(const RecordedStep& r) {
+  return std::max(weights_peak(r.report), batch_independent_at_peak(r.timeline));
+}
+
 // The step under the front's setting `st`, nothing else.
 StepVariant variant_of(const AdviseSetting& st) {
   StepVariant v;
@@ -91,7 +96,7 @@ void Planner::record_plain() {
         "not model it)");
   }
   floors_.push_back({floor_key(StepVariant{}), batch_free_floor(plain_.report)});
-  wholes_.push_back({StepVariant{}, plain_.report.budget_peak(), weights_peak(plain_.report)});
+  add_whole(StepVariant{}, plain_);
   // A meta recording's clock times the dispatch, not the work: no time is
   // estimated from it (the rows say "-").
   if (!plain_.meta) plain_times_ = step_times(plain_.timeline);
@@ -114,7 +119,9 @@ void Planner::strategy_rows() {
   if (s_.has_optimizer) {
     StepVariant v;
     v.zero_grad_in_place = true;
-    add_row("zero_grad in place", StrategyKind::kMemory, v);
+    std::optional<RecordedStep> p = predict(*plain_cheap_, Prediction::kGradientsKept);
+    const bool predicted = p.has_value();
+    add_row("zero_grad in place", StrategyKind::kMemory, v, std::move(p), predicted);
   } else {
     a_.notes.push_back("no optimizer: zero_grad in place and lighter optimizers do not apply");
   }
@@ -139,8 +146,10 @@ void Planner::strategy_rows() {
   if (s_.can_offload) {
     StepVariant v;
     v.host_state = true;
+    std::optional<RecordedStep> p = predict(*plain_cheap_, Prediction::kStateOnHost);
+    const bool predicted = p.has_value();
     add_row(s_.optimizer + "'s state and step on the host (" + s_.offload_label + ")",
-            StrategyKind::kOptimizer, v);
+            StrategyKind::kOptimizer, v, std::move(p), predicted);
   }
   if (s_.has_optimizer && s_.allow_approximate) {
     for (const auto& o : s_.other_optimizers) {
@@ -155,10 +164,20 @@ void Planner::strategy_rows() {
                        "the training)");
   }
   setting_rows();
+  // Inference mode allocates what no_grad does (it only skips autograd's
+  // bookkeeping): its row is no_grad's recording, predicted.
+  std::optional<RecordedStep> no_grad;
   for (StepKind k : {StepKind::kEvalNoGrad, StepKind::kEvalInference}) {
     StepVariant v;
     v.step = k;
-    add_row(std::string("eval step under ") + to_string(k), StrategyKind::kEval, v);
+    const std::string name = std::string("eval step under ") + to_string(k);
+    if (k == StepKind::kEvalInference && no_grad && s_.predict_rows) {
+      add_row(name, StrategyKind::kEval, v, std::move(no_grad), true);
+      continue;
+    }
+    RecordedStep r = record(v, s_.batch, true);
+    if (r.unavailable.empty()) no_grad = r;
+    add_row(name, StrategyKind::kEval, v, std::move(r));
   }
   combination_rows();
   note_unrecorded();
@@ -173,8 +192,41 @@ double Planner::estimate_ratio(const RecordedStep& r, int64_t micro_batch) const
          plain_times_.total;
 }
 
+// Note [Rows advise predicts]
+// A row is a recording of two iterations, about 2.3 plain steps; most of
+// advise's cost were rows at the whole batch. Those that follow from
+// recordings advise makes anyway are predicted instead, marked "~" in the
+// table and "predicted" in the JSON:
+// - zero_grad in place and the optimizer's state on the host, from the
+//   plain step's recording (Note [Steps predicted from a recording]); the
+//   same two combined with checkpointing every block, from that row's
+//   recording;
+// - the eval step under inference_mode, from the one under no_grad.
+// A predicted row with a timeline also bounds the search (floors_,
+// wholes_) as a recorded one does. The plan never rests on a prediction:
+// it is accepted only on its own recording within the budget (verify), so
+// a prediction under the truth costs a recording that comes out over, and
+// one over the truth at worst a smaller micro-batch than needed.
+// bench/advise_predicted_rows.py records every row as well
+// (AdviseSettings::predict_rows false, --record-every-row) and prints the
+// error of each prediction.
+std::optional<RecordedStep> Planner::predict(const RecordedStep& base, Prediction p) const {
+  if (!s_.predict_rows || !base.unavailable.empty() || base.timeline.empty()) return std::nullopt;
+  std::optional<Timeline> t = p == Prediction::kGradientsKept ? with_gradients_kept(base.timeline)
+                                                              : with_state_on_host(base.timeline);
+  if (!t || t->empty()) return std::nullopt;
+  RecordedStep r;
+  std::string optimizer = base.report.optimizer;
+  if (p == Prediction::kStateOnHost && !optimizer_on_host(optimizer)) optimizer += "-offload";
+  r.report = make_report(*t, {base.report.model, base.report.batch, optimizer, base.report.mode});
+  if (base.report.cuda) r.report.cuda = estimate_cuda(*t, base.report.cuda->workspace_bytes);
+  r.timeline = std::move(*t);
+  r.meta = base.meta;
+  return r;
+}
+
 void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
-                      std::optional<RecordedStep> given) {
+                      std::optional<RecordedStep> given, bool predicted) {
   const RecordedStep r = given ? std::move(*given) : record(v, s_.batch, true);
   if (!r.unavailable.empty()) {
     auto same = std::find_if(unrecorded_.begin(), unrecorded_.end(),
@@ -191,10 +243,13 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
   row.meta = r.meta;
   row.saving_bytes = plain_like(r.meta).report.budget_peak() - row.peak_bytes;
   row.fits = has_budget_ && row.peak_bytes <= limit_;
-  if (v.step == StepKind::kTrain && !v.autocast_bf16 && v.checkpointed() == 0)
+  row.predicted = predicted;
+  // A prediction without a timeline has no phases.
+  const bool phases = !predicted || !r.timeline.empty();
+  if (phases && v.step == StepKind::kTrain && !v.autocast_bf16 && v.checkpointed() == 0)
     floors_.push_back({floor_key(v), batch_free_floor(r.report)});
-  if (v.step == StepKind::kTrain)
-    wholes_.push_back({v, r.report.budget_peak(), weights_peak(r.report)});
+  if (phases && v.step == StepKind::kTrain)
+    add_whole(v, r);
   const double step = plain_times_.total;
   if (v.checkpointed() > 0) {
     row.recompute_ns = chain_recompute_ns(a_.segments, v.checkpoint);
@@ -204,6 +259,8 @@ void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
     row.time_ratio = plain_times_.forward / step;
   } else if (kind == StrategyKind::kMemory) {
     row.time_ratio = 1.0;  // zeroing in place instead of freeing: no more work
+  } else if (predicted) {
+    row.time_ratio = -1;  // the recording's times are the plain step's
   } else {
     row.time_ratio = estimate_ratio(r, 0);
   }
@@ -226,11 +283,20 @@ void Planner::checkpoint_rows() {
   a_.chain_batch = s_.batch;
   add_row("checkpoint every block (" + std::to_string(n_) + " of " + std::to_string(n_) + ")",
           StrategyKind::kCheckpointing, every, *every_cheap_);
+  // Every block with gradients kept: no row, a bound for the search's
+  // micro-batches, which keep them (Note [Levels the search skips]).
+  if (std::optional<RecordedStep> kept = predict(*every_cheap_, Prediction::kGradientsKept)) {
+    StepVariant v = every;
+    v.zero_grad_in_place = true;
+    add_whole(v, *kept);
+  }
   const int64_t every_peak = every_cheap_->report.budget_peak();
   const ChainPlan sq = chain_plan_sqrt(a_.segments, a_.chain_memory, limit_);
   if (sq.count() > 0 && sq.count() < static_cast<int>(n_)) {
     StepVariant v;
     v.checkpoint = sq.checkpointed;
+    // Recorded: the chain model's peak is a prediction with an error of its
+    // own (7% under the recorded one on test_advise's uneven blocks).
     add_row("checkpoint sqrt(n): blocks " + sq.indices(), StrategyKind::kCheckpointing, v);
   }
   a_.chain_plans = compare_chain_plans(a_.segments, a_.chain_memory, limit_);
@@ -356,7 +422,19 @@ void Planner::combination_rows() {
               " (" + format_bytes(floor->second) + ")";
       continue;
     }
-    add_row(describe(v, s_.optimizer, s_.offload_label), StrategyKind::kCombination, v);
+    // Every block with gradients kept, or with the state on the host:
+    // predicted from every block's recording.
+    std::optional<RecordedStep> p;
+    StepVariant rest = v;
+    rest.zero_grad_in_place = false;
+    rest.host_state = false;
+    if (every_cheap_ && rest == every && v.zero_grad_in_place != v.host_state) {
+      p = predict(*every_cheap_, v.host_state ? Prediction::kStateOnHost
+                                              : Prediction::kGradientsKept);
+    }
+    const bool predicted = p.has_value();
+    add_row(describe(v, s_.optimizer, s_.offload_label), StrategyKind::kCombination, v,
+            std::move(p), predicted);
   }
   if (!over.empty()) {
     a_.notes.push_back("not combined with checkpointing every block: outside forward and "

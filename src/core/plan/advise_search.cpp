@@ -70,17 +70,20 @@ bool Planner::verify(const StepVariant& v, int64_t c, std::optional<RecordedStep
 // Halving the micro-batch from the whole batch records two steps a level
 // (without checkpointing, and every block checkpointed), most of them over
 // the budget. A level is skipped unrecorded when a lower bound of its peak
-// is over the budget. The bound comes from the same variant recorded at the
-// whole batch B (as a row; zero_grad freeing or in place alike), with W its
-// weights (the parameters phase's peak) and P(B) its peak:
-//   P(c) >= W + (P(B) - W) * c / B.
-// Say forward and backward peak at I + s*c (I >= W: they hold the weights)
-// and the phases outside them at F, so P(c) = max(F, I + s*c). If P(B) is
-// I + s*B, the bound is W*(1 - c/B) + (I + s*B)*c/B <= I + s*c; if it is F,
-// the bound is between W and F. (The floor outside forward and backward
-// would not do: the optimizer's temporaries can put F above I.) A step
-// that is not affine may fit where the bound says it does not: the plan
-// then takes a smaller micro-batch than it could, never one over the
+// is over the budget. The bound comes from the same variant recorded (or
+// predicted from a recording: Note [Rows advise predicts]) at the whole
+// batch B, zero_grad freeing or in place alike when only the other is
+// there, with P(B) its peak and K the bytes live at that peak that no batch
+// changes (independent_bytes: the weights, and the gradients and optimizer
+// state made in an earlier iteration; only the weights when gradients kept
+// at B bound a step that frees them):
+//   P(c) >= K + (P(B) - K) * c / B.
+// At the same instant of the step at c, K is still live, and every other
+// allocation live there is affine in the batch with an intercept >= 0, so
+// at least c/B of its size at B. (The floor outside forward and backward
+// would not do: the optimizer's temporaries can put it above that instant.)
+// A step that is not affine may fit where the bound says it does not: the
+// plan then takes a smaller micro-batch than it could, never one over the
 // budget, since every plan is recorded before it is accepted.
 std::optional<int64_t> Planner::lower_bound_at(const StepVariant& v, int64_t c) const {
   const Whole* best = nullptr;  // the same variant; else the same but for zero_grad
@@ -91,9 +94,12 @@ std::optional<int64_t> Planner::lower_bound_at(const StepVariant& v, int64_t c) 
     if (!best || w.variant == v) best = &w;
   }
   if (!best) return std::nullopt;
-  return best->weights + static_cast<int64_t>(static_cast<double>(best->peak - best->weights) *
-                                            static_cast<double>(c) /
-                                            static_cast<double>(s_.batch));
+  // Gradients kept at B are not live in a step that frees them: then only
+  // the weights are sure to be there.
+  const int64_t k = best->variant.zero_grad_in_place && !v.zero_grad_in_place ? best->weights
+                                                                              : best->independent;
+  return k + static_cast<int64_t>(static_cast<double>(best->peak - k) * static_cast<double>(c) /
+                                  static_cast<double>(s_.batch));
 }
 
 // Whether `v` at micro-batch c is bounded over the budget (lower_bound_at);

@@ -72,13 +72,16 @@ std::string to_text(const Advice& a) {
   out << "chain: " << (a.chain_description.empty() ? "none" : a.chain_description) << "\n\n";
   bool any_meta = false;
   bool any_estimate = false;
+  bool any_predicted = false;
   TextTable t({"strategy", "peak", "saving", "time", "fits", "result"},
               {Align::kLeft, Align::kRight, Align::kRight, Align::kRight, Align::kLeft,
                Align::kLeft});
   for (const auto& r : a.rows) {
     any_meta = any_meta || r.meta;
     any_estimate = any_estimate || (!r.time_measured && r.time_ratio >= 0);
-    t.add_row({r.name, format_bytes(r.peak_bytes) + (r.meta ? " (meta)" : ""),
+    any_predicted = any_predicted || r.predicted;
+    t.add_row({r.name,
+               (r.predicted ? "~" : "") + format_bytes(r.peak_bytes) + (r.meta ? " (meta)" : ""),
                format_bytes(r.saving_bytes), time_cell(r.time_ratio, r.time_measured),
                has_budget ? (r.fits ? "yes" : "no") : "-",
                r.kind == StrategyKind::kEval ? "no training"
@@ -90,6 +93,10 @@ std::string to_text(const Advice& a) {
     out << "~: time estimated from "
         << (a.estimated_from.empty() ? "the recorded step's times" : a.estimated_from)
         << ", not timed\n";
+  }
+  if (any_predicted) {
+    out << "~ peak: predicted from the recorded rows, not recorded (Note [Rows advise predicts]); "
+           "the plan is recorded\n";
   }
   if (any_meta) {
     out << "(meta): recorded on the meta device, against the plain step recorded there"
@@ -157,7 +164,8 @@ std::string to_json(const Advice& a, bool pretty) {
     write_variant(w, r.variant);
     w.member("peak_bytes", r.peak_bytes)
         .member("saving_bytes", r.saving_bytes)
-        .member("recorded_on", r.meta ? "meta" : "device");
+        .member("recorded_on", r.meta ? "meta" : "device")
+        .member("predicted", r.predicted);
     optional_number(w, "time_ratio", r.time_ratio, r.time_ratio >= 0);
     w.member("time_measured", r.time_measured)
         .key("fits");
@@ -228,7 +236,8 @@ AdviceTable advice_table(const Advice& a) {
                                has_budget ? std::optional<bool>(r.fits) : std::nullopt,
                                r.kind == StrategyKind::kEval ? "no training"
                                : r.variant.exact()           ? "same"
-                                                             : "changes"});
+                                                             : "changes",
+                               r.predicted});
   }
   if (a.plan.found) {
     t.plan = a.plan.summary + ": peak " + format_bytes(a.plan.peak_bytes) + " (measured)";

@@ -192,7 +192,7 @@ std::string advice_json(const AdviceTable& a) {
     } else {
       w.key("fits").null();
     }
-    w.member("result", r.result).end_object();
+    w.member("result", r.result).member("predicted", r.predicted).end_object();
   }
   w.end_array();
   w.key("notes").begin_array();
@@ -402,7 +402,10 @@ std::string advice_section(const AdviceTable& a) {
   for (size_t i = 0; i < a.rows.size(); ++i) {
     const AdviceRow& row = a.rows[i];
     const std::string f = "advice.rows." + std::to_string(i) + ".";
-    h += "<tr>" + td(row.name) + td_bytes(f + "peak_bytes", row.peak_bytes) +
+    h += "<tr>" + td(row.name) +
+         (row.predicted ? "<td class=\"num\">~" + bytes_html(f + "peak_bytes", row.peak_bytes) +
+                              "</td>"
+                        : td_bytes(f + "peak_bytes", row.peak_bytes)) +
          td_bytes(f + "saving_bytes", row.saving_bytes) +
          td(ratio(row.time_ratio), "num") +
          td(row.fits ? (*row.fits ? "yes" : "no") : "-") + td(row.result) +

@@ -137,6 +137,10 @@ struct AdviseSettings {
   // Budgets of cards, bytes: non-empty asks for the plan of each card too
   // (Advice::cards), from the same recordings. See Note [What fits on which card].
   std::vector<int64_t> cards;
+  // Rows that follow from other recordings are predicted, not recorded
+  // (AdviseRow::predicted; Note [Rows advise predicts]); false records
+  // every row, as a check of the predictions. The plan is recorded either way.
+  bool predict_rows = true;
 };
 
 // One strategy at the user's whole batch.
@@ -152,6 +156,9 @@ struct AdviseRow {
   bool fits = false;           // peak <= budget (no budget: false)
   double recompute_ns = -1;    // checkpointing: forward time recomputed
   int64_t predicted_peak_bytes = -1;  // checkpointing: the chain model's
+  // Not recorded: peak_bytes predicted from the recordings (Note [Rows
+  // advise predicts]); the table marks its peak "~".
+  bool predicted = false;
 };
 
 // What the plan runs: the variant on micro-batches of `micro_batch` samples.

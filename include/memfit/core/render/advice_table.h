@@ -32,6 +32,7 @@ struct AdviceRow {
   double time_ratio = 0;
   std::optional<bool> fits;  // nullopt: no budget to fit
   std::string result;        // "same", "changes", "no training"
+  bool predicted = false;    // peak predicted, not recorded (AdviseRow::predicted)
 };
 
 struct AdviceTable {

@@ -82,6 +82,7 @@ def test_the_python_front_predicts_the_same_rows_and_records_its_plan():
     assert native["zero_grad in place"].predicted
     assert any(r.predicted for n, r in native.items() if "on the host" in n)
     assert not native["plain (zero_grad set_to_none)"].predicted
+    assert {r.name for r in a.rows if r.predicted} == {n for n, r in native.items() if r.predicted}
     rows = json.loads(a.to_json())["strategies"]
     assert {r["name"] for r in rows if r["predicted"]} == {
         n for n, r in native.items() if r.predicted}

@@ -324,7 +324,7 @@ def _row(r, limit):
                None if limit is None else r.fits, r.variant.exact(),
                r.recompute_ns if r.recompute_ns >= 0 else None,
                r.predicted_peak_bytes if r.predicted_peak_bytes >= 0 else None,
-               meta=r.meta, time_measured=r.time_measured)
+               meta=r.meta, time_measured=r.time_measured, predicted=r.predicted)
 
 
 def _plan(p, limit):

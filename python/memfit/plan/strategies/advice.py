@@ -33,6 +33,7 @@ class Row:
     predicted_peak_bytes: int = None  # checkpointing: the planner's prediction
     meta: bool = False  # recorded on the meta device
     time_measured: bool = False  # False: time_ratio estimated from the recorded times
+    predicted: bool = False  # peak predicted from other rows, not recorded ("~" in the table)
 
     def to_dict(self):
         d = dataclasses.asdict(self)

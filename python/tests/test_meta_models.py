@@ -3,6 +3,9 @@ meta mode: a model larger than the machine is planned with no real memory,
 and its parameter, gradient and optimizer-state bytes are exact."""
 
 import contextlib
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -274,6 +277,20 @@ def test_every_native_meta_kernel_registers_on_the_pinned_torch():
     with memfit._memfit.NativeMetaKernels() as k:
         assert k.is_open and k.skipped == []
     assert not k.is_open
+
+
+def test_a_gpt_recorded_on_meta_runs_none_of_torchs_python_meta_kernels():
+    # Those for arange, layer norm, the causal mask and the loss call
+    # torch._check or run through torch._refs, and the first such call imports
+    # sympy and torch._dynamo: 1.5 s, more than the rest of the recording
+    # (Note [Native meta kernels]). A fresh process: other tests import them.
+    code = ("import sys, memfit\n"
+            "memfit._memfit.run_cli(['profile', '--model', 'gpt', '--batch', '2', "
+            "'--mode', 'meta', '--json'])\n"
+            "print([m for m in ('sympy', 'torch._dynamo') if m in sys.modules])\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert out.stdout.strip().splitlines()[-1] == "[]", out.stdout[-500:]
 
 
 def test_meta_kernels_are_put_back_when_the_step_raises():

@@ -26,7 +26,10 @@
 // library registers kernels that allocate the outputs torch's Python meta
 // kernels allocate (same shapes, dtypes and count), so a step recorded on meta
 // by the program gives the report Python gives (tests/cli/meta_mode.py). Where
-// torch's Python kernels are loaded they answer, and this library is empty.
+// torch's Python kernels are loaded they answer, except for arange and layer
+// norm: their Python kernels are decompositions through torch._refs, whose
+// first call imports torch._dynamo and sympy (1.5 s, more than the rest of a
+// gpt's meta recording), so memfit's kernels answer them in any process.
 
 // The per-op headers assume Tensor and c10::string_view are declared.
 #include <ATen/core/Tensor.h>
@@ -36,7 +39,11 @@
 #include <ATen/ops/add_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/div_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/empty_like_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/masked_fill_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/mul_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/ones_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/ones_like_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/_unsafe_view_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/sub_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/zeros_like_compositeexplicitautograd_dispatch.h>
 
@@ -56,6 +63,7 @@
 #include <ATen/ops/eq_meta_dispatch.h>
 #include <ATen/ops/erf_meta_dispatch.h>
 #include <ATen/ops/exp_meta_dispatch.h>
+#include <ATen/ops/fill_meta_dispatch.h>
 #include <ATen/ops/gelu_backward_meta_dispatch.h>
 #include <ATen/ops/gelu_meta_dispatch.h>
 #include <ATen/ops/ge_meta_dispatch.h>
@@ -71,6 +79,8 @@
 #include <ATen/ops/mm_meta_dispatch.h>
 #include <ATen/ops/mul_meta_dispatch.h>
 #include <ATen/ops/ne_meta_dispatch.h>
+#include <ATen/ops/nll_loss_backward_meta_dispatch.h>
+#include <ATen/ops/nll_loss_forward_meta_dispatch.h>
 #include <ATen/ops/neg_meta_dispatch.h>
 #include <ATen/ops/pow_meta_dispatch.h>
 #include <ATen/ops/reciprocal_meta_dispatch.h>
@@ -85,6 +95,9 @@
 #include <ATen/ops/tanh_backward_meta_dispatch.h>
 #include <ATen/ops/tanh_meta_dispatch.h>
 #include <ATen/ops/threshold_backward_meta_dispatch.h>
+#include <ATen/ops/triu_meta_dispatch.h>
+#include <ATen/ops/zero_meta_dispatch.h>
+#include <ATen/ops/_reshape_alias_meta_dispatch.h>
 #include <ATen/ops/_log_softmax_backward_data_meta_dispatch.h>
 #include <ATen/ops/_log_softmax_meta_dispatch.h>
 #include <ATen/ops/_softmax_backward_data_meta_dispatch.h>
@@ -153,6 +166,15 @@ class Registrar {
     const size_t before = skipped_.size();
     impl(name, std::forward<F>(kernel));
     if (skipped_.size() == before) filled.emplace_back(name);
+  }
+  // In front whatever answers `name` now; `filled` gets the name when
+  // nothing answered before (a process without torch's Python package).
+  template <typename F>
+  void replace(const char* name, F&& kernel, std::vector<std::string>& filled) {
+    const bool had = has_meta_kernel(name);
+    const size_t before = skipped_.size();
+    impl(name, std::forward<F>(kernel));
+    if (!had && skipped_.size() == before) filled.emplace_back(name);
   }
 
  private:
@@ -343,6 +365,61 @@ void register_torch_kernels(Registrar& lib) {
   lib.impl("baddbmm", [](const Tensor& c, const Tensor& a, const Tensor& b, const Scalar& beta,
                          const Scalar& alpha) { return at::meta::baddbmm(c, a, b, beta, alpha); });
   lib.impl("cat", [](const at::ITensorListRef& ts, int64_t dim) { return at::meta::cat(ts, dim); });
+
+  // A gpt's other ops: its causal mask (ones, triu, masked_fill), its views
+  // and the zeroed buffers of backward. torch's Python kernels for them call
+  // torch._check or run through torch._refs, and the first such call imports
+  // sympy and torch._dynamo (Note [Native meta kernels]).
+  lib.impl("zero_", [](Tensor& a) -> Tensor& { return at::meta::zero_(a); });
+  lib.impl("fill_.Scalar", [](Tensor& a, const Scalar& v) -> Tensor& { return at::meta::fill_(a, v); });
+  lib.impl("fill_.Tensor", [](Tensor& a, const Tensor& v) -> Tensor& { return at::meta::fill_(a, v); });
+  lib.impl("ones", [](at::IntArrayRef size, OptDtype dt, std::optional<at::Layout> layout,
+                      std::optional<at::Device> device, std::optional<bool> pin) {
+    return cea::ones(size, dt, layout, device, pin);
+  });
+  lib.impl("ones_like", [](const Tensor& a, OptDtype dt, std::optional<at::Layout> layout,
+                           std::optional<at::Device> device, std::optional<bool> pin,
+                           std::optional<at::MemoryFormat> format) {
+    return cea::ones_like(a, dt, layout, device, pin, format);
+  });
+  lib.impl("triu", [](const Tensor& a, int64_t diagonal) { return at::meta::triu(a, diagonal); });
+  // In place, it allocates nothing (libtorch does not export its meta
+  // function); the mask's dtype is checked as torch does.
+  lib.impl("masked_fill_.Scalar", [](Tensor& a, const Tensor& mask, const Scalar&) -> Tensor& {
+    TORCH_CHECK(mask.scalar_type() == at::kBool,
+                "masked_fill_ only supports boolean masks, but got mask with dtype ",
+                mask.scalar_type());
+    return a;
+  });
+  lib.impl("masked_fill_.Tensor", [](Tensor& a, const Tensor& mask, const Tensor&) -> Tensor& {
+    TORCH_CHECK(mask.scalar_type() == at::kBool,
+                "masked_fill_ only supports boolean masks, but got mask with dtype ",
+                mask.scalar_type());
+    return a;
+  });
+  lib.impl("masked_fill.Scalar", [](const Tensor& a, const Tensor& mask, const Scalar& v) {
+    return cea::masked_fill(a, mask, v);
+  });
+  lib.impl("masked_fill.Tensor", [](const Tensor& a, const Tensor& mask, const Tensor& v) {
+    return cea::masked_fill(a, mask, v);
+  });
+  lib.impl("_reshape_alias", [](const Tensor& a, at::IntArrayRef size, at::IntArrayRef stride) {
+    return at::meta::_reshape_alias(a, size, stride);
+  });
+  lib.impl("_unsafe_view", [](const Tensor& a, at::IntArrayRef size) {
+    return cea::_unsafe_view(a, size);
+  });
+  // The cross-entropy's negative log-likelihood.
+  lib.impl("nll_loss_forward", [](const Tensor& a, const Tensor& target, const OptTensor& weight,
+                                  int64_t reduction, int64_t ignore_index) {
+    return at::meta::nll_loss_forward(a, target, weight, reduction, ignore_index);
+  });
+  lib.impl("nll_loss_backward",
+           [](const Tensor& grad, const Tensor& a, const Tensor& target, const OptTensor& weight,
+              int64_t reduction, int64_t ignore_index, const Tensor& total_weight) {
+             return at::meta::nll_loss_backward(grad, a, target, weight, reduction, ignore_index,
+                                                total_weight);
+           });
 }
 
 #undef MEMFIT_UNARY
@@ -380,6 +457,14 @@ std::vector<int64_t> conv_output_sizes(const Tensor& input, const Tensor& weight
 Tensor arange_meta(const Scalar& start, const Scalar& end, const Scalar& step, OptDtype dtype,
                    std::optional<at::Layout> layout, std::optional<at::Device> device,
                    std::optional<bool> pin) {
+  // torch's own checks (RangeUtils.h): a kernel in front of torch's answers
+  // bad bounds as torch does.
+  const double xstart = start.to<double>(), xend = end.to<double>(), xstep = step.to<double>();
+  TORCH_CHECK(xstep > 0 || xstep < 0, "step must be nonzero");
+  TORCH_CHECK(std::isfinite(xstart) && std::isfinite(xend), "unsupported range: ", xstart,
+              " -> ", xend);
+  TORCH_CHECK((xstep > 0 && xend >= xstart) || (xstep < 0 && xend <= xstart),
+              "upper bound and larger bound inconsistent with step sign");
   const bool integral = start.isIntegral(false) && end.isIntegral(false) && step.isIntegral(false);
   const at::ScalarType type =
       dtype.value_or(integral ? at::kLong : c10::get_default_dtype_as_scalartype());
@@ -403,28 +488,38 @@ void register_fill_ins(Registrar& lib, std::vector<std::string>& filled) {
   // model makes with arange would be missing from the step.
   // (Its overloads call each other's native function, not the dispatcher:
   // each is filled.)
-  lib.fill("arange", [](const Scalar& end, OptDtype dtype, std::optional<at::Layout> layout,
+  lib.replace("arange", [](const Scalar& end, OptDtype dtype, std::optional<at::Layout> layout,
                         std::optional<at::Device> device, std::optional<bool> pin) {
     return arange_meta(0, end, 1, dtype, layout, device, pin);
   }, filled);
-  lib.fill("arange.start", [](const Scalar& start, const Scalar& end, OptDtype dtype,
+  lib.replace("arange.start", [](const Scalar& start, const Scalar& end, OptDtype dtype,
                               std::optional<at::Layout> layout, std::optional<at::Device> device,
                               std::optional<bool> pin) {
     return arange_meta(start, end, 1, dtype, layout, device, pin);
   }, filled);
-  lib.fill("arange.start_step", &arange_meta, filled);
+  lib.replace("arange.start_step", &arange_meta, filled);
   // Composite in C++, it wraps the scalar in a CPU tensor (8 bytes torch's
   // Python kernel does not allocate); in place with a scalar, nothing changes
   // size.
-  lib.fill("add_.Scalar", [](Tensor& a, const Scalar&, const Scalar&) -> Tensor& { return a; },
+  lib.replace("add_.Scalar", [](Tensor& a, const Scalar&, const Scalar&) -> Tensor& { return a; },
            filled);
   lib.fill("relu", [](const Tensor& a) { return at::empty_like(a); }, filled);
-  lib.fill("index_select", [](const Tensor& a, int64_t dim, const Tensor& index) {
+  lib.replace("index_select", [](const Tensor& a, int64_t dim, const Tensor& index) {
     std::vector<int64_t> sizes = a.sizes().vec();
     if (a.dim() > 0) sizes[c10::maybe_wrap_dim(dim, a.dim())] = index.numel();
     return at::empty(sizes, a.options());
   }, filled);
-  lib.fill("embedding_dense_backward", [](const Tensor& grad, const Tensor&, int64_t num_weights,
+  // embedding is index_select and a view in C++; select's backward, a
+  // zeroed tensor of the input's sizes the gradient is copied into.
+  lib.replace("embedding", [](const Tensor& weight, const Tensor& indices, int64_t, bool, bool) {
+    std::vector<int64_t> sizes = indices.sizes().vec();
+    for (int64_t d = 1; d < weight.dim(); ++d) sizes.push_back(weight.size(d));
+    return at::empty(sizes, weight.options());
+  }, filled);
+  lib.replace("select_backward", [](const Tensor& grad, at::IntArrayRef input_sizes, int64_t,
+                                    int64_t) { return at::empty(input_sizes, grad.options()); },
+              filled);
+  lib.replace("embedding_dense_backward", [](const Tensor& grad, const Tensor&, int64_t num_weights,
                                           int64_t, bool) {
     return at::empty({num_weights, grad.size(-1)}, grad.options());
   }, filled);
@@ -468,7 +563,7 @@ void register_fill_ins(Registrar& lib, std::vector<std::string>& filled) {
                           mask[2] ? at::empty({channels}, param) : Tensor()};
            }, filled);
   // The statistics keep the normalized dimensions as ones.
-  lib.fill("native_layer_norm",
+  lib.replace("native_layer_norm",
            [](const Tensor& input, at::IntArrayRef normalized, const OptTensor&, const OptTensor&,
               double) {
              std::vector<int64_t> stats = input.sizes().vec();
@@ -477,7 +572,7 @@ void register_fill_ins(Registrar& lib, std::vector<std::string>& filled) {
                           at::empty(stats, stats_options(input)),
                           at::empty(stats, stats_options(input))};
            }, filled);
-  lib.fill("native_layer_norm_backward",
+  lib.replace("native_layer_norm_backward",
            [](const Tensor& grad, const Tensor& input, at::IntArrayRef, const Tensor&,
               const Tensor&, const OptTensor& weight, const OptTensor& bias,
               std::array<bool, 3> mask) {

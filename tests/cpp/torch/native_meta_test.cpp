@@ -53,6 +53,17 @@ TEST(NativeMetaKernelsTest, ArangeOnMetaIsAnAllocationOfItsBytes) {
   EXPECT_EQ(allocated, 128 * 8);
 }
 
+// memfit's arange answers in front of torch's Python kernel too: bad bounds
+// get torch's errors, not a tensor of a wrong size.
+TEST(NativeMetaKernelsTest, ArangeOnMetaRefusesWhatTorchRefuses) {
+  NativeMetaKernels kernels;
+  const auto meta = at::TensorOptions().device(at::kMeta);
+  EXPECT_THROW(at::arange(0, 10, 0, meta), c10::Error);
+  EXPECT_THROW(at::arange(10, 0, 1, meta), c10::Error);
+  EXPECT_EQ(at::arange(10, 0, -3, meta).numel(), 4);
+  EXPECT_EQ(at::arange(0.0, 1.0, 0.3, meta).numel(), 4);
+}
+
 class MetaRunsWhole : public ::testing::TestWithParam<std::string> {};
 
 // `memfit profile --mode meta` in this C++-only process: no fallback to cpu.

@@ -154,6 +154,7 @@ Event Recorder::stamped(const Allocation& a, EventKind kind) const {
                   .count();
   e.bytes = a.bytes;
   e.id = a.id;
+  e.frame = a.op_frame;
   e.module = module_index_;
   e.phase = timeline_.current_phase();
   e.kind = kind;

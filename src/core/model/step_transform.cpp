@@ -16,12 +16,18 @@ namespace memfit {
 //   the plain step does (there are none to add into yet); zero_grad then
 //   zeroes them instead of freeing them, so they stay live; each later
 //   backward's gradient is made as before and added into the kept one
-//   (AccumulateGrad's in-place add, run as soon as the op that made it
-//   returns), then freed. The prediction drops the frees of the first
+//   (AccumulateGrad's in-place add, run as soon as the autograd node that
+//   made it returns: the engine runs AccumulateGrad before other ready
+//   nodes), then freed. The prediction drops the frees of the first
 //   backward's gradients and frees each later gradient before the next
-//   allocation of another op (an LSTM's backward makes all its layer's
-//   gradients in one op). A gradient is an allocation of a backward that
-//   a zero_grad frees (or that is never freed).
+//   allocation of another node (events carry the outermost frame, which in
+//   backward is the node). A Linear's AddmmBackward makes the bias's
+//   gradient (a sum) before its two matrix products, and an LSTM's backward
+//   all its layer's gradients: they live until the node returns, not until
+//   the next op (freed there, a mlp with momentum came out 2,048 B under).
+//   Where events carry no frame, the next allocation of another op. A
+//   gradient is an allocation of a backward that a zero_grad frees (or that
+//   is never freed).
 // - The optimizer's state and step on the host (HostOffloadOptimizer,
 //   memfit.offload): the step allocates nothing on the device, so every
 //   allocation of an optimizer_step phase, and its free, is dropped.
@@ -115,11 +121,13 @@ std::optional<Timeline> with_gradients_kept(const Timeline& t) {
       found = true;
       if (f != kNoEvent) act[f] = Action::kDrop;
       if (first) continue;
-      // Added into the kept gradient once the op that made it returns: the
-      // next allocation by another op (an op may make several gradients:
-      // an LSTM's backward makes its layer's all at once).
+      // Added into the kept gradient once the node that made it returns:
+      // the next allocation by another node (or op, without frames).
+      auto another = [&](const Event& e) {
+        return ev[i].frame != 0 ? e.frame != ev[i].frame : e.op != ev[i].op;
+      };
       size_t j = i + 1;
-      while (j < s.end_event && !(ev[j].kind == EventKind::kAlloc && ev[j].op != ev[i].op)) ++j;
+      while (j < s.end_event && !(ev[j].kind == EventKind::kAlloc && another(ev[j]))) ++j;
       free_before[j].push_back(i);
     }
     any = any || found;

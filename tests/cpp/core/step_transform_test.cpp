@@ -40,6 +40,59 @@ TEST(StepTransformTest, GradientsKeptStayLiveThroughTheNextForward) {
   EXPECT_EQ(kept->phase_spans().size(), plain.phase_spans().size());
 }
 
+// Two iterations of one Linear's backward: its node (frame 10, then 20)
+// makes the bias's gradient (a sum, 2 KiB) and then the input's gradient
+// (an mm, 1 MiB); the next node (frame 11, then 21) allocates 1 MiB. With
+// frames = false the events carry none, as a timeline from elsewhere.
+Timeline linear_backward_twice(bool frames) {
+  Timeline t;
+  uint64_t id = 0;
+  auto alloc = [&](int64_t bytes, const char* op, uint64_t frame, Category c) {
+    Event e;
+    e.bytes = bytes;
+    e.id = ++id;
+    e.op = t.op_index(op);
+    e.frame = frames ? frame : 0;
+    e.phase = t.current_phase();
+    e.category = c;
+    t.record(e);
+    return e.id;
+  };
+  auto release = [&](uint64_t which) {
+    Event e;
+    e.kind = EventKind::kFree;
+    e.id = which;
+    e.phase = t.current_phase();
+    t.record(e);
+  };
+  for (int it = 1; it <= 2; ++it) {
+    t.begin_phase(kPhaseBackward, it);
+    const uint64_t frame = it * 10;
+    const uint64_t bias = alloc(2 * kKiB, "aten::sum", frame, Category::kGradient);
+    const uint64_t input = alloc(kMiB, "aten::mm", frame, Category::kGradient);
+    release(input);
+    const uint64_t next = alloc(kMiB, "aten::threshold_backward", frame + 1, Category::kGradient);
+    release(next);
+    t.end_phase();
+    t.begin_phase(kPhaseZeroGrad, it);
+    release(bias);
+    t.end_phase();
+  }
+  return t;
+}
+
+TEST(StepTransformTest, AKeptGradientsNewOneLivesUntilItsNodeReturns) {
+  // The bias's new gradient of iteration 2 is added into the kept one after
+  // AddmmBackward returns: it is live while the node's mm allocates. The
+  // peak: the kept 2 KiB, the new 2 KiB and the 1 MiB of the mm.
+  const Timeline with_frames = *with_gradients_kept(linear_backward_twice(true));
+  EXPECT_EQ(with_frames.peak().bytes, 4 * kKiB + kMiB);
+  // Without frames the next op's allocation frees it: 2 KiB less, as a real
+  // step would not.
+  const Timeline without = *with_gradients_kept(linear_backward_twice(false));
+  EXPECT_EQ(without.peak().bytes, 2 * kKiB + kMiB);
+}
+
 TEST(StepTransformTest, StateOnHostDropsWhatTheOptimizerStepAllocates) {
   const Timeline plain = testing::training_step();
   const std::optional<Timeline> host = with_state_on_host(plain);

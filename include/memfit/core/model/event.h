@@ -42,6 +42,9 @@ struct Event {
   uint32_t module = 0;  // index into Timeline::module_name(); 0 is "" (none)
   uint32_t op = 0;      // index into Timeline::op_name(); 0 is "" (none)
   uint16_t phase = 0;   // index into Timeline::phase_name(); 0 is "" (none)
+  // Serial of the outermost op or autograd node open when it was made (its
+  // allocations share it); 0: none, or not known (a timeline from elsewhere).
+  uint64_t frame = 0;
   EventKind kind = EventKind::kAlloc;
   Device device = Device::kCPU;
   Category category = Category::kOther;

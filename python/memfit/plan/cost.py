@@ -17,6 +17,7 @@ strategies are what it is for, not wall time.
 from __future__ import annotations
 
 import contextlib
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -62,6 +63,17 @@ class CostRow:
     basis: str  # how it was estimated
 
 
+@functools.lru_cache(maxsize=None)
+def _decomposes(func):
+    """Whether OpOverload.decompose would run something for `func` (a
+    CompositeImplicitAutograd kernel, Python or C++) rather than return
+    NotImplemented: most ops have none, and trying cost a push and a pop of
+    the mode for each of them."""
+    key = torch._C.DispatchKey.CompositeImplicitAutograd
+    return key in func.py_kernels or torch._C._dispatch_has_kernel_for_dispatch_key(
+        func.name(), key)
+
+
 class _OpFlops(TorchDispatchMode):
     """FLOPs of the ops in torch's flop registry (its own formulas: matmuls,
     convolutions, attention), in total and inside each block's forward.
@@ -85,7 +97,7 @@ class _OpFlops(TorchDispatchMode):
         if isinstance(func, torch._ops.HigherOrderOperator):
             raise _OpFlops.Unsupported(str(func))
         formula = flop_registry.get(func._overloadpacket)
-        if formula is None:
+        if formula is None and _decomposes(func):
             # As FlopCounterMode: an op it has no formula for runs as its
             # decomposition, if it has one, whose ops are counted.
             with self:

@@ -1,0 +1,93 @@
+"""Where an LLM advise's time goes, setting by setting (issue #33 item 5):
+for each setting `memfit.advise(settings="auto")` proposes for a Llama on
+meta, the time of its three parts, each run alone: making the changed copy
+(`materialize`), counting its step's FLOPs (`count_step_flops`, for the
+time estimates) and recording its step (`memfit.profile` on meta, run
+twice: the second is warm). The plain model's count and recording come
+first, for scale.
+
+    PYTHONPATH=build/python .venv/bin/python bench/llm_setting_cost.py [--quick]
+        [--size 8B --tokens 4096 --batch 4]
+
+--quick: 2 layers, hidden 512, vocab 8000, 512 tokens, a budget of 128 MiB.
+
+Seconds on this machine, one run each: compare rows within one run.
+"""
+
+import argparse
+import os
+import sys
+import time
+
+import torch
+
+import memfit
+from memfit.plan.cost import count_step_flops
+from memfit.plan.strategies.llm_settings import llm_settings, materialize, user_optimizer_on
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from llm_settings import SHAPES  # noqa: E402
+
+
+def seconds(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--size", choices=sorted(SHAPES), default="8B")
+    ap.add_argument("--tokens", type=int, default=4096)
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--budget", default="24GiB", help="what the settings are proposed for")
+    a = ap.parse_args(argv)
+    try:
+        import transformers
+    except ImportError:
+        print("[llm_setting_cost] transformers does not import: pip install transformers")
+        return 0
+    shape = SHAPES[a.size]
+    if a.quick:
+        shape = dict(num_hidden_layers=2, hidden_size=512, intermediate_size=1792,
+                     num_attention_heads=8, num_key_value_heads=2, vocab_size=8000)
+        a.tokens, a.budget, a.size = 512, "128MiB", "(2 layers x 512)"
+    cfg = transformers.LlamaConfig(**shape, max_position_embeddings=a.tokens, use_cache=False)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    model.train()
+    ids = torch.zeros(a.batch, a.tokens, dtype=torch.long, device="meta")
+    x = {"input_ids": ids, "labels": ids}
+
+    def loss(out):
+        return out.loss
+
+    user = torch.optim.AdamW(model.parameters())
+    print(f"torch {torch.__version__}, transformers {transformers.__version__}; Llama {a.size} "
+          f"on meta, {a.batch} x {a.tokens} tokens, AdamW")
+    print(f"{'setting':<90} {'copy':>6} {'FLOPs':>6} {'record':>7} {'again':>6}")
+    flops = seconds(lambda: count_step_flops(model, x, loss_fn=loss))
+    first = seconds(lambda: memfit.profile(model, x, loss_fn=loss, optimizer=user, mode="meta"))
+    again = seconds(lambda: memfit.profile(model, x, loss_fn=loss, optimizer=user, mode="meta"))
+    print(f"{'(the plain model)':<90} {'-':>6} {flops:6.2f} {first:7.2f} {again:6.2f}")
+    proposed = llm_settings(model, memfit.parse_size(a.budget))
+    settings = proposed[0] if isinstance(proposed, tuple) else proposed
+    totals = [0.0, 0.0, 0.0]
+    for st in settings:
+        made = []
+        copy = seconds(lambda: made.append(materialize(model, st)))
+        m = made[0][0]
+        opt = st.optimizer(m, user) if st.optimizer else user_optimizer_on(m, user)
+        flops = seconds(lambda: count_step_flops(m, x, loss_fn=loss))
+        first = seconds(lambda: memfit.profile(m, x, loss_fn=loss, optimizer=opt, mode="meta"))
+        again = seconds(lambda: memfit.profile(m, x, loss_fn=loss, optimizer=opt, mode="meta"))
+        for i, t in enumerate((copy, flops, first)):
+            totals[i] += t
+        print(f"{st.label:<90} {copy:6.2f} {flops:6.2f} {first:7.2f} {again:6.2f}")
+    print(f"{'(the settings, in all)':<90} {totals[0]:6.2f} {totals[1]:6.2f} {totals[2]:7.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -111,6 +111,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/result_type.h>
 
 #include <c10/core/WrapDimMinimal.h>
 
@@ -504,9 +505,13 @@ void register_fill_ins(Registrar& lib, std::vector<std::string>& filled) {
   lib.replace("arange.start_step", &arange_meta, filled);
   // Composite in C++, it wraps the scalar in a CPU tensor (8 bytes torch's
   // Python kernel does not allocate); in place with a scalar, nothing changes
-  // size.
-  lib.replace("add_.Scalar", [](Tensor& a, const Scalar&, const Scalar&) -> Tensor& { return a; },
-           filled);
+  // size. The result's dtype must cast to the tensor's, as on a device.
+  lib.replace("add_.Scalar", [](Tensor& a, const Scalar& v, const Scalar&) -> Tensor& {
+    const at::ScalarType result = at::result_type(a, v);
+    TORCH_CHECK(c10::canCast(result, a.scalar_type()), "result type ", result,
+                " can't be cast to the desired output type ", a.scalar_type());
+    return a;
+  }, filled);
   lib.fill("relu", [](const Tensor& a) { return at::empty_like(a); }, filled);
   lib.replace("index_select", [](const Tensor& a, int64_t dim, const Tensor& index) {
     std::vector<int64_t> sizes = a.sizes().vec();

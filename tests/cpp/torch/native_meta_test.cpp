@@ -64,6 +64,17 @@ TEST(NativeMetaKernelsTest, ArangeOnMetaRefusesWhatTorchRefuses) {
   EXPECT_EQ(at::arange(0.0, 1.0, 0.3, meta).numel(), 4);
 }
 
+// add_ with a scalar answers in front of torch's Python kernel: a result
+// that cannot be cast to the tensor's dtype is refused, as on a device.
+TEST(NativeMetaKernelsTest, AddAScalarInPlaceOnMetaRefusesWhatTorchRefuses) {
+  NativeMetaKernels kernels;
+  at::Tensor longs = at::empty({2}, at::TensorOptions().device(at::kMeta).dtype(at::kLong));
+  EXPECT_THROW(longs.add_(1.5), c10::Error);
+  EXPECT_NO_THROW(longs.add_(1));
+  at::Tensor halves = at::empty({2}, at::TensorOptions().device(at::kMeta).dtype(at::kBFloat16));
+  EXPECT_NO_THROW(halves.add_(1.5));
+}
+
 class MetaRunsWhole : public ::testing::TestWithParam<std::string> {};
 
 // `memfit profile --mode meta` in this C++-only process: no fallback to cpu.

@@ -26,7 +26,7 @@ from memfit.plan.cost import count_step_flops
 from memfit.plan.strategies.llm_settings import llm_settings, materialize, user_optimizer_on
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from llm_settings import SHAPES  # noqa: E402
+from llm_settings import QUICK_SHAPE, SHAPES  # noqa: E402
 
 
 def seconds(fn):
@@ -50,8 +50,7 @@ def main(argv=None):
         return 0
     shape = SHAPES[a.size]
     if a.quick:
-        shape = dict(num_hidden_layers=2, hidden_size=512, intermediate_size=1792,
-                     num_attention_heads=8, num_key_value_heads=2, vocab_size=8000)
+        shape = QUICK_SHAPE
         a.tokens, a.budget, a.size = 512, "128MiB", "(2 layers x 512)"
     cfg = transformers.LlamaConfig(**shape, max_position_embeddings=a.tokens, use_cache=False)
     with torch.device("meta"):
@@ -71,8 +70,7 @@ def main(argv=None):
     first = seconds(lambda: memfit.profile(model, x, loss_fn=loss, optimizer=user, mode="meta"))
     again = seconds(lambda: memfit.profile(model, x, loss_fn=loss, optimizer=user, mode="meta"))
     print(f"{'(the plain model)':<90} {'-':>6} {flops:6.2f} {first:7.2f} {again:6.2f}")
-    proposed = llm_settings(model, memfit.parse_size(a.budget))
-    settings = proposed[0] if isinstance(proposed, tuple) else proposed
+    settings, _ = llm_settings(model, memfit.parse_size(a.budget))
     totals = [0.0, 0.0, 0.0]
     for st in settings:
         made = []

@@ -47,6 +47,11 @@ SHAPES = {
 }
 
 
+# --quick: seconds on two cores.
+QUICK_SHAPE = dict(num_hidden_layers=2, hidden_size=512, intermediate_size=1792,
+                   num_attention_heads=8, num_key_value_heads=2, vocab_size=8000)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--quick", action="store_true")
@@ -67,8 +72,7 @@ def main(argv=None):
         print("[llm_settings] transformers does not import: pip install transformers")
         return 0
     if a.quick:
-        shape = dict(num_hidden_layers=2, hidden_size=512, intermediate_size=1792,
-                     num_attention_heads=8, num_key_value_heads=2, vocab_size=8000)
+        shape = QUICK_SHAPE
         a.tokens = 512
         a.budget = a.budget or "128MiB"
     else:

@@ -31,5 +31,6 @@ void init_strategies(pybind11::module_& m);
 void init_cli(pybind11::module_& m);
 void init_native_meta(pybind11::module_& m);
 void init_explain(pybind11::module_& m);  // after init_report (Report)
+void init_flop_count(pybind11::module_& m);
 
 }  // namespace memfit::python

@@ -20,4 +20,5 @@ PYBIND11_MODULE(_memfit, m) {
   memfit::python::init_cli(m);
   memfit::python::init_native_meta(m);
   memfit::python::init_explain(m);
+  memfit::python::init_flop_count(m);
 }

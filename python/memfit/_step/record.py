@@ -15,6 +15,7 @@ from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor
 from .meta_reads import run_foreach
 from .offload import OffloadedOptimizer
 from .progress import as_progress
+from .step_flops import open_count
 from .tracking import Tracking
 from .training_step import OPTIMIZERS, check_loss_trains
 from .user_step import as_user_step
@@ -184,6 +185,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         t.drop_meta_kernel_intermediates()
     t.watch_modules(model, classes=True)
     step = _StepState(optimizer)
+    flops = open_count()  # See Note [FLOPs counted while a step is recorded].
 
     def materialize():
         nonlocal ran_foreach
@@ -194,6 +196,8 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
                 ran_foreach = bool(run_foreach(step.optimizer))
 
     def inputs_():
+        if flops is not None:
+            flops.iteration()
         step.x = private_copy(inputs, device)
         step.y = None if target is None else private_copy(target, device)
         step.held = [private_copy(inputs, device) for _ in range(how.held_batches)]
@@ -201,14 +205,20 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     timed = [0.0]
 
     def forward():
+        if flops is not None:
+            flops.forward_begins()
         t0 = time.perf_counter()
         step.out = how.forward(model, step.x)
         timed[0] += time.perf_counter() - t0
 
     def backward():
+        if flops is not None:
+            flops.backward_begins()
         t0 = time.perf_counter()
         step.loss.backward()
         timed[0] += time.perf_counter() - t0
+        if flops is not None:
+            flops.step_begins()
 
     def loss():
         step.loss = how.loss(step.out, step.y)
@@ -229,6 +239,8 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         t.end_phase()
         step.drop()
 
+    if flops is not None:
+        flops.start(model)
     try:
         callbacks = _memfit.StepCallbacks(
             begin_phase=t.phase, materialize=materialize, inputs=inputs_, forward=forward,
@@ -238,6 +250,8 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
                                   progress=as_progress(say).native,
                                   what=f"record on {device.type}")
     finally:
+        if flops is not None:
+            flops.stop()
         t.stop()
     optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.

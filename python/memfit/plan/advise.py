@@ -6,7 +6,9 @@ model when it asks (a setting on a copy of it), and times the plan."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import functools
 from typing import Sequence
 
 import torch
@@ -14,17 +16,19 @@ import torch
 from .. import _memfit
 from .._step.batching import batch_size, count
 from .._step.device import budget_target, to_bytes
+from .._step.gc_frozen import with_gc_frozen
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
+from .._step.step_flops import counting_flops
 from .._step.training_step import check_optimizer
 from .._step.user_step import as_user_step
-from .cost import count_step_flops
+from .cost import StepFlops, count_step_flops
 from .fit import DoesNotFit
 from .strategies import Strategy, resolve_chain
 from .._step.compiled import is_compiled
 from .strategies.advice import Advice, CardPlan, Plan, Row
 from .strategies.compiler import compile_rows
-from .strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
+from .strategies.llm_settings import Setting, copy_changed, llm_settings, user_optimizer_on
 from .strategies.measure import Bench, cuda_devices
 from .strategies.optimizer import kind_of
 
@@ -36,6 +40,7 @@ def _parameter_bytes(model):
     return sum(t.nelement() * t.element_size() for t in tensors)
 
 
+@with_gc_frozen  # See Note [Long calls freeze the objects alive before them].
 def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
            loss_fn: LossFn | None = None, optimizer: OptimizerArg = "adam",
            budget: Size | None = None, batch_dim: int = 0,
@@ -154,6 +159,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     benches = _SettingBenches(bench, proposed, paths)
     # On meta a cheap recording and a real one are the same: each once.
     recorded = {}
+    flops = {}  # id of a Bench -> (the Bench, its StepFlops): See _flop_ratio
 
     def record(variant, batch, cheap):
         s = _strategy(variant)
@@ -166,13 +172,22 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         if meta and key in recorded:
             return recorded[key]
         try:
-            report = benches.of(s).profile(s, batch, "meta" if meta else "cpu")
+            b = benches.of(s)
+            # See Note [FLOPs counted while a step is recorded]: the
+            # setting's first recording on meta (the whole batch, nothing
+            # checkpointed) counts the FLOPs its time estimate needs.
+            count = (on_meta and id(b) not in flops and batch == n and not s.checkpoint
+                     and s.step == "train")
+            with counting_flops(b.block_paths) if count else contextlib.nullcontext() as fc:
+                report = b.profile(s, batch, "meta" if meta else "cpu")
         except (TypeError, AttributeError, RuntimeError, ValueError) as e:
             if s.setting is None or isinstance(e, torch.OutOfMemoryError):
                 raise
             # A setting the step does not take (the chunked loss where the
             # loss reads out.logits): a note, not a failure of advise.
             return f"the step fails under this setting: {type(e).__name__}: {e}"
+        if count and fc.recorded and fc.complete:
+            flops[id(b)] = (b, StepFlops.of(b.model, fc.forward, fc.backward, fc.blocks))
         out = report.native, report.timeline, meta
         if on_meta:
             recorded[key] = out
@@ -183,8 +198,6 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         if s.setting is not None:
             return -1.0  # a changed copy of the model: not timed against the user's
         return bench.time_ratio(s, micro_batch)
-
-    flops = {}
 
     def estimate_ratio(variant, micro_batch):
         s = _strategy(variant)
@@ -260,14 +273,16 @@ class _SettingBenches:
     """The Bench of each setting: a copy of the model with the setting
     applied, made the first time the planner asks for it. Settings that
     change the model by the same function (bf16 weights with AdamW 8-bit,
-    Adafactor or SGD) share one copy: they differ in the optimizer only."""
+    Adafactor or SGD) share one copy: they differ in the optimizer only; a
+    setting with a base is recorded on its base's copy, its extra change
+    made for each recording (See Note [Settings that share a copy])."""
 
     def __init__(self, bench, settings, paths):
         self.bench = bench
         self.settings = {st.label: st for st in settings}
         self.paths = paths
         self.made = {}
-        self.copies = {}  # id of a Setting.apply -> (the changed copy, its prefix)
+        self.copies = {}  # id of an apply function -> (the function, (copy, its prefix))
 
     def of(self, s):
         if s.setting is None:
@@ -275,15 +290,30 @@ class _SettingBenches:
         if s.setting not in self.made:
             b = self.bench
             st = self.settings[s.setting]
-            if id(st.apply) not in self.copies:
-                self.copies[id(st.apply)] = (st.apply, materialize(b.model, st))
-            m, prefix = self.copies[id(st.apply)][1]
+            apply = st.base if st.base is not None else st.apply
+            if id(apply) not in self.copies:
+                self.copies[id(apply)] = (apply, copy_changed(b.model, apply))
+            m, prefix = self.copies[id(apply)][1]
+            around = None
+            if st.base is not None:
+                inner = m.get_submodule(prefix) if prefix else m
+                around = functools.partial(_changed_while, inner, st.extra)
             opt = (st.optimizer(m, b.optimizer) if st.optimizer is not None
                    else user_optimizer_on(m, b.optimizer))
             paths = [f"{prefix}.{p}" if prefix else p for p in self.paths]
             self.made[s.setting] = Bench(m, b.inputs, b.target, b.loss_fn, opt, b.batch_dim,
-                                         paths, b.repeats, b.target_device)
+                                         paths, b.repeats, b.target_device, around=around)
         return self.made[s.setting]
+
+
+@contextlib.contextmanager
+def _changed_while(model, extra):
+    """`model` changed by extra(model) inside the block, undone after."""
+    undo = extra(model)
+    try:
+        yield
+    finally:
+        undo()
 
 
 def _flop_ratio(benches, flops, s, loss_fn, n_blocks):
@@ -292,10 +322,10 @@ def _flop_ratio(benches, flops, s, loss_fn, n_blocks):
     and backward plus the forward of the blocks `s` checkpoints."""
     def counted(setting):
         b = benches.of(dataclasses.replace(Strategy(), setting=setting))
-        if id(b.model) not in flops:  # the optimizer is not counted: one count a copy
-            flops[id(b.model)] = (b.model, count_step_flops(b.model, b.inputs, b.target,
-                                                            b.loss_fn))
-        return flops[id(b.model)][1]
+        if id(b) not in flops:  # counted while recorded, else here
+            with b.as_recorded():
+                flops[id(b)] = (b, count_step_flops(b.model, b.inputs, b.target, b.loss_fn))
+        return flops[id(b)][1]
 
     plain, f = counted(None), counted(s.setting)
     total = f.forward + f.backward

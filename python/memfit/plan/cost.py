@@ -51,6 +51,15 @@ class StepFlops:
     trainable_bytes: int = 0
     parameter_bytes: int = 0
 
+    @classmethod
+    def of(cls, model, forward, backward, blocks):
+        """The counts of `model`'s step, with its parameters' bytes."""
+        return cls(forward=forward, backward=backward, blocks=blocks,
+                   trainable_bytes=sum(p.numel() * p.element_size() for p in model.parameters()
+                                       if p.requires_grad),
+                   parameter_bytes=sum(p.numel() * p.element_size()
+                                       for p in model.parameters()))
+
 
 @dataclass
 class CostRow:
@@ -166,11 +175,7 @@ def count_step_flops(model, inputs, target=None, loss_fn=None):
         forward, backward = fwd.get_total_flops(), bwd.get_total_flops()
         counts, root = fwd.get_flop_counts(), type(model).__name__
         blocks = {path: sum(counts.get(f"{root}.{path}", {}).values()) for path in paths}
-    return StepFlops(
-        forward=forward, backward=backward, blocks=blocks,
-        trainable_bytes=sum(p.numel() * p.element_size() for p in model.parameters()
-                            if p.requires_grad),
-        parameter_bytes=sum(p.numel() * p.element_size() for p in model.parameters()))
+    return StepFlops.of(model, forward, backward, blocks)
 
 
 def estimate_costs(model: torch.nn.Module, inputs: Batch, target: Batch = None,

@@ -1,6 +1,7 @@
 """Measuring a strategy on the user's model: its peak from memfit.profile of
 the transformed step, its time from steps run in the same process."""
 
+import contextlib
 import statistics
 import time
 
@@ -34,8 +35,11 @@ class Bench:
     (see Note [A rehearsed step leaves no trace])."""
 
     def __init__(self, model, inputs, target, loss_fn, optimizer, batch_dim, block_paths,
-                 repeats, target_device="cpu"):
+                 repeats, target_device="cpu", around=None):
         self.model = model
+        # around(): a context manager the model is recorded inside (a change
+        # made for the recording and undone after); None: none.
+        self.around = around
         self.target_device = target_device
         # memfit's own copy: the timed steps may write into it (x.mul_(2)).
         self.inputs = private_copy(inputs)
@@ -57,7 +61,7 @@ class Bench:
         if batch is not None:
             x = resize_batch(x, batch, self.batch_dim)
             y = None if y is None else resize_batch(y, batch, 0)
-        with applied(m, s, self.block_paths):
+        with self.as_recorded(), applied(m, s, self.block_paths):
             if s.step != TRAIN:
                 report = profile_eval(m, x, y, self.loss_fn, s.step, self.batch_dim)
                 if self.target_device == "cuda":
@@ -68,6 +72,10 @@ class Bench:
             return profile(m, x, y, loss_fn=self.loss_fn, optimizer=opt,
                            batch_dim=self.batch_dim, mode=mode,
                            target_device=self.target_device)
+
+    def as_recorded(self):
+        """The model as profile() records it, inside the block."""
+        return self.around() if self.around is not None else contextlib.nullcontext()
 
     def time_ratio(self, s, micro_batch=0):
         """Median time of a step with strategy `s` over the plain step's:

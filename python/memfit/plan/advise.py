@@ -89,8 +89,8 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     the notes say so. Times are estimated from the recorded times (marked
     ~ in the table) except the plan's, timed over `repeats` steps against
     as many plain steps (repeats=0: estimated too). A meta model has no
-    times: they are estimated from FLOPs counted on meta
-    (memfit.step_cost.count_step_flops; the table says so), micro-batches
+    times: they are estimated from FLOPs counted on meta while each setting
+    is first recorded (the table says so), micro-batches
     and the state on the host left out. A plan with a setting on a real
     model is not timed (it trains a changed copy).
 

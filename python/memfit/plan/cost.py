@@ -5,8 +5,9 @@ Note [Time estimated from FLOPs and bytes]: a step on the meta device has no
 timings, and a 7B model cannot run on the machine that plans it. So the
 cost of each strategy is estimated from what it adds to the plain step:
 recomputation adds the forward FLOPs of the blocks it recomputes (counted
-by torch.utils.flop_counter.FlopCounterMode on a meta run of the real
-model), host offload adds bytes over the host link (parameters and
+with torch.utils.flop_counter's formulas on a meta run of the real model:
+here by count_step_flops, in advise while the step is recorded, See Note
+[FLOPs counted while a step is recorded]), host offload adds bytes over the host link (parameters and
 gradients each way). Time = FLOPs / device_flops + bytes / link_bytes_per_s,
 no overlap of transfers with compute (an upper bound for offload), and only
 matmul-like ops have FLOPs in torch's counter (elementwise work is free

@@ -13,6 +13,7 @@
 """
 
 import json
+import operator
 import os
 from typing import Dict, List, Optional, Tuple, Union
 
@@ -247,6 +248,16 @@ def load_snapshot(path: Union[str, "os.PathLike[str]"], device: Optional[int] = 
     """The CUDA memory snapshot at `path` (torch.cuda.memory._dump_snapshot),
     read in bounded memory and explained. Raises NotASnapshot (a ValueError)
     with one line for a file that is not one or has no trace."""
+    if device is not None:
+        try:
+            index = None if isinstance(device, bool) else operator.index(device)
+        except TypeError:
+            index = None
+        if index is None:
+            raise TypeError(f"[load_snapshot] device must be the CUDA device's index, an int "
+                            f"(or None: the longest trace), got {type(device).__name__} "
+                            f"{device!r}")
+        device = index
     raw = read_snapshot(path)
     if not raw.has_trace_key or not any(len(t) for t in raw.traces):
         raise NotASnapshot(f"{raw.path}: {NO_TRACE}")

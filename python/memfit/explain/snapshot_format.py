@@ -141,7 +141,11 @@ def read_snapshot(path) -> RawSnapshot:
     one that cannot be read."""
     path = os.fspath(path)
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file")
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such file")
+        what = "a directory" if os.path.isdir(path) else "not a regular file (a device or a pipe)"
+        raise NotASnapshot(f"{path}: {what}: give the file torch.cuda.memory._dump_snapshot "
+                           "wrote")
     try:
         raw = _memfit.read_snapshot(path)
     except RuntimeError as e:  # the C++ reader's I/O errors

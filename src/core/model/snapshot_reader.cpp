@@ -1,5 +1,6 @@
 #include "memfit/core/model/snapshot_reader.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -36,6 +37,15 @@ namespace memfit {
 // containers are reference counted, so a dict made small is freed as soon as
 // nothing refers to it. What stays is the columns (45 bytes an event), the
 // distinct frames, stacks and strings, and the memo.
+//
+// A hostile file must not make the reader take more than a multiple of its
+// own size, nor crash it: a length is checked against the bytes the file
+// has left before anything is allocated for it, a memo slot against the
+// bytes read so far (each stored object took at least one), a block may be
+// listed once, nested containers are freed without recursion, and a
+// value's text is cut short. Sizes, addresses and times that are not
+// integers, or that no device could have (see kMaxBytes), are refused with
+// the entry they are in, rather than read as 0.
 
 const char* to_string(TraceAction a) {
   static const char* names[kNumTraceActions] = {
@@ -59,6 +69,7 @@ enum class Tag : uint8_t {
   kTrace,  // v: index into Reader::traces_
   kBlock,  // v: index into Reader::blocks_
   kDead,   // made small and dropped: nothing the reader keeps
+  kBigInt, // an integer wider than 64 bits: its value is not kept
 };
 
 struct Val {
@@ -100,6 +111,15 @@ struct StackHash {
 
 constexpr size_t kChunk = 8 << 20;
 constexpr uint64_t kNoAddress = ~0ull;
+// The most bytes one size may hold (1 PiB), and the most a device's sizes
+// may add up to: every sum memfit makes of them then fits in 64 bits.
+constexpr int64_t kMaxBytes = int64_t{1} << 50;
+constexpr int64_t kMaxTotalBytes = int64_t{1} << 62;
+// time_us past this (the year 2112) is corrupt; (t - t0) * 1000 fits then.
+constexpr int64_t kMaxTimeUs = int64_t{1} << 52;
+// How much of a value the reader keeps as text, and how much a message shows.
+constexpr size_t kReprChars = 1000;
+constexpr size_t kQuotedChars = 60;
 
 // The dict keys the reader looks up, interned first.
 enum Key : int {
@@ -172,10 +192,20 @@ class Reader {
   [[noreturn]] void bad(const std::string& why) const {
     throw SnapshotFormatError(path_ + ": not a torch memory snapshot (" + why + ")");
   }
+  [[noreturn]] void corrupt(const std::string& why) const {
+    throw SnapshotFormatError(path_ + ": a corrupted snapshot: " + why +
+                              "; dump it again with torch.cuda.memory._dump_snapshot");
+  }
+  // Bytes of the file read by the machine so far.
+  uint64_t offset() const { return read_ - (end_ - pos_); }
 
   // --- input
   void fill(size_t need) {
     if (end_ - pos_ >= need) return;
+    // Nothing is allocated for bytes the file does not have.
+    if (need - (end_ - pos_) > file_size_ - std::min(read_, file_size_)) {
+      bad("the file ends in the middle of the pickle");
+    }
     if (pos_ > 0) {
       std::memmove(buf_.data(), buf_.data() + pos_, end_ - pos_);
       end_ -= pos_;
@@ -192,6 +222,7 @@ class Reader {
         eof_ = true;
       }
       end_ += got;
+      read_ += got;
     }
     if (end_ - pos_ < need) bad("the file ends in the middle of the pickle");
   }
@@ -242,14 +273,22 @@ class Reader {
   void retain(const Val& x) {
     if (x.tag == Tag::kObj) ++arena_[x.v].refs;
   }
+  // Without recursion: a file may nest a million lists.
   void release(const Val& x) {
     if (x.tag != Tag::kObj) return;
-    Container& c = arena_[x.v];
-    if (--c.refs > 0) return;
-    std::vector<Val> items = std::move(c.items);
-    c.items = {};
-    free_.push_back(x.v);
-    for (const Val& i : items) release(i);
+    std::vector<int64_t> dying{x.v};
+    while (!dying.empty()) {
+      const int64_t i = dying.back();
+      dying.pop_back();
+      Container& c = arena_[i];
+      if (--c.refs > 0) continue;
+      std::vector<Val> items = std::move(c.items);
+      c.items = {};
+      free_.push_back(i);
+      for (const Val& item : items) {
+        if (item.tag == Tag::kObj) dying.push_back(item.v);
+      }
+    }
   }
   // What a value stands for now: a container made small reads as its
   // small form.
@@ -285,6 +324,7 @@ class Reader {
       case Tag::kTrace:
       case Tag::kBlock:
       case Tag::kDead:
+      case Tag::kBigInt:
         if (x.v < 0 || x.v > kPayload) bad("more objects than this reader can index");
         return (static_cast<uint32_t>(x.tag) << 28) | static_cast<uint32_t>(x.v);
       default:  // numbers, None: memoized only by hand-made pickles
@@ -302,7 +342,8 @@ class Reader {
   static constexpr uint32_t kUnset = 14u << 28;
   void memo_put(size_t slot, const Val& x) {
     if (slot >= memo_.size()) {
-      if (slot > memo_.size() + (1u << 20)) bad("a memo index far past the memo's end");
+      // Each object stored took a byte of the file at least.
+      if (slot > offset()) bad("a memo index past the objects the file holds");
       memo_.resize(slot + 1, kUnset);
     }
     retain(x);
@@ -359,6 +400,31 @@ class Reader {
     if (v == nullptr) return fallback;
     if (v->tag == Tag::kInt || v->tag == Tag::kBool) return v->v;
     return fallback;
+  }
+  // An integer field of `where` (an entry, a segment, a block) in [lo, hi];
+  // `fallback` when absent. Anything else is refused, naming the entry.
+  int64_t number(const Container& d, Key k, const std::string& where, int64_t lo,
+                 int64_t hi, int64_t fallback = 0) const {
+    const Val* v = field(d, key(k));
+    if (v == nullptr) return fallback;
+    const Val r = resolve(*v);
+    if (r.tag != Tag::kInt && r.tag != Tag::kBool) {
+      corrupt(where + " has " + kKeyNames[k] + " " + quoted(r) + ", not an integer");
+    }
+    if (r.v < lo || r.v > hi) {
+      corrupt(where + " has " + kKeyNames[k] + " " + std::to_string(r.v) + ", outside " +
+              std::to_string(lo) + ".." + std::to_string(hi) + (k == k_time_us ? "" : " bytes"));
+    }
+    return r.v;
+  }
+  // A byte count: 0..kMaxBytes.
+  int64_t bytes_field(const Container& d, Key k, const std::string& where,
+                      int64_t fallback = 0) const {
+    return number(d, k, where, 0, kMaxBytes, fallback);
+  }
+  // Any 64-bit integer (an address, a stream).
+  int64_t any_int(const Container& d, Key k, const std::string& where) const {
+    return number(d, k, where, INT64_MIN, INT64_MAX);
   }
   std::string str_field(const Container& d, Key k) const {
     const Val* v = field(d, key(k));
@@ -434,12 +500,19 @@ class Reader {
       compact(r.v, Val{Tag::kDead, 0});
       return;
     }
+    const std::string where = "trace entry " + std::to_string(t.size_of()) + " (" +
+                              to_string(static_cast<TraceAction>(code)) + ")";
+    const bool oom = code == static_cast<int>(TraceAction::kOom);
+    const uint64_t addr = static_cast<uint64_t>(
+        oom ? bytes_field(e, k_device_free, where) : any_int(e, k_addr, where));
+    const int64_t size = bytes_field(e, k_size, where);
+    const int64_t stream = any_int(e, k_stream, where);
+    const int64_t time_us = number(e, k_time_us, where, 0, kMaxTimeUs);
     t.action.push_back(static_cast<uint8_t>(code));
-    t.addr.push_back(static_cast<uint64_t>(
-        int_field(e, code == static_cast<int>(TraceAction::kOom) ? k_device_free : k_addr)));
-    t.size.push_back(int_field(e, k_size));
-    t.stream.push_back(int_field(e, k_stream));
-    t.time_us.push_back(int_field(e, k_time_us));
+    t.addr.push_back(addr);
+    t.size.push_back(size);
+    t.stream.push_back(stream);
+    t.time_us.push_back(time_us);
     const Val* fr = field(e, key(k_frames));
     t.stack.push_back(fr ? static_cast<uint32_t>(stack_id(*fr).v) : 0);
     compact(r.v, Val{Tag::kDead, 0});  // the row holds it now
@@ -451,11 +524,11 @@ class Reader {
     SnapshotBlock b;
     // Blocks without an address (torch's _profile_to_snapshot writes none)
     // get one from their segment: see segment().
-    const Val* address = field(d, key(k_address));
-    b.address = address && address->tag == Tag::kInt ? static_cast<uint64_t>(address->v)
-                                                     : kNoAddress;
-    b.size = int_field(d, k_size);
-    b.requested_size = int_field(d, k_requested_size, b.size);
+    const std::string where = "block " + std::to_string(blocks_.size());
+    b.address = field(d, key(k_address)) ? static_cast<uint64_t>(any_int(d, k_address, where))
+                                         : kNoAddress;
+    b.size = bytes_field(d, k_size, where);
+    b.requested_size = bytes_field(d, k_requested_size, where, b.size);
     b.state = str_field(d, k_state);
     const Val* fr = field(d, key(k_frames));
     b.stack = fr ? static_cast<uint32_t>(stack_id(*fr).v) : 0;
@@ -530,7 +603,19 @@ class Reader {
   Snapshot result(const Val& top);
   SnapshotSegment segment(const Val& x);
   SnapshotTrace trace_of(const Val& x);
-  std::string repr(const Val& x, int depth = 0) const;
+  // A value as Python would print it, cut to about kReprChars characters.
+  std::string repr(const Val& x, size_t limit = kReprChars) const {
+    std::string out;
+    repr_into(x, 0, out, limit);
+    return out;
+  }
+  void repr_into(const Val& x, int depth, std::string& out, size_t limit) const;
+  // A value for a message: a string quoted, anything else as repr.
+  std::string quoted(const Val& x) const {
+    const Val r = resolve(x);
+    const std::string text = repr(r, kQuotedChars);
+    return r.tag == Tag::kStr ? "'" + text + "'" : text;
+  }
 
   std::FILE* f_;
   std::string path_;
@@ -556,6 +641,10 @@ class Reader {
   std::vector<SnapshotTrace> traces_;
   std::vector<SnapshotBlock> blocks_;
   std::map<std::string, int64_t> unknown_actions_;
+  uint64_t file_size_ = 0;  // bytes the file holds
+  uint64_t read_ = 0;       // bytes read from it into buf_ so far
+  int64_t segments_read_ = 0;
+  std::vector<bool> block_taken_;  // per block: a segment listed it
 };
 
 Val Reader::machine() {
@@ -617,6 +706,13 @@ Val Reader::machine() {
         push(Val{Tag::kStr, intern(bytes(n))});
         break;
       }
+      case 0x8E:    // BINBYTES8
+      case 0x96: {  // BYTEARRAY8
+        const uint64_t n = le<uint64_t>();
+        if (n > (1ull << 32)) bad("a byte string over 4 GB");
+        push(Val{Tag::kStr, intern(bytes(n))});
+        break;
+      }
       case 0x4B:  // BININT1
         push(Val{Tag::kInt, byte()});
         break;
@@ -629,7 +725,10 @@ Val Reader::machine() {
       case 0x8A: {  // LONG1: little-endian two's complement
         const size_t n = byte();
         const std::string_view b = bytes(n);
-        if (n > 9 || (n == 9 && b[8] != 0)) bad("an integer wider than 64 bits");
+        if (n > 9 || (n == 9 && b[8] != 0)) {
+          push(Val{Tag::kBigInt, 0});  // refused where a field needs its value
+          break;
+        }
         uint64_t u = 0;
         for (size_t i = 0; i < n && i < 8; ++i) {
           u |= static_cast<uint64_t>(static_cast<uint8_t>(b[i])) << (8 * i);
@@ -638,6 +737,21 @@ Val Reader::machine() {
           u |= ~0ull << (8 * n);  // sign-extend
         }
         push(Val{Tag::kInt, static_cast<int64_t>(u)});
+        break;
+      }
+      case 0x8B: {  // LONG4: as LONG1, with a 4-byte length
+        const int32_t n = le<int32_t>();
+        if (n < 0) bad("an integer of negative length");
+        const std::string_view b = bytes(static_cast<size_t>(n));
+        bool wide = n > 9 || (n == 9 && b[8] != 0);
+        uint64_t u = 0;
+        for (int32_t i = 0; !wide && i < n && i < 8; ++i) {
+          u |= static_cast<uint64_t>(static_cast<uint8_t>(b[i])) << (8 * i);
+        }
+        if (!wide && n > 0 && n < 8 && (static_cast<uint8_t>(b[n - 1]) & 0x80)) {
+          u |= ~0ull << (8 * n);
+        }
+        push(wide ? Val{Tag::kBigInt, 0} : Val{Tag::kInt, static_cast<int64_t>(u)});
         break;
       }
       case 0x47: {  // BINFLOAT: big-endian double
@@ -757,14 +871,15 @@ SnapshotSegment Reader::segment(const Val& x) {
     bad("a segment without total_size");
   }
   const Container& d = arena_[r.v];
+  const std::string where = "segment " + std::to_string(segments_read_++);
   SnapshotSegment s;
-  s.device = int_field(d, k_device);
-  s.address = static_cast<uint64_t>(int_field(d, k_address));
-  s.total_size = int_field(d, k_total_size);
-  s.stream = int_field(d, k_stream);
+  s.device = number(d, k_device, where, 0, 1 << 20);
+  s.address = static_cast<uint64_t>(any_int(d, k_address, where));
+  s.total_size = bytes_field(d, k_total_size, where);
+  s.stream = any_int(d, k_stream, where);
   s.segment_type = str_field(d, k_segment_type);
-  s.allocated_size = int_field(d, k_allocated_size);
-  s.active_size = int_field(d, k_active_size);
+  s.allocated_size = bytes_field(d, k_allocated_size, where);
+  s.active_size = bytes_field(d, k_active_size, where);
   s.is_expandable = int_field(d, k_is_expandable) != 0;
   if (const Val* b = field(d, key(k_blocks))) {
     const Val rb = resolve(*b);
@@ -776,7 +891,15 @@ SnapshotSegment Reader::segment(const Val& x) {
           retain(blk);
           blk = make_block(blk);
         }
-        if (blk.tag == Tag::kBlock) s.blocks.push_back(blocks_[blk.v]);
+        if (blk.tag == Tag::kBlock) {
+          // A block shared by segments would be copied once per segment.
+          if (block_taken_.size() <= static_cast<size_t>(blk.v)) {
+            block_taken_.resize(blocks_.size());
+          }
+          if (block_taken_[blk.v]) corrupt(where + " lists a block listed before");
+          block_taken_[blk.v] = true;
+          s.blocks.push_back(blocks_[blk.v]);
+        }
       }
     }
   }
@@ -790,36 +913,54 @@ SnapshotSegment Reader::segment(const Val& x) {
   return s;
 }
 
-std::string Reader::repr(const Val& x, int depth) const {
+void Reader::repr_into(const Val& x, int depth, std::string& out, size_t limit) const {
+  if (out.size() > limit) return;
   const Val r = resolve(x);
   switch (r.tag) {
     case Tag::kNone:
-      return "None";
+      out += "None";
+      break;
     case Tag::kBool:
-      return r.v ? "True" : "False";
+      out += r.v ? "True" : "False";
+      break;
     case Tag::kInt:
-      return std::to_string(r.v);
+      out += std::to_string(r.v);
+      break;
+    case Tag::kBigInt:
+      out += "<an integer wider than 64 bits>";
+      break;
     case Tag::kFloat: {
       double d;
       std::memcpy(&d, &r.v, sizeof d);
-      char out[32];
-      std::snprintf(out, sizeof out, "%g", d);
-      return out;
+      char text[32];
+      std::snprintf(text, sizeof text, "%g", d);
+      out += text;
+      break;
     }
     case Tag::kStr:
-      return strings_[r.v];
+      out += strings_[r.v].substr(0, limit);
+      break;
     case Tag::kObj: {
-      if (depth > 3) return "...";
-      const Container& c = arena_[r.v];
-      std::string out = c.kind == Container::kDict ? "{" : "[";
-      for (size_t i = 0; i < c.items.size(); ++i) {
-        if (i) out += c.kind == Container::kDict && i % 2 ? ": " : ", ";
-        out += repr(c.items[i], depth + 1);
+      if (depth > 3) {
+        out += "...";
+        break;
       }
-      return out + (c.kind == Container::kDict ? "}" : "]");
+      const Container& c = arena_[r.v];
+      out += c.kind == Container::kDict ? "{" : "[";
+      for (size_t i = 0; i < c.items.size(); ++i) {
+        if (out.size() > limit) break;
+        if (i) out += c.kind == Container::kDict && i % 2 ? ": " : ", ";
+        repr_into(c.items[i], depth + 1, out, limit);
+      }
+      out += c.kind == Container::kDict ? "}" : "]";
+      break;
     }
     default:
-      return "?";
+      out += "?";
+  }
+  if (out.size() > limit) {
+    out.resize(limit);
+    out += "...";
   }
 }
 
@@ -859,6 +1000,24 @@ Snapshot Reader::result(const Val& top_val) {
   } else {
     bad("no 'segments': write one with torch.cuda.memory._dump_snapshot");
   }
+  // Each size is at most kMaxBytes; their sums must fit what memfit adds.
+  const auto check_total = [&](const std::string& what, auto each) {
+    int64_t total = 0;
+    each([&](int64_t n) {
+      total += n;
+      if (total > kMaxTotalBytes) {
+        corrupt(what + " add up to more than 2^62 bytes: no device holds that");
+      }
+    });
+  };
+  check_total("the segments' sizes", [&](auto add) {
+    for (const SnapshotSegment& seg : s.segments) add(seg.total_size);
+  });
+  for (size_t d = 0; d < s.traces.size(); ++d) {
+    check_total("the sizes in device " + std::to_string(d) + "'s trace", [&](auto add) {
+      for (int64_t n : s.traces[d].size) add(n);
+    });
+  }
   s.frames.reserve(frame_keys_.size());
   for (const FrameKey& k : frame_keys_) {
     s.frames.push_back(SnapshotFrame{strings_[k.filename], k.line, strings_[k.name]});
@@ -869,8 +1028,17 @@ Snapshot Reader::result(const Val& top_val) {
 }
 
 Snapshot Reader::run() {
-  buf_.resize(kChunk);
+  if (std::fseek(f_, 0, SEEK_END) != 0) {
+    throw std::runtime_error(path_ + ": cannot read: not a regular file");
+  }
+  const long size = std::ftell(f_);
+  if (size < 0 || std::fseek(f_, 0, SEEK_SET) != 0) {
+    throw std::runtime_error(path_ + ": cannot read: not a regular file");
+  }
+  file_size_ = static_cast<uint64_t>(size);
+  buf_.resize(std::min<uint64_t>(kChunk, std::max<uint64_t>(file_size_, 1)));
   end_ = std::fread(buf_.data(), 1, buf_.size(), f_);
+  read_ = end_;
   if (end_ == 0) {
     if (std::ferror(f_)) {
       throw std::runtime_error(path_ + ": cannot read: " + std::strerror(errno));

@@ -140,6 +140,19 @@ def test_keep_effective_batch_sets_accumulation_so_the_product_is_exact():
         module = None
 
 
+def test_fit_batch_size_says_it_changed_the_batch():
+    # Issue 43 item 2: the batch was changed with a logging.info line only.
+    gc.collect()
+    with memfit.simulated_device(BUDGET):
+        module = Mlp(batch_size=4)
+        fit = FitBatchSize()
+        with pytest.warns(UserWarning, match=r"^\[FitBatchSize\] batch 4 -> \d+: the largest "
+                          r"batch that fits is \d+ under the budget of .* \(measured in "):
+            trainer(max_steps=1, callbacks=[fit]).fit(module)
+        assert module.batch_size == fit.optimal_batch_size != 4
+        module = None
+
+
 def test_keep_effective_batch_says_why_it_cannot():
     scheduler = pl.callbacks.GradientAccumulationScheduler({0: 2})
     with pytest.raises(ValueError) as e:

@@ -90,8 +90,11 @@ def test_the_effective_batch_stays_exact_and_the_trainer_runs_20_steps(tmp_path)
 def test_an_effective_batch_that_fits_whole_runs_without_accumulation(tmp_path):
     args = arguments(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=3,
                      max_steps=1)
-    transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(),
-                         callbacks=[FitBatchSize(budget="64MiB")])
+    # Issue 43 item 2: said where the user sees it, not only in logging.info.
+    with pytest.warns(UserWarning, match=r"^\[FitBatchSize\] batch 4 x 3 -> 12 x 1: the "
+                      r"largest batch that fits is \d+ under the budget of "):
+        transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(),
+                             callbacks=[FitBatchSize(budget="64MiB")])
     assert (args.per_device_train_batch_size, args.gradient_accumulation_steps) == (12, 1)
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import inspect
 import logging
+import time
 from typing import Any
 
 import torch
@@ -19,12 +20,14 @@ import torch
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.utilities.model_helpers import is_overridden
-    from lightning.pytorch.utilities.parsing import lightning_hasattr, lightning_setattr
+    from lightning.pytorch.utilities.parsing import (lightning_getattr, lightning_hasattr,
+                                                      lightning_setattr)
 except ImportError:
     try:
         import pytorch_lightning as pl
         from pytorch_lightning.utilities.model_helpers import is_overridden
-        from pytorch_lightning.utilities.parsing import lightning_hasattr, lightning_setattr
+        from pytorch_lightning.utilities.parsing import (lightning_getattr, lightning_hasattr,
+                                                          lightning_setattr)
     except ImportError:
         raise ImportError(
             "[memfit.integrations.lightning] Lightning is not installed: pip install lightning"
@@ -37,7 +40,7 @@ from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
 from ..diagnosis import Doctor
 from ..report.profile import Report, profile
-from .sizing import BatchPlan, LoopStep, example_of, plan_batch
+from .sizing import BatchPlan, LoopStep, example_of, plan_batch, tell_change
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -207,6 +210,10 @@ class FitBatchSize(pl.Callback):
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         what = "FitBatchSize"
+        began = time.perf_counter()
+        before = str(lightning_getattr(pl_module, self.batch_arg_name))
+        if self.keep_effective_batch is not None:
+            before += f" x {trainer.accumulate_grad_batches}"
         batch = _first_batch(trainer, pl_module, what, self.batch_dim)
         plan = plan_batch(pl_module, batch, _optimizer(trainer, what),
                           whole=lightning_step(trainer, pl_module, what),
@@ -218,6 +225,7 @@ class FitBatchSize(pl.Callback):
         if self.keep_effective_batch is not None:
             trainer.accumulate_grad_batches = plan.accumulation
         self.plan, self.optimal_batch_size = plan, plan.batch_size
+        tell_change(what, before, plan, time.perf_counter() - began)
         log.info(plan.summary())
         for note in plan.notes:
             log.info("memfit: %s", note)

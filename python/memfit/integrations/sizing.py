@@ -7,6 +7,7 @@ gets a BatchPlan to apply."""
 from __future__ import annotations
 
 import dataclasses
+import warnings
 
 import torch
 
@@ -20,7 +21,7 @@ from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 
 __all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "largest_divisor", "optimizer_state_bytes",
-           "plan_batch", "plan_eval_batch"]
+           "plan_batch", "plan_eval_batch", "tell_change"]
 
 
 @dataclasses.dataclass
@@ -64,6 +65,21 @@ class BatchPlan:
         return (f"memfit: batch {self.batch_size}{acc} (largest that fits {self.max_batch}, "
                 f"budget {fb(self.budget_bytes)}, {fb(self.reserved_bytes)} kept for the "
                 f"loop's batches){ev}")
+
+
+def tell_change(what: str, before: str, plan: BatchPlan, seconds: float) -> None:
+    """Says, as a UserWarning of one line, that the callback `what` changed
+    the user's batch (`before`, as the user set it) to the plan's, and
+    why; nothing when the plan keeps it."""
+    after = (f"{plan.batch_size} x {plan.accumulation}" if plan.effective_batch is not None
+             else str(plan.batch_size))
+    if after == before:
+        return
+    fb = _memfit.format_bytes
+    warnings.warn(
+        f"[{what}] batch {before} -> {after}: the largest batch that fits is "
+        f"{plan.max_batch} under the budget of {fb(plan.budget_bytes)} (measured in "
+        f"{seconds:.1f} s; its .plan says more)", UserWarning, stacklevel=3)
 
 
 def largest_divisor(n: int, limit: int) -> int:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from typing import Any
 
 import torch
@@ -30,7 +31,7 @@ from .._step.hints import Size
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, example_of, plan_batch,
-                     plan_eval_batch)
+                     plan_eval_batch, tell_change)
 
 __all__ = ["FitBatchSize", "trainer_step"]
 
@@ -138,7 +139,9 @@ class FitBatchSize(TrainerCallback):
         """Measure and set the batch sizes of `trainer` (what on_init_end
         does); returns the BatchPlan."""
         what = "FitBatchSize"
+        began = time.perf_counter()
         args, model = trainer.args, trainer.model
+        before = f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps}"
         effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
         how = trainer_step(trainer, what)
         batch = _first_batch(trainer.get_train_dataloader())
@@ -163,6 +166,7 @@ class FitBatchSize(TrainerCallback):
         if args.auto_find_batch_size:
             plan.notes.append("auto_find_batch_size is on: it would only act on an OOM, and "
                               "would then change the effective batch; memfit's batch fits")
+        tell_change(what, before, plan, time.perf_counter() - began)
         log.info(plan.summary())
         for note in plan.notes:
             log.info("memfit: %s", note)

@@ -90,6 +90,52 @@ def test_an_oom_in_the_forward_names_the_activations():
     assert "Use a smaller batch" not in msg
 
 
+def test_an_oom_in_the_forward_inside_an_optimizer_closure_is_the_forwards():
+    # Issue 43 item 1: Lightning steps as optimizer.step(closure), the forward
+    # and backward inside the closure; the forward's OOM is not the step's.
+    gc.collect()
+    with memfit.simulated_device("6MiB"):
+        m = nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 64))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+
+        def closure():
+            loss = m(torch.randn(512, 64)).square().mean()
+            loss.backward()
+            return loss
+
+        with pytest.raises(torch.cuda.OutOfMemoryError) as e:
+            opt.step(closure)
+    msg = str(e.value)
+    del e, m, opt
+    assert msg.startswith("CUDA out of memory. [simulated_device] ran out in the forward, with "
+                          "parameters 2.02 MiB, activations"), msg
+    assert "A smaller batch cannot help" not in msg
+
+
+CLOSURE_OOM = """
+    import torch, torch.nn as nn, memfit
+    with memfit.simulated_device("6MiB"):
+        m = nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 64))
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        for b in (8, 8, 512):
+            def closure():
+                opt.zero_grad()
+                loss = m(torch.randn(b, 64)).square().mean()
+                loss.backward()
+                return loss
+            opt.step(closure)
+"""
+
+
+def test_the_doctor_reports_a_forward_oom_inside_a_closure_as_the_forwards(tmp_path):
+    out = doctor_cli(tmp_path, CLOSURE_OOM, "--steps", "3")
+    report = out.stdout
+    seen = next(line for line in report.splitlines() if line.lstrip().startswith("seen:"))
+    assert "in the forward of step" in seen, report
+    fix = next(line for line in report.splitlines() if line.lstrip().startswith("fix:"))
+    assert "A smaller batch cannot help" not in fix, report
+
+
 def test_lazy_inside_the_doctor_runs(tmp_path):  # C1
     m = nn.Linear(16, 4)
     x = memfit.lazy(torch.randn(8, 3))

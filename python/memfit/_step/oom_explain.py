@@ -97,18 +97,23 @@ def live_memory(device="cpu", models=None, optimizers=None):
 def phase_of(frame):
     """The profile phase the stack from `frame` outward is in:
     "optimizer_step" (inside torch.optim), "backward" (inside autograd's
-    backward), "forward" (inside a module's forward), else ""."""
+    backward), "forward" (inside a module's forward), else "". A closure
+    that optimizer.step(closure) calls (how Lightning steps) is not the
+    optimizer's: what runs inside it has the closure's own phase."""
     in_forward = False
-    f = frame
+    f, callee = frame, None
     while f is not None:
         name = f.f_code.co_filename
         if name.startswith(_OPTIM_DIR):
+            if callee is not None and not callee.f_code.co_filename.startswith(_TORCH_DIR):
+                # torch.optim called code outside torch: the user's closure.
+                return "forward" if in_forward else ""
             return "optimizer_step"
         if name.startswith(_AUTOGRAD_FILES) and "backward" in f.f_code.co_name:
             return "backward"
         if f.f_code.co_name == "forward" and isinstance(f.f_locals.get("self"), torch.nn.Module):
             in_forward = True
-        f = f.f_back
+        f, callee = f.f_back, f
     return "forward" if in_forward else ""
 
 

@@ -349,3 +349,23 @@ def test_a_micro_batch_that_wrote_into_its_input_is_not_redone_after_an_oom():
     with pytest.raises(ValueError, match=r"^\[Trainer.step\] samples 0\.\.20 ran out of memory "
                                          r"after the forward or loss wrote into them in place"):
         t.step(x, y)
+
+
+def test_a_micro_batch_plan_that_fails_says_why(monkeypatch):
+    # Issue 43 item 10: the plan's error was kept in trainer.planned.failed
+    # only, and the whole batch ran without a word.
+    import memfit.train.trainer as trainer_module
+
+    def broken_profile(*args, **kwargs):
+        raise RuntimeError("the rehearsal broke")
+
+    monkeypatch.setattr(trainer_module, "profile", broken_profile)
+    with memfit.simulated_device("1GiB"):
+        model = torch.nn.Linear(8, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        trainer = memfit.Trainer(model, opt, torch.nn.functional.mse_loss, budget="512MiB")
+        with pytest.warns(RuntimeWarning, match=r"^\[Trainer.step\] the micro-batch for 16 "
+                          r"samples was not planned \(RuntimeError: the rehearsal broke\)"):
+            r = trainer.step(torch.randn(16, 8), torch.randn(16, 1))
+    assert r.samples == 16
+    assert trainer.planned.failed == "RuntimeError: the rehearsal broke"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from typing import Any
 
 import torch
@@ -451,6 +452,10 @@ class Trainer:
             raise  # the step itself would fail the same way
         except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
             plan.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            # The step still runs (halving at each OOM): say why it was not planned.
+            warnings.warn(f"[Trainer.step] the micro-batch for {n} samples was not planned "
+                          f"({plan.failed}); the step starts from the whole batch and halves "
+                          "it at each out-of-memory error", RuntimeWarning, stacklevel=3)
             return
         native.set_micro_batch(plan.micro_batch)
 

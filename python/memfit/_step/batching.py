@@ -8,7 +8,7 @@ import torch
 
 __all__ = [
     "count", "map_tensors", "tensors_in", "first_batch_dim", "batch_size", "narrow_batch",
-    "resize_batch",
+    "resize_batch", "sequence_length", "resize_length",
 ]
 
 
@@ -186,3 +186,82 @@ def resize_batch(obj, n, batch_dim=0):
         return torch.cat([t] * reps, dim=d).narrow(d, 0, n).clone()
 
     return _map_batched(obj, batch_dim, resize)
+
+
+def _length_dims(obj, seq_dim, what):
+    """(tensor, dim) for every tensor in `obj`, dim None for a tensor with no
+    length. `seq_dim` as batch_dim (see _dims): an int for every tensor, or
+    one entry per input (a tuple/list beside a tuple/list, a dict beside a
+    dict), each an int or None. Under an int, a tensor with too few
+    dimensions has no length (a class label of shape (B,))."""
+    if isinstance(seq_dim, bool) or seq_dim is None:
+        raise ValueError(f"[{what}] seq_dim must be an int, or a tuple/dict with an int or None "
+                         f"per input, got {seq_dim!r}")
+    if isinstance(seq_dim, int):
+        return [(t, seq_dim if -t.dim() <= seq_dim < t.dim() else None) for t in tensors_in(obj)]
+    if isinstance(seq_dim, dict) and isinstance(obj, Mapping):
+        unknown = set(seq_dim) - set(obj)
+        if unknown:
+            raise ValueError(f"[{what}] seq_dim names no such input: {sorted(unknown)}")
+        pairs = [(obj[k], seq_dim.get(k)) for k in obj]
+    elif isinstance(seq_dim, (tuple, list)) and isinstance(obj, (tuple, list)):
+        if len(seq_dim) != len(obj):
+            raise ValueError(f"[{what}] seq_dim has {len(seq_dim)} entries but there are "
+                             f"{len(obj)} inputs: give one per input (an int, or None for an "
+                             f"input without a length)")
+        pairs = list(zip(obj, seq_dim))
+    else:
+        raise ValueError(f"[{what}] a per-input seq_dim ({type(seq_dim).__name__}) needs inputs "
+                         f"of the same kind, got {type(obj).__name__}")
+    out = []
+    for part, d in pairs:
+        if d is not None and (isinstance(d, bool) or not isinstance(d, int)):
+            raise ValueError(f"[{what}] each seq_dim entry must be an int or None (no length), "
+                             f"got {d!r}")
+        for t in tensors_in(part):
+            if d is not None and not -t.dim() <= d < t.dim():
+                raise ValueError(f"[{what}] seq_dim {d} is out of range for a tensor of shape "
+                                 f"{tuple(t.shape)}")
+            out.append((t, d))
+    return out
+
+
+def sequence_length(obj, seq_dim, what="inputs"):
+    """The length shared along `seq_dim` by the tensors of `obj` that have
+    one (see _length_dims). Raises ValueError when none has a length, or
+    they disagree."""
+    sizes = {}
+    for t, d in _length_dims(obj, seq_dim, what):
+        if d is not None:
+            sizes.setdefault(t.shape[d], tuple(t.shape))
+    if not sizes:
+        raise ValueError(f"[{what}] no tensor has a dimension {seq_dim!r} (seq_dim): pass the "
+                         f"dimension that indexes tokens, e.g. seq_dim=1 for (batch, length)")
+    if len(sizes) > 1:
+        shapes = ", ".join(str(s) for s in sizes.values())
+        raise ValueError(f"[{what}] the tensors disagree on the length along seq_dim "
+                         f"{seq_dim!r}: {sorted(sizes)} (shapes {shapes}); give None for an "
+                         f"input without a length in a per-input seq_dim, e.g. seq_dim=(1, None)")
+    (length,) = sizes
+    if length == 0:
+        raise ValueError(f"[{what}] the example is empty along seq_dim {seq_dim!r}")
+    return length
+
+
+def resize_length(obj, n, seq_dim, length, what="inputs"):
+    """`obj` with every tensor that is `length` long along its seq_dim (see
+    _length_dims) cut to its first `n` positions, or repeated to n; other
+    tensors as they are. Only shapes matter to memory: a repeated sequence
+    is a faithful probe of a longer one. The target of a token-level loss
+    (labels of shape (batch, length)) is resized with its inputs this way;
+    a class label of shape (batch,) is left alone."""
+
+    def resize(t, d):
+        if d is None or t.shape[d] != length:
+            return t
+        if n <= length:
+            return t.narrow(d, 0, n).clone()
+        return torch.cat([t] * -(-n // length), dim=d).narrow(d, 0, n).clone()
+
+    dims = iter([d for _, d in _length_dims(obj, seq_dim, what)])
+    return map_tensors(obj, lambda t: resize(t, next(dims)))

@@ -22,6 +22,7 @@ from .._step.user_step import as_user_step
 from ..report.compiled import search_notes
 from ..report.data_parallel import trainable_sizes
 from ..report.profile import profile
+from .lengths import LengthFit, fit_lengths
 
 __all__ = [
     "DoesNotFit", "model_tracked_bytes", "others_live_bytes", "cuda_free_bytes", "available_bytes",
@@ -95,7 +96,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     budget: Size | None = None, batch_dim: int = 0, mode: str = "cpu",
                     margin: Size = 0, verify: bool = True, progress: ProgressArg = None,
                     target_device: str | None = None,
-                    step: StepFn | None = None) -> _memfit.BatchFit:
+                    step: StepFn | None = None, seq_dim: Any = None,
+                    lengths: Any = None) -> _memfit.BatchFit | LengthFit:
     """The largest batch whose whole training step fits `budget`, verified.
 
     `inputs`/`target` are an example batch of any size: memfit records the
@@ -145,7 +147,18 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     figures), budget_bytes, margin_bytes, mode, notes. Raises
     memfit.DoesNotFit (a ValueError) with the numbers when even batch 1 does
     not fit.
+
+    seq_dim and lengths: the largest batch at each of `lengths`, the example
+    cut or repeated along `seq_dim` (an int, or one per input as batch_dim):
+    a LengthFit (memfit.plan.lengths), with at(L) for any length up to the
+    longest, table() and max_tokens.
     """
+    if seq_dim is not None or lengths is not None:  # one fit per length: plan/lengths.py
+        args = dict(loss_fn=loss_fn, optimizer=optimizer, budget=budget, batch_dim=batch_dim,
+                    mode=mode, margin=margin, verify=verify, progress=progress,
+                    target_device=target_device, step=step)
+        return fit_lengths(lambda x, y: find_batch_size(model, x, y, **args), inputs, target,
+                           seq_dim, lengths, batch_dim)
     optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
     check_optimizer(model, optimizer, "find_batch_size")
     verify = flag(verify, "find_batch_size", "verify")

@@ -1,0 +1,212 @@
+"""The largest batch per sequence length: memfit.find_batch_size(...,
+seq_dim=1, lengths=[128, 512, 2048]) fits the batch at each length asked,
+and answers for the lengths between from the measured ones, never above
+what fits (see Note [Between measured lengths])."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable
+
+from .. import _memfit
+from .._step.batching import count, first_batch_dim, resize_length, sequence_length
+from .._step.device import host_memory
+
+__all__ = ["LengthFit", "fit_lengths"]
+
+
+# Note [Between measured lengths]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# At each measured length L_i the fit gives a line in the batch, M_i(b) =
+# M0_i + m_i*b: m_i the bytes per sample between its two largest measured
+# steps, M0_i chosen so that the line goes through the peak measured at
+# max_batch (the verified step). Between L_lo and L_hi, at the fraction t
+# of the way, at(L) is the largest b with
+#     (1 - t) * M_lo(b) + t * M_hi(b) <= budget - margin,
+# clamped to [max_batch(L_hi), max_batch(L_lo)]. The peak at a fixed batch
+# is convex in the length (per token, plus the length squared where
+# attention materialises its scores; a max of such phases is convex too),
+# and a chord lies above a convex function: so the answer is at most what
+# fits, with the line measured at both ends. A kernel whose memory jumps
+# with the length breaks convexity; at(L, between="next") takes the fit of
+# the next measured length instead (safe for any peak that grows with the
+# length), and the sampler's first batch is its largest, so such a jump
+# shows at once.
+
+
+@dataclasses.dataclass(frozen=True)
+class _Line:
+    """M0 + per_sample * b, the line of one measured length."""
+    fixed: float
+    per_sample: float
+
+
+def _line(fit) -> _Line | None:
+    """The line through the peak at fit.max_batch with the slope of its two
+    largest measured steps; None when fewer than two batches ran."""
+    points = {}
+    for p in fit.probes:
+        if not p.out_of_memory and p.peak_bytes > 0 and p.batch <= fit.max_batch:
+            points[p.batch] = max(points.get(p.batch, 0), p.peak_bytes)
+    at_max = fit.measured_peak_bytes if fit.measured_peak_bytes >= 0 else fit.predicted_peak_bytes
+    points[fit.max_batch] = max(points.get(fit.max_batch, 0), at_max)
+    if len(points) < 2:
+        return None
+    (b1, p1), (b2, p2) = sorted(points.items())[-2:]
+    per_sample = max(0.0, (p2 - p1) / (b2 - b1))
+    return _Line(fixed=p2 - per_sample * b2, per_sample=per_sample)
+
+
+@dataclasses.dataclass(frozen=True)
+class LengthFit:
+    """The largest batch at each measured length, from find_batch_size(...,
+    seq_dim=, lengths=).
+
+    fits: {length: BatchFit}, ascending. at(L): the largest batch at any
+    length up to the longest measured (see Note [Between measured lengths]);
+    predict_peak_bytes(batch, length); max_tokens: the most tokens in one
+    step, padded, that fit at every measured length (a packed row of that
+    many tokens, or rows whose padded size batch*length stays under it);
+    table(): one line per length."""
+
+    fits: dict
+    seq_dim: Any
+    notes: tuple = ()
+
+    @property
+    def lengths(self) -> list[int]:
+        return list(self.fits)
+
+    @property
+    def longest(self) -> int:
+        return max(self.fits)
+
+    @property
+    def verified(self) -> bool:
+        return all(f.verified for f in self.fits.values())
+
+    @property
+    def max_tokens(self) -> int:
+        return min(f.max_batch * length for length, f in self.fits.items())
+
+    def _check(self, length, what):
+        length = count(length, what, "length")
+        if length > self.longest:
+            raise ValueError(
+                f"[{what}] length {length} is above the longest measured, {self.longest}: "
+                f"memory grows with the length, so no batch is known to fit there; pass it "
+                f"in find_batch_size's lengths=")
+        return length
+
+    def _neighbours(self, length):
+        """(L_lo, L_hi): the measured lengths around `length` (equal when
+        it is measured; L_lo None below the shortest)."""
+        measured = self.lengths
+        hi = next(m for m in measured if m >= length)
+        lower = [m for m in measured if m <= length]
+        return (lower[-1] if lower else None), hi
+
+    def at(self, length: int, between: str = "surface") -> int:
+        """The largest batch whose step fits at `length` tokens per sample
+        (padded): measured at a length asked; between two, from their lines
+        ("surface", see Note [Between measured lengths]) or the fit of the
+        next longer one ("next"); below the shortest, the shortest's.
+        Raises ValueError above the longest measured."""
+        length = self._check(length, "LengthFit.at")
+        if between not in ("surface", "next"):
+            raise ValueError(f"[LengthFit.at] between must be 'surface' or 'next', got "
+                             f"{between!r}")
+        lo, hi = self._neighbours(length)
+        high = self.fits[hi].max_batch
+        if lo is None or lo == hi or between == "next":
+            return high
+        low = self.fits[lo].max_batch
+        a, b = _line(self.fits[lo]), _line(self.fits[hi])
+        if a is None or b is None:
+            return high
+        t = (length - lo) / (hi - lo)
+        fixed = (1 - t) * a.fixed + t * b.fixed
+        per_sample = (1 - t) * a.per_sample + t * b.per_sample
+        room = self._room(lo, hi) - fixed
+        if per_sample <= 0:
+            return low
+        return max(high, min(low, math.floor(room / per_sample)))
+
+    def _room(self, lo, hi):
+        """What the step may take at lengths between lo and hi: the budget
+        less the larger of their margins."""
+        return min(f.budget_bytes - f.margin_bytes for f in (self.fits[lo], self.fits[hi]))
+
+    def predict_peak_bytes(self, batch: int, length: int) -> int:
+        """The peak of a step of `batch` samples padded to `length`, from
+        the lines of the measured lengths around it (see Note [Between
+        measured lengths]); below the shortest, the shortest's line."""
+        batch = count(batch, "LengthFit.predict_peak_bytes", "batch")
+        length = self._check(length, "LengthFit.predict_peak_bytes")
+        lo, hi = self._neighbours(length)
+        b = _line(self.fits[hi])
+        if b is None:
+            return int(self.fits[hi].measured_peak_bytes)
+        a = _line(self.fits[lo]) if lo is not None else None
+        if a is None or lo == hi:
+            return int(round(b.fixed + b.per_sample * batch))
+        t = (length - lo) / (hi - lo)
+        return int(round((1 - t) * (a.fixed + a.per_sample * batch)
+                         + t * (b.fixed + b.per_sample * batch)))
+
+    def table(self) -> str:
+        """One line per measured length: its largest batch, the tokens a
+        padded step holds there, the peak measured at that batch."""
+        fmt = _memfit.format_bytes
+        rows = [("length", "max batch", "tokens", "peak", "verified")]
+        for length, f in self.fits.items():
+            peak = f.measured_peak_bytes if f.measured_peak_bytes >= 0 else f.predicted_peak_bytes
+            rows.append((str(length), str(f.max_batch), str(f.max_batch * length), fmt(peak),
+                         "yes" if f.verified else "no"))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
+        first = next(iter(self.fits.values()))
+        lines.append(f"budget {fmt(first.budget_bytes)}; max_tokens {self.max_tokens}")
+        return "\n".join(lines + list(self.notes))
+
+    def __repr__(self):
+        sizes = ", ".join(f"{length}: {f.max_batch}" for length, f in self.fits.items())
+        return (f"LengthFit({{{sizes}}}, max_tokens={self.max_tokens}, "
+                f"verified={self.verified})")
+
+
+def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0) -> LengthFit:
+    """find_batch_size at each of `lengths`: `fit_one(inputs, target)`
+    fits one example batch (find_batch_size with the user's other
+    arguments); the example is cut or repeated along `seq_dim` to each
+    length (see resize_length: its target too where it has that length).
+    Raises DoesNotFit naming the length where even one sample does not fit."""
+    what = "find_batch_size"
+    if seq_dim is None or lengths is None:
+        raise ValueError(f"[{what}] a fit per length takes both seq_dim= (the dimension of the "
+                         f"inputs that indexes tokens) and lengths= (the lengths to fit, e.g. "
+                         f"[128, 512, 2048]); got seq_dim={seq_dim!r}, lengths={lengths!r}")
+    if isinstance(lengths, int) or not hasattr(lengths, "__iter__"):
+        raise ValueError(f"[{what}] lengths must be a list of ints, got {lengths!r}")
+    asked = sorted({count(n, what, "each of lengths") for n in lengths})
+    if not asked:
+        raise ValueError(f"[{what}] lengths is empty: give the lengths to fit")
+    have = sequence_length(inputs, seq_dim, what)
+    target_dim = first_batch_dim(seq_dim)
+    fits = {}
+    for n in asked:
+        with host_memory():  # memfit's copies: only the step's own count
+            x = resize_length(inputs, n, seq_dim, have, what)
+            y = None if target is None else resize_length(target, n, target_dim, have, what)
+        try:
+            fits[n] = fit_one(x, y)
+        except _memfit.DoesNotFit as e:
+            done = ", ".join(f"{m}: {f.max_batch}" for m, f in fits.items())
+            raise _memfit.DoesNotFit(
+                f"[{what}] at length {n}: {e}" + (f" (fitted so far: {done})" if done else "")
+            ) from e
+    notes = []
+    if len(asked) == 1:
+        notes.append("one length measured: at(L) below it is its batch, above it refused")
+    return LengthFit(fits=fits, seq_dim=seq_dim, notes=tuple(notes))

@@ -1,0 +1,236 @@
+"""Variable-length data (#44): the largest batch per length, and a sampler
+that batches a dataset so that each batch, padded, fits."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+import memfit
+from memfit._step.batching import resize_length, sequence_length
+
+BUDGET = 12 << 20
+LENGTHS = [16, 32, 64]
+VOCAB = 64
+
+
+class TinyGPT(torch.nn.Module):
+    """A causal transformer with eager attention (as GPT-2's): scores of
+    length x length per head, saved for backward."""
+
+    def __init__(self, d=32, heads=2, max_len=128):
+        super().__init__()
+        self.heads = heads
+        self.tok = torch.nn.Embedding(VOCAB, d)
+        self.pos = torch.nn.Embedding(max_len, d)
+        self.qkv = torch.nn.Linear(d, 3 * d)
+        self.proj = torch.nn.Linear(d, d)
+        self.mlp = torch.nn.Sequential(torch.nn.Linear(d, 4 * d), torch.nn.GELU(),
+                                       torch.nn.Linear(4 * d, d))
+        self.head = torch.nn.Linear(d, VOCAB)
+
+    def forward(self, x):
+        b, n = x.shape
+        h = self.tok(x) + self.pos(torch.arange(n))
+        q, k, v = self.qkv(h).view(b, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        causal = torch.ones(n, n, dtype=torch.bool).triu(1)
+        a = scores.masked_fill(causal, float("-inf")).softmax(-1) @ v
+        h = h + self.proj(a.transpose(1, 2).reshape(b, n, -1))
+        return self.head(h + self.mlp(h))
+
+
+class LSTMTagger(torch.nn.Module):
+    def __init__(self, d=32):
+        super().__init__()
+        self.tok = torch.nn.Embedding(VOCAB, d)
+        self.lstm = torch.nn.LSTM(d, 2 * d, batch_first=True)
+        self.head = torch.nn.Linear(2 * d, VOCAB)
+
+    def forward(self, x):
+        return self.head(self.lstm(self.tok(x))[0])
+
+
+def token_loss(out, y):
+    return F.cross_entropy(out.flatten(0, 1), y.flatten(), ignore_index=-100)
+
+
+def fit_model(make):
+    torch.manual_seed(0)
+    x = torch.randint(0, VOCAB, (4, 24))  # any length: cut or repeated to each
+    return memfit.find_batch_size(make(), x, x.clone(), loss_fn=token_loss, optimizer="adam",
+                                  budget=BUDGET, seq_dim=1, lengths=LENGTHS)
+
+
+@pytest.fixture(scope="module")
+def fits():
+    return {make.__name__: fit_model(make) for make in (TinyGPT, LSTMTagger)}
+
+
+def peak_at(make, batch, length):
+    """The recorded peak of a whole step at `batch` x `length`."""
+    torch.manual_seed(0)
+    x = torch.randint(0, VOCAB, (batch, length))
+    return memfit.profile(make(), x, x.clone(), loss_fn=token_loss, optimizer="adam").peak_bytes
+
+
+def test_resize_length_cuts_or_repeats_tokens_and_leaves_class_labels():
+    x = {"ids": torch.arange(12).reshape(2, 6), "mask": torch.ones(2, 6), "cls": torch.zeros(2)}
+    assert sequence_length(x, 1) == 6
+    longer = resize_length(x, 9, 1, 6)
+    assert longer["ids"].shape == (2, 9) and longer["mask"].shape == (2, 9)
+    assert longer["ids"][0].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2]
+    assert longer["cls"] is x["cls"]
+    assert resize_length(x, 4, 1, 6)["ids"].shape == (2, 4)
+    # Per input, as batch_dim: None for an input without a length.
+    pair = resize_length((torch.zeros(2, 6, 3), torch.zeros(2, 6)), 3, (1, None), 6)
+    assert pair[0].shape == (2, 3, 3) and pair[1].shape == (2, 6)
+    with pytest.raises(ValueError, match="disagree on the length"):
+        sequence_length((torch.zeros(2, 6), torch.zeros(2, 5)), 1)
+
+
+def test_the_fit_per_length_shrinks_with_the_length_and_every_length_is_verified(fits):
+    for name, fit in fits.items():
+        assert isinstance(fit, memfit.LengthFit)
+        assert fit.lengths == LENGTHS and fit.verified, name
+        batches = [fit.fits[n].max_batch for n in LENGTHS]
+        assert batches == sorted(batches, reverse=True) and batches[-1] >= 1, (name, batches)
+        for n in LENGTHS:
+            assert fit.at(n) == fit.fits[n].max_batch
+            assert fit.fits[n].measured_peak_bytes <= BUDGET
+        assert fit.at(1) == fit.fits[16].max_batch  # below the shortest: its batch
+        assert fit.max_tokens == min(fit.fits[n].max_batch * n for n in LENGTHS)
+        table = fit.table()
+        assert all(str(n) in table for n in LENGTHS) and "max_tokens" in table
+        with pytest.raises(ValueError, match="above the longest measured, 64"):
+            fit.at(65)
+
+
+@pytest.mark.parametrize("make", [TinyGPT, LSTMTagger], ids=lambda m: m.__name__)
+def test_between_measured_lengths_the_batch_fits_and_is_not_the_longer_ones(fits, make):
+    fit = fits[make.__name__]
+    for n in (24, 48):
+        b = fit.at(n)
+        assert fit.at(n, between="next") < b <= fit.at(n // 3 * 2)
+        assert peak_at(make, b, n) <= BUDGET, (n, b)
+    # Tight: a tenth more does not fit half way.
+    assert peak_at(make, b + max(1, b // 10), 48) > BUDGET
+
+
+def test_a_length_where_one_sample_does_not_fit_is_named():
+    x = torch.randint(0, VOCAB, (2, 8))
+    with pytest.raises(memfit.DoesNotFit, match=r"at length 1024: .*fitted so far: 16: "):
+        memfit.find_batch_size(TinyGPT(max_len=1024), x, x.clone(), loss_fn=token_loss,
+                               optimizer="adam", budget="2MiB", seq_dim=1, lengths=[16, 1024])
+
+
+class CapFit:
+    """A fit without a model: at(L) samples of length L take `tokens`."""
+
+    def __init__(self, tokens=256, longest=128):
+        self.tokens, self.longest = tokens, longest
+
+    def at(self, length):
+        if length > self.longest:
+            raise ValueError(f"length {length} is above the longest measured")
+        return max(1, self.tokens // length)
+
+
+def long_tailed(n, seed=0, low=4, high=128):
+    g = torch.Generator().manual_seed(seed)
+    drawn = torch.empty(n).log_normal_(math.log(24), 0.8, generator=g)
+    return [int(v) for v in drawn.clamp(low, high).round()]
+
+
+def test_the_sampler_covers_every_sample_once_and_each_batch_fits():
+    lengths = long_tailed(1000)
+    fit = CapFit()
+    for drop_last in (False, True):
+        sampler = memfit.LengthBatchSampler(lengths, fit, drop_last=drop_last, megabatch=8)
+        batches = list(sampler)
+        assert len(batches) == len(sampler)
+        seen = sorted(i for b in batches for i in b)
+        for b in batches:
+            assert len(b) <= fit.at(max(lengths[i] for i in b))
+        short = [b for b in batches if len(b) < fit.at(max(lengths[i] for i in b))]
+        if drop_last:
+            assert not short and len(set(seen)) == len(seen) and len(seen) > 900
+        else:
+            assert seen == list(range(len(lengths))) and len(short) <= 1
+    # The largest batch by memory (here: padded tokens) comes first.
+    padded = [len(b) * max(lengths[i] for i in b) for b in batches]
+    assert padded[0] == max(padded)
+
+
+def test_the_sampler_is_deterministic_for_a_seed_and_set_epoch_reshuffles():
+    lengths = long_tailed(500)
+
+    def order(seed=0, epoch=0, shuffle=True):
+        s = memfit.LengthBatchSampler(lengths, CapFit(), shuffle=shuffle, seed=seed)
+        s.set_epoch(epoch)
+        return list(s)
+
+    assert order() == order()
+    assert order(seed=1) != order()
+    assert order(epoch=1) != order() and order(epoch=1) == order(epoch=1)
+    assert order(shuffle=False) == order(shuffle=False, seed=5)
+    with pytest.raises(ValueError, match="sample .* is 300 long"):
+        memfit.LengthBatchSampler([10, 300], CapFit())
+
+
+class Tokens(torch.utils.data.Dataset):
+    def __init__(self, lengths, seed=0):
+        g = torch.Generator().manual_seed(seed)
+        self.samples = [torch.randint(0, VOCAB, (n,), generator=g) for n in lengths]
+
+    def __len__(self):
+        return len(self.samples)
+
+    def __getitem__(self, i):
+        return self.samples[i]
+
+
+def pad(samples):
+    """Padded to the longest: ids with 0, labels with -100 (ignored)."""
+    x = torch.nn.utils.rnn.pad_sequence(samples, batch_first=True)
+    y = torch.nn.utils.rnn.pad_sequence(samples, batch_first=True, padding_value=-100)
+    return x, y
+
+
+@pytest.mark.parametrize("make", [TinyGPT, LSTMTagger], ids=lambda m: m.__name__)
+def test_an_epoch_of_plain_steps_under_the_budget_never_runs_out_of_memory(fits, make):
+    fit = fits[make.__name__]
+    lengths = long_tailed(400, seed=1, high=64)
+    sampler = memfit.LengthBatchSampler(lengths, fit, seed=3)
+    loader = DataLoader(Tokens(lengths), batch_sampler=sampler, collate_fn=pad)
+    with memfit.simulated_device(BUDGET):
+        torch.manual_seed(0)
+        model = make()
+        opt = torch.optim.Adam(model.parameters())
+        steps = 0
+        for x, y in loader:  # an out-of-memory error fails the test
+            assert x.shape[0] <= fit.at(x.shape[1])
+            loss = token_loss(model(x), y)
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            steps += 1
+            del x, y, loss
+    assert steps == len(sampler)
+
+
+@pytest.mark.parametrize("make", [TinyGPT, LSTMTagger], ids=lambda m: m.__name__)
+def test_batches_hold_most_of_the_tokens_the_fit_allows(fits, make):
+    # Per step: real tokens (not padding) against fit.at(L) * L at the
+    # batch's padded length L, and against a fixed batch fit at the longest.
+    fit = fits[make.__name__]
+    lengths = long_tailed(2000, seed=1, high=64)
+    batches = list(memfit.LengthBatchSampler(lengths, fit, seed=3))
+    real = [sum(lengths[i] for i in b) for b in batches]
+    allowed = [fit.at(max(lengths[i] for i in b)) * max(lengths[i] for i in b) for b in batches]
+    mean = sum(real) / len(real)
+    assert mean >= 0.85 * sum(allowed) / len(allowed), (mean, sum(allowed) / len(allowed))
+    fixed = fit.at(fit.longest) * sum(lengths) / len(lengths)
+    assert mean >= 1.5 * fixed, (mean, fixed)

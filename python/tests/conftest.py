@@ -10,6 +10,13 @@ if os.path.isdir(_build) and _build not in sys.path:
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: compiles with inductor several times (skip with -m 'not slow')")
+    # .ci/run runs these twice: on the machine's own ISA and with
+    # ONEDNN_MAX_CPU_ISA=AVX2, since oneDNN picks other kernels (and other
+    # memory) on a CPU with native bf16 (see Note [Lazy's fit and oneDNN's
+    # bf16 scratch] in test_lazy_user_loop.py).
+    config.addinivalue_line(
+        "markers", "numerics: compares floating-point results (autocast, bf16, GradScaler, "
+        "gradients equal to the full batch's) that depend on the CPU's kernels")
 
 
 import pytest

@@ -185,6 +185,7 @@ def calibrated(name):
 # acceptance: eager OOMs under the budget, lazy completes with equal gradients
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("chunks", [2, 3, 8])
 @pytest.mark.parametrize("name", list(CASES))
 def test_lazy_step_fits_budget_where_eager_ooms_and_gradients_equal_eager(name, chunks, request):
@@ -221,6 +222,7 @@ def test_lazy_step_fits_budget_where_eager_ooms_and_gradients_equal_eager(name, 
     model.zero_grad(set_to_none=True)  # tracked memory: leave none to later tests
 
 
+@pytest.mark.numerics
 def test_sgd_steps_with_lazy_follow_the_same_trajectory_as_eager():
     model, X, Y, batch, step, ref, run, probe_bytes = calibrated("mlp")
     budget = budget_for_chunks(run, 3, B, 0)
@@ -586,6 +588,7 @@ def _chunked_grads(model, make_loss, chunks, n):
 
 @pytest.mark.parametrize("kind", ["sum", "class_weights_and_ignore_index", "two_terms_and_l2",
                                   "masked_mean", "mse_on_lazy_target"])
+@pytest.mark.numerics
 def test_chunk_losses_are_weighted_so_gradients_equal_the_full_batch(kind):
     torch.manual_seed(10)
     n = 30

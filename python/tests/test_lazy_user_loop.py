@@ -85,6 +85,7 @@ def _amp_steps(model, batches, steps=2, around=contextlib.nullcontext):
 # ONEDNN_MAX_CPU_ISA=AVX2.
 
 
+@pytest.mark.numerics
 def test_gradscaler_scales_a_lazy_loss_and_the_amp_recipe_gives_eager_parameters():
     model, X, Y = _amp_case()
     start = [p.detach().clone() for p in model.parameters()]
@@ -437,6 +438,7 @@ def tips_batches():
             batch = []
 
 
+@pytest.mark.numerics
 def test_the_tip_articles_loop_under_lazy_gives_the_eager_loops_parameters():
     loss_fn = torch.nn.CrossEntropyLoss()
 

@@ -33,6 +33,7 @@ def rel(a, b):
     return ((a - b).abs().max() / b.abs().max()).item()
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("chunk", [1, 7, 16, 37, 1000])
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 def test_chunked_loss_and_gradients_equal_the_plain_loss_in_fp64(chunk, reduction):
@@ -67,6 +68,7 @@ def test_chunked_loss_in_fp32_is_within_a_few_ulps_of_the_sum():
         assert rel(g, r) <= 1e-5
 
 
+@pytest.mark.numerics
 def test_chunked_loss_in_bf16_is_as_close_to_fp64_as_the_plain_loss():
     # bf16: both compute the logits in bf16 and upcast (as HF does), so the
     # loss carries the same bf16 logits; the gradients round softmax - onehot

@@ -381,6 +381,7 @@ def test_peak_model_is_the_model_prediction_probed():
     assert grown.predict(512) == sure.predicted_bytes
 
 
+@pytest.mark.numerics
 def test_a_profile_inside_autocast_measures_its_own_weight_casts_and_leaves_none():
     # See Note [A rehearsal inside the user's autocast].
     model = mlp()

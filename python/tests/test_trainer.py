@@ -40,6 +40,7 @@ def assert_close(got, want):
         assert ((g - w).norm() / w.norm()).item() < 1e-5
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("reduction", ["mean", "sum"])
 @pytest.mark.parametrize("chunks", [1, 2, 3, 7])
 def test_split_step_gradients_equal_full_batch(reduction, chunks):

@@ -54,6 +54,7 @@ def amp_eager(model, opt, scaler, x, y, chunks):
     opt.zero_grad(set_to_none=True)
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("micro_batch, chunks", [(0, [B]), (7, [7, 7, 7])])
 def test_trainer_with_grad_scaler_gives_the_eager_amp_recipes_parameters(micro_batch, chunks):
     x, y = data()
@@ -77,6 +78,7 @@ def test_trainer_with_grad_scaler_gives_the_eager_amp_recipes_parameters(micro_b
     assert all(p.grad is None for p in model.parameters())
 
 
+@pytest.mark.numerics
 def test_trainer_reports_the_unscaled_loss_under_a_grad_scaler():
     x, y = data()
     model = small_model()
@@ -87,6 +89,7 @@ def test_trainer_reports_the_unscaled_loss_under_a_grad_scaler():
     assert t.step(x, y).loss == pytest.approx(want, rel=1e-6)
 
 
+@pytest.mark.numerics
 def test_grad_scaler_skips_the_step_on_an_inf_gradient_as_in_eager():
     x, y = data()
     model = small_model()
@@ -381,6 +384,7 @@ def micro_step_peak(loss_fn):
     return peak + sum(p.nbytes for p in model.parameters())
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("plan", [False, True])
 def test_the_tip_articles_loop_under_the_trainer_gives_the_eager_loops_parameters(plan):
     loss_fn = torch.nn.CrossEntropyLoss()

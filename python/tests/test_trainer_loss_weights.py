@@ -163,6 +163,7 @@ def test_dropout_in_a_split_step_is_said_in_the_report():
     assert memfit.Trainer(model, opt, nn.CrossEntropyLoss(), micro_batch=16).step(x, y).notes == []
 
 
+@pytest.mark.numerics
 def test_without_dropout_a_split_step_equals_eager_with_no_note():
     model = mlp()
     x, y = batch(ignored=0)

@@ -75,6 +75,7 @@ def test_a_step_gets_each_probe_as_the_kind_of_batch_it_was_given():
     assert len({nx for _, nx, _ in seen}) >= 3
 
 
+@pytest.mark.numerics
 @pytest.mark.parametrize("chunks", [1, 2, 4])
 def test_trainer_with_a_step_function_gives_the_full_batch_gradients(chunks):
     torch.manual_seed(0)

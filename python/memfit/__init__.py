@@ -26,6 +26,7 @@ from .plan.advise import Advice, advise
 from .plan.cost import CostRow, estimate_costs
 from .plan.fit import DoesNotFit, auto_batch_size, find_batch_size
 from .plan.lengths import LengthFit
+from .plan.surface import LengthSurface, length_surface
 from .plan.strategies.chunked_loss import chunked_linear_cross_entropy, chunked_loss
 from .report.profile import Report, profile
 from .train.distributed import DistributedError, DistributedStepReport
@@ -64,7 +65,7 @@ __all__ = [
 ]
 
 __all__ += ["eager", "last_lazy_run", "lazy", "LazyError", "LazyRun", "LazyTensor"]
-__all__ += ["LengthBatchSampler", "LengthFit"]
+__all__ += ["LengthBatchSampler", "LengthFit", "LengthSurface", "length_surface"]
 
 # Module paths from before the package had layers (memfit.profiling, ...):
 # they still import, with a DeprecationWarning, for one release.

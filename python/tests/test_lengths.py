@@ -53,6 +53,21 @@ class LSTMTagger(torch.nn.Module):
         return self.head(self.lstm(self.tok(x))[0])
 
 
+class TinyBert(torch.nn.Module):
+    """An encoder of torch's TransformerEncoderLayer: SDPA, no scores kept."""
+
+    def __init__(self, d=32, heads=2, max_len=128):
+        super().__init__()
+        self.tok = torch.nn.Embedding(VOCAB, d)
+        self.pos = torch.nn.Embedding(max_len, d)
+        layer = torch.nn.TransformerEncoderLayer(d, heads, 4 * d, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(d, VOCAB)
+
+    def forward(self, x):
+        return self.head(self.encoder(self.tok(x) + self.pos(torch.arange(x.shape[1]))))
+
+
 def token_loss(out, y):
     return F.cross_entropy(out.flatten(0, 1), y.flatten(), ignore_index=-100)
 
@@ -234,3 +249,36 @@ def test_batches_hold_most_of_the_tokens_the_fit_allows(fits, make):
     assert mean >= 0.85 * sum(allowed) / len(allowed), (mean, sum(allowed) / len(allowed))
     fixed = fit.at(fit.longest) * sum(lengths) / len(lengths)
     assert mean >= 1.5 * fixed, (mean, fixed)
+
+
+# -- the surface over batch and length ------------------------------------------
+
+
+def surface_of(make, lengths=(16, 32, 64), held_out=((6, 48), (10, 96))):
+    torch.manual_seed(0)
+    x = torch.randint(0, VOCAB, (3, 20))
+    return memfit.length_surface(make(), x, x.clone(), seq_dim=1, lengths=lengths,
+                                 held_out=held_out, loss_fn=token_loss, optimizer="adam")
+
+
+@pytest.mark.parametrize("make", [TinyGPT, TinyBert, LSTMTagger], ids=lambda m: m.__name__)
+def test_the_surface_predicts_held_out_shapes_within_two_percent(make):
+    surface = surface_of(make)
+    assert surface.per_event and len(surface.probes) == 6
+    assert surface.held_out_error is not None and surface.held_out_error <= 0.02, surface.text()
+    # Against a recording the surface never saw: batch and length outside.
+    measured = peak_at(make, 5, 40)
+    assert abs(surface.predict_peak_bytes(5, 40) - measured) <= 0.02 * measured
+    assert "held out 10x96" in surface.text()
+
+
+def test_the_surface_agrees_with_the_fit_and_says_when_it_lacks_the_square(fits):
+    surface = surface_of(TinyGPT)
+    fit = fits["TinyGPT"]
+    for n in LENGTHS:
+        assert abs(surface.max_batch(n, BUDGET) - fit.at(n)) <= max(1, 0.03 * fit.at(n))
+    assert surface.max_batch(16, 1024) == 0
+    # Eager attention grows with L^2; two lengths cannot see it, and say so.
+    two = surface_of(TinyGPT, lengths=(16, 32), held_out=[(6, 64)])
+    assert any("no L^2 term" in n for n in two.notes)
+    assert two.held_out_error > 0.02 and "held out 6x64" in two.text()

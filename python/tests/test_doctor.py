@@ -114,8 +114,9 @@ def test_healthy_eval_loop_gets_no_finding():
                 pred = model(x)
                 correct += (pred.argmax(1) == y).sum().item()
     assert d.findings == [], d.report()
-    # A forward's step ends where the next begins: the last one ends with the loop.
-    assert len(d.steps) == STEPS - 1 and d.step_kind == "forward"
+    # A forward's step ends where the next begins; the last one after the
+    # loop's last torch call (issue 43: N forwards were N - 1 steps).
+    assert len(d.steps) == STEPS and d.step_kind == "forward"
 
 
 # -- memory growth, graphs and tensors kept across steps -----------------------
@@ -129,6 +130,56 @@ def test_outputs_kept_in_a_list_are_memory_growth_at_their_line():
             outputs.append(model(x))  # <- growth
     f = assert_found(d, "memory_growth", "growth")
     assert f.bytes_per_step == 16 * 8 * 4  # one [16, 8] float32 output per step
+
+
+def test_two_mistakes_in_one_loop_are_two_findings_each_with_its_bytes():
+    # Issue 43 item 3: `total += loss` and `outputs.append(out)` were one
+    # graph_kept finding at the first line, with the second line's bytes.
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    total, outputs = 0, []
+    with memfit.doctor(model, opt, trials=False) as d:
+        for x, y in batches():
+            opt.zero_grad()
+            out = model(x)
+            loss = F.cross_entropy(out, y)
+            loss.backward()
+            opt.step()
+            total += loss  # <- two: total
+            outputs.append(out)  # <- two: outputs
+    graph = assert_found(d, "graph_kept", "two: total")
+    assert graph.bytes_per_step == 0  # backward freed what its graphs saved
+    growth = assert_found(d, "memory_growth", "two: outputs")
+    assert growth.bytes_per_step == 16 * 8 * 4  # one [16, 8] float32 output per step
+    # Item 4: a [16, 8] output is no number: .item() would raise.
+    assert growth.fix.startswith("keep a host copy without its graph: "
+                                 "`outputs.append(out.detach().cpu())`"), growth.fix
+    assert len(d.findings) == 2, d.report()
+
+
+def test_a_scalar_kept_in_a_list_is_kept_as_a_number():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+    with memfit.doctor(model, opt, trials=False) as d:
+        for x, y in batches():
+            opt.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            loss.backward()
+            opt.step()
+            losses.append(loss)  # <- scalar kept
+    f = assert_found(d, "memory_growth", "scalar kept")
+    assert f.fix == "keep the number: `losses.append(loss.item())`", f.fix
+
+
+def test_n_forwards_are_n_steps():
+    # Issue 43: a forward-only loop of N forwards was counted as N - 1 steps.
+    model = mlp().eval()
+    with memfit.doctor(model) as d, torch.no_grad():
+        for x, _ in batches():
+            model(x)
+    assert len(d.steps) == STEPS and d.step_kind == "forward"
+    assert d.report().startswith(f"memfit doctor: {STEPS} steps observed")
 
 
 def test_growth_fixed_by_keeping_numbers():

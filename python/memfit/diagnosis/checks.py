@@ -21,7 +21,8 @@ from .observe import IN_PLACE_FIXES
 from .records import UNKNOWN_SITE, Finding
 
 __all__ = [
-    "MIN_SHARE", "run_checks", "check_graph_kept", "check_memory_growth", "check_tensors_kept",
+    "MIN_SHARE", "run_checks", "ListKept", "list_kept", "check_graph_kept", "check_memory_growth",
+    "check_tensors_kept",
     "check_eval_with_grad", "check_grads_kept", "check_float64", "check_not_in_place",
     "check_pageable_copies",
 ]
@@ -33,11 +34,14 @@ MIN_SHARE = 0.05
 def run_checks(run: Run):
     """Every finding of the run, largest saving first."""
     findings = []
-    graph = check_graph_kept(run)
+    kept = list_kept(run)
+    graph = check_graph_kept(run, kept)
     findings += graph
-    growth = check_memory_growth(run, graph_explained=bool(graph))
+    growth = check_memory_growth(run, graph_explained=bool(graph), kept=kept)
     findings += growth
-    findings += check_tensors_kept(run, skip_sites={f.where for f in growth})
+    # What a list keeps is growth's finding, at the line that appends it.
+    skip = {f.where for f in growth} | {made for k in kept.values() for made in k.made}
+    findings += check_tensors_kept(run, skip_sites=skip)
     findings += check_eval_with_grad(run)
     findings += check_grads_kept(run)
     findings += check_float64(run)
@@ -89,24 +93,78 @@ def _alive_at_ends(allocation, ends):
     return range(lo, len(ends) if free is None else bisect.bisect_right(ends, free))
 
 
-def _graph_alive_at_ends(run, steps):
+def _graph_alive_at_ends(run, steps, skip=frozenset()):
     ends = [s.end_event for s in steps]
     out = [0] * len(ends)
     for a in run.allocations.values():
-        if a.in_graph:
+        if a.in_graph and a.id not in skip:
             for k in _alive_at_ends(a, ends):
                 out[k] += a.bytes
     return out
 
 
-def check_graph_kept(run):
+class ListKept:
+    """What one line that appends a forward's result to a list
+    (`outputs.append(out)`, keepers.py) keeps: the allocations of the
+    forwards whose result it appends (their outputs, and the autograd graph
+    behind them), the lines that made them, and those allocated at those
+    lines (the value the line assigns among them)."""
+
+    def __init__(self, keeper):
+        self.keeper = keeper
+        self.ids = set()
+        self.made = set()
+        self.at_line = []
+
+    def scalar(self, event):
+        """Whether what the lines assign, alive after `event`, is one number
+        each (`.item()` keeps it)."""
+        alive = [a for a in self.at_line if a.alive_after(event)]
+        return bool(alive) and all(a.bytes <= 16 for a in alive)
+
+
+def list_kept(run):
+    """{the appending line: ListKept} of the run (see ListKept)."""
+    forwards = run.observation.forwards
+    starts = [f.first_event for f in forwards]
+    held = run.observation.held_ids
+    keepers = {}
+    kept = {}
+    for a in run.allocations.values():
+        if a.id in held:
+            continue
+        if a.forward is None and not a.in_graph:
+            continue
+        # A forward's output and its graph: the line that called it; a
+        # tensor computed with grad outside a forward: its own line.
+        f = _forward_of(forwards, starts, a.alloc_event) if a.forward is None else None
+        made = f.site if f is not None else a.site
+        if made is UNKNOWN_SITE:
+            continue
+        if made not in keepers:
+            keepers[made] = keeper_of(made)
+        k = keepers[made]
+        if k is None:
+            continue
+        entry = kept.setdefault(k.site, ListKept(k))
+        entry.ids.add(a.id)
+        entry.made.add(made)
+        if a.site == made:
+            entry.at_line.append(a)
+    return kept
+
+
+def check_graph_kept(run, kept=None):
     """`total += loss`: a tensor that requires grad carried from one step into
-    the next, so that every step's graph hangs on it."""
+    the next, so that every step's graph hangs on it. What a list keeps
+    (list_kept) is memory_growth's, at the line that appends it."""
     uses = _graph_uses(run)
     if not uses:
         return []
+    kept = list_kept(run) if kept is None else kept
     steps = run.steps
-    graph = _graph_alive_at_ends(run, steps[1:] or steps)
+    graph = _graph_alive_at_ends(run, steps[1:] or steps,
+                                 {i for k in kept.values() for i in k.ids})
     per_step = max(_slope(graph), 0.0)
     by_site = collections.defaultdict(list)
     for u, a in uses:
@@ -132,9 +190,10 @@ def check_graph_kept(run):
     return findings
 
 
-def check_memory_growth(run, graph_explained=False):
+def check_memory_growth(run, graph_explained=False, kept=None):
     """Live memory at the end of every step above the step before, with the
-    lines whose allocations stay alive."""
+    lines whose allocations stay alive; what a list keeps (list_kept) at
+    the line that appends it."""
     steps = run.steady_steps
     if len(steps) < 3:
         return []
@@ -142,7 +201,10 @@ def check_memory_growth(run, graph_explained=False):
     if not all(b > a for a, b in zip(live, live[1:])):
         return []
     held = run.observation.held_ids
+    kept = list_kept(run) if kept is None else kept
+    kept_by = {i: site for site, k in kept.items() for i in k.ids}
     n = len(steps)
+    by_keeper = collections.defaultdict(lambda: [0] * n)
     by_site = collections.defaultdict(lambda: [0] * n)
     funcs = collections.defaultdict(collections.Counter)
     graph = [0] * n
@@ -154,7 +216,9 @@ def check_memory_growth(run, graph_explained=False):
         if a.id in held:
             continue
         for k in _alive_at_ends(a, ends):
-            if a.in_graph:
+            if a.id in kept_by:
+                by_keeper[kept_by[a.id]][k] += a.bytes
+            elif a.in_graph:
                 graph[k] += a.bytes
                 if k == n - 1:
                     f = _forward_of(forwards, starts, a.alloc_event)
@@ -173,6 +237,22 @@ def check_memory_growth(run, graph_explained=False):
                      key=lambda x: x[0], reverse=True)
     trend = ", ".join(_fmt(v) for v in live) + f" (+{_fmt(_slope(live))} per step)"
     findings = []
+    for site, v in by_keeper.items():
+        slope = _slope(v)
+        if not (v[-1] > v[0] and all(b >= a for a, b in zip(v, v[1:]))):
+            continue
+        k = kept[site]
+        c, name = k.keeper.container, k.keeper.name
+        made = ", ".join(sorted(str(m) for m in k.made))
+        seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
+                f"`{c}` at {site} keeps each step's `{name}` (made at {made}): "
+                f"+{_fmt(slope)} per step, with the autograd graph it hangs on.")
+        if k.scalar(ends[-1] - 1):
+            fix = f"keep the number: `{c}.append({name}.item())`"
+        else:
+            fix = (f"keep a host copy without its graph: `{c}.append({name}.detach().cpu())` "
+                   f"(or only the numbers you need from it)")
+        findings.append(Finding("memory_growth", int(slope), site, seen, fix, int(slope)))
     for i, (slope, site) in enumerate(growing):
         per = slope + (graph_slope if i == 0 else 0.0)
         seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
@@ -190,31 +270,9 @@ def check_memory_growth(run, graph_explained=False):
                 f"the autograd graphs of the forward at {site} stay alive "
                 f"(+{_fmt(graph_slope)} per step): something keeps a tensor computed with grad.")
         fix = "run it under `torch.no_grad()`, or keep `.detach()`ed results"
-        keeper = _keeper(run, graph_sites)
-        if keeper is not None:
-            # See keepers.py: the line that keeps it, and the number to keep.
-            k = keeper
-            seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
-                    f"`{k.container}` at {k.site} keeps each step's `{k.name}` (made at "
-                    f"{site}), a tensor with its autograd graph: +{_fmt(graph_slope)} per "
-                    f"step, and the graph's nodes in host memory.")
-            fix = (f"keep the number: `{k.container}.append({k.name}.item())` (or "
-                   f"`{k.name}.detach()` for a tensor)")
-            site = k.site
         findings.append(Finding("memory_growth", int(graph_slope), site, seen, fix,
                                 int(graph_slope)))
     return findings
-
-
-def _keeper(run, graph_sites):
-    """The line keeping the growing graph's tensor in a list (keepers.py),
-    for the sites whose graph memory stays alive, or None."""
-    for made, _bytes in graph_sites.most_common():
-        if made is not UNKNOWN_SITE:
-            keeper = keeper_of(made)
-            if keeper is not None:
-                return keeper
-    return None
 
 
 def _capital(text):

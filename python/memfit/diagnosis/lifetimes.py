@@ -81,20 +81,31 @@ class Run:
         self._starts = [s.first_event for s in self.steps]
 
 
-def _boundaries(observation):
+def _boundaries(observation, finished):
     """(kind, [(first_event, end_event)] of each complete step). A step is
     complete once the next one began: what follows the last optimizer step
-    or the last forward is the loop's end, not a step."""
+    is the loop's end, not a step. The last forward's step is complete when
+    the block `finished` (exited without an exception) after it: it ends
+    after the last torch call the loop made (what the loop's end frees
+    after that is not the step's)."""
     ends = [m.event for m in observation.markers if m.kind == "optimizer_step"]
     if ends:
         return "optimizer step", list(zip([0] + ends[:-1], ends))
     starts = sorted(m.event for m in observation.markers if m.kind == "forward")
-    return "forward", list(zip(starts, starts[1:]))
+    ends = starts[1:]
+    # A StopRun at a forward marks it and raises before it is recorded: that
+    # mark ends the last step already.
+    if finished and starts and len(starts) == len(observation.forwards):
+        last = starts[-1]
+        ends.append(max([observation.forwards[-1].end_event]
+                        + [s.end_event for s in observation.spans if s.first_event >= last]))
+    return "forward", list(zip(starts, ends))
 
 
-def build_run(events, observation):
+def build_run(events, observation, finished=False):
     """The Run of a timeline's `events()` tuples and the observer's
-    Observation."""
+    Observation; `finished`: the block exited without an exception (see
+    _boundaries)."""
     outputs = {}
     for f in observation.forwards:
         for i in f.output_ids:
@@ -127,7 +138,7 @@ def build_run(events, observation):
                 total -= a.bytes
         live.append(total)
 
-    kind, ranges = _boundaries(observation)
+    kind, ranges = _boundaries(observation, finished)
     steps = []
     for i, (first, end) in enumerate(ranges):
         before = live[first - 1] if first > 0 and live else 0

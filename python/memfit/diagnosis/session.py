@@ -28,8 +28,8 @@ class Doctor:
         print(d.report()); d.findings
 
     A step is one optimizer.step(); where none runs (evaluation), one
-    forward of the model, from its start to the next one's (the last runs
-    into whatever follows the loop and is not counted). `model=None`: the
+    forward of the model, from its start to the next one's (the last one's
+    to the block's end; not counted when an exception ended the block). `model=None`: the
     outermost call of any module with parameters is a forward (a loss
     module has none); `optimizer=None`: any optimizer's step is a step.
     `trials`: re-run the last forward with each fix that can be applied
@@ -90,7 +90,7 @@ class Doctor:
                                observer.optimizers_seen())]
             self.findings = oom
         try:
-            run = build_run(tracking.timeline.events(), observation)
+            run = build_run(tracking.timeline.events(), observation, finished=exc_type is None)
             self.steps, self.step_kind = run.steps, run.step_kind
             self.outside_bytes = observation.outside_bytes
             findings = run_checks(run)

@@ -370,3 +370,13 @@ def test_a_micro_batch_plan_that_fails_says_why(monkeypatch):
             r = trainer.step(torch.randn(16, 8), torch.randn(16, 1))
     assert r.samples == 16
     assert trainer.planned.failed == "RuntimeError: the rehearsal broke"
+
+
+def test_a_model_on_the_meta_device_is_refused_at_the_door():
+    # Issue 43: Tensor.item() cannot be called on meta tensors, from inside step.
+    with torch.device("meta"):
+        model = torch.nn.Linear(8, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match=r"^\[Trainer\] Linear is on the meta device \(shapes, "
+                       r"no data\): a step cannot train it. Plan on meta with memfit.advise"):
+        memfit.Trainer(model, opt, torch.nn.functional.mse_loss)

@@ -201,6 +201,16 @@ class MicroBatchPlan:
     failed: str = ""
 
 
+def _check_not_meta(model):
+    """A model on the meta device has shapes and no data: a step cannot run."""
+    if any(t.device.type == "meta" for t in list(model.parameters()) + list(model.buffers())):
+        raise ValueError(
+            f"[Trainer] {type(model).__name__} is on the meta device (shapes, no data): a "
+            f"step cannot train it. Plan on meta with memfit.advise(model, ...), then build the "
+            f"model on a real device (model.to_empty(device=...) and load its weights) to train"
+        )
+
+
 def even_micro_batch(batch, largest):
     """The micro-batch that cuts `batch` samples into as many equal parts as
     micro-batches of `largest` would: never above `largest`."""
@@ -310,6 +320,7 @@ class Trainer:
         split = flag(split, "Trainer", "split")
         _check_scaler(scaler)
         check_optimizer(model, optimizer, "Trainer", instance_only=True)
+        _check_not_meta(model)
         # Checked now, not at the first step: see user_step.as_user_step.
         how = as_user_step(loss_fn, step, "Trainer", model)
         self._how = dataclasses.replace(how, what="Trainer.step")

@@ -208,3 +208,20 @@ def test_lazy_on_a_compiled_model_gives_eager_gradients_in_chunks():
         xl, yl = memfit.lazy(x, y, batch=0)
         torch.nn.functional.cross_entropy(compiled(xl), yl).backward()
     _assert_close([p.grad for p in model.parameters()], _eager_gradients(x, y))
+
+
+def test_a_compiled_function_or_a_model_compiled_twice_is_refused_at_the_door():
+    # Issue 43: AttributeError: 'function' object has no attribute 'parameters'.
+    def fn(x):
+        return (x * 2).sum()
+
+    with pytest.raises(ValueError, match=r"^\[profile\] model is a compiled function, "
+                       r"torch.compile\(.*fn\), not an nn.Module: pass the module"):
+        memfit.profile(torch.compile(fn), torch.randn(4, 3))
+    twice = torch.compile(torch.compile(torch.nn.Linear(3, 2)))
+    with pytest.raises(ValueError, match=r"^\[profile\] model is torch.compile of "
+                       r"Linear.forward, a model compiled twice"):
+        memfit.profile(twice, torch.randn(4, 3))
+    with pytest.raises(ValueError, match=r"^\[find_batch_size\] model must be a "
+                       r"torch.nn.Module, got str"):
+        memfit.find_batch_size("gpt2", torch.randn(4, 3), budget="1GiB")

@@ -11,7 +11,7 @@ from .offload import offload as _offload
 
 __all__ = [
     "OPTIMIZERS", "default_loss", "compute_loss", "call_model", "check_loss_trains",
-    "check_optimizer", "optimizer_name",
+    "check_model", "check_optimizer", "optimizer_name",
 ]
 
 OPTIMIZERS = {
@@ -100,11 +100,34 @@ def check_loss_trains(loss, model, what):
     )
 
 
+def check_model(model, what):
+    """Raise ValueError, naming the fix, unless `model` is an nn.Module (a
+    compiled one included): torch.compile of a function, or of a model
+    compiled already, is a function."""
+    if isinstance(model, torch.nn.Module):
+        return
+    orig = getattr(model, "_torchdynamo_orig_callable", None)
+    if orig is not None:
+        name = getattr(orig, "__qualname__", type(orig).__name__)
+        if name.endswith(".forward"):
+            raise ValueError(
+                f"[{what}] model is torch.compile of {name}, a model compiled twice "
+                f"(torch.compile of a compiled model is a function, not a module): compile it "
+                f"once, torch.compile(model)")
+        raise ValueError(
+            f"[{what}] model is a compiled function, torch.compile({name}), not an nn.Module: "
+            f"pass the module (compiled or not) as model, and a function that runs the step "
+            f"as step=")
+    raise ValueError(f"[{what}] model must be a torch.nn.Module, got {type(model).__name__}")
+
+
 def check_optimizer(model, optimizer, what, instance_only=False):
-    """Raise ValueError, naming the fix, unless `optimizer` can take the step
-    of `model`: None (no optimizer step) or a built-in name, unless
-    `instance_only`; a torch.optim optimizer holding some of the model's
-    trainable parameters. Called before anything runs."""
+    """Raise ValueError, naming the fix, unless `model` is a module
+    (check_model) and `optimizer` can take the step of `model`: None (no
+    optimizer step) or a built-in name, unless `instance_only`; a
+    torch.optim optimizer holding some of the model's trainable parameters.
+    Called before anything runs."""
+    check_model(model, what)
     if instance_only and (optimizer is None or isinstance(optimizer, str)):
         raise ValueError(
             f"[{what}] optimizer must be a torch.optim optimizer over model.parameters(), "

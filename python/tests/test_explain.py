@@ -278,16 +278,23 @@ def test_the_prediction_beside_a_snapshot_of_its_own_step(tmp_path):
     assert c.allocated_error == 0
     assert c.predicted_peak_reserved == report.cuda.peak_reserved
     assert "backward" in c.table() and "peak" in c.table()
+    assert not any(n.startswith("warning") for n in c.notes)  # the same model's parameters
 
 
 def test_explain_predict_puts_the_builtin_models_prediction_beside_it(step_file, capsys):
     from memfit.explain.cli import main
 
     assert main([step_file, "--predict", "--model", "mlp", "--batch", "4"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "measured on the card (the snapshot) beside memfit's prediction" in out
+    # Issue 43: the synthetic step's 20 MiB of parameters are not the mlp's.
+    warning = ("warning: the snapshot's parameters (20.00 MiB) are not the predicted model's "
+               "(2.55 MiB): this predicts another model")
+    assert err.startswith("memfit explain: " + warning) and warning in out, err
     assert main([step_file, "--predict", "--model", "mlp"]) == 1
     assert "--predict needs --model NAME and --batch B" in capsys.readouterr().err
+    assert main([step_file, "--predict", "--model", "mlp", "--batch", "0"]) == 1
+    assert "--batch must be a positive number of samples, got 0" in capsys.readouterr().err
 
 
 def test_a_snapshot_torch_writes_from_its_profiler_is_read_with_its_module_names(tmp_path):

@@ -53,9 +53,11 @@ def main(argv=None) -> int:
         return 0
     try:
         args = _parser().parse_args(args_in)
-        if args.predict and (not args.model or not args.batch):
+        if args.predict and (not args.model or args.batch is None):
             raise _Usage("--predict needs --model NAME and --batch B: the step to predict")
-        if not args.predict and (args.model or args.batch):
+        if args.batch is not None and args.batch < 1:
+            raise _Usage(f"--batch must be a positive number of samples, got {args.batch}")
+        if not args.predict and (args.model or args.batch is not None):
             raise _Usage("--model and --batch are for --predict")
         snap = load_snapshot(args.snapshot, args.device)
         comparison = None
@@ -65,6 +67,9 @@ def main(argv=None) -> int:
             report, timeline = _memfit.profile_builtin(args.model, args.batch, args.optimizer,
                                                        args.iterations, workspace)
             comparison = snap.compare(report, timeline)
+            for note in comparison.notes:
+                if note.startswith("warning: "):
+                    print(f"memfit explain: {note}", file=sys.stderr)
         if args.html:
             snap.save_html(args.html)
         if args.json:

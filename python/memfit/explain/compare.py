@@ -139,12 +139,33 @@ def compare_prediction(measured_timeline, measured_reserved_after, measured_peak
         rows.append(PhaseComparison(name, it, peak, res, None if p is None else p[0],
                                     None if p is None else p[1]))
     notes = ["allocated: the bytes asked for (the snapshot's sizes), not rounded to blocks"]
+    other = _another_model(measured_timeline, prediction_timeline)
+    if other:
+        notes.insert(0, other)
     return Comparison(
         measured_peak_allocated=measured_peak_allocated,
         measured_peak_reserved=measured_peak_reserved,
         predicted_peak_allocated=int(prediction_report.peak_bytes) + workspace,
         predicted_peak_reserved=int(cuda.peak_reserved),
         workspace_bytes=workspace, phases=rows, notes=notes)
+
+
+def _parameter_bytes(timeline):
+    return int(timeline.breakdown_at_peak()["categories"]["parameter"])
+
+
+def _another_model(measured_timeline, prediction_timeline):
+    """A warning when the snapshot's parameters are not the prediction's (by
+    more than 1%): the prediction is then of another model. "" when they
+    agree, or when the trace shows none (recorded after they were made)."""
+    measured = _parameter_bytes(measured_timeline)
+    predicted = _parameter_bytes(prediction_timeline)
+    if not measured or not predicted or abs(measured - predicted) <= 0.01 * measured:
+        return ""
+    fb = _memfit.format_bytes
+    return (f"warning: the snapshot's parameters ({fb(measured)}) are not the predicted "
+            f"model's ({fb(predicted)}): this predicts another model; predict the model the "
+            f"snapshot ran")
 
 
 def _spans_of(timeline):

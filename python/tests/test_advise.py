@@ -417,3 +417,12 @@ def test_a_model_on_the_meta_device_is_advised_on_meta_and_its_plan_is_unverifie
     assert "meta, unverified" in a.table()
     assert any("the plan is unverified" in n for n in a.notes)
     assert all(p.is_meta for p in model.parameters())  # nothing moved off meta
+
+
+def test_cards_given_as_one_string_are_refused_saying_to_pass_a_list():
+    # Issue 43: cards="8GiB" was read letter by letter ("cannot read 'G' as a size").
+    model = blocks_mlp()
+    x, y = mlp_batch(8)
+    with pytest.raises(TypeError, match=r"^\[advise\] cards is a list of card budgets, got "
+                       r"the str '8GiB': pass cards=\['8GiB'\]"):
+        memfit.advise(model, x, y, cards="8GiB")

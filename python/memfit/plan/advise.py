@@ -139,6 +139,10 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     target_device = budget_target(model, target_device, "advise")
     n = batch_size(inputs, batch_dim, "advise")
     limit = None if budget is None else to_bytes(budget, "advise")
+    if isinstance(cards, (str, bytes, int, float)):
+        raise TypeError(f"[advise] cards is a list of card budgets, got the "
+                        f"{type(cards).__name__} {cards!r}: pass cards=[{cards!r}] "
+                        f"(or several, cards=['8GiB', '12GiB'])")
     card_bytes = [to_bytes(c, "advise") for c in (cards or [])]
     param_bytes = _parameter_bytes(model)
     proposed, setting_notes = _settings_for(model, settings,

@@ -60,11 +60,22 @@ void init_step_protocol(py::module_& m) {
 
   // Called from Python, so the GIL is held throughout: the callbacks are
   // Python callables and the protocol never lets it go.
-  m.def("run_step_protocol", &run_step_protocol, py::arg("callbacks"), py::kw_only(),
-        py::arg("iterations"), py::arg("progress") = Progress(), py::arg("what") = "record",
-        "The recorded step's phases in memfit's order (core/plan/step_protocol.h): "
-        "'parameters' once, then each iteration's phases, each said to progress as "
-        "'<what>: <phase>'.");
+  m.def(
+      "run_step_protocol",
+      [](const StepCallbacks& cb, int iterations, const Progress& progress,
+         const std::string& what, int accumulation_steps, bool zero_grad_first) {
+        LoopShape loop;
+        loop.accumulation_steps = accumulation_steps;
+        loop.zero_grad_first = zero_grad_first;
+        run_step_protocol(cb, iterations, progress, what, loop);
+      },
+      py::arg("callbacks"), py::kw_only(), py::arg("iterations"),
+      py::arg("progress") = Progress(), py::arg("what") = "record",
+      py::arg("accumulation_steps") = 1, py::arg("zero_grad_first") = false,
+      "The recorded step's phases in memfit's order (core/plan/step_protocol.h): "
+      "'parameters' once, then each iteration's phases, each said to progress as "
+      "'<what>: <phase>'; accumulation_steps and zero_grad_first: the user's loop, "
+      "Note [The loop the user runs].");
 }
 
 }  // namespace memfit::python

@@ -32,7 +32,14 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
   std::string note;
   const std::string& n = s.name;
   if (n == kPhaseParameters) {
-    note = "parameters and buffers on the device: " + format_bytes(d);
+    // State the user's optimizer and .grad held before the step: Note [State
+    // the step starts with] (user_state.py).
+    const int64_t state = at(after, Category::kOptimizerState);
+    const int64_t grads = at(after, Category::kGradient);
+    note = "parameters and buffers on the device: " +
+           format_bytes(d - state - grads);
+    if (state > 0) note += "; optimizer state held already: " + format_bytes(state);
+    if (grads > 0) note += "; gradients held already: " + format_bytes(grads);
   } else if (n == kPhaseInputs) {
     note = "inputs and targets of the batch: " + format_bytes(d);
   } else if (n == kPhaseForward) {

@@ -9,11 +9,16 @@ namespace memfit {
 
 namespace {
 
-void check(const StepCallbacks& cb, int iterations) {
+void check(const StepCallbacks& cb, int iterations, const LoopShape& loop) {
   if (iterations < 1) {
     throw std::invalid_argument(
         "[run_step_protocol] iterations must be >= 1, got " +
         std::to_string(iterations));
+  }
+  if (loop.accumulation_steps < 1) {
+    throw std::invalid_argument(
+        "[run_step_protocol] accumulation_steps must be >= 1, got " +
+        std::to_string(loop.accumulation_steps));
   }
   const char* missing = nullptr;
   if (!cb.begin_phase)
@@ -44,19 +49,25 @@ void check(const StepCallbacks& cb, int iterations) {
 }  // namespace
 
 void run_step_protocol(const StepCallbacks& cb, int iterations,
-                       const Progress& progress, const std::string& what) {
-  check(cb, iterations);
+                       const Progress& progress, const std::string& what,
+                       const LoopShape& loop) {
+  check(cb, iterations, loop);
+  const int micro = cb.train ? loop.recorded_micro_batches() : 1;
+  const int total = iterations * micro;
   auto begin = [&](const std::string& phase, int it) {
     cb.begin_phase(phase, it);
     if (!progress.enabled()) return;
-    const bool per_iteration = iterations > 1 && phase != kPhaseParameters;
+    const bool per_iteration = total > 1 && phase != kPhaseParameters;
     progress.step(what + ": " + phase +
                   (per_iteration ? " (iteration " + std::to_string(it) + ")"
                                  : std::string()));
   };
   begin(kPhaseParameters, 1);
   cb.materialize();
-  for (int it = 1; it <= iterations; ++it) {
+  // See Note [The loop the user runs].
+  for (int it = 1; it <= total; ++it) {
+    const bool first_of_step = (it - 1) % micro == 0;
+    const bool last_of_step = it % micro == 0;
     begin(kPhaseInputs, it);
     cb.inputs();
     begin(kPhaseForward, it);
@@ -64,15 +75,23 @@ void run_step_protocol(const StepCallbacks& cb, int iterations,
     begin(kPhaseLoss, it);
     cb.loss();
     if (cb.train) {
+      if (loop.zero_grad_first && first_of_step) {
+        begin(kPhaseZeroGrad, it);
+        cb.zero_grad();
+      }
       begin(kPhaseBackward, it);
       cb.backward();
-      if (cb.has_optimizer) {
-        begin(kPhaseOptimizerStep, it);
-        cb.optimizer_step();
+      if (last_of_step) {
+        if (cb.has_optimizer) {
+          begin(kPhaseOptimizerStep, it);
+          cb.optimizer_step();
+        }
+        // See Note [The order of a training iteration] (report.h).
+        if (!loop.zero_grad_first) {
+          begin(kPhaseZeroGrad, it);
+          cb.zero_grad();
+        }
       }
-      // See Note [The order of a training iteration] (report.h).
-      begin(kPhaseZeroGrad, it);
-      cb.zero_grad();
     }
     cb.end_phase();
   }

@@ -134,5 +134,51 @@ TEST(StepProtocolTest, MissingCallbackOrNoIterationIsTheCallersMistake) {
                std::invalid_argument);
 }
 
+// Phases of `log` after "parameters", as "<phase> <it>" only.
+std::vector<std::string> phases(const std::vector<std::string>& log) {
+  std::vector<std::string> v;
+  for (size_t i = 2; i < log.size(); ++i)
+    if (log[i].back() != ')') v.push_back(log[i]);
+  return v;
+}
+
+TEST(StepProtocolTest, AccumulationStepsTheOptimizerOnceEveryTwoRecordedMicroBatches) {
+  std::vector<std::string> log;
+  LoopShape loop;
+  loop.accumulation_steps = 4;  // recorded as two: see Note [The loop the user runs]
+  run_step_protocol(logging(log, true, true), 2, Progress(), "record", loop);
+  const std::vector<std::string> want = {
+      "inputs 1", "forward 1", "loss 1", "backward 1",  //
+      "inputs 2", "forward 2", "loss 2", "backward 2", "optimizer_step 2",
+      "zero_grad 2",  //
+      "inputs 3", "forward 3", "loss 3", "backward 3",  //
+      "inputs 4", "forward 4", "loss 4", "backward 4", "optimizer_step 4",
+      "zero_grad 4"};
+  EXPECT_EQ(phases(log), want);
+}
+
+TEST(StepProtocolTest, TutorialOrderZeroesTheGradientsJustBeforeBackward) {
+  std::vector<std::string> log;
+  LoopShape loop;
+  loop.zero_grad_first = true;
+  run_step_protocol(logging(log, true, true), 2, Progress(), "record", loop);
+  const std::vector<std::string> want = {
+      "inputs 1",   "forward 1",  "loss 1",
+      "zero_grad 1", "backward 1", "optimizer_step 1",  //
+      "inputs 2",   "forward 2",  "loss 2",
+      "zero_grad 2", "backward 2", "optimizer_step 2"};
+  EXPECT_EQ(phases(log), want);
+}
+
+TEST(StepProtocolTest, AccumulationStepsBelowOneAreRefused) {
+  std::vector<std::string> log;
+  LoopShape loop;
+  loop.accumulation_steps = 0;
+  EXPECT_THROW(run_step_protocol(logging(log, true, true), 1, Progress(),
+                                 "record", loop),
+               std::invalid_argument);
+  EXPECT_TRUE(log.empty());
+}
+
 }  // namespace
 }  // namespace memfit

@@ -13,6 +13,7 @@ from .. import _memfit
 from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor_error,
                        is_compiled, record_warm)
 from .meta_reads import run_foreach
+from .loop import Loop, train_mode
 from .offload import OffloadedOptimizer
 from .progress import as_progress
 from .step_flops import open_count
@@ -39,6 +40,7 @@ class RecordedStep:
     # what a compiled model's warm-up runs besides compiling.
     train_seconds: float = 0.0
 
+
     @property
     def timeline(self):
         return self.tracking.timeline
@@ -60,13 +62,16 @@ def _autocast_on():
     return any(torch.is_autocast_enabled(d) for d in ("cpu", "cuda"))
 
 
-def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_to_none=True,
-              say=None, as_on_cuda=False, eager=False):
-    """record_step on copies of the weights, inputs and optimizer state; the
-    model, its gradients and the optimizer are put back as they were. A
-    compiled model's step is recorded warm (See Note [Recording a compiled
-    step]); eager=True records its eager step instead."""
-    saved = ModelTensors(model)
+def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop=Loop(),
+             say=None, as_on_cuda=False, eager=False):
+    """record_step on copies of the weights, inputs, .grad and optimizer
+    state, as the user's next step starts with them (See Note [State the
+    step starts with]), in `loop`'s order and with the model in train mode
+    unless loop.train_mode is False; the model, its gradients and modes and
+    the optimizer are put back as they were. A compiled model's step is
+    recorded warm (See Note [Recording a compiled step]); eager=True records
+    its eager step instead."""
+    saved = ModelTensors(model, optimizer, held=True)
     opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
     autocast = _autocast_on()
     if autocast:  # See Note [A rehearsal inside the user's autocast].
@@ -74,18 +79,18 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_
 
     def record(warm_up=False):
         return record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                           set_to_none, say, as_on_cuda, warm_up)
+                           loop, say, as_on_cuda, warm_up)
 
     def reset():  # what a recording that was thrown away left
         for p in saved.parameters:
             p.grad = None
-        if opt_state is not None and not isinstance(optimizer, OffloadedOptimizer):
-            optimizer.state.clear()
+        saved.reset_optimizer_state()
 
     try:
-        if not is_compiled(model):
-            return record()
-        return _record_compiled(model, record, reset, device, eager, iterations)
+        with train_mode(model, loop.train_mode):
+            if not is_compiled(model):
+                return record()
+            return _record_compiled(model, record, reset, device, eager, iterations)
     except BaseException as e:
         # See Note [A rehearsal that runs out of memory puts everything back].
         traceback.clear_frames(e.__traceback__)
@@ -93,12 +98,8 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_
     finally:
         if autocast:
             torch.clear_autocast_cache()
-        for p in saved.parameters:
-            p.grad = None  # the rehearsal's: restore() gives back the user's
-        if opt_state is not None and not isinstance(optimizer, OffloadedOptimizer):
-            optimizer.state.clear()  # the rehearsal's: restore() gives back the user's
         try:
-            saved.restore()
+            saved.restore()  # drops the rehearsal's .grad and state first
         finally:
             if opt_state is not None:
                 opt_state.restore()
@@ -112,8 +113,9 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, set_
 # first weight put back then ran out of memory too, and the optimizer's state
 # was never put back (a Trainer's plan that failed left Adam's state from its
 # probes on the user's optimizer). So the rehearsal's own memory is dropped
-# first (the frames' locals, .grad, the optimizer's state), and the
-# optimizer is put back even if the weights could not be.
+# first (the frames' locals, .grad, the optimizer's state: each held tensor
+# gets its values back in place of the rehearsal's copy), and the
+# optimizer's hyperparameters are put back even if the weights could not be.
 
 
 class _StepState:
@@ -161,20 +163,20 @@ def _record_compiled(model, record, reset, device, eager, iterations):
 
 
 def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                 set_to_none=True, say=None, as_on_cuda=False, warm_up=False):
-    """Runs `iterations` training iterations under a recorder; returns a
-    RecordedStep.
-    set_to_none=False zeroes the gradients in place: they stay alive through
-    the next iteration's forward, as between the micro-batches of an
-    accumulated step. Either way the rehearsal's gradients are dropped when
-    `saved` is restored: the user's .grad come back. as_on_cuda: an
+                loop=Loop(), say=None, as_on_cuda=False, warm_up=False):
+    """Runs `iterations` optimizer steps of `loop`'s shape (See Note [The
+    loop the user runs], step_protocol.h) under a recorder; returns a
+    RecordedStep. loop.set_to_none=False zeroes the gradients in place: they
+    stay alive through the next iteration's forward. Either way the
+    rehearsal's gradients are dropped when `saved` is restored: the user's
+    .grad come back. as_on_cuda: an
     optimizer named by a string runs foreach, as on CUDA parameters (See
     Note [The optimizer a GPU would run]). warm_up: one iteration without
     the optimizer's step, to compile a compiled model (See Note [Recording
     a compiled step])."""
     how = as_user_step(loss_fn)  # See Note [The step function's contract].
     if warm_up:
-        iterations, optimizer, set_to_none = 1, None, True
+        iterations, optimizer, loop = 1, None, Loop()
     t = Tracking()
     ran_foreach = False  # a named optimizer set to foreach (as_on_cuda)
     if device.type == "meta":
@@ -233,7 +235,8 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
                     t.classify(v, "optimizer_state")
 
     def zero_grad():
-        (model if step.optimizer is None else step.optimizer).zero_grad(set_to_none=set_to_none)
+        (model if step.optimizer is None else step.optimizer).zero_grad(
+            set_to_none=loop.set_to_none)
 
     def end_phase():
         t.end_phase()
@@ -248,7 +251,9 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
             optimizer_step=None if optimizer is None else optimizer_step, zero_grad=zero_grad)
         _memfit.run_step_protocol(callbacks, iterations=iterations,
                                   progress=as_progress(say).native,
-                                  what=f"record on {device.type}")
+                                  what=f"record on {device.type}",
+                                  accumulation_steps=loop.accumulation_steps,
+                                  zero_grad_first=loop.zero_grad_first)
     finally:
         if flops is not None:
             flops.stop()

@@ -17,14 +17,19 @@ sample, as an eager step would.
 """
 
 import copy
+import dataclasses
 
 import torch
 
 from .. import _memfit
 from .batching import map_tensors
 from .device import host_memory
+from .offload import OffloadedOptimizer
 
-__all__ = ["kept_rng", "private_copy", "storage_leaves", "ModelTensors", "OptimizerState"]
+__all__ = [
+    "kept_rng", "private_copy", "storage_leaves", "StepTensor", "step_tensors", "step_bytes",
+    "ModelTensors", "OptimizerState",
+]
 
 
 def kept_rng():
@@ -71,11 +76,90 @@ def storage_leaves(t):
     return [leaf for n in names for leaf in storage_leaves(getattr(t, n))]
 
 
+# Note [State the step starts with]
+# The user's next step starts with what their model and optimizer hold now:
+# the weights and buffers, the optimizer's state (Adam's after a warm-up step
+# or a resumed checkpoint, Adagrad's from its construction, torchao's 8-bit
+# state) and any .grad the last backward left. A rehearsal that started from
+# none of it measured a step the user never runs: with Adam's state held, a
+# fit 1.2x too large, "verified". So each of these is a step tensor
+# (step_tensors): the rehearsal swaps in a copy of it on the device it
+# records on, inside the recording's "parameters" phase and classified
+# (parameter, buffer, optimizer_state, gradient), and restore() puts the
+# values back into the very same tensor objects. A .grad's copy is a new
+# tensor (zero_grad(set_to_none=True) must free it), and the user's .grad
+# waits on the host meanwhile. A step count torch keeps on the host (the
+# "step" of a group neither capturable nor fused) is copied where it is.
+# A default budget takes out only what lives beside these (step_bytes).
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTensor:
+    """One tensor the step starts with: kind is "parameter", "buffer",
+    "gradient" or "optimizer_state"; on_host: it stays on its own device (an
+    optimizer's host-side step count) instead of the recorded one."""
+
+    tensor: torch.Tensor
+    kind: str
+    on_host: bool = False
+
+
+def _state_on_host(key, value, group):
+    # torch keeps "step" on the CPU unless the group is capturable or fused.
+    return key == "step" and value.dim() == 0 and not (
+        group.get("capturable") or group.get("fused"))
+
+
+def step_tensors(model, optimizer=None, held=True):
+    """The tensors `model`'s next training step starts with (See Note [State
+    the step starts with]): its parameters and buffers (a wrapper subclass's
+    inner tensors), and with `held` the .grad already there and the state
+    `optimizer` (a torch.optim optimizer whose state is on the device, not
+    memfit.offload's) holds now."""
+    params = list(model.parameters())
+    out = [StepTensor(leaf, "parameter") for p in params for leaf in storage_leaves(p)]
+    out += [StepTensor(leaf, "buffer") for b in model.buffers() for leaf in storage_leaves(b)]
+    if not held:
+        return out
+    out += [StepTensor(p.grad, "gradient") for p in params if p.grad is not None]
+    if isinstance(optimizer, torch.optim.Optimizer) and not isinstance(
+            optimizer, OffloadedOptimizer):
+        group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
+        for key, state in optimizer.state.items():
+            group = group_of.get(id(key), {})
+            for name, v in state.items():
+                if isinstance(v, torch.Tensor):
+                    host = _state_on_host(name, v, group)
+                    out += [StepTensor(leaf, "optimizer_state", host)
+                            for leaf in storage_leaves(v)]
+    return out
+
+
+def step_bytes(model, optimizer=None, counted=None, held=True):
+    """Bytes of the storages `model`'s next step starts with
+    (step_tensors(model, optimizer, held)) for which counted(tensor) is true
+    (default: all), each storage once."""
+    seen, total = set(), 0
+    for s in step_tensors(model, optimizer, held):
+        t = s.tensor
+        if t.is_meta or (counted is not None and not counted(t)):
+            continue
+        key = t.untyped_storage().data_ptr()
+        if key in seen:
+            continue
+        seen.add(key)
+        total += t.untyped_storage().nbytes()
+    return total
+
+
 class ModelTensors:
     """A model's parameters and buffers set aside while memfit runs a step on
     copies of them (see swap_in_copies), and each parameter's .grad; restore()
     puts the values back into the same Parameter and buffer objects, exactly,
-    and the very same .grad tensors.
+    and the very same .grad tensors. With `held` (and an `optimizer`), the
+    step starts with the .grad and the optimizer's state held now, copied
+    too: See Note [State the step starts with]; else it starts after
+    zero_grad(set_to_none=True), with no .grad.
 
     The saved values wait in host memory, not on the device: a profile must
     not need a second copy of the weights on the card it measures (the
@@ -88,28 +172,64 @@ class ModelTensors:
     has shapes without values: nothing is copied to the host, and restore()
     gives each tensor back the very meta data it had."""
 
-    def __init__(self, model):
+    def __init__(self, model, optimizer=None, held=False):
         self.parameters = list(model.parameters())
-        self.tensors, self.kinds = [], []
-        for i, t in enumerate(self.parameters + list(model.buffers())):
-            for leaf in storage_leaves(t):
-                self.tensors.append(leaf)
-                self.kinds.append("parameter" if i < len(self.parameters) else "buffer")
+        self.entries = step_tensors(model, optimizer, held)
+        self.tensors = [e.tensor for e in self.entries]
         self.saved = [(_to_host(t), t.device) for t in self.tensors]
         self.grads = [p.grad for p in self.parameters]
+        self.held_grads = [held and g is not None for g in self.grads]
+        self.optimizer = optimizer if held else None
+        # The optimizer's state dicts as they are: a rehearsal's step may add
+        # entries or replace values; restore() puts these back.
+        self.state = ({k: (v, dict(v)) for k, v in optimizer.state.items()}
+                      if isinstance(self.optimizer, torch.optim.Optimizer) else None)
         for p in self.parameters:
-            p.grad = None  # the step starts after zero_grad(set_to_none=True)
+            p.grad = None
+        for e in self.entries:
+            if e.kind == "gradient":  # waits on the host: its copy is the step's
+                _memfit.set_data(e.tensor, _empty_like(e.tensor))
 
     def swap_in_copies(self, device=None, classify=None):
-        """Give every parameter and buffer a copy of its values (on `device`,
-        default its own); classify(tensor, kind) is told of each."""
+        """Give every parameter and buffer (and with `held`, the optimizer's
+        state and each .grad) a copy of its values (on `device`, default its
+        own; an optimizer's host-side step count where it is); classify(tensor,
+        kind) is told of each."""
+        self.reset_optimizer_state()
+        grads = iter([])
         with torch.no_grad():
-            for i, t in enumerate(self.tensors):
-                _memfit.set_data(t, t.data.to(device or t.device, copy=True))
+            copies = []
+            for e, (value, was) in zip(self.entries, self.saved):
+                where = was if (device is None or e.on_host) else device
+                c = value.to(where, copy=True)
+                if e.kind == "gradient":
+                    copies.append(c)
+                else:
+                    _memfit.set_data(e.tensor, c)
+                    c = e.tensor
                 if classify is not None:
-                    classify(t, self.kinds[i])
+                    classify(c, e.kind)
+            grads = iter(copies)
+        for p, held in zip(self.parameters, self.held_grads):
+            if held:
+                p.grad = next(grads)
+
+    def reset_optimizer_state(self):
+        """The optimizer's state dicts as they were when saved: what a
+        rehearsal's step added or replaced is dropped (the values of the
+        tensors come back with restore())."""
+        if self.state is None:
+            return
+        self.optimizer.state.clear()
+        for key, (d, items) in self.state.items():
+            d.clear()
+            d.update(items)
+            self.optimizer.state[key] = d
 
     def restore(self):
+        for p in self.parameters:
+            p.grad = None  # the rehearsal's
+        self.reset_optimizer_state()
         with torch.no_grad():
             for t, (value, device) in zip(self.tensors, self.saved):
                 _memfit.set_data(t, value if value.is_meta else value.to(device, copy=True))
@@ -118,24 +238,38 @@ class ModelTensors:
             p.grad = g
 
 
+def _empty_like(t):
+    """No storage, on `t`'s device and of its dtype: what a tensor whose
+    values wait on the host holds meanwhile."""
+    return torch.empty(0, dtype=t.dtype, device=t.device)
+
+
 _MISSING = object()
 
 
 class OptimizerState:
-    """An optimizer's state and hyperparameters (its learning rate
-    included), put back by restore() after memfit's steps updated them."""
+    """An optimizer's hyperparameters (its learning rate included), put back
+    by restore() after memfit's steps updated them. Its state tensors are
+    step tensors, put back by ModelTensors (See Note [State the step starts
+    with]), but for memfit.offload's, whose state is on the host: that one's
+    whole state_dict is put back."""
 
     def __init__(self, optimizer):
         self.optimizer = optimizer
-        self.state = copy.deepcopy(optimizer.state_dict())
+        self.whole = (copy.deepcopy(optimizer.state_dict())
+                      if isinstance(optimizer, OffloadedOptimizer) else None)
+        self.groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+                       for g in optimizer.param_groups]
         # An LR scheduler's wrapper of step() sets this flag (it silences
         # the scheduler's "step() before optimizer.step()" warning).
         self.called = optimizer.__dict__.get("_opt_called", _MISSING)
 
     def restore(self):
-        self.optimizer.load_state_dict(self.state)
+        if self.whole is not None:
+            self.optimizer.load_state_dict(self.whole)
+        for group, saved in zip(self.optimizer.param_groups, self.groups):
+            group.update(saved)
         if self.called is _MISSING:
             self.optimizer.__dict__.pop("_opt_called", None)
         else:
             self.optimizer._opt_called = self.called
-

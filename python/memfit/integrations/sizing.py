@@ -13,10 +13,11 @@ import torch
 
 from .. import _memfit
 from .._step.batching import batch_size, count, resize_batch, tensors_in
-from .._step.device import budget_target, host_memory, to_bytes
+from .._step.device import budget_target, host_memory
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
-from ..plan.fit import available_bytes, search
+from ..plan.budget import resolve_budget
+from ..plan.fit import search
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 
@@ -114,13 +115,9 @@ def example_of(batch, batch_dim=0, samples=2):
         return resize_batch(batch, min(n, samples), batch_dim)
 
 
-def _available(budget, model, what):
-    if budget is None and _memfit.budget("cpu") is None and not torch.cuda.is_available():
-        raise ValueError(
-            f"[{what}] no budget: pass budget= ('16GiB' or bytes), train inside "
-            f"memfit.simulated_device(...), or train on a CUDA device"
-        )
-    return available_bytes(None if budget is None else to_bytes(budget, what), model)
+def _available(budget, model, what, optimizer=None, held=True):
+    # See Note [The budget is the whole device] (plan/budget.py).
+    return resolve_budget(budget, model, optimizer, what, held=held).room_bytes
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,7 +148,7 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
     question, Note [The first micro-batch from the fit], trainer.py)? Else
     the largest batch `accumulated` fits, verified, and of it the largest
     divisor of `effective`: batch x accumulation == effective exactly."""
-    available = _available(budget, model, what)
+    available = _available(budget, model, what, optimizer)
     target = budget_target(model, target_device, what)
     plan = BatchPlan(batch_size=0, effective_batch=effective, budget_bytes=available,
                      reserved_bytes=int(reserve_bytes))
@@ -196,7 +193,7 @@ def plan_eval_batch(model: torch.nn.Module, batch, how: UserStep, *, budget, wha
     loss under torch.no_grad() with the model in eval mode, beside
     `held_bytes` the training holds meanwhile (optimizer state, its
     batches), capped at `cap`."""
-    available = _available(budget, model, what)
+    available = _available(budget, model, what, held=False)
     target = budget_target(model, target_device, what)
 
     def record_at(n):

@@ -14,6 +14,7 @@ from .. import _memfit
 from .._step.arguments import flag
 from .._step.batching import count
 from .._step.device import budget_target, to_bytes
+from .._step.loop import as_loop
 from .._step.frameworks import accumulation_setter, unwrapped_optimizer
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
@@ -22,73 +23,12 @@ from .._step.user_step import as_user_step
 from ..report.compiled import search_notes
 from ..report.data_parallel import trainable_sizes
 from ..report.profile import profile
+from .budget import resolve_budget
 from .lengths import LengthFit, fit_lengths
 
-__all__ = [
-    "DoesNotFit", "model_tracked_bytes", "others_live_bytes", "cuda_free_bytes", "available_bytes",
-    "find_batch_size", "search", "auto_batch_size",
-]
+__all__ = ["DoesNotFit", "find_batch_size", "search", "auto_batch_size"]
 
 DoesNotFit = _memfit.DoesNotFit
-
-
-def model_tracked_bytes(model):
-    """Bytes of the model's own weights and buffers that the simulated device
-    counts: the rehearsal keeps them on the host while the step runs (see
-    Note [A rehearsed step leaves no trace]), so they leave room for it."""
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        key = t.untyped_storage().data_ptr()
-        if key in seen or _memfit.allocation_id(t) is None:
-            continue
-        seen.add(key)
-        total += t.untyped_storage().nbytes()
-    return total
-
-
-def others_live_bytes(model):
-    """Bytes the simulated device holds that are not `model`'s weights and
-    buffers (the batch, optimizer state, the user's other tensors): a
-    rehearsed step of `model` counts its own copy of the weights, and
-    finds only the rest of the budget free, as on a GPU."""
-    return max(0, _memfit.tracked_live_bytes("cpu") - model_tracked_bytes(model))
-
-
-def cuda_free_bytes():
-    """The current CUDA device's free memory, with what the caching
-    allocator holds but does not use counted as free: it is free to us."""
-    free, _ = torch.cuda.mem_get_info()
-    return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
-
-
-def available_bytes(budget, model):
-    """What find_batch_size fits the step in: `budget` as given; else what
-    the simulated device's budget leaves beside the live tensors that are not
-    the model's; else the free CUDA memory."""
-    if budget is not None:
-        given = to_bytes(budget, "find_batch_size")
-        if given == 0:
-            raise ValueError(f"[find_batch_size] the budget is 0 B ({budget!r}): no step fits in "
-                             f"it; pass the memory the step may use, e.g. budget='16GiB'")
-        return given
-    simulated = _memfit.budget("cpu")
-    if simulated is not None:
-        # As a GPU's free memory: what other live tensors hold is not ours.
-        others = others_live_bytes(model)
-        if others >= simulated:
-            fmt = _memfit.format_bytes
-            raise ValueError(
-                f"[find_batch_size] the simulated device's budget of {fmt(simulated)} is full "
-                f"already: {fmt(others)} of live tensors that are not the model's (the batch, "
-                f"optimizer state, your other tensors) leave no room for a step; free them or "
-                f"give the device more memory")
-        return simulated - others
-    if torch.cuda.is_available():
-        return cuda_free_bytes()
-    raise ValueError(
-        "[find_batch_size] no budget: pass budget= ('16GiB' or bytes), run inside "
-        "memfit.simulated_device(...), or run on a CUDA device"
-    )
 
 
 def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
@@ -97,7 +37,9 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     margin: Size = 0, verify: bool = True, progress: ProgressArg = None,
                     target_device: str | None = None,
                     step: StepFn | None = None, seq_dim: Any = None,
-                    lengths: Any = None) -> _memfit.BatchFit | LengthFit:
+                    lengths: Any = None, set_to_none: bool = True,
+                    accumulation_steps: int = 1, zero_grad: str = "after_step",
+                    train_mode: bool = True) -> _memfit.BatchFit | LengthFit:
     """The largest batch whose whole training step fits `budget`, verified.
 
     `inputs`/`target` are an example batch of any size: memfit records the
@@ -111,11 +53,21 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     a batch measured to fit. verify=False skips that step (for planning
     only); the result then says verified=False.
 
-    budget: bytes or "16GiB"; default: what the simulated device's budget
-    leaves beside the live tensors that are not the model's, else the free
-    CUDA memory. margin: extra bytes to keep free. progress: None, True (a
-    line on stderr per recorded phase, probe and verification) or a
-    callable given each line.
+    budget: bytes or "16GiB", the whole device's: the step starts with what
+    the model and optimizer hold now (Adam's state after a step, .grad), and
+    on a device memfit sees (the simulated one, the card the model is on)
+    the tensors beside the step are taken out (See Note [The budget is the
+    whole device], budget.py); default: the device's own (the simulated
+    device's budget, else the free CUDA memory). margin: extra bytes to
+    keep free. progress: None, True (a line on stderr per recorded phase,
+    probe and verification) or a callable given each line.
+
+    The loop you train with, as memfit.profile takes it: set_to_none (how
+    your zero_grad frees the gradients), accumulation_steps (micro-batches
+    per optimizer step: max_batch is then the micro-batch), zero_grad
+    ("after_step" or "before_backward", the tutorial order), train_mode
+    (False: measure the model's train/eval flags as they are). The notes say
+    which loop the answer is for.
 
     target_device: the device the budget is for, "cpu" or "cuda"; None:
     "cuda" when the model's parameters are on a CUDA device, else "cpu".
@@ -156,7 +108,9 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     if seq_dim is not None or lengths is not None:  # one fit per length: plan/lengths.py
         args = dict(loss_fn=loss_fn, optimizer=optimizer, budget=budget, batch_dim=batch_dim,
                     mode=mode, margin=margin, verify=verify, progress=progress,
-                    target_device=target_device, step=step)
+                    target_device=target_device, step=step, set_to_none=set_to_none,
+                    accumulation_steps=accumulation_steps, zero_grad=zero_grad,
+                    train_mode=train_mode)
         return fit_lengths(lambda x, y: find_batch_size(model, x, y, **args), inputs, target,
                            seq_dim, lengths, batch_dim)
     optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
@@ -164,17 +118,22 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     verify = flag(verify, "find_batch_size", "verify")
     how = as_user_step(loss_fn, step, "find_batch_size", model)
     target_device = budget_target(model, target_device, "find_batch_size")
-    available = available_bytes(budget, model)
+    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "find_batch_size")
+    room = resolve_budget(budget, model, optimizer, "find_batch_size", target_device)
+    available = room.room_bytes
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
         available = _memfit.budget_beside_ddp_buckets(
             available, sum(trainable_sizes(model)), "find_batch_size", "report.data_parallel()")
     said = as_progress(progress, "find_batch_size")
     report = profile(model, inputs, target, loss_fn=how, optimizer=optimizer,
-                     batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device)
+                     batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device,
+                     set_to_none=loop.set_to_none, accumulation_steps=loop.accumulation_steps,
+                     zero_grad=loop.zero_grad, train_mode=loop.train_mode)
     fit = search(report, available, to_bytes(margin, "margin"), verify=verify,
                  progress=said)
-    notes = search_notes(report, fit)  # a compiled model's graphs
+    # The answer is for this loop, from this state; a compiled model's graphs.
+    notes = room.notes + report.loop_notes + search_notes(report, fit)
     if notes:
         fit.notes = list(fit.notes) + notes
     return fit
@@ -213,8 +172,10 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
     The function gets the largest micro-batch that fits (found from probes,
     no crash) that divides `starting_batch_size`, and the accumulation steps
     that keep the effective batch exactly `starting_batch_size`. A function
-    taking one argument gets only the batch size. If a step still runs out of
-    memory, the next smaller divisor is tried. step: the user's own step
+    taking one argument gets only the batch size. The micro-batch is fitted
+    for the loop that accumulates (the first micro-batch's gradients alive
+    through the later ones) when the whole batch does not fit. If a step
+    still runs out of memory, the next smaller divisor is tried. step: the user's own step
     (find_batch_size's step=).
 
     accelerate: the model and optimizer may be accelerator.prepare()d (the
@@ -244,6 +205,11 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
         def run(*args, **kwargs):
             fit = find_batch_size(model, inputs, target, loss_fn=how, optimizer=optimizer,
                                   budget=budget, batch_dim=batch_dim)
+            if fit.max_batch < starting_batch_size:
+                # fn accumulates: the first micro-batch's gradients are alive
+                # through the later ones (See Note [The loop the user runs]).
+                fit = find_batch_size(model, inputs, target, loss_fn=how, optimizer=optimizer,
+                                      budget=budget, batch_dim=batch_dim, accumulation_steps=2)
             divisors = [d for d in range(starting_batch_size, 0, -1)
                         if starting_batch_size % d == 0 and d <= max(1, fit.max_batch)]
             last = None

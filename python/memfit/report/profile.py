@@ -17,12 +17,13 @@ from .._step.frameworks import unwrapped_optimizer
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.compiled import CompileCost, compiled_paths
 from .compiled import CompiledRecordings
+from .._step.loop import as_loop, eval_modules
 from .._step.meta_reads import MetaReads, foreach_as_on_cuda
 from .._step.progress import as_progress
 from .._step.record import rehearse
 from .._step.training_step import check_optimizer, optimizer_name
 from .._step.user_step import as_user_step
-from .._step.user_state import kept_rng
+from .._step.user_state import kept_rng, step_tensors
 from . import data_parallel as _dp
 from . import page as report_page
 from .workspace_note import workspace_note
@@ -38,8 +39,9 @@ class Report:
 
     def __init__(self, native: _memfit.Report, timeline: _memfit.Timeline,
                  model_sizes: tuple = ((), 0), record_at: Callable | None = None,
-                 compiled: Any = None) -> None:
+                 compiled: Any = None, loop_notes: tuple = ()) -> None:
         self._native = native
+        self.loop_notes = list(loop_notes)  # the loop's and the held state's notes
         self.timeline = timeline
         self._record_at = record_at
         self._probed = None  # see prediction()
@@ -196,7 +198,7 @@ class Report:
             raise ValueError("[at_batch] this report cannot record other batches")
         native, timeline = self._record_at(count(batch, "at_batch", "batch"))
         return Report(native, timeline, (self._trainable_sizes, self._largest_unit_bytes),
-                      self._record_at, self._compiled)
+                      self._record_at, self._compiled, self.loop_notes)
 
     def measure_step(self, batch: int) -> tuple[_memfit.Report, _memfit.Timeline] | None:
         """(C++ report, timeline) of the step at `batch`, or None when it ran
@@ -270,7 +272,8 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             batch_dim: int = 0, mode: str = "cpu", target_device: str = "cpu",
             cuda_workspace: Size = DEFAULT_CUDA_WORKSPACE, set_to_none: bool = True,
             progress: ProgressArg = None, step: StepFn | None = None,
-            compare_eager: bool = False) -> Report:
+            compare_eager: bool = False, accumulation_steps: int = 1,
+            zero_grad: str = "after_step", train_mode: bool = True) -> Report:
     """Profile `iterations` training iterations of `model` on `inputs`.
 
     Each iteration runs the phases inputs, forward, loss, backward,
@@ -304,6 +307,21 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       the step memfit.Trainer measures to choose its micro-batch (see Note
       [The first micro-batch from the fit], trainer.py). The report's notes
       say so.
+    - accumulation_steps: micro-batches per optimizer step in your loop (the
+      gradients of the first alive through the later ones; two are
+      recorded per optimizer step, each an iteration of the report).
+      zero_grad: "after_step" (the default, torch's quickstart) or
+      "before_backward" (the tutorial order: the last step's gradients are
+      alive through the forward). See Note [The loop the user runs]
+      (step_protocol.h).
+    - train_mode: True (the default) measures the step with model.train(),
+      as it trains: a model left in eval mode (after validation, or by
+      from_pretrained) is switched for the step and put back, and the notes
+      say so. False: each module's train/eval flag as it is.
+    - The step starts with what the model and optimizer hold now: the
+      optimizer's state (Adam's after a step, a resumed checkpoint,
+      Adagrad's from construction) and any .grad are copied in and counted
+      (See Note [State the step starts with], user_state.py).
     - progress: None (silent), True (a line on stderr as each phase is
       recorded: a meta step of a large model takes seconds), or a callable
       given each line.
@@ -341,8 +359,8 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     if mode not in ("cpu", "meta"):
         raise ValueError(f"[profile] mode must be 'cpu' or 'meta', got {mode!r}")
     iterations = count(iterations, "profile", "iterations")
-    if not isinstance(set_to_none, bool):
-        raise ValueError(f"[profile] set_to_none must be True or False, got {set_to_none!r}")
+    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "profile")
+    loop_notes = _loop_notes(loop, model, optimizer)
     cuda_workspace = to_bytes(cuda_workspace, "profile")
     b = batch_size(inputs, batch_dim, "profile")
     if target is not None:
@@ -390,8 +408,8 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     foreach = stack.enter_context(
                         foreach_as_on_cuda(optimizer if card else None))
                     rec = rehearse(model, inputs, target, how, optimizer, iterations,
-                                    torch.device(mode), set_to_none, said, as_on_cuda=card,
-                                    eager=eager)
+                                   torch.device(mode), loop, said, as_on_cuda=card,
+                                   eager=eager)
                 if foreach or rec.ran_foreach:
                     notes.append("the optimizer ran its foreach implementation, as torch "
                                  "does for CUDA parameters (temporaries as large as all "
@@ -413,13 +431,10 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     )
                 mode = "cpu"
                 rec = rehearse(model, inputs, target, how, optimizer, iterations,
-                                torch.device("cpu"), set_to_none, said, eager=eager)
+                               torch.device("cpu"), loop, said, eager=eager)
         if how.note:
             notes.append(how.note)
-        if not set_to_none:
-            notes.append("zero_grad in place (set_to_none=False): the gradients stay alive "
-                         "through the next iteration, as between the micro-batches of an "
-                         "accumulated step")
+        notes.extend(loop_notes)
         if meta:
             notes.append(f"unverified: the {meta} on the meta device (shapes without "
                          f"values), so no step can run for real to check these figures")
@@ -458,7 +473,31 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         return run(x, y, mode)
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
-    return Report(native, timeline, sizes, record_at, compiled)
+    return Report(native, timeline, sizes, record_at, compiled, loop_notes)
+
+
+def _loop_notes(loop, model, optimizer):
+    """What a report says of the loop it measures and of the state the step
+    starts with (See Note [State the step starts with])."""
+    notes = [loop.note()] if loop.note() else []
+    switched = eval_modules(model) if loop.train_mode else 0
+    if switched:
+        notes.append(f"{switched} module(s) are in eval mode: the step is measured in train "
+                     f"mode, as it trains (dropout's masks, BatchNorm's statistics), and "
+                     f"their modes are put back; pass train_mode=False to measure them as "
+                     f"they are")
+    held = {}
+    for s in step_tensors(model, optimizer):
+        if s.kind in ("gradient", "optimizer_state"):
+            held[s.kind] = held.get(s.kind, 0) + s.tensor.numel() * s.tensor.element_size()
+    fmt = _memfit.format_bytes
+    said = [f"{fmt(b)} of {'optimizer state' if k == 'optimizer_state' else '.grad'}"
+            for k, b in sorted(held.items(), reverse=True) if b]
+    if said:
+        notes.append("the step starts with what the model and optimizer hold now: "
+                     + " and ".join(said) + ", counted from the first phase (a fresh "
+                     "optimizer, or zero_grad(set_to_none=True) first, starts with none)")
+    return notes
 
 
 def _check_copy_fits(inputs, target, samples):

@@ -17,6 +17,7 @@ from .._step.hints import Batch, LossFn, Size, StepFn
 from .._step.training_step import check_loss_trains, check_optimizer
 from .._step.user_step import StepError, as_user_step, is_hf_model
 from ..plan import fit as fitting
+from ..plan.budget import DeviceFull, resolve_budget
 from ..report.profile import profile
 from .distributed import DistributedStep, batch_signature, is_distributed
 from .loss_weighting import LossWeighting
@@ -414,22 +415,18 @@ class Trainer:
         """(bytes the step may take, whether a step measured here verifies
         it), or None without a budget."""
         device = self._device()
-        model = self._module
-        if device.type == "cuda":
-            room = fitting.cuda_free_bytes()
-            if self._native.budget is not None:
-                room = min(room, self._native.budget)
-            return room, False
-        if device.type != "cpu":
+        if device.type not in ("cpu", "cuda") or (
+                device.type == "cpu" and self._native.budget is None
+                and _memfit.budget("cpu") is None):
             return None
-        budgets = [b for b in (self._native.budget, _memfit.budget("cpu")) if b is not None]
-        if not budgets:
-            return None
-        # The native step counts the weights made before tracking on top of
-        # the tracked bytes; the rehearsal counts its own copy of every
-        # weight: what is left is the budget less the tensors that are not
-        # the model's.
-        return max(0, min(budgets) - fitting.others_live_bytes(model)), True
+        # The rehearsal counts its own copy of every weight, .grad and state
+        # tensor: See Note [The budget is the whole device] (plan/budget.py).
+        try:
+            room = resolve_budget(self._native.budget, self._module, self.optimizer,
+                                  "Trainer.step", device.type).room_bytes
+        except DeviceFull:
+            room = 0
+        return room, device.type == "cpu"
 
     def _plan_micro_batch(self, native, inputs, target, n):
         """Sets the micro-batch the step starts from, measured: see Note [The
@@ -449,7 +446,8 @@ class Trainer:
         def fit(set_to_none, verify, margin):
             report = profile(self._module, example, example_target, loss_fn=self._how,
                              optimizer=self.optimizer, batch_dim=self.batch_dim,
-                             set_to_none=set_to_none, target_device=card)
+                             set_to_none=set_to_none, target_device=card,
+                             train_mode=False)  # the Trainer runs the model's modes as they are
             return fitting.search(report, room, margin, verify=verify, max_batch=n)
 
         margin = 0

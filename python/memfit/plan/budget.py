@@ -1,0 +1,120 @@
+"""The room a training step may take, resolved once from the user's budget
+for find_batch_size, the Trainer and the framework callbacks: See Note [The
+budget is the whole device]."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from .. import _memfit
+from .._step.device import to_bytes
+from .._step.user_state import step_bytes
+
+__all__ = ["DeviceFull", "Room", "resolve_budget", "cuda_free_bytes"]
+
+# Note [The budget is the whole device]
+# A budget is what the device has for the user's training: the step and
+# everything beside it. The rehearsal re-creates and records what the step
+# starts with (the weights and buffers, the optimizer's state and the .grad
+# held now: Note [State the step starts with], user_state.py), so
+#     room = min(budget, capacity) - beside
+# - capacity: what the device can give at all, where memfit sees the device
+#   (the simulated device's budget; a card's free memory plus what torch's
+#   caching allocator holds): the CUDA context and other processes are taken.
+# - beside: what the device holds that the step does not re-create (the
+#   user's other tensors: an EMA copy, a teacher model, the batch they hold):
+#   the simulated device's tracked bytes, or the card's allocated bytes, less
+#   the step's own.
+# - budget: the user's; without one, capacity.
+# Where memfit does not see the device (a card planned from the CPU, or the
+# host without a simulated device), nothing is beside the step and the budget
+# is the room; for a card the notes say what memfit cannot see.
+
+
+class DeviceFull(ValueError):
+    """The device holds so much beside the step that no room is left."""
+
+
+@dataclasses.dataclass
+class Room:
+    """room_bytes: what the step may take. budget_bytes: the budget it comes
+    from (the user's, or the device's capacity). beside_bytes: what the
+    device holds beside the step, taken out. seen: "simulated", "cuda" or
+    None (the device is not seen). notes: one line each, for the answer."""
+
+    room_bytes: int
+    budget_bytes: int
+    beside_bytes: int = 0
+    seen: str | None = None
+    notes: list = dataclasses.field(default_factory=list)
+
+
+def cuda_free_bytes() -> int:
+    """The current CUDA device's free memory, with what the caching
+    allocator holds but does not use counted as free: it is free to us."""
+    free, _ = torch.cuda.mem_get_info()
+    return free + torch.cuda.memory_reserved() - torch.cuda.memory_allocated()
+
+
+def _on_cuda(model):
+    p = next(model.parameters(), None)
+    return p is not None and p.is_cuda
+
+
+def resolve_budget(budget, model: torch.nn.Module, optimizer=None, what: str = "find_batch_size",
+                   target_device: str = "cpu", held: bool = True) -> Room:
+    """The Room of `budget` (bytes, "16GiB" or None) for `model`'s step with
+    `optimizer`: See Note [The budget is the whole device]. held=False: the
+    step re-creates the weights and buffers only (an eval step), so the
+    .grad and optimizer state are beside it. Raises one-line
+    ValueErrors tagged `what` for a budget that is 0, negative or unreadable,
+    none where no device is seen, and DeviceFull for a device already full."""
+    given = None if budget is None else to_bytes(budget, what)
+    if given == 0:
+        raise ValueError(f"[{what}] the budget is 0 B ({budget!r}): no step fits in it; pass "
+                         f"the memory the step may use, e.g. budget='16GiB'")
+    fmt = _memfit.format_bytes
+    simulated = _memfit.budget("cpu")
+    if _on_cuda(model):
+        seen = "cuda"
+        capacity = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
+        beside = max(0, torch.cuda.memory_allocated()
+                     - step_bytes(model, optimizer, lambda t: t.is_cuda, held))
+    elif simulated is not None:
+        seen = "simulated"
+        capacity = simulated
+        tracked = step_bytes(model, optimizer, lambda t: _memfit.allocation_id(t) is not None,
+                             held)
+        beside = max(0, _memfit.tracked_live_bytes("cpu") - tracked)
+    elif given is None and torch.cuda.is_available():  # a model on the host, sized for the card
+        return Room(cuda_free_bytes(), cuda_free_bytes())
+    elif given is None:
+        raise ValueError(
+            f"[{what}] no budget: pass budget= ('16GiB' or bytes), run inside "
+            f"memfit.simulated_device(...), or run on a CUDA device")
+    else:
+        notes = []
+        if target_device == "cuda":
+            notes.append("the budget is the card's and memfit does not see the card: what "
+                         "you keep on it beside this step (an EMA copy, a teacher model) "
+                         "must fit in the budget too")
+        return Room(given, given, notes=notes)
+    top = capacity if given is None else min(given, capacity)
+    if beside >= top:
+        where = "the simulated device's" if seen == "simulated" else "the card's"
+        raise DeviceFull(
+            f"[{what}] {where} budget of {fmt(top)} is full already: {fmt(beside)} of live "
+            f"tensors that are not the model's weights, .grad or optimizer state (the batch, "
+            f"your other tensors) leave no room for a step; free them or give the device "
+            f"more memory")
+    notes = []
+    if beside and given is not None:
+        notes.append(f"{fmt(beside)} live on the device beside the step (tensors that are not "
+                     f"the model's weights, .grad or optimizer state: the batch you hold, an "
+                     f"EMA copy, a teacher model) are taken out of the budget")
+    if given is not None and capacity < given:
+        notes.append(f"the device has {fmt(capacity)}, less than the budget of {fmt(given)}: "
+                     f"fitted to the device")
+    return Room(top - beside, top, beside, seen, notes)

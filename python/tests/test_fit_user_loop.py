@@ -1,0 +1,244 @@
+"""find_batch_size fits the step the user runs, not memfit's own: the state
+their optimizer and model hold when they ask, the mode the model is in, and
+the shape of their loop. The truth is not memfit's: plain steps of the
+user's loop (no recorder) under memfit.simulated_device at the budget, the
+model and optimizer built inside it. Each answer must run, and 5% more must
+not."""
+
+import copy
+
+import pytest
+import torch
+
+import memfit
+
+BUDGET = 24 << 20
+
+
+def mlp(widths=(256, 768, 768, 10), dropout=0.0):
+    layers = []
+    for a, b in zip(widths[:-1], widths[1:]):
+        layers += [torch.nn.Linear(a, b), torch.nn.ReLU()]
+        if dropout:
+            layers.append(torch.nn.Dropout(dropout))
+    return torch.nn.Sequential(*layers[:-2 if dropout else -1])
+
+
+def batch(b, width=256):
+    return torch.randn(b, width), torch.randint(0, 10, (b,))
+
+
+def quickstart(model, opt, b, set_to_none=True):
+    x, y = batch(b)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=set_to_none)
+
+
+def tutorial(model, opt, b):
+    x, y = batch(b)
+    loss = torch.nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+
+
+def accumulated(n):
+    def loop(model, opt, b):
+        for _ in range(n):
+            x, y = batch(b)
+            (torch.nn.functional.cross_entropy(model(x), y) / n).backward()
+        opt.step()
+        opt.zero_grad()
+    return loop
+
+
+def runs(build, make_opt, b, loop, steps=3, eval_mode=False):
+    """Whether `steps` plain steps of `loop` at batch `b` run under the
+    simulated device of BUDGET, the model and optimizer made inside it."""
+    torch.manual_seed(0)
+    try:
+        with memfit.simulated_device(BUDGET):
+            model = build()
+            if eval_mode:
+                model.eval()
+            opt = make_opt(model)
+            for _ in range(steps):
+                loop(model, opt, b)
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+
+
+def assert_tight(answer, build, make_opt, loop, **kw):
+    """The answer runs the loop, and 5% more does not."""
+    assert runs(build, make_opt, answer, loop, **kw), f"batch {answer} ran out of memory"
+    more = int(answer * 1.05) + 1
+    assert not runs(build, make_opt, more, loop, **kw), f"batch {more} ran too: not tight"
+
+
+def adam(model):
+    return torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["cpu", "meta"])
+def test_adams_state_held_after_a_step_is_counted_and_the_answer_runs(mode):
+    torch.manual_seed(0)
+    model = mlp()
+    opt = adam(model)
+    x, y = batch(8)
+    quickstart(model, opt, 8)  # a warm-up step: Adam holds 2x the parameters now
+    fit = memfit.find_batch_size(model, x, y, optimizer=opt, budget=BUDGET, mode=mode)
+    assert fit.mode == mode
+    assert any("of optimizer state" in n for n in fit.notes), fit.notes
+    assert_tight(fit.max_batch, mlp, adam, quickstart)
+
+
+def test_held_state_and_a_resumed_checkpoint_answer_as_a_fresh_optimizer_does():
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = batch(8)
+    fresh = memfit.find_batch_size(model, x, y, optimizer=adam(model), budget=BUDGET)
+    opt = adam(model)
+    quickstart(model, opt, 8)
+    held = memfit.find_batch_size(model, x, y, optimizer=opt, budget=BUDGET)
+    resumed = adam(model)
+    resumed.load_state_dict(copy.deepcopy(opt.state_dict()))
+    from_checkpoint = memfit.find_batch_size(model, x, y, optimizer=resumed, budget=BUDGET)
+    assert abs(held.max_batch - fresh.max_batch) <= 1
+    assert abs(from_checkpoint.max_batch - fresh.max_batch) <= 1
+
+
+def test_an_optimizer_whose_state_exists_from_construction_is_counted():
+    def adagrad(model):
+        return torch.optim.Adagrad(model.parameters(), lr=1e-2)
+
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = batch(8)
+    fit = memfit.find_batch_size(model, x, y, optimizer=adagrad(model), budget=BUDGET)
+    assert_tight(fit.max_batch, mlp, adagrad, quickstart)
+
+
+def test_gradients_zeroed_in_place_are_fitted_with_set_to_none_false():
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = batch(8)
+    fit = memfit.find_batch_size(model, x, y, optimizer=adam(model), budget=BUDGET,
+                                 set_to_none=False)
+    assert any("set_to_none=False" in n for n in fit.notes), fit.notes
+    assert_tight(fit.max_batch, mlp, adam,
+                 lambda m, o, b: quickstart(m, o, b, set_to_none=False))
+
+
+def test_accumulated_micro_batches_keep_the_first_ones_gradients_through_the_later_ones():
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = batch(8)
+    fit = memfit.find_batch_size(model, x, y, optimizer=adam(model), budget=BUDGET,
+                                 accumulation_steps=4)
+    assert any("4 accumulated micro-batches" in n for n in fit.notes), fit.notes
+    assert_tight(fit.max_batch, mlp, adam, accumulated(4))
+
+
+def test_the_tutorial_order_keeps_the_last_steps_gradients_through_the_forward():
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = batch(8)
+    fit = memfit.find_batch_size(model, x, y, optimizer=adam(model), budget=BUDGET,
+                                 zero_grad="before_backward")
+    assert_tight(fit.max_batch, mlp, adam, tutorial)
+
+
+def test_a_model_left_in_eval_mode_is_fitted_in_train_mode_and_left_in_eval_mode():
+    def build():
+        return mlp(dropout=0.1)
+
+    torch.manual_seed(0)
+    model = build()
+    model.eval()  # after validation, or as from_pretrained returns it
+    x, y = batch(8)
+    fit = memfit.find_batch_size(model, x, y, optimizer=adam(model), budget=BUDGET)
+    assert not any(m.training for m in model.modules())
+    assert any("eval mode" in n for n in fit.notes), fit.notes
+    assert_tight(fit.max_batch, build, adam, quickstart)  # trains in train mode
+    as_is = memfit.find_batch_size(model, x, y, optimizer=adam(model), budget=BUDGET,
+                                   train_mode=False)
+    assert_tight(as_is.max_batch, build, adam, quickstart, eval_mode=True)
+    assert as_is.max_batch > fit.max_batch  # no dropout masks in eval mode
+
+
+def test_gradients_already_there_are_counted_through_the_forward():
+    torch.manual_seed(0)
+    model = mlp()
+    opt = adam(model)
+    x, y = batch(8)
+    torch.nn.functional.cross_entropy(model(x), y).backward()  # .grad left by the user
+    fit = memfit.find_batch_size(model, x, y, optimizer=opt, budget=BUDGET)
+    assert any("of .grad" in n for n in fit.notes), fit.notes
+    # The loop that keeps them: the tutorial order (gradients alive through the forward).
+    assert runs(mlp, adam, fit.max_batch, tutorial)
+
+
+def test_the_users_state_comes_back_as_the_very_same_tensors_with_the_same_values():
+    torch.manual_seed(0)
+    model = mlp(dropout=0.1)
+    opt = adam(model)
+    x, y = batch(8)
+    quickstart(model, opt, 8)
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    model.eval()
+    state = {id(p): {k: (v, v.clone()) for k, v in s.items()} for p, s in opt.state.items()}
+    grads = [(p.grad, p.grad.clone()) for p in model.parameters()]
+    lr = opt.param_groups[0]["lr"]
+    for mode in ("cpu", "meta"):
+        memfit.find_batch_size(model, x, y, optimizer=opt, budget=BUDGET, mode=mode)
+    assert not model.training
+    assert opt.param_groups[0]["lr"] == lr
+    for p, s in opt.state.items():
+        assert set(s) == set(state[id(p)])
+        for k, v in s.items():
+            was, value = state[id(p)][k]
+            assert v is was and torch.equal(v, value), k
+    for p, (g, value) in zip(model.parameters(), grads):
+        assert p.grad is g and torch.equal(g, value)
+
+
+def test_the_default_budget_counts_what_the_user_keeps_beside_the_step():
+    def ema_loop(ema):
+        def loop(model, opt, b):
+            quickstart(model, opt, b)
+            with torch.no_grad():
+                for e, p in zip(ema.parameters(), model.parameters()):
+                    e.lerp_(p, 0.01)
+        return loop
+
+    torch.manual_seed(0)
+    with memfit.simulated_device(BUDGET):
+        model = mlp()
+        ema = copy.deepcopy(model).requires_grad_(False)
+        opt = adam(model)
+        x, y = batch(8)
+        fit = memfit.find_batch_size(model, x, y, optimizer=opt)
+        explicit = memfit.find_batch_size(model, x, y, optimizer=opt, budget=BUDGET)
+        loop = ema_loop(ema)
+        del x, y
+        for _ in range(3):
+            loop(model, opt, fit.max_batch)
+    assert explicit.max_batch == fit.max_batch  # the budget is the whole device
+    assert any("beside the step" in n for n in explicit.notes), explicit.notes
+
+
+def test_auto_batch_size_fits_the_micro_batch_of_the_loop_that_accumulates():
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = batch(8)
+
+    @memfit.auto_batch_size(4096, model=model, inputs=x, target=y, optimizer=adam(model),
+                            budget=BUDGET)
+    def train(micro, steps):
+        return micro, steps
+
+    micro, steps = train()
+    assert steps > 1 and micro * steps == 4096
+    assert runs(mlp, adam, micro, accumulated(steps), steps=2)

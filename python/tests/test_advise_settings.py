@@ -124,6 +124,13 @@ def test_a_budget_only_lora_meets_is_planned_with_allow_approximate_only(rows_ca
     lora = min(r.peak_bytes for r in free.rows if r.name in LORA)
     # Above LoRA's peak, below what SGD needs for every weight and its
     # gradient: no exact strategy, no other setting meets it.
+    if lora >= 2 * free.parameter_bytes:
+        # A processor with native bf16 (AMX, AVX-512 bf16) runs oneDNN's bf16
+        # matmuls, which take temporaries (weights reordered into blocks) the
+        # AVX2 kernels do not: LoRA's step then peaks above every weight and
+        # its gradient, and no budget is met by LoRA alone.
+        pytest.skip(f"LoRA's step peaks at {lora} B on this CPU, above the other settings' "
+                    f"floor of {2 * free.parameter_bytes} B (oneDNN's bf16 kernels)")
     budget = (lora + 2 * free.parameter_bytes) // 2
     assert budget > free.parameter_bytes
     with pytest.raises(memfit.DoesNotFit) as e:

@@ -145,3 +145,56 @@ def test_a_model_without_a_linear_head_is_refused_in_one_line():
     with pytest.raises(ValueError, match="no nn.Linear lm_head"):
         with memfit.chunked_loss(torch.nn.Linear(3, 3)):
             pass
+
+
+def test_nested_chunked_losses_put_back_the_outer_one():
+    # Issue 43: the inner block's end took the outer one's chunked loss off
+    # too, and the outer's end then restored the wrong forward.
+    model = tiny("gpt2")
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    plain = model(input_ids=ids, labels=ids).loss.item()
+    with memfit.chunked_loss(model, chunk_tokens=4):
+        outer = model.__dict__["forward"]
+        with memfit.chunked_loss(model, chunk_tokens=3):
+            assert model(input_ids=ids, labels=ids).logits is None
+        assert model.__dict__["forward"] is outer
+        got = model(input_ids=ids, labels=ids)
+        assert got.logits is None and abs(got.loss.item() - plain) <= 1e-6 * abs(plain)
+    assert "forward" not in model.__dict__ and "forward" not in model.lm_head.__dict__
+    assert model(input_ids=ids, labels=ids).logits is not None
+
+
+def test_a_peft_model_gets_the_chunked_loss_on_the_model_it_wraps():
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(tiny("llama"), peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    plain = model(input_ids=ids, labels=ids).loss.item()
+    with memfit.chunked_loss(model, chunk_tokens=4):
+        got = model(input_ids=ids, labels=ids)
+    assert got.logits is None and abs(got.loss.item() - plain) <= 1e-6 * abs(plain)
+
+
+def test_a_compiled_model_is_refused_naming_the_model_to_pass():
+    model = torch.compile(tiny("gpt2"))
+    with pytest.raises(ValueError, match=r"^\[chunked_loss\] GPT2LMHeadModel is compiled "
+                       r"\(torch.compile\): put the chunked loss on the model before "
+                       r"compiling it \(model._orig_mod\)"):
+        with memfit.chunked_loss(model):
+            pass
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(ignore_index=None), TypeError, r"ignore_index must be an int .* got NoneType None"),
+    (dict(chunk_tokens="a"), TypeError, r"chunk_tokens must be a positive int .* got str 'a'"),
+    (dict(chunk_tokens=0), ValueError, r"chunk_tokens must be a positive int .* got int 0"),
+    (dict(target=torch.zeros(6)), TypeError, r"target must hold class indices, an integer "
+                                            r"tensor, got torch.float32: pass target.long\(\)"),
+    (dict(target=torch.tensor([0, 1, 20, 2, -100, 3])), ValueError,
+     r"target 20 \(token 2\) is not a class of the head's 10 \(0..9\) nor ignore_index -100"),
+])
+def test_bad_arguments_of_the_chunked_loss_are_refused_in_one_line(kwargs, error, message):
+    args = dict(hidden=torch.randn(6, 4), weight=torch.randn(10, 4),
+                target=torch.tensor([0, 1, 2, 3, 4, 5]))
+    args.update(kwargs)
+    with pytest.raises(error, match=r"^\[chunked_linear_cross_entropy\] " + message):
+        memfit.chunked_linear_cross_entropy(**args)

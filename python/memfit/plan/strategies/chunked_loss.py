@@ -98,17 +98,32 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
     indices, ignore_index skipped. reduction: "mean" (over the targets that
     are not ignored), "sum"; num_items: divide the sum by it instead (HF's
     num_items_in_batch). The loss is fp32 (fp64 for fp64 inputs)."""
-    if chunk_tokens < 1:
-        raise ValueError(f"[chunked_linear_cross_entropy] chunk_tokens must be >= 1, got "
-                         f"{chunk_tokens}")
+    what = "chunked_linear_cross_entropy"
+    chunk_tokens = _positive_int(chunk_tokens, what)
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"[{what}] ignore_index must be an int (the target that adds nothing; "
+                        f"{IGNORE_INDEX} by default), got {type(ignore_index).__name__} "
+                        f"{ignore_index!r}")
+    if target.is_floating_point() or target.is_complex() or target.dtype == torch.bool:
+        raise TypeError(f"[{what}] target must hold class indices, an integer tensor, got "
+                        f"{target.dtype}: pass target.long()")
     if reduction not in ("mean", "sum"):
         raise ValueError(f"[chunked_linear_cross_entropy] reduction must be 'mean' or 'sum', "
                          f"got {reduction!r}")
     h = hidden.reshape(-1, hidden.shape[-1])
-    t = target.reshape(-1).to(h.device)
+    t = target.reshape(-1).to(device=h.device, dtype=torch.long)
     if t.shape[0] != h.shape[0]:
         raise ValueError(f"[chunked_linear_cross_entropy] {h.shape[0]} tokens of hidden states "
                          f"but {t.shape[0]} targets: give one target per token")
+    if t.device.type != "meta" and t.numel():
+        classes = weight.shape[0]
+        bad = (t != ignore_index) & ((t < 0) | (t >= classes))
+        if bad.any():
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"[{what}] target {int(t[i])} (token {i}) is not a class of the head's "
+                f"{classes} (0..{classes - 1}) nor ignore_index {ignore_index}: check the "
+                f"labels against the vocabulary")
     total = _ChunkedLinearCrossEntropy.apply(h, weight, bias, t, int(chunk_tokens),
                                              ignore_index)
     if num_items is not None:
@@ -118,6 +133,14 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
     if reduction == "sum":
         return total
     return total / (t != ignore_index).sum()  # nan when every target is ignored, as torch's
+
+
+def _positive_int(n, what):
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise (ValueError if isinstance(n, int) and not isinstance(n, bool) else TypeError)(
+            f"[{what}] chunk_tokens must be a positive int (tokens per chunk), got "
+            f"{type(n).__name__} {n!r}")
+    return n
 
 
 def chunk_tokens_for(budget_bytes: int | None, vocab_size: int, tokens: int | None = None,
@@ -172,8 +195,16 @@ def chunked_loss(model: torch.nn.Module, chunk_tokens: int = 1024) -> Iterator[t
 def apply_chunked_loss(model: torch.nn.Module, chunk_tokens: int = 1024):
     """Puts the chunked loss on `model` (See chunked_loss); returns a
     function that takes it off."""
-    if chunk_tokens < 1:
-        raise ValueError(f"[chunked_loss] chunk_tokens must be >= 1, got {chunk_tokens}")
+    chunk_tokens = _positive_int(chunk_tokens, "chunked_loss")
+    if type(model).__name__ == "OptimizedModule" and hasattr(model, "_orig_mod"):
+        raise ValueError(
+            f"[chunked_loss] {type(model._orig_mod).__name__} is compiled (torch.compile): put "
+            f"the chunked loss on the model before compiling it (model._orig_mod), then "
+            f"compile that")
+    base = getattr(model, "get_base_model", None)
+    if callable(base) and not _is_hf_causal(model):
+        # A PEFT model: its forward hands the labels to the HF model it wraps.
+        model = base()
     head = _head_of(model)
     if head is None or not _is_hf_causal(model):
         raise ValueError(
@@ -206,18 +237,20 @@ def apply_chunked_loss(model: torch.nn.Module, chunk_tokens: int = 1024):
             out.logits = None
         return out
 
-    had_loss = "_loss_function" in model.__dict__
-    old_loss = model.__dict__.get("_loss_function")
+    # What was there before, put back by undo: a chunked loss already on
+    # (an outer `with`) stays on when an inner one ends.
+    missing = object()
+    before = [(obj, name, obj.__dict__.get(name, missing))
+              for obj, name in ((model, "forward"), (head, "forward"), (model, "_loss_function"))]
     model.forward = chunked_forward
     head.forward = head_forward
     model.loss_function = loss_function
 
     def undo():
-        for obj, name in ((model, "forward"), (head, "forward")):
-            obj.__dict__.pop(name, None)
-        if had_loss:
-            model._loss_function = old_loss
-        else:
-            model.__dict__.pop("_loss_function", None)
+        for obj, name, value in before:
+            if value is missing:
+                obj.__dict__.pop(name, None)
+            else:
+                obj.__dict__[name] = value
 
     return undo

@@ -118,3 +118,19 @@ def test_the_integration_without_transformers_says_pip_install_transformers():
                          check=True, env=env)
     assert out.stdout.strip() == ("'[memfit.integrations.transformers] transformers is not "
                                   "installed: pip install transformers'")
+
+
+def test_the_callbacks_own_reserve_is_named_when_it_leaves_nothing(tmp_path, monkeypatch):
+    # Issue 43: the reserve for the loop's batches was reported as "the
+    # margin 2.00 KiB leaves nothing of the budget", a margin the user never gave.
+    import memfit.integrations.sizing as sizing
+
+    monkeypatch.setattr(sizing, "_available", lambda *args, **kwargs: 1000)
+    args = arguments(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=3,
+                     max_steps=1)
+    with pytest.raises(ValueError, match=r"^\[FitBatchSize\] the batches the loop holds beside "
+                       r"the step \(3.00 KiB for 12 samples\) leave nothing of the 1000 B the "
+                       r"budget leaves beside the model: give a larger budget or a smaller "
+                       r"effective batch"):
+        transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(),
+                             callbacks=[FitBatchSize(budget="64MiB")])

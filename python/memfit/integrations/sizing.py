@@ -152,6 +152,13 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
     target = budget_target(model, target_device, what)
     plan = BatchPlan(batch_size=0, effective_batch=effective, budget_bytes=available,
                      reserved_bytes=int(reserve_bytes))
+    if reserve_bytes and reserve_bytes >= available:
+        # The margin is the callback's own, not one the user gave: say what it is.
+        fb = _memfit.format_bytes
+        raise ValueError(
+            f"[{what}] the batches the loop holds beside the step ({fb(int(reserve_bytes))} for "
+            f"{effective} samples) leave nothing of the {fb(available)} the budget leaves "
+            f"beside the model: give a larger budget or a smaller effective batch")
 
     def fit(loop, verify, max_batch):
         with kept_rng():

@@ -88,7 +88,9 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop
 
     try:
         with train_mode(model, loop.train_mode):
-            if not is_compiled(model):
+            # A compiled step function compiles as a compiled model does.
+            compiled_step = hasattr(getattr(loss_fn, "step", None), "_torchdynamo_orig_callable")
+            if not (is_compiled(model) or compiled_step):
                 return record()
             return _record_compiled(model, record, reset, device, eager, iterations)
     except BaseException as e:

@@ -146,6 +146,37 @@ def test_an_oom_says_what_was_alive(tmp_path):
     assert d["peak_reserved_bytes"] == 60 * MiB
 
 
+def test_an_oom_with_room_on_the_card_names_the_cap_and_the_fit_for_the_users_model(tmp_path):
+    # Issue 43 item 7: "CUDA had 138.98 GiB free" without naming the cap
+    # that refused it, and `memfit fit --model` (built-in models only) as the fix.
+    b = SnapshotBuilder()
+    base = 0x7F0000000000
+    b.segment_alloc(base, 40 * MiB)
+    b.alloc(base, 20 * MiB, stack("parameters"))
+    b.oom(96 * MiB, 1024 * MiB, stack("forward_fc2"))
+    (oom,) = [f for f in memfit.load_snapshot(b.write(tmp_path / "cap.pickle")).findings()
+              if f.kind == "oom"]
+    assert ("CUDA had 1.00 GiB free, more than asked for: not the card but a cap on this "
+            "process's memory refused it, at 40.00 MiB reserved") in oom.seen, oom.seen
+    assert oom.fix == ("raise the cap, or fit under it: memfit.find_batch_size(model, batch, "
+                       "budget='40.00MiB', target_device='cuda') finds the batch that fits; "
+                       "memfit.advise(...) when even one sample does not"), oom.fix
+
+
+def test_a_forward_temporary_at_the_peak_is_not_told_to_chunk_the_loss(tmp_path):
+    b = SnapshotBuilder()
+    base = 0x7F0000000000
+    b.segment_alloc(base, 100 * MiB)
+    b.alloc(base, 10 * MiB, stack("parameters"))
+    b.alloc(base + 10 * MiB, 60 * MiB, stack("forward_fc1"))  # made and freed in the forward
+    b.free(base + 10 * MiB)
+    b.alloc(base + 10 * MiB, 1 * MiB, stack("loss"))
+    (peak,) = [f for f in memfit.load_snapshot(b.write(tmp_path / "t.pickle")).findings()
+               if f.kind == "peak"]
+    assert "temporary 60.00 MiB" in peak.seen, peak.seen
+    assert "chunked loss" not in peak.fix and "a smaller micro-batch" in peak.fix, peak.fix
+
+
 def test_a_trace_that_starts_late_counts_what_was_live_before(tmp_path):
     b = SnapshotBuilder()
     base = 0x7F0000000000

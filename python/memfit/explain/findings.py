@@ -26,7 +26,9 @@ _FIX = {
     "activation": "activation checkpointing or a smaller micro-batch (memfit advise plans both)",
     "gradient": "free the gradients sooner (zero_grad(set_to_none=True) after step)",
     "optimizer_state": "a lighter optimizer state (8-bit or paged Adam, offload: memfit advise)",
-    "temporary": "smaller chunks of the op that makes them (a chunked loss, foreach=False)",
+    "temporary": "a smaller micro-batch, or a kernel of the op that makes them that keeps "
+                 "less (SDPA's memory-efficient attention for attention's): memfit advise "
+                 "measures both",
     "parameter": "lower precision weights or sharding (FSDP: memfit profile --world-size)",
 }
 
@@ -72,6 +74,19 @@ def _phase_at(events: TraceEvents, event_index: int):
     return name, it
 
 
+# Temporaries by the phase that makes them: the loss's logits, the
+# optimizer's foreach copies; elsewhere _FIX's.
+_TEMPORARY_FIX = {
+    "loss": "a chunked loss: the logits never whole (memfit.chunked_loss(model) for an HF "
+            "causal LM, memfit.chunked_linear_cross_entropy in your own loss)",
+    "optimizer_step": "the optimizer's foreach=False: one parameter's temporaries at a time",
+}
+
+# The find_batch_size call that sizes the user's own step for a card.
+_FIT = ("memfit.find_batch_size(model, batch, budget={budget}, target_device='cuda') finds "
+        "the batch that fits; memfit.advise(...) when even one sample does not")
+
+
 def _peak(events, raw) -> Finding:
     tl = events.timeline
     peak = tl.peak()
@@ -85,8 +100,9 @@ def _peak(events, raw) -> Finding:
     if places:
         seen += f"; by place: {places}"
     where = b["modules"][0][0] if b["modules"] else phase
+    fix = (_TEMPORARY_FIX.get(phase) if top_cat == "temporary" else None) or _FIX.get(top_cat)
     return Finding("peak", peak.bytes, where, seen,
-                   _FIX.get(top_cat, "memfit advise --budget SIZE plans around the largest"))
+                   fix or "memfit advise --budget SIZE plans around the largest")
 
 
 def _fragmentation(events, raw, dump) -> Optional[Finding]:
@@ -175,14 +191,24 @@ def _ooms(events, raw) -> List[Finding]:
         phase, it = _phase_at(events, max(oom.events_before - 1, 0))
         seen = (f"asked for {_fb(oom.size)} in {phase} of iteration {it}"
                 f"{' at ' + where if where else ''} with {_fb(live)} allocated and "
-                f"{_fb(oom.reserved)} reserved; CUDA had {_fb(oom.device_free)} free. {alive}")
+                f"{_fb(oom.reserved)} reserved; CUDA had {_fb(oom.device_free)} free")
+        # The card had room for the request: a limit on the process refused it.
+        capped = oom.device_free >= oom.size
+        if capped:
+            seen += (f", more than asked for: not the card but a cap on this process's memory "
+                     f"refused it, at {_fb(oom.reserved)} reserved "
+                     f"(torch.cuda.set_per_process_memory_fraction, or a limit the process runs "
+                     f"under)")
+        seen += f". {alive}"
         if not where:
             stack = describe(frames)
             if stack:
                 seen += f" (frames: {'; '.join(stack)})"
-        out.append(Finding("oom", oom.size, where or phase, seen,
-                           "memfit fit --budget SIZE --target cuda finds the batch that fits "
-                           "the card; memfit advise when even one sample does not"))
+        budget = f"'{_fb(oom.reserved).replace(' ', '')}'" if capped else "'SIZE'"
+        fix = _FIT.format(budget=budget)
+        if capped:
+            fix = "raise the cap, or fit under it: " + fix
+        out.append(Finding("oom", oom.size, where or phase, seen, fix))
     return out
 
 

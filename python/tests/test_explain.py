@@ -109,6 +109,10 @@ def test_the_table_and_the_page(step_file, tmp_path, capsys):
     data = html.split('id="memfit-data">', 1)[1].split("</script>", 1)[0]
     assert json.loads(data)["report"]["peak_bytes"] == 16 * U + 4
     assert "optimizer_first_step: the optimizer" in html
+    # Issue 43 item 7: the page had no fix lines and said "batch 0".
+    assert "Fix: size the budget on the second step" in html
+    assert ", batch 0," not in html and '<p class="summary">model synthetic_step.pickle, ' \
+        'optimizer' in html
 
 
 def test_the_first_optimizer_step_and_kept_gradients_are_found(tmp_path):

@@ -202,7 +202,8 @@ class Snapshot:
         the findings and the replay among its notes."""
         r = self.report()
         notes = list(r.notes)
-        r.notes = notes + [f.line() for f in self.findings()] + [self.replay().summary()]
+        r.notes = (notes + [f"{f.line()} Fix: {f.fix}" for f in self.findings()]
+                   + [self.replay().summary()])
         try:
             return _memfit.html_report(
                 r, self.timeline, title=title or f"memfit explain: {os.path.basename(self.path)}")

@@ -217,7 +217,8 @@ std::string page_top(const Report& r, const std::string& title) {
          "<title>" +
          esc(title) + "</title>\n<style>" + std::string(detail::kHtmlStyle) +
          "</style>\n</head>\n<body>\n<main>\n" + "<h1>" + esc(title) + "</h1>\n" +
-         "<p class=\"summary\">model " + esc(r.model) + ", batch " + std::to_string(r.batch) +
+         "<p class=\"summary\">model " + esc(r.model) +
+         (r.batch > 0 ? ", batch " + std::to_string(r.batch) : std::string()) +  // 0: unknown
          ", optimizer " + esc(r.optimizer) + ", mode " + esc(r.mode) + "</p>\n";
 }
 

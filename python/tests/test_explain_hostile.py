@@ -172,3 +172,16 @@ def test_a_device_given_as_a_string_is_refused_at_the_door(tmp_path):
         memfit.load_snapshot(tmp_path / "x.pickle", device="0")
     assert str(e.value).startswith("[load_snapshot] device must be the CUDA device's index, "
                                    "an int"), str(e.value)
+
+
+def test_the_explain_api_refuses_bad_arguments_in_one_line(tmp_path):
+    path = tmp_path / "ok.pickle"
+    path.write_bytes(snapshot(entry()))
+    with pytest.raises(TypeError, match=r"^\[load_snapshot\] path must be the snapshot file's "
+                       r"path, got NoneType None"):
+        memfit.load_snapshot(None)
+    s = memfit.load_snapshot(path)
+    with pytest.raises(ValueError, match=r"^\[compare\] report must be what memfit.profile"):
+        s.compare(None)
+    with pytest.raises(ValueError, match=r"^\[table\] max_modules must be an int >= 0"):
+        s.table(-1)

@@ -155,6 +155,18 @@ def test_fit_batch_size_says_it_changed_the_batch():
         module = None
 
 
+@pytest.mark.parametrize("make, message", [
+    (lambda: FitBatchSize(budget="abc"), r"cannot read 'abc' as a size"),
+    (lambda: FitBatchSize(target_device="tpu"),
+     r"^\[FitBatchSize\] target_device must be 'cpu' or 'cuda'"),
+    (lambda: FitBatchSize(batch_dim="x"), r"^\[FitBatchSize\] batch_dim must be an int"),
+    (lambda: MemoryReport("page.html", budget=-1), r"^\[MemoryReport\] cannot use -1 as a size"),
+])
+def test_bad_options_are_refused_when_the_callback_is_made(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
 def test_keep_effective_batch_says_why_it_cannot():
     scheduler = pl.callbacks.GradientAccumulationScheduler({0: 2})
     with pytest.raises(ValueError) as e:

@@ -134,3 +134,13 @@ def test_the_callbacks_own_reserve_is_named_when_it_leaves_nothing(tmp_path, mon
                        r"effective batch"):
         transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(),
                              callbacks=[FitBatchSize(budget="64MiB")])
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(budget="abc"), r"cannot read 'abc' as a size"),
+    (dict(target_device="tpu"), r"^\[FitBatchSize\] target_device must be 'cpu' or 'cuda'"),
+])
+def test_bad_options_are_refused_when_the_callback_is_made(kwargs, message):
+    # Not once the Trainer was built up to the callback.
+    with pytest.raises(ValueError, match=message):
+        FitBatchSize(**kwargs)

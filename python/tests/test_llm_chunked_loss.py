@@ -191,6 +191,8 @@ def test_a_compiled_model_is_refused_naming_the_model_to_pass():
                                             r"tensor, got torch.float32: pass target.long\(\)"),
     (dict(target=torch.tensor([0, 1, 20, 2, -100, 3])), ValueError,
      r"target 20 \(token 2\) is not a class of the head's 10 \(0..9\) nor ignore_index -100"),
+    (dict(weight=torch.randn(10, 5)), ValueError, r"hidden states of 4 features but a head "
+                                                  r"weight of shape \(10, 5\)"),
 ])
 def test_bad_arguments_of_the_chunked_loss_are_refused_in_one_line(kwargs, error, message):
     args = dict(hidden=torch.randn(6, 4), weight=torch.randn(10, 4),

@@ -151,6 +151,9 @@ class Snapshot:
         return self._report
 
     def table(self, max_modules: int = 10) -> str:
+        if isinstance(max_modules, bool) or not isinstance(max_modules, int) or max_modules < 0:
+            raise ValueError(f"[table] max_modules must be an int >= 0 (the places listed), got "
+                             f"{type(max_modules).__name__} {max_modules!r}")
         fb = _memfit.format_bytes
         r = self.report()
         head = [f"memfit explain: {self.path} (device {self.device}, {self.trace_entries} "
@@ -219,6 +222,9 @@ class Snapshot:
         """memfit's prediction beside this snapshot: `report` is what
         memfit.profile(..., target_device="cuda") returns (or a native report
         with its CUDA estimate, with `timeline` the one it was made from)."""
+        if not hasattr(report, "cuda") or not hasattr(report, "peak_bytes"):
+            raise ValueError(f"[compare] report must be what memfit.profile(..., "
+                             f"target_device='cuda') returns, got {type(report).__name__}")
         timeline = timeline if timeline is not None else getattr(report, "timeline", None)
         if timeline is None:
             raise ValueError("[compare] give the prediction's timeline: memfit.profile's "
@@ -249,6 +255,9 @@ def load_snapshot(path: Union[str, "os.PathLike[str]"], device: Optional[int] = 
     """The CUDA memory snapshot at `path` (torch.cuda.memory._dump_snapshot),
     read in bounded memory and explained. Raises NotASnapshot (a ValueError)
     with one line for a file that is not one or has no trace."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"[load_snapshot] path must be the snapshot file's path, got "
+                        f"{type(path).__name__} {path!r}")
     if device is not None:
         try:
             index = None if isinstance(device, bool) else operator.index(device)

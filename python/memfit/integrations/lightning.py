@@ -40,7 +40,8 @@ from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
 from ..diagnosis import Doctor
 from ..report.profile import Report, profile
-from .sizing import BatchPlan, LoopStep, example_of, plan_batch, tell_change
+from .sizing import (BatchPlan, LoopStep, check_options, example_of, plan_batch,
+                     tell_change)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -167,6 +168,7 @@ class FitBatchSize(pl.Callback):
                  keep_effective_batch: int | None = None, batch_arg_name: str = "batch_size",
                  batch_dim: int = 0) -> None:
         super().__init__()
+        check_options("FitBatchSize", budget, target_device, batch_dim)
         self.budget = budget
         self.target_device = target_device
         self.keep_effective_batch = (None if keep_effective_batch is None else count(
@@ -241,6 +243,7 @@ class MemoryReport(pl.Callback):
 
     def __init__(self, path: str, budget: Size | None = None, predict: bool = True) -> None:
         super().__init__()
+        check_options("MemoryReport", budget)
         self.path = path
         self.budget = budget
         self.predict = predict

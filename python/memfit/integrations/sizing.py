@@ -13,7 +13,7 @@ import torch
 
 from .. import _memfit
 from .._step.batching import batch_size, count, resize_batch, tensors_in
-from .._step.device import budget_target, host_memory
+from .._step.device import budget_target, host_memory, to_bytes
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
 from ..plan.budget import resolve_budget
@@ -22,7 +22,7 @@ from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 
 __all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "largest_divisor", "optimizer_state_bytes",
-           "plan_batch", "plan_eval_batch", "tell_change"]
+           "plan_batch", "plan_eval_batch", "check_options", "tell_change"]
 
 
 @dataclasses.dataclass
@@ -66,6 +66,19 @@ class BatchPlan:
         return (f"memfit: batch {self.batch_size}{acc} (largest that fits {self.max_batch}, "
                 f"budget {fb(self.budget_bytes)}, {fb(self.reserved_bytes)} kept for the "
                 f"loop's batches){ev}")
+
+
+def check_options(what: str, budget=None, target_device=None, batch_dim: int = 0) -> None:
+    """Refuses, when a callback is made, the options its fit would trip on
+    only once the framework ran up to it."""
+    if budget is not None:
+        to_bytes(budget, what)
+    if target_device not in (None, "cpu", "cuda"):
+        raise ValueError(f"[{what}] target_device must be 'cpu' or 'cuda' (the card the budget "
+                         f"is for) or None, got {target_device!r}")
+    if isinstance(batch_dim, bool) or not isinstance(batch_dim, int):
+        raise ValueError(f"[{what}] batch_dim must be an int (the dimension of the samples), "
+                         f"got {type(batch_dim).__name__} {batch_dim!r}")
 
 
 def tell_change(what: str, before: str, plan: BatchPlan, seconds: float) -> None:

@@ -30,8 +30,8 @@ from .._step.device import host_memory
 from .._step.hints import Size
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
-from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, example_of, plan_batch,
-                     plan_eval_batch, tell_change)
+from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
+                     plan_batch, plan_eval_batch, tell_change)
 
 __all__ = ["FitBatchSize", "trainer_step"]
 
@@ -117,6 +117,7 @@ class FitBatchSize(TrainerCallback):
 
     def __init__(self, budget: Size | None = None, target_device: str | None = None,
                  size_eval: bool = True) -> None:
+        check_options("FitBatchSize", budget, target_device)
         self.budget = budget
         self.target_device = target_device
         self.size_eval = size_eval

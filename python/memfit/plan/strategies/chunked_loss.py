@@ -115,6 +115,10 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor,
     if t.shape[0] != h.shape[0]:
         raise ValueError(f"[chunked_linear_cross_entropy] {h.shape[0]} tokens of hidden states "
                          f"but {t.shape[0]} targets: give one target per token")
+    if weight.dim() != 2 or weight.shape[1] != h.shape[1]:
+        raise ValueError(f"[{what}] hidden states of {h.shape[1]} features but a head weight of "
+                         f"shape {tuple(weight.shape)}: give the head's weight, classes x "
+                         f"features (nn.Linear's)")
     if t.device.type != "meta" and t.numel():
         classes = weight.shape[0]
         bad = (t != ignore_index) & ((t < 0) | (t >= classes))

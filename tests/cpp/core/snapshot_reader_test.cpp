@@ -103,6 +103,65 @@ TEST(SnapshotReaderTest, BadFilesAreOneLine) {
   }
 }
 
+std::string error_of(const std::vector<unsigned char>& bytes) {
+  try {
+    read_snapshot(write_file("hostile.pickle", bytes));
+  } catch (const SnapshotFormatError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(SnapshotReaderTest, ALengthPastTheFilesEndIsRefusedBeforeAllocating) {
+  // 11 bytes declaring a 4 GiB string (BINUNICODE8).
+  std::vector<unsigned char> huge = {0x80, 4, 0x8d, 0, 0, 0, 0, 1, 0, 0, 0};
+  EXPECT_NE(error_of(huge).find("ends in the middle of the pickle"), std::string::npos);
+}
+
+TEST(SnapshotReaderTest, AMemoSlotPastWhatTheFileStoredIsRefused) {
+  // LONG_BINPUT a million slots ahead: 4 MB of memo for 5 bytes.
+  std::vector<unsigned char> memo = {0x80, 4, ']', 'r', 0, 0, 16, 0, '.'};
+  EXPECT_NE(error_of(memo).find("a memo index past the objects the file holds"),
+            std::string::npos);
+}
+
+TEST(SnapshotReaderTest, ListsNestedAMillionDeepAreFreedWithoutRecursion) {
+  // {"segments": [], "device_traces": [[{"action": "alloc", "extra": [[[...]]]}]]}:
+  // the entry, made a row, freed its list once per level of recursion.
+  std::vector<unsigned char> deep = {0x80, 4, '}', '('};
+  auto str = [&](const std::string& k) {
+    deep.push_back(0x8c);
+    deep.push_back(static_cast<unsigned char>(k.size()));
+    deep.insert(deep.end(), k.begin(), k.end());
+  };
+  str("segments");
+  deep.push_back(']');
+  str("device_traces");
+  deep.insert(deep.end(), {']', ']', '}', '('});
+  str("action");
+  str("alloc");
+  str("extra");
+  const int depth = 1000000;
+  deep.insert(deep.end(), depth, ']');
+  deep.insert(deep.end(), depth - 1, 'a');
+  deep.insert(deep.end(), {'u', 'a', 'a', 'u', '.'});
+  const Snapshot s = read_snapshot(write_file("deep.pickle", deep));
+  ASSERT_EQ(s.traces.size(), 1u);
+  EXPECT_EQ(s.traces[0].size_of(), 1u);
+}
+
+TEST(SnapshotReaderTest, ASizeNoDeviceHoldsIsRefusedNamingTheEntry) {
+  // A segment whose total_size is 2**62, as LONG1.
+  std::vector<unsigned char> seg = {0x80, 4, '}', '(', 0x8c, 8, 's', 'e', 'g', 'm', 'e', 'n',
+                                    't', 's', ']', '}', '(', 0x8c, 10, 't', 'o', 't', 'a', 'l',
+                                    '_', 's', 'i', 'z', 'e', 0x8a, 8, 0, 0, 0, 0, 0, 0, 0, 0x40,
+                                    'u', 'a', 'u', '.'};
+  EXPECT_NE(error_of(seg).find("a corrupted snapshot: segment 0 has total_size "
+                               "4611686018427387904, outside 0..1125899906842624 bytes"),
+            std::string::npos)
+      << error_of(seg);
+}
+
 TEST(SnapshotReaderTest, AMissingFileIsARuntimeError) {
   EXPECT_THROW(read_snapshot(::testing::TempDir() + "no/such/file.pickle"), std::runtime_error);
 }

@@ -141,6 +141,32 @@ def test_a_length_where_one_sample_does_not_fit_is_named():
                                optimizer="adam", budget="2MiB", seq_dim=1, lengths=[16, 1024])
 
 
+class Tagger(torch.nn.Module):
+    """Takes a dict batch as Hugging Face models do: ids and a mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.inner = LSTMTagger()
+
+    def forward(self, input_ids, attention_mask):
+        return self.inner(input_ids) * attention_mask.unsqueeze(-1)
+
+
+def test_a_dict_batch_and_its_token_labels_are_cut_or_repeated_together():
+    ids = torch.randint(0, VOCAB, (2, 10))
+    batch = {"input_ids": ids, "attention_mask": torch.ones(2, 10)}
+    fit = memfit.find_batch_size(Tagger(), batch, ids.clone(), loss_fn=token_loss,
+                                 optimizer="sgd", budget="4MiB", seq_dim=1, lengths=[8, 24])
+    assert fit.lengths == [8, 24] and fit.verified
+    assert fit.at(8) > fit.at(16) >= fit.at(24) >= 1
+    with pytest.raises(ValueError, match=r"takes both seq_dim= .* and lengths="):
+        memfit.find_batch_size(Tagger(), batch, ids, loss_fn=token_loss, budget="4MiB",
+                               seq_dim=1)
+    with pytest.raises(ValueError, match="no tensor has a dimension 2"):
+        memfit.find_batch_size(Tagger(), batch, ids, loss_fn=token_loss, budget="4MiB",
+                               seq_dim=2, lengths=[8])
+
+
 class CapFit:
     """A fit without a model: at(L) samples of length L take `tokens`."""
 

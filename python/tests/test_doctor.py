@@ -182,6 +182,35 @@ def test_n_forwards_are_n_steps():
     assert d.report().startswith(f"memfit doctor: {STEPS} steps observed")
 
 
+def test_a_training_forward_that_keeps_a_kv_cache_is_named_with_its_bytes():
+    # Issue 43 item 6: an HF model with use_cache=True (Llama's default)
+    # keeps a KV cache through a training forward; the doctor named nothing.
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(cfg).train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    for use_cache in (True, False):
+        model.config.use_cache = use_cache
+        with memfit.doctor(model, opt, trials=False) as d:
+            for _ in range(4):
+                out = model(input_ids=ids, labels=ids)  # <- kv cache
+                out.loss.backward()
+                opt.step()
+                opt.zero_grad()
+        found = of_kind(d, "kv_cache")
+        if not use_cache:
+            assert not found, d.report()
+            continue
+        f = assert_found(d, "kv_cache", "kv cache")
+        # 2 layers x keys and values x [2, 1, 9, 16] float32.
+        assert f.bytes_per_step == 2 * 2 * 2 * 9 * 16 * 4
+        assert "use_cache = False" in f.fix
+
+
 def test_growth_fixed_by_keeping_numbers():
     model = mlp().eval()
     outputs = []

@@ -24,7 +24,7 @@ __all__ = [
     "MIN_SHARE", "run_checks", "ListKept", "list_kept", "check_graph_kept", "check_memory_growth",
     "check_tensors_kept",
     "check_eval_with_grad", "check_grads_kept", "check_float64", "check_not_in_place",
-    "check_pageable_copies",
+    "check_pageable_copies", "check_kv_cache",
 ]
 
 # The least share of a step's peak an optimization finding must save.
@@ -49,6 +49,7 @@ def run_checks(run: Run):
     findings += check_pageable_copies(run)
     findings += check_recompiles(run)
     findings += check_graph_breaks(run)
+    findings += check_kv_cache(run)
     findings.sort(key=lambda f: (f.estimated_saving, f.bytes_per_step), reverse=True)
     return findings
 
@@ -569,4 +570,30 @@ def check_pageable_copies(run):
         fix = ("pin the source (DataLoader(pin_memory=True) or x.pin_memory()) and copy "
                "with x.to(device, non_blocking=True)")
         findings.append(Finding("pageable_copy", int(per), site, seen, fix, 0))
+    return findings
+
+
+# -- a KV cache in training ---------------------------------------------------
+
+
+def check_kv_cache(run):
+    """A forward in training (train mode, grad enabled) whose output carries
+    a KV cache: an HF model with use_cache=True (its config's default) keeps
+    every layer's keys and values alive with the output, after backward
+    freed what autograd saved, and under checkpointing, which would not
+    keep them at all."""
+    by_site = collections.defaultdict(list)
+    for f in run.observation.forwards:
+        if f.kv_cache_bytes and f.training and f.grad_enabled:
+            by_site[f.site].append(f.kv_cache_bytes)
+    findings = []
+    for site, sizes in by_site.items():
+        per = max(sizes)
+        seen = (f"the forward at {site} returns a KV cache (past_key_values) of {_fmt(per)} "
+                f"in {len(sizes)} training forward{'s' if len(sizes) > 1 else ''}: every "
+                "layer's keys and values, alive with the output after backward (and kept "
+                "under activation checkpointing, which would drop them).")
+        fix = ("turn the cache off for training: `model.config.use_cache = False`, or pass "
+               "`use_cache=False` to the forward")
+        findings.append(Finding("kv_cache", int(per), site, seen, fix, int(per)))
     return findings

@@ -100,6 +100,33 @@ def _tensors(obj):
     return [t for t in pytree.tree_leaves(obj) if isinstance(t, _Tensor)]
 
 
+def _cache_tensors(cache):
+    """The tensors of an HF KV cache: a DynamicCache's layers' keys and
+    values (transformers 5), its key_cache/value_cache lists (4.x), or a
+    legacy tuple of (key, value) pairs."""
+    out = [t for t in pytree.tree_leaves(cache) if isinstance(t, _Tensor)]
+    for layer in getattr(cache, "layers", None) or ():
+        out += [t for t in (getattr(layer, "keys", None), getattr(layer, "values", None))
+                if isinstance(t, _Tensor)]
+    for name in ("key_cache", "value_cache"):
+        out += [t for t in getattr(cache, name, None) or () if isinstance(t, _Tensor)]
+    return out
+
+
+def kv_cache_bytes(output):
+    """Bytes of the KV cache a model's output carries (HF's past_key_values),
+    each storage once; 0 when it carries none."""
+    cache = (output.get("past_key_values") if isinstance(output, dict)
+             else getattr(output, "past_key_values", None))
+    if cache is None:
+        return 0
+    storages = {}
+    for t in _cache_tensors(cache):
+        if t.device.type != "meta":
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+    return sum(storages.values())
+
+
 def _next_allocation_id():
     # Ids count tracked allocations on every device from 1 (see
     # src/torch/tracking.cpp): the next one is one past their number.
@@ -424,6 +451,8 @@ class Observer:
             call.output_ids = tuple(self._ids(outputs))
             nodes = {t.grad_fn for t in outputs if t.grad_fn is not None}
             call.has_graph = bool(nodes)
+            call.training = module.training
+            call.kv_cache_bytes = kv_cache_bytes(output)
             for node in nodes:
                 handle = node.register_prehook(functools.partial(_mark_backward, call))
                 self._undo.append(handle.remove)

@@ -33,6 +33,7 @@ KINDS = {
     "recompiles": "the compiled model compiles again at every step (a guard fails: a new "
                   "shape, a changed Python value)",
     "graph_break": "a graph break splits a compiled region in two graphs",
+    "kv_cache": "a training forward keeps a KV cache (an HF model with use_cache=True)",
 }
 
 
@@ -99,6 +100,10 @@ class ForwardCall:
     # Bytes of .grad tensors alive when it began; measured on the first
     # forward after each optimizer step, else None.
     grad_bytes_present: Optional[int] = None
+    # Bytes of the KV cache (past_key_values) its output carries, each
+    # storage once; 0: none.
+    kv_cache_bytes: int = 0
+    training: bool = False  # the model was in train mode
 
 
 @dataclass(frozen=True)

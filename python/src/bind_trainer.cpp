@@ -86,11 +86,20 @@ void init_trainer(py::module_& m) {
       .def_readwrite("notes", &StepReport::notes,
                      "what the step did differently from the whole batch in one step")
       .def("__repr__", [](const StepReport& r) {
-        return "StepReport(batch=" + std::to_string(r.batch) + ", micro_batch=" +
-               std::to_string(r.micro_batch) + ", micro_batches=" +
-               std::to_string(r.micro_batches) + ", ooms_recovered=" +
-               std::to_string(r.ooms_recovered) + ", loss=" + std::to_string(r.loss) +
-               ", peak_bytes=" + std::to_string(r.peak_bytes) + ")";
+        std::string s = "StepReport(batch=" + std::to_string(r.batch) + ", micro_batch=" +
+                        std::to_string(r.micro_batch) + ", micro_batches=" +
+                        std::to_string(r.micro_batches) + ", ooms_recovered=" +
+                        std::to_string(r.ooms_recovered) + ", loss=" + std::to_string(r.loss) +
+                        ", peak_bytes=" + std::to_string(r.peak_bytes);
+        // What differs from one eager step (dropout's masks) is said where printed.
+        if (!r.notes.empty()) {
+          s += ", notes=[";
+          for (size_t i = 0; i < r.notes.size(); ++i) {
+            s += (i ? ", " : "") + py::repr(py::str(r.notes[i])).cast<std::string>();
+          }
+          s += "]";
+        }
+        return s + ")";
       });
 
   py::class_<TrainerOptions>(m, "TrainerOptions",

@@ -29,10 +29,12 @@ __all__ = ["LengthFit", "fit_lengths"]
 # attention materialises its scores; a max of such phases is convex too),
 # and a chord lies above a convex function: so the answer is at most what
 # fits, with the line measured at both ends. A kernel whose memory jumps
-# with the length breaks convexity; at(L, between="next") takes the fit of
-# the next measured length instead (safe for any peak that grows with the
-# length), and the sampler's first batch is its largest, so such a jump
-# shows at once.
+# with the length breaks convexity: each interior measured length is
+# predicted from its neighbours' lines (between_error), and where that
+# prediction fell short, at() keeps that fraction of the budget free.
+# at(L, between="next") takes the fit of the next measured length instead
+# (safe for any peak that grows with the length), and the sampler's first
+# batch is its largest, so a jump shows at once.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,10 +67,13 @@ class LengthFit:
 
     fits: {length: BatchFit}, ascending. at(L): the largest batch at any
     length up to the longest measured (see Note [Between measured lengths]);
-    predict_peak_bytes(batch, length); max_tokens: the most tokens in one
-    step, padded, that fit at every measured length (a packed row of that
-    many tokens, or rows whose padded size batch*length stays under it);
-    table(): one line per length."""
+    predict_peak_bytes(batch, length); max_tokens: min over the measured
+    lengths L of at(L) * L, so that rows padded or packed to a measured L
+    fit whenever rows * L <= max_tokens (a packed row longer than the
+    longest measured is not covered: attention over it grows with its
+    square; measure its length); between_error: how the lines of two
+    measured lengths predict the one between them (None under three
+    lengths); table(): one line per length."""
 
     fits: dict
     seq_dim: Any
@@ -128,7 +133,9 @@ class LengthFit:
         t = (length - lo) / (hi - lo)
         fixed = (1 - t) * a.fixed + t * b.fixed
         per_sample = (1 - t) * a.per_sample + t * b.per_sample
-        room = self._room(lo, hi) - fixed
+        # A length whose peak the chord missed from below: see Note
+        # [Between measured lengths].
+        room = self._room(lo, hi) / (1 + max(0.0, -(self.between_error or 0.0))) - fixed
         if per_sample <= 0:
             return low
         return max(high, min(low, math.floor(room / per_sample)))
@@ -155,6 +162,27 @@ class LengthFit:
         return int(round((1 - t) * (a.fixed + a.per_sample * batch)
                          + t * (b.fixed + b.per_sample * batch)))
 
+    @property
+    def between_error(self) -> float | None:
+        """The worst (predicted - measured) / measured peak at a measured
+        length's answer, predicted from the lines of the lengths on either
+        side as at() does between them: positive is the margin at(L)
+        keeps, negative a length where the peak is not convex (at() may
+        then be above what fits: use between="next")."""
+        measured = self.lengths
+        worst = None
+        for lo, mid, hi in zip(measured, measured[1:], measured[2:]):
+            f = self.fits[mid]
+            a, b = _line(self.fits[lo]), _line(self.fits[hi])
+            if a is None or b is None or f.measured_peak_bytes <= 0:
+                continue
+            t = (mid - lo) / (hi - lo)
+            predicted = ((1 - t) * (a.fixed + a.per_sample * f.max_batch)
+                         + t * (b.fixed + b.per_sample * f.max_batch))
+            error = (predicted - f.measured_peak_bytes) / f.measured_peak_bytes
+            worst = error if worst is None or error < worst else worst
+        return worst
+
     def table(self) -> str:
         """One line per measured length: its largest batch, the tokens a
         padded step holds there, the peak measured at that batch."""
@@ -168,6 +196,9 @@ class LengthFit:
         lines = ["  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in rows]
         first = next(iter(self.fits.values()))
         lines.append(f"budget {fmt(first.budget_bytes)}; max_tokens {self.max_tokens}")
+        if self.between_error is not None:
+            lines.append(f"between measured lengths: a length's peak predicted from its "
+                         f"neighbours' at {self.between_error:+.2%} (worst)")
         return "\n".join(lines + list(self.notes))
 
     def __repr__(self):

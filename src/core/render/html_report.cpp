@@ -378,14 +378,18 @@ std::string prediction_section(const Report& r, const PeakModel& model,
                   pp.probes[i].second) +
          td("measured (" + model.mode + " probe)") + "</tr>\n";
   }
+  // The batch profiled, said once where it is also the largest within the
+  // budget (two "predicted" rows of one batch read as a repeat).
+  const bool largest = budget > 0 && pp.max_batch > 0;
+  const std::string within = "the largest batch within the budget of " + format_bytes(budget);
+  const bool same = largest && pp.max_batch == r.batch;
   h += "<tr>" + td(std::to_string(r.batch), "num") +
        td_bytes("prediction.predicted_peak_bytes", model.predict(r.batch)) +
-       td("predicted") + "</tr>\n";
-  if (budget > 0 && pp.max_batch > 0) {
+       td("predicted: the batch profiled" + (same ? ", " + within : std::string())) + "</tr>\n";
+  if (largest && !same) {
     h += "<tr>" + td(std::to_string(pp.max_batch), "num") +
          td_bytes("prediction.max_batch_peak_bytes", model.predict(pp.max_batch)) +
-         td("predicted: the largest batch within the budget of " + format_bytes(budget)) +
-         "</tr>\n";
+         td("predicted: " + within) + "</tr>\n";
   }
   return h + "</tbody>\n</table>\n</section>\n";
 }

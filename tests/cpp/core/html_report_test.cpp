@@ -208,5 +208,27 @@ TEST(HtmlReportTest, PredictionAndAdviceWhenGiven) {
             std::string::npos);
 }
 
+TEST(HtmlReportTest, TheBatchProfiledIsOnePredictedRowWhenItIsTheLargestThatFits) {
+  const Timeline t = training_step();
+  const Report r = step_report(t);  // batch 16
+  PeakModel pm;
+  pm.mode = "cpu";
+  pm.probe_batches = {4, 8};
+  PhaseFit f;
+  f.phase = "backward";
+  f.fit.m0 = 10.0 * kMiB;
+  f.fit.per_sample = 1.5 * kMiB;
+  pm.phases = {f};
+  for (int64_t b : pm.probe_batches) pm.probe_peaks.push_back(pm.predict(b));
+  HtmlReportOptions o;
+  o.prediction = pm;
+  o.budget = pm.predict(16) + kMiB;  // 16 fits, 17 does not
+  const std::string html = html_report(r, t, o);
+  EXPECT_EQ(count(html, "<td>predicted: "), 1u);
+  EXPECT_NE(html.find("<td>predicted: the batch profiled, the largest batch within the budget "
+                      "of "),
+            std::string::npos);
+}
+
 }  // namespace
 }  // namespace memfit

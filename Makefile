@@ -7,7 +7,8 @@ BUILD_TYPE ?= Release
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: all deps venv configure build test test-cpp test-python demo bench clean format
+.PHONY: all deps venv configure build test test-cpp test-python test-numerics demo bench \
+	clean format
 
 all: build
 
@@ -37,6 +38,12 @@ test-python: build
 	@PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q python/tests
 
 test: test-cpp test-python
+
+# The tests marked numerics (python/tests/conftest.py) with oneDNN held to
+# AVX2: what a CPU without native bf16 runs. .ci/run runs them beside `make
+# test`, which runs them on the machine's own ISA.
+test-numerics: build
+	@ONEDNN_MAX_CPU_ISA=AVX2 PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q -m numerics python/tests
 
 demo: build
 	@PATH=$(abspath $(VENV))/bin:$$PATH scripts/demo.sh $(BUILD)

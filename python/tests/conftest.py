@@ -17,6 +17,10 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "numerics: compares floating-point results (autocast, bf16, GradScaler, "
         "gradients equal to the full batch's) that depend on the CPU's kernels")
+    # See Note [Which tests run on the second torch] (scripts/check_torch_wheel.sh).
+    config.addinivalue_line(
+        "markers", "torch_api: exercises where memfit meets torch (allocator, dispatch and meta "
+        "kernels, dynamo, FSDP, checkpointing, the extension); run again on the second torch")
 
 
 import pytest

@@ -7,6 +7,8 @@ import torch
 import memfit
 from memfit.plan.strategies.eval_step import profile_eval
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 WIDTH = 64
 HIDDEN = (64, 256, 128, 512, 192, 96)  # uneven blocks
 

@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
 

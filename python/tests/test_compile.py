@@ -12,6 +12,8 @@ import torch
 import memfit
 from memfit.testing import models
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 D, T, B = 48, 16, 12
 
 

@@ -9,6 +9,8 @@ import torch
 import memfit
 from memfit.plan.strategies.compiler import dropout_of
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 
 class Wide(torch.nn.Module):
     """Layers held as attributes, not in a container: advise finds no chain

@@ -11,6 +11,8 @@ import torch
 import memfit
 from memfit.diagnosis import compile_checks  # noqa: F401  (the checks under test)
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 
 class Small(torch.nn.Module):
     def __init__(self):

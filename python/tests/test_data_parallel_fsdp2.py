@@ -15,6 +15,8 @@ import torch.multiprocessing as mp
 import memfit
 from memfit.report.data_parallel import chain_blocks, fsdp2_setup
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 BATCH = 64
 WIDTH = 256
 # Rows 257: not a multiple of the 2 ranks, so every weight's shard is padded.

@@ -12,6 +12,8 @@ import torch.nn.functional as F
 import memfit
 from memfit import _memfit
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 OOM = torch.cuda.OutOfMemoryError
 HUGE = 1 << 40
 

@@ -12,6 +12,8 @@ import torch
 
 import memfit
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 
 def meta_mlp():
     with torch.device("meta"):

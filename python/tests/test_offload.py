@@ -5,6 +5,8 @@ import torch
 
 import memfit
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 
 def net(seed=0):
     torch.manual_seed(seed)

@@ -12,6 +12,8 @@ import pytest
 
 import memfit
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 PACKAGE = pathlib.Path(memfit.__file__).parent
 
 # Each subpackage's layer: a module may import its own subpackage and those of

@@ -6,6 +6,8 @@ import torch
 
 import memfit
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 PARAMS_MLP = 669_706
 
 

@@ -7,6 +7,8 @@ import torch
 import memfit
 from memfit.plan.cost import count_step_flops, estimate_costs
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 
 def mlp():
     torch.manual_seed(0)

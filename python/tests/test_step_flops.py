@@ -11,6 +11,8 @@ import memfit
 from memfit._step.step_flops import counting_flops
 from memfit.plan.cost import count_step_flops
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 FORWARD = 2 * 8 * 64 * 128 + 2 * 8 * 128 * 10
 # weight gradients of both layers, and the input gradient of the second
 # (the batch does not require grad)

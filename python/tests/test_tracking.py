@@ -5,6 +5,8 @@ import torch
 
 import memfit
 
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
 MiB = 1 << 20
 
 

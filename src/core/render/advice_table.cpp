@@ -1,6 +1,8 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "memfit/core/model/units.h"
 #include "memfit/core/render/advice_table.h"
@@ -21,6 +23,45 @@ std::string time_cell(double r, bool measured) {
   if (!(r >= 0)) return "-";
   return (measured ? "" : "~") + ratio(r);
 }
+
+// `text` cut at spaces into lines of at most `width` characters (a word
+// longer than that stays whole): a plan's summary under a table's column.
+std::vector<std::string> wrapped(const std::string& text, size_t width) {
+  std::vector<std::string> lines;
+  std::istringstream words(text);
+  std::string word;
+  std::string line;
+  while (words >> word) {
+    if (!line.empty() && line.size() + 1 + word.size() > width) {
+      lines.push_back(line);
+      line.clear();
+    }
+    line += (line.empty() ? "" : " ") + word;
+  }
+  if (!line.empty() || lines.empty()) lines.push_back(line);
+  return lines;
+}
+
+// A row whose `wide` cell is wrapped: its first line beside the other
+// cells, the rest in rows of their own under it.
+void add_wrapped_row(TextTable& t, std::vector<std::string> cells, size_t wide, size_t width) {
+  const std::vector<std::string> lines = wrapped(cells[wide], width);
+  cells[wide] = lines[0];
+  t.add_row(cells);
+  for (size_t i = 1; i < lines.size(); ++i) {
+    std::vector<std::string> more(cells.size());
+    more[wide] = lines[i];
+    t.add_row(more);
+  }
+}
+
+// What the "result" column says.
+constexpr const char* kResultLine =
+    "result: same = the plain step's numbers; changes = other numbers (precision, optimizer, "
+    "LoRA)";
+
+// The width a plan's summary is wrapped to in the cards' table.
+constexpr size_t kPlanWidth = 60;
 
 void write_variant(JsonWriter& w, const StepVariant& v) {
   w.begin_object();
@@ -60,8 +101,10 @@ std::string to_text(const Advice& a) {
   const bool has_budget = a.budget >= 0;
   out << "memfit advise: " << a.model << ", batch " << a.batch << ", optimizer " << a.optimizer
       << ", budget " << (has_budget ? format_bytes(a.budget) : std::string("none")) << "\n";
-  out << "plain step: peak " << format_bytes(a.plain_peak) << ", " << std::lround(a.plain_step_ms)
-      << " ms per step recorded; parameters and buffers " << format_bytes(a.parameter_bytes)
+  out << "plain step: peak " << format_bytes(a.plain_peak) << ", "
+      << (a.plain_step_ms > 0 ? std::to_string(std::lround(a.plain_step_ms)) + " ms per step recorded"
+                              : std::string("not timed"))
+      << "; parameters and buffers " << format_bytes(a.parameter_bytes)
       << (a.reserve_bytes > 0 ? "; " + format_bytes(a.reserve_bytes) + " kept for the batch's data"
                             : std::string())
       << "\n";
@@ -88,7 +131,7 @@ std::string to_text(const Advice& a) {
                : r.variant.exact()           ? "same"
                                              : "changes"});
   }
-  out << t.str();
+  out << t.str() << kResultLine << "\n";
   if (any_estimate) {
     out << "~: time estimated from "
         << (a.estimated_from.empty() ? "the recorded step's times" : a.estimated_from)
@@ -273,17 +316,21 @@ std::string cards_table(const Advice& a) {
     const AdvisePlan& p = c.plan;
     if (!p.found) {
       const AdvisePlan& l = least ? *least : p;
-      t.add_row({format_bytes(c.budget), "nothing measured fits; the least measured: " + l.summary,
-                 format_bytes(l.peak_bytes), "-", "-"});
+      add_wrapped_row(t,
+                      {format_bytes(c.budget), "nothing measured fits; the least measured: " +
+                                                   l.summary,
+                       format_bytes(l.peak_bytes), "-", "-"},
+                      1, kPlanWidth);
       continue;
     }
     unverified = unverified || !p.verified;
-    t.add_row({format_bytes(c.budget), p.summary,
-               format_bytes(p.peak_bytes) + (p.verified ? "" : " (meta)"),
-               time_cell(p.time_ratio, p.time_measured),
-               p.exact ? "same" : "changes"});
+    add_wrapped_row(t,
+                    {format_bytes(c.budget), p.summary,
+                     format_bytes(p.peak_bytes) + (p.verified ? "" : " (meta)"),
+                     time_cell(p.time_ratio, p.time_measured), p.exact ? "same" : "changes"},
+                    1, kPlanWidth);
   }
-  out << t.str();
+  out << t.str() << kResultLine << "\n";
   out << "time: of the plain step of the whole batch; ~ estimated"
       << (a.estimated_from.empty() ? " from the recorded times" : " from " + a.estimated_from)
       << (unverified ? "; (meta): recorded on the meta device only, unverified" : "") << "\n";

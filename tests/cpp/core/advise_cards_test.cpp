@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <map>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -192,8 +193,13 @@ TEST(AdviseCardsTest, TheTableHasACardARowAndSaysWhatNothingFits) {
   EXPECT_NE(row.find(format_bytes(least)), std::string::npos) << row;
   EXPECT_NE(t.find("the plain step"), std::string::npos) << t;
   EXPECT_NE(t.find("allocated bytes (not a card's reserved bytes)"), std::string::npos) << t;
-  // The title, the header and its rule, 3 cards, the time line.
-  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 2 + 3 + 1) << t;
+  // The title, the header and its rule, 3 cards (a long plan wrapped under
+  // its own), what "result" says, the time line; no row past 100 characters.
+  EXPECT_EQ(std::count(t.begin(), t.end(), '\n'), 1 + 2 + 3 + 1 + 2) << t;
+  EXPECT_NE(t.find("\n       checkpoint every block (2 of 2)\n"), std::string::npos) << t;
+  EXPECT_NE(t.find("result: same = the plain step's numbers"), std::string::npos) << t;
+  std::istringstream lines(t.substr(t.find('\n') + 1));  // the title names the model
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 100u) << line;
   EXPECT_NE(to_json(a, false).find("\"cards\""), std::string::npos);
 }
 

@@ -96,6 +96,11 @@ TEST(AdvisePlanTest, EachSettingIsARowAtTheWholeBatch) {
   EXPECT_FALSE(lora->variant.exact());
   EXPECT_EQ(lora->variant.setting, "LoRA r=16");
   EXPECT_NE(to_text(a).find("LoRA r=16"), std::string::npos);
+  // Fake steps are not timed: no "0 ms per step"; the result column is said.
+  EXPECT_EQ(a.plain_step_ms, 0);
+  EXPECT_NE(to_text(a).find(", not timed; parameters and buffers"), std::string::npos)
+      << to_text(a);
+  EXPECT_NE(to_text(a).find("result: same = the plain step's numbers"), std::string::npos);
   const std::string json = to_json(a, false);
   EXPECT_NE(json.find("\"name\":\"LoRA r=16\",\"kind\":\"setting\""),
             std::string::npos)

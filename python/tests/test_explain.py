@@ -113,6 +113,8 @@ def test_the_table_and_the_page(step_file, tmp_path, capsys):
     assert "Fix: size the budget on the second step" in html
     assert ", batch 0," not in html and '<p class="summary">model synthetic_step.pickle, ' \
         'optimizer' in html
+    # Drawn by event: the trace's idle seconds squeezed the step into the axis' end.
+    assert '"x_axis":"events"' in html
 
 
 def test_the_first_optimizer_step_and_kept_gradients_are_found(tmp_path):

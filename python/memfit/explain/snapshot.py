@@ -200,22 +200,28 @@ class Snapshot:
     def to_json(self, pretty: bool = True) -> str:
         return json.dumps(self.as_dict(), indent=2 if pretty else None)
 
-    def html(self, title: Optional[str] = None) -> str:
+    def html(self, title: Optional[str] = None, x_axis: str = "events") -> str:
         """One self-contained page: the report's (`memfit profile --html`),
-        the findings and the replay among its notes."""
+        the findings and the replay among its notes. x_axis: "events" (each
+        allocation and free one step along) or "time"; a trace's clock also
+        runs while nothing allocates (loading, data, the host), which left a
+        step squeezed into the end of a time axis."""
+        if x_axis not in ("events", "time"):
+            raise ValueError(f"[html] x_axis must be 'events' or 'time', got {x_axis!r}")
         r = self.report()
         notes = list(r.notes)
         r.notes = (notes + [f"{f.line()} Fix: {f.fix}" for f in self.findings()]
                    + [self.replay().summary()])
         try:
             return _memfit.html_report(
-                r, self.timeline, title=title or f"memfit explain: {os.path.basename(self.path)}")
+                r, self.timeline, title=title or f"memfit explain: {os.path.basename(self.path)}",
+                x_axis=x_axis)
         finally:
             r.notes = notes
 
-    def save_html(self, path, title: Optional[str] = None) -> str:
+    def save_html(self, path, title: Optional[str] = None, x_axis: str = "events") -> str:
         with open(path, "w", encoding="utf-8") as f:
-            f.write(self.html(title))
+            f.write(self.html(title, x_axis))
         return str(path)
 
     def compare(self, report, timeline=None) -> Comparison:

@@ -380,3 +380,23 @@ def test_a_model_on_the_meta_device_is_refused_at_the_door():
     with pytest.raises(ValueError, match=r"^\[Trainer\] Linear is on the meta device \(shapes, "
                        r"no data\): a step cannot train it. Plan on meta with memfit.advise"):
         memfit.Trainer(model, opt, torch.nn.functional.mse_loss)
+
+
+def test_a_plan_whose_rehearsal_ran_out_gives_the_figures_not_the_allocators_advice(monkeypatch):
+    import memfit.train.trainer as trainer_module
+
+    def oom_profile(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.53 MiB (memfit "
+                                     "simulated cpu device: budget 4.00 MiB; 1.44 MiB free). "
+                                     "Use a smaller batch, or let memfit find one that fits.")
+
+    monkeypatch.setattr(trainer_module, "profile", oom_profile)
+    with memfit.simulated_device("1GiB"):
+        model = torch.nn.Linear(8, 1)
+        trainer = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                                 torch.nn.functional.mse_loss, budget="512MiB")
+        with pytest.warns(RuntimeWarning) as seen:
+            trainer.step(torch.randn(16, 8), torch.randn(16, 1))
+    text = str(seen[0].message)
+    assert "(OutOfMemoryError: the rehearsal ran out of memory: Tried to allocate 1.53 MiB" in text
+    assert "Use a smaller batch" not in text, text

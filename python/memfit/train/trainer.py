@@ -460,7 +460,12 @@ class Trainer:
         except StepError:
             raise  # the step itself would fail the same way
         except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
-            plan.failed = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            text = str(e).splitlines()[0] if str(e) else ""
+            if isinstance(e, torch.OutOfMemoryError):
+                # The allocator's figures only: its advice is for a step, not a plan.
+                text = "the rehearsal ran out of memory: " + (
+                    _memfit.allocator_figures(text) or text)
+            plan.failed = f"{type(e).__name__}: {text}"
             # The step still runs (halving at each OOM): say why it was not planned.
             warnings.warn(f"[Trainer.step] the micro-batch for {n} samples was not planned "
                           f"({plan.failed}); the step starts from the whole batch and halves "

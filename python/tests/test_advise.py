@@ -428,3 +428,34 @@ def test_cards_given_as_one_string_are_refused_saying_to_pass_a_list():
     with pytest.raises(TypeError, match=r"^\[advise\] cards is a list of card budgets, got "
                        r"the str '8GiB': pass cards=\['8GiB'\]"):
         memfit.advise(model, x, y, cards="8GiB")
+
+
+def test_a_plan_applies_its_checkpointing_to_the_peft_copy_a_setting_made():
+    # Issue 43 item 5: after advice.setting(...).apply wrapped the model in
+    # LoRA, advice.apply said "the model has no block 'model.layers.0'".
+    transformers = pytest.importorskip("transformers")
+    peft = pytest.importorskip("peft")
+    from types import SimpleNamespace
+
+    from memfit.plan.strategies import Strategy
+    from memfit.plan.strategies.advice import Advice
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=32,
+                                   use_cache=False)
+    model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg),
+                                peft.LoraConfig(r=2, target_modules=["q_proj"]))
+    advice = Advice(chain=SimpleNamespace(block_paths=["model.layers.0", "model.layers.1"]),
+                    plan=SimpleNamespace(found=True, strategy=Strategy(checkpoint=(0, 1))))
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    layer = model.get_base_model().model.layers[0]
+    assert "forward" not in layer.__dict__
+    with advice.apply(model) as applied:
+        assert applied is model
+        assert "forward" in layer.__dict__  # checkpointed
+        applied(input_ids=ids, labels=ids).loss.backward()
+    assert "forward" not in layer.__dict__
+    with pytest.raises(ValueError, match=r"has no block 'model.layers.0' to checkpoint"):
+        advice.apply(torch.nn.Linear(2, 2))

@@ -67,6 +67,26 @@ class CardPlan:
     plan: Plan  # plan.found False: nothing measured fits; peak_bytes the closest
 
 
+def _has_block(model, paths, i):
+    try:
+        model.get_submodule(paths[i])
+        return True
+    except (AttributeError, IndexError):
+        return False
+
+
+def _holding_blocks(model, paths, indices):
+    """`model` when it has every block the strategy checkpoints; else the
+    model a PEFT wrapper holds (get_base_model(): the advice was made on it,
+    before a setting's LoRA wrapped it) when that one has them; else None."""
+    if all(_has_block(model, paths, i) for i in indices):
+        return model
+    base = getattr(model, "get_base_model", None)
+    if callable(base) and all(_has_block(base(), paths, i) for i in indices):
+        return base()
+    return None
+
+
 class _Applied:
     """A strategy's model-side parts, on the model until restore() (or the
     end of a `with` block)."""
@@ -133,15 +153,16 @@ class Advice:
                 f"model itself: apply advice.setting({s.setting!r}).apply to your model (or a "
                 f"copy), then checkpoint and micro-batch as the plan says")
         paths = self.chain.block_paths if self.chain else []
-        for i in s.checkpoint:
-            try:
-                model.get_submodule(paths[i])
-            except (AttributeError, IndexError):
-                raise ValueError(
-                    f"[Advice.apply] the model has no block {paths[i] if i < len(paths) else i!r}"
-                    f" to checkpoint: apply the advice to the model it was made for"
-                ) from None
-        return _Applied(model, s, paths)
+        holder = _holding_blocks(model, paths, s.checkpoint)
+        if holder is None:
+            missing = next(i for i in s.checkpoint if not _has_block(model, paths, i))
+            raise ValueError(
+                f"[Advice.apply] the model has no block "
+                f"{paths[missing] if missing < len(paths) else missing!r} to checkpoint: apply "
+                f"the advice to the model it was made for")
+        applied_to = _Applied(holder, s, paths)
+        applied_to.model = model  # what the `with` block gives: the model passed
+        return applied_to
 
     def setting(self, label: str) -> Any:
         """The proposed Setting named `label` (a row's name, plan.strategy.setting)."""

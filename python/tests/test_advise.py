@@ -459,3 +459,27 @@ def test_a_plan_applies_its_checkpointing_to_the_peft_copy_a_setting_made():
     assert "forward" not in layer.__dict__
     with pytest.raises(ValueError, match=r"has no block 'model.layers.0' to checkpoint"):
         advice.apply(torch.nn.Linear(2, 2))
+
+
+def test_a_checkpointed_hf_layer_does_not_append_to_the_kv_cache_again_in_backward():
+    # Issue 43 item 6: with use_cache=True (Llama's default) the recompute of
+    # each checkpointed layer appended its keys and values to the cache a
+    # second time: every layer's cache doubled.
+    transformers = pytest.importorskip("transformers")
+    from memfit.plan.strategies.checkpoint import checkpointed
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=32)
+    model = transformers.LlamaForCausalLM(cfg).double().train()
+    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
+    model(input_ids=ids, labels=ids).loss.backward()
+    plain = [p.grad.clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    with checkpointed(list(model.model.layers)):
+        out = model(input_ids=ids, labels=ids)
+        out.loss.backward()
+    assert [tuple(layer.keys.shape) for layer in out.past_key_values.layers] == [(2, 1, 9, 16)] * 2
+    for g, want in zip((p.grad for p in model.parameters()), plain):
+        assert torch.allclose(g, want, rtol=1e-10, atol=1e-12)

@@ -102,11 +102,46 @@ def resolve_chain(model, chain):
     return result
 
 
+# Note [A checkpointed block beside a KV cache]
+# An HF decoder layer given the model's KV cache (use_cache=True, the
+# default of Llama's config) appends its keys and values to it at every
+# call: the recompute in backward appended them a second time, so every
+# layer's cache doubled (a 2-layer Llama's 9 cached tokens became 18).
+# Where the layer's cache was empty when the block first ran (a
+# training forward from no cache), the recompute runs without it: the
+# attention then sees the same keys and values, and the cache is not grown.
+_CACHE_KWARGS = ("past_key_values", "past_key_value")
+
+
+def _layer_cache_empty(forward, cache):
+    """Whether `cache` holds nothing yet for the layer whose forward this
+    is (its self_attn.layer_idx); False when that cannot be told."""
+    layer = getattr(getattr(getattr(forward, "__self__", None), "self_attn", None),
+                    "layer_idx", None)
+    length = getattr(cache, "get_seq_length", None)
+    if layer is None or not callable(length):
+        return False
+    try:
+        return length(layer) == 0
+    except Exception:  # noqa: BLE001 - a cache of another kind: leave it as it is
+        return False
+
+
 def _checkpointed_forward(forward):
     def run(*args, **kwargs):
         if not torch.is_grad_enabled():
             return forward(*args, **kwargs)
-        fn = (lambda *a: forward(*a, **kwargs)) if kwargs else forward
+        # See Note [A checkpointed block beside a KV cache].
+        key = next((k for k in _CACHE_KWARGS if kwargs.get(k) is not None), None)
+        if key is not None and _layer_cache_empty(forward, kwargs[key]):
+            calls = []
+
+            def fn(*a):
+                calls.append(None)
+                again = dict(kwargs, **{key: None}) if len(calls) > 1 else kwargs
+                return forward(*a, **again)
+        else:
+            fn = (lambda *a: forward(*a, **kwargs)) if kwargs else forward
         # Non-reentrant: gradients reach every tensor the block uses (kwargs,
         # closures), and dropout replays from the saved RNG state.
         return torch.utils.checkpoint.checkpoint(

@@ -7,8 +7,8 @@ BUILD_TYPE ?= Release
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: all deps venv configure build test test-cpp test-python test-numerics demo bench \
-	clean format
+.PHONY: all deps venv configure build test test-cpp test-python test-numerics test-quick \
+	demo bench clean format
 
 all: build
 
@@ -38,6 +38,16 @@ test-python: build
 	@PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q python/tests
 
 test: test-cpp test-python
+
+# The edit loop (minutes with a warm build): the C++ tests less the
+# end-to-end ones (cli.*: the real binary on whole models; consumer.*: a
+# project built apart), the sweeps over the built-in models and the two
+# long training runs (together 3/4 of ctest's time), then the Python tests
+# not marked slow, stopping at the first failure. `make test` runs them all.
+QUICK_CPP_SKIP := ^(cli|consumer)\.|^BuiltinModels/|TwoHundredSteps|PlanTrainsWhereOneSampleDoesNotFit
+test-quick: build
+	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -E '$(QUICK_CPP_SKIP)'
+	@PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q -x -m 'not slow' python/tests
 
 # The tests marked numerics (python/tests/conftest.py) with oneDNN held to
 # AVX2: what a CPU without native bf16 runs. .ci/run runs them beside `make

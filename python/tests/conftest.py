@@ -8,8 +8,10 @@ if os.path.isdir(_build) and _build not in sys.path:
 
 
 def pytest_configure(config):
+    # make test-quick skips these (the edit loop): see the Makefile.
     config.addinivalue_line(
-        "markers", "slow: compiles with inductor several times (skip with -m 'not slow')")
+        "markers", "slow: 10 s or more on 2 busy cores (inductor compiles, whole training "
+        "loops, model sweeps); skip with -m 'not slow'")
     # .ci/run runs these twice: on the machine's own ISA and with
     # ONEDNN_MAX_CPU_ISA=AVX2, since oneDNN picks other kernels (and other
     # memory) on a CPU with native bf16 (see Note [Lazy's fit and oneDNN's

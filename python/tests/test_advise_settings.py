@@ -89,6 +89,7 @@ def test_settings_are_proposed_for_a_causal_lm_only():
     assert labels == ["HF gradient checkpointing", CHUNKED, ADAM8, "Adafactor", "SGD", *LORA]
 
 
+@pytest.mark.slow
 def test_each_setting_is_a_row_whose_peak_is_the_changed_copy_profiled(rows_case):
     advice, model, device = rows_case["advice"], rows_case["model"], rows_case["device"]
     by_name = {r.name: r for r in advice.rows}
@@ -117,6 +118,7 @@ def test_advise_leaves_the_users_model_as_it_was(rows_case):
     assert_same_state(rows_case["before"], state(rows_case["model"]))
 
 
+@pytest.mark.slow
 def test_a_budget_only_lora_meets_is_planned_with_allow_approximate_only(rows_case):
     device, model, free = rows_case["device"], rows_case["model"], rows_case["advice"]
     before = state(model)

@@ -25,6 +25,7 @@ def profile(model, mode, batch=4):
 
 # Not lstm: the CPU runs LSTM through its own fused kernels, meta through the
 # composite (one mm and add per step): other outputs, by design of the kernels.
+@pytest.mark.slow
 @pytest.mark.parametrize("model", ["mlp", "cnn", "gpt", "resnet18"])
 def test_meta_mode_runs_whole_and_agrees_with_cpu(model):
     meta, cpu = profile(model, "meta"), profile(model, "cpu")

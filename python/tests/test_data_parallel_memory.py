@@ -82,6 +82,7 @@ def report():
     return memfit.profile(_model(), xs, ys, optimizer="adam")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("run", range(len(RUNS)))
 def test_predicted_rank_peak_within_3_percent(measured, report, run):
     as_view, opt_name = RUNS[run]
@@ -135,6 +136,7 @@ def _one_rank_group(tmp_path):
                             rank=0, world_size=1)
 
 
+@pytest.mark.slow
 def test_fit_under_ddp_reserves_the_buckets_and_holds(tmp_path):
     budget = 24 << 20
     _one_rank_group(tmp_path)
@@ -170,6 +172,7 @@ def test_fit_under_ddp_reserves_the_buckets_and_holds(tmp_path):
         dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_cli_fit_ddp_reserves_the_buckets():
     exe = os.path.join(os.path.dirname(__file__), "..", "..", "build", "memfit")
     if not os.path.exists(exe):

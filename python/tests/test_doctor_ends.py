@@ -158,6 +158,7 @@ def test_lazy_inside_the_doctor_runs(tmp_path):  # C1
     assert "2 steps observed" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_loop_that_swallows_stoprun_still_ends(tmp_path):  # C2
     out = doctor_cli(tmp_path, """
         import torch, torch.nn as nn
@@ -174,6 +175,7 @@ def test_a_loop_that_swallows_stoprun_still_ends(tmp_path):  # C2
     assert "steps observed" in out.stdout
 
 
+@pytest.mark.slow
 def test_a_script_that_never_steps_ends_at_the_time_limit(tmp_path):  # C2
     out = doctor_cli(tmp_path, """
         import time

@@ -51,6 +51,7 @@ def test_the_replay_reproduces_the_card(path, request):
 
 @pytest.mark.parametrize("path", [p for p in FIXTURES if metadata(p).get("predict")],
                          ids=lambda p: os.path.relpath(p, DATA))
+@pytest.mark.slow
 def test_the_prediction_comes_within_the_fixtures_tolerance(path):
     meta = metadata(path)
     p = meta["predict"]

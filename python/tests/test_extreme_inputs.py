@@ -6,6 +6,7 @@ import torch
 import memfit
 
 
+@pytest.mark.slow
 def test_prediction_past_the_batch_cap_is_refused_not_overflowed():
     m = torch.nn.Sequential(torch.nn.Linear(8, 4))
     r = memfit.profile(m, torch.randn(4, 8), torch.randn(4, 4), optimizer="sgd")

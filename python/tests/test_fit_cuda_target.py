@@ -27,6 +27,7 @@ def fit(model, x, y, budget, target_device):
                                   budget=budget, target_device=target_device)
 
 
+@pytest.mark.slow
 def test_a_card_gets_a_batch_whose_reserved_bytes_fit():
     model = mlp()
     x, y = data()

@@ -42,6 +42,7 @@ def accelerator():
     gc.collect()
 
 
+@pytest.mark.slow
 def test_auto_batch_size_keeps_accelerates_effective_batch_exact(accelerator):
     gc.collect()
     with memfit.simulated_device("3MiB"):

@@ -67,6 +67,7 @@ def collect():
     gc.collect()  # the simulated device counts what earlier tests left alive
 
 
+@pytest.mark.slow
 def test_the_effective_batch_stays_exact_and_the_trainer_runs_20_steps(tmp_path):
     gc.collect()
     with memfit.simulated_device(BUDGET):

@@ -187,6 +187,7 @@ def calibrated(name):
 # acceptance: eager OOMs under the budget, lazy completes with equal gradients
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @pytest.mark.parametrize("chunks", [2, 3, 8])
 @pytest.mark.parametrize("name", list(CASES))

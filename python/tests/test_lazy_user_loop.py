@@ -186,6 +186,7 @@ def _set_buffers(model, values):
             b.copy_(values[k])
 
 
+@pytest.mark.slow
 def test_a_chunk_that_runs_out_of_memory_leaves_no_trace_in_buffers_at_any_allocation(no_gc):
     torch.manual_seed(22)
     n = 12
@@ -360,6 +361,7 @@ def _sweep_models():
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["wide_mlp", "conv_groupnorm", "transformer", "lstm"])
 def test_lazy_succeeds_at_every_budget_where_the_eager_step_fits(name):
     model, X, batch = _sweep_models()[name]

@@ -131,6 +131,7 @@ def test_profile_leaves_no_trace(v, mode):
     assert_untouched(before, model, opt, x, y)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("v", VARIANTS, ids=variant_id)
 def test_find_batch_size_leaves_no_trace(v):
     model, opt, _sched, x, y = setup(v)
@@ -174,6 +175,7 @@ def test_trainer_step_leaves_what_the_eager_step_leaves(v):
     assert_same(by_value(snapshot(model, opt, x, y)), by_value(want))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", [None, "64MiB"])
 @pytest.mark.parametrize("v", VARIANTS, ids=variant_id)
 def test_lazy_step_leaves_what_the_eager_step_leaves(v, budget):

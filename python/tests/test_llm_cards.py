@@ -100,6 +100,7 @@ def own_tensors(model):
                 t.data = t.data.clone()
 
 
+@pytest.mark.slow
 def test_the_plan_applied_trains_3_steps_within_its_budget():
     model = tiny_llama()
     x = inputs(b=4, t=32)

@@ -128,6 +128,7 @@ class Capture(torch.optim.SGD):
         self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
 
 
+@pytest.mark.slow
 def test_a_recovered_oom_at_every_allocation_leaves_batchnorm_statistics_untouched():
     # 2 micro-batches of 8, or of 4 after an OOM (BatchNorm needs 2 samples).
     x, y = data(16)
@@ -384,6 +385,7 @@ def micro_step_peak(loss_fn):
     return peak + sum(p.nbytes for p in model.parameters())
 
 
+@pytest.mark.slow
 @pytest.mark.numerics
 @pytest.mark.parametrize("plan", [False, True])
 def test_the_tip_articles_loop_under_the_trainer_gives_the_eager_loops_parameters(plan):

@@ -131,6 +131,7 @@ def budget_that_splits(make, x, y, loss_fn, parts=4, **kwargs):
     return (whole + split) // 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(MODELS))
 def test_the_first_step_under_a_budget_that_splits_recovers_no_oom(name):
     make, data, loss_fn = MODELS[name]

@@ -1,5 +1,6 @@
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -24,19 +25,32 @@ std::string time_cell(double r, bool measured) {
   return (measured ? "" : "~") + ratio(r);
 }
 
-// `text` cut at spaces into lines of at most `width` characters (a word
-// longer than that stays whole): a plan's summary under a table's column.
+// `text` cut at spaces, and a list of blocks ("0,1,2,...") after its
+// commas, into lines of at most `width` characters (a piece longer than that
+// stays whole): a plan's summary under a table's column.
 std::vector<std::string> wrapped(const std::string& text, size_t width) {
   std::vector<std::string> lines;
   std::istringstream words(text);
   std::string word;
   std::string line;
-  while (words >> word) {
-    if (!line.empty() && line.size() + 1 + word.size() > width) {
+  auto add = [&](const std::string& piece, const char* sep) {
+    if (!line.empty() && line.size() + std::strlen(sep) + piece.size() > width) {
       lines.push_back(line);
       line.clear();
     }
-    line += (line.empty() ? "" : " ") + word;
+    line += (line.empty() ? "" : sep) + piece;
+  };
+  while (words >> word) {
+    // A long list goes piece by piece, each piece ending at its comma.
+    size_t start = 0;
+    const char* sep = " ";
+    while (start < word.size()) {
+      const size_t comma = word.size() > width ? word.find(',', start) : std::string::npos;
+      const size_t end = comma == std::string::npos ? word.size() : comma + 1;
+      add(word.substr(start, end - start), sep);
+      sep = "";
+      start = end;
+    }
   }
   if (!line.empty() || lines.empty()) lines.push_back(line);
   return lines;
@@ -60,8 +74,9 @@ constexpr const char* kResultLine =
     "result: same = the plain step's numbers; changes = other numbers (precision, optimizer, "
     "LoRA)";
 
-// The width a plan's summary is wrapped to in the cards' table.
+// The width a long cell (a plan, a row's name, a list of blocks) is wrapped to.
 constexpr size_t kPlanWidth = 60;
+constexpr size_t kBlocksWidth = 48;  // beside the rule, peak, recompute and fits
 
 void write_variant(JsonWriter& w, const StepVariant& v) {
   w.begin_object();
@@ -123,13 +138,16 @@ std::string to_text(const Advice& a) {
     any_meta = any_meta || r.meta;
     any_estimate = any_estimate || (!r.time_measured && r.time_ratio >= 0);
     any_predicted = any_predicted || r.predicted;
-    t.add_row({r.name,
-               (r.predicted ? "~" : "") + format_bytes(r.peak_bytes) + (r.meta ? " (meta)" : ""),
-               format_bytes(r.saving_bytes), time_cell(r.time_ratio, r.time_measured),
-               has_budget ? (r.fits ? "yes" : "no") : "-",
-               r.kind == StrategyKind::kEval ? "no training"
-               : r.variant.exact()           ? "same"
-                                             : "changes"});
+    add_wrapped_row(
+        t,
+        {r.name,
+         (r.predicted ? "~" : "") + format_bytes(r.peak_bytes) + (r.meta ? " (meta)" : ""),
+         format_bytes(r.saving_bytes), time_cell(r.time_ratio, r.time_measured),
+         has_budget ? (r.fits ? "yes" : "no") : "-",
+         r.kind == StrategyKind::kEval ? "no training"
+         : r.variant.exact()           ? "same"
+                                       : "changes"},
+        0, kPlanWidth);
   }
   out << t.str() << kResultLine << "\n";
   if (any_estimate) {
@@ -151,16 +169,18 @@ std::string to_text(const Advice& a) {
       if (c.rule == "every layer") every = &c;
     }
     out << "\ncheckpointing rules on the chain at batch " << a.chain_batch
-        << (a.cuda_reserved ? " (predicted allocated bytes, not reserved; recompute as a share "
-                            "of checkpointing every block's)\n"
-                          : " (predicted; recompute as a share of checkpointing every block's)\n");
+        << (a.cuda_reserved ? " (predicted allocated bytes, not reserved;\n"
+                            : " (predicted;\n")
+        << "recompute as a share of checkpointing every block's)\n";
     TextTable c({"rule", "blocks", "predicted peak", "recompute", "fits"},
                 {Align::kLeft, Align::kLeft, Align::kRight, Align::kRight, Align::kLeft});
     for (const auto& p : a.chain_plans) {
       const double share =
           every && every->recompute_ns > 0 ? p.recompute_ns / every->recompute_ns : 0;
-      c.add_row({p.rule, p.indices(), format_bytes(p.predicted_peak), ratio(share),
-                 has_budget ? (p.fits ? "yes" : "no") : "-"});
+      add_wrapped_row(c,
+                      {p.rule, p.indices(), format_bytes(p.predicted_peak), ratio(share),
+                       has_budget ? (p.fits ? "yes" : "no") : "-"},
+                      1, kBlocksWidth);
     }
     out << c.str();
   }

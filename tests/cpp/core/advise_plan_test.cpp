@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -350,6 +351,29 @@ TEST(AdvisePlanTest, WhenNothingFitsThePlanIsTheLowestPeakReached) {
   EXPECT_EQ(a.plan.peak_bytes, 390 + 50);
   EXPECT_NE(a.does_not_fit.find("the smallest peak memfit reached is 440 B"), std::string::npos)
       << a.does_not_fit;
+}
+
+TEST(AdvisePlanTest, ALongRowNameAndBlockListWrapUnderTheirColumn) {
+  // Issue 43 item 9: a 32-layer chain's rows were lines of 200 characters.
+  Advice a;
+  a.model = "LlamaForCausalLM";
+  a.batch = 4;
+  a.budget = 12 * (int64_t{1} << 30);
+  std::string blocks;
+  for (int i = 0; i < 32; ++i) blocks += (i ? "," : "") + std::to_string(i);
+  AdviseRow row;
+  row.name = "checkpoint sqrt(n): blocks " + blocks;
+  row.kind = StrategyKind::kCheckpointing;
+  a.rows.push_back(row);
+  ChainPlan every;
+  every.rule = "every layer";
+  every.checkpointed.assign(32, true);
+  a.chain_plans.push_back(every);
+  const std::string text = to_text(a);
+  std::istringstream lines(text.substr(text.find('\n') + 1));  // the title names the model
+  for (std::string line; std::getline(lines, line);) EXPECT_LE(line.size(), 100u) << line;
+  EXPECT_NE(text.find("checkpoint sqrt(n): blocks 0,1,2,"), std::string::npos) << text;
+  EXPECT_NE(text.find(",31"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -483,3 +483,28 @@ def test_a_checkpointed_hf_layer_does_not_append_to_the_kv_cache_again_in_backwa
     assert [tuple(layer.keys.shape) for layer in out.past_key_values.layers] == [(2, 1, 9, 16)] * 2
     for g, want in zip((p.grad for p in model.parameters()), plain):
         assert torch.allclose(g, want, rtol=1e-10, atol=1e-12)
+
+
+def test_advise_names_a_training_kv_cache_with_its_bytes():
+    # Issue 43 item 6: with use_cache=True (Llama-3's own config) neither
+    # advise nor the doctor named the cache or its bytes.
+    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
+                                   num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, max_position_embeddings=32)
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(cfg).train()
+    ids = torch.zeros(2, 9, dtype=torch.long, device="meta")
+    advice = memfit.advise(model, {"input_ids": ids, "labels": ids},
+                           loss_fn=lambda out: out.loss,
+                           optimizer=torch.optim.SGD(model.parameters(), lr=0.1), mode="meta",
+                           repeats=0)
+    # 2 layers x keys and values x 2 x 9 tokens x 1 head x 16 x 4 bytes.
+    assert any(n.startswith("the model's config has use_cache=True: a training forward keeps "
+                            "a KV cache of 4.50 KiB at 2 x 9 tokens") for n in advice.notes), \
+        advice.notes
+    model.config.use_cache = False
+    from memfit.plan.strategies.llm_settings import kv_cache_notes
+    assert kv_cache_notes(model, {"input_ids": ids}) == []

@@ -28,7 +28,8 @@ from .strategies import Strategy, resolve_chain
 from .._step.compiled import is_compiled
 from .strategies.advice import Advice, CardPlan, Plan, Row
 from .strategies.compiler import compile_rows
-from .strategies.llm_settings import Setting, copy_changed, llm_settings, user_optimizer_on
+from .strategies.llm_settings import (Setting, copy_changed, kv_cache_notes, llm_settings,
+                                      user_optimizer_on)
 from .strategies.measure import Bench, cuda_devices
 from .strategies.optimizer import kind_of
 
@@ -147,6 +148,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     param_bytes = _parameter_bytes(model)
     proposed, setting_notes = _settings_for(model, settings,
                                             min(card_bytes) if card_bytes else limit)
+    setting_notes = kv_cache_notes(model, inputs) + setting_notes
     fb = _memfit.format_bytes
     lighter_weights = allow_approximate and any(not st.exact for st in proposed)
     if limit is not None and limit < param_bytes and not lighter_weights:

@@ -22,7 +22,7 @@ from .quantized import QLORA_MODULES, adamw8bit, quantizable, to_nf4_linears, to
 
 __all__ = [
     "LORA_RANKS", "LORA_MODULES", "QLORA_RANK", "Setting", "is_causal_lm", "trainable", "user_optimizer_on",
-    "materialize", "copy_changed", "llm_settings",
+    "materialize", "copy_changed", "llm_settings", "kv_cache_notes",
 ]
 
 LORA_RANKS = (64, 16, 8)  # the plan tries the largest rank first
@@ -110,6 +110,32 @@ def copy_changed(model, apply):
     changed = apply(inner)
     prefix = next(name for name, m in changed.named_modules() if m is inner)
     return changed, prefix
+
+
+def kv_cache_notes(model, inputs):
+    """A note when the HF causal LM `model` keeps a KV cache in training
+    (its config's use_cache, True in Llama-3's own): every layer's keys and
+    values, alive with the output, at the batch's tokens (from its
+    input_ids) when they can be read. [] otherwise."""
+    cfg = getattr(model, "config", None)
+    if not is_causal_lm(model) or not getattr(cfg, "use_cache", False):
+        return []
+    ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
+    heads = getattr(cfg, "num_attention_heads", None)
+    layers = getattr(cfg, "num_hidden_layers", None)
+    size = ""
+    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and heads and layers:
+        kv = getattr(cfg, "num_key_value_heads", None) or heads
+        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+        weight = next((p for p in model.parameters() if p.is_floating_point()), None)
+        item = weight.element_size() if weight is not None else 4
+        n = layers * 2 * ids.numel() * kv * head_dim * item
+        from ..._memfit import format_bytes
+        size = (f" of {format_bytes(n)} at {ids.shape[0]} x {ids.shape[1]} tokens (every "
+                f"layer's keys and values)")
+    return [f"the model's config has use_cache=True: a training forward keeps a KV cache{size}, "
+            f"alive with the output, in every row that does not turn it off; train with "
+            f"model.config.use_cache = False"]
 
 
 def _to_bf16(model):

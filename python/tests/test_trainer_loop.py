@@ -72,8 +72,11 @@ def test_trainer_with_grad_scaler_gives_the_eager_amp_recipes_parameters(micro_b
         with torch.autocast("cpu", dtype=torch.bfloat16):
             r = t.step(x, y)
         assert r.chunks == chunks
+    # Bit for bit: each micro-batch runs the eager recipe's kernels on the
+    # same samples (r.chunks == chunks), the loss weights n/B and the scale
+    # 2**10 meet only in exact products.
     for p, w in zip(model.parameters(), want_model.parameters()):
-        assert ((p - w).norm() / w.norm()).item() < 1e-5
+        assert torch.equal(p, w)
     assert scaler.get_scale() == want_scaler.get_scale()
     assert all(p.grad is None for p in model.parameters())
 

@@ -36,6 +36,11 @@ def reference_gradients(model, x, y, loss_fn):
 
 
 def assert_close(got, want):
+    # fp32, u = 2**-24: micro-batches regroup each gradient's sum over the
+    # B = 21 samples and weight each part once, so |split - whole| <= (B + 1)
+    # * u * sum_s |g_s|, and on this data sum_s |g_s| <= 4.5 |sum_s g_s| per
+    # parameter (measured): 5.9e-6 relative. Measured 1.7e-7, with and
+    # without ONEDNN_MAX_CPU_ISA=AVX2.
     for g, w in zip(got, want):
         assert ((g - w).norm() / w.norm()).item() < 1e-5
 

@@ -61,7 +61,7 @@ def test_a_step_peaks_in_its_second_backward_with_the_bytes_built_in(step_file):
     assert s.trace_complete
     assert s.categories_at_peak == {
         "parameter": 2 * U, "buffer": 0, "input": U, "activation": 4 * U, "gradient": 2 * U,
-        "optimizer_state": 4 * U, "temporary": 3 * U + 4, "other": 0}
+        "optimizer_state": 4 * U, "temporary": 3 * U + 4, "other": 0, "workspace": 0}
     r = s.report()
     assert (r.peak_phase, r.peak_iteration) == ("backward", 2)
     assert s.events.optimizer == "adam"
@@ -389,17 +389,20 @@ def test_a_snapshot_torch_writes_from_its_profiler_is_read_with_its_module_names
 
 
 def test_what_forward_makes_and_backward_keeps_is_no_activation(tmp_path):
-    # The cuBLAS workspace (made at the first matmul, kept for good) is no
-    # activation; an activation dies in its iteration's backward.
+    # The cuBLAS workspace (made at the first matmul, kept for good) is a
+    # workspace, no activation; an activation dies in its iteration's
+    # backward; what else forward makes and keeps is other.
     b = SnapshotBuilder()
     base = 0x7F0000000000
     b.segment_alloc(base, 40 * MiB)
     b.alloc(base, 10 * MiB, stack("parameters"))
     b.alloc(base + 10 * MiB, 8 * MiB + 128 * 1024, stack("forward_fc1"))  # the workspace
     b.alloc(base + 20 * MiB, 4 * MiB, stack("forward_fc2"))  # an activation
+    b.alloc(base + 30 * MiB, 3 * MiB, stack("forward_fc2"))  # a cache the loop keeps
     b.alloc(base + 24 * MiB, 1024, stack("backward_main"))
     b.free(base + 20 * MiB)
     b.free(base + 24 * MiB)
     s = memfit.load_snapshot(b.write(tmp_path / "ws.pickle"))
     assert s.categories_at_peak["activation"] == 4 * MiB
-    assert s.categories_at_peak["other"] == 8 * MiB + 128 * 1024
+    assert s.categories_at_peak["workspace"] == 8 * MiB + 128 * 1024
+    assert s.categories_at_peak["other"] == 3 * MiB

@@ -64,3 +64,21 @@ def test_the_prediction_comes_within_the_fixtures_tolerance(path):
     c = memfit.load_snapshot(path).compare(report, timeline)
     tolerance = p.get("tolerance", 0.10)
     assert abs(c.reserved_error) <= tolerance, c.table()
+
+
+CARD_FIXTURES = [p for p in FIXTURES
+                 if not metadata(p).get("synthetic", True) and not metadata(p).get("oom")]
+
+
+@pytest.mark.parametrize("path", CARD_FIXTURES, ids=lambda p: os.path.relpath(p, DATA))
+def test_cublas_workspaces_on_a_card_are_workspaces_not_gradients(path):
+    # Each fixture's step multiplies in its forward and its backward: two
+    # cuBLAS workspaces of Hopper's 32 MiB (See Note [Workspaces in a
+    # snapshot]); its gradients are the trainable parameters' bytes, and the
+    # loop frees them (set_to_none) before the next forward.
+    s = memfit.load_snapshot(path)
+    workspace = s.categories_at_peak["workspace"]
+    assert 64 << 20 <= workspace <= 66 << 20, s.categories_at_peak
+    assert s.categories_at_peak["gradient"] <= s.categories_at_peak["parameter"], \
+        s.categories_at_peak
+    assert "grads_kept" not in [f.kind for f in s.findings()]

@@ -28,11 +28,11 @@ from .frames import classify_stack, is_python_file, is_user_file, place_of
 from .snapshot_format import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, SEGMENT_ALLOC,
                               SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, RawSnapshot)
 
-__all__ = ["CATEGORIES", "OomEvent", "TraceEvents", "events_of"]
+__all__ = ["CATEGORIES", "WORKSPACE_SIZES", "OomEvent", "TraceEvents", "events_of"]
 
 # Category order of memfit's core (event.h).
 CATEGORIES = ("parameter", "buffer", "input", "activation", "gradient", "optimizer_state",
-              "temporary", "other")
+              "temporary", "other", "workspace")
 _CAT = {c: i for i, c in enumerate(CATEGORIES)}
 _BY_PHASE = {"parameters": "parameter", "inputs": "input", "forward": "activation",
              "loss": "activation", "backward": "gradient", "optimizer_step": "optimizer_state"}
@@ -206,7 +206,7 @@ def events_of(raw: RawSnapshot, device: int) -> TraceEvents:
             ooms.append(OomEvent(i, size[i], addr[i], stream[i], stack[i], len(kinds), reserved))
 
     spans, phase_of_alloc = _spans(labels, kinds)
-    categories = _categories(kinds, ids, spans, phase_of_alloc, trace_index)
+    categories = _categories(kinds, ids, spans, phase_of_alloc, trace_index, nbytes)
     places: Dict[int, int] = {}
     place_names = [""]
     modules = array.array("I")
@@ -281,14 +281,30 @@ def _outlives(free_event, backward_end) -> bool:
     return backward_end is not None and (free_event is None or free_event >= backward_end)
 
 
-def _categories(kinds, ids, spans, phase_of_alloc, trace_index):
+# Note [Workspaces in a snapshot]
+# cuBLAS keeps a workspace per (handle, stream) and a handle per thread,
+# allocated through the caching allocator at the thread's first matmul and
+# never freed: 32 MiB on Hopper, 8 MiB + 128 KiB on older cards, and
+# cuBLASLt's 1 MiB beside it (Note [cuBLAS workspaces on the card],
+# report.h). In a trace they are blocks of those sizes that the forward (the
+# caller's thread) or the backward (autograd's thread, with no Python frame)
+# allocates and the trace never frees. Called gradients, the backward's
+# 32 MiB made explain report 13.5x the parameters of gradients and a false
+# "gradients kept" on every H200 snapshot. The first block of each size in
+# each thread's phases is its workspace; a later one is the step's own.
+WORKSPACE_SIZES = (32 << 20, (8 << 20) + (128 << 10), 1 << 20)
+_THREAD_OF_PHASE = {"forward": "caller", "loss": "caller", "backward": "autograd"}
+
+
+def _categories(kinds, ids, spans, phase_of_alloc, trace_index, nbytes):
     """Each allocation's category, from its phase and its lifetime (See Note
     [Allocated and reserved bytes from a trace] for pre-existing ones): freed
     inside its own phase span, a temporary; else what that phase leaves
     (activations after forward and loss, gradients after backward, state
-    after the optimizer's step). What forward makes and its iteration's
-    backward does not free is no activation (the cuBLAS workspace, a cache,
-    an output the loop keeps): other."""
+    after the optimizer's step). A library's workspace is its own (See Note
+    [Workspaces in a snapshot]). What forward makes and its iteration's
+    backward does not free is no activation (a cache, an output the loop
+    keeps): other."""
     n = len(kinds)
     free_at: Dict[int, int] = {}
     for e in range(n - 1, -1, -1):
@@ -306,6 +322,7 @@ def _categories(kinds, ids, spans, phase_of_alloc, trace_index):
             span_iteration[e] = spans[k][2]
     out = array.array("B")
     a = 0
+    workspaces = set()  # (thread, size) seen
     for e in range(n):
         if kinds[e] != 0:
             out.append(_CAT["other"])
@@ -313,7 +330,12 @@ def _categories(kinds, ids, spans, phase_of_alloc, trace_index):
         phase = phase_of_alloc[a]
         a += 1
         f = free_at.get(ids[e])
-        if phase in ("parameters", "inputs"):
+        thread = _THREAD_OF_PHASE.get(phase)
+        if (f is None and thread is not None and trace_index[e] >= 0
+                and nbytes[e] in WORKSPACE_SIZES and (thread, nbytes[e]) not in workspaces):
+            workspaces.add((thread, nbytes[e]))
+            out.append(_CAT["workspace"])
+        elif phase in ("parameters", "inputs"):
             out.append(_CAT[_BY_PHASE[phase]])
         elif trace_index[e] < 0:
             out.append(_CAT["other"])

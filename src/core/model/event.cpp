@@ -10,6 +10,7 @@ namespace {
 constexpr std::array<std::string_view, kNumCategories> kCategoryNames = {
     "parameter", "buffer",          "input",     "activation",
     "gradient",  "optimizer_state", "temporary", "other",
+    "workspace",
 };
 
 }  // namespace

@@ -64,7 +64,7 @@ OomMemory oom_memory_of(const std::array<int64_t, kNumCategories>& c) {
   m.batch = at(Category::kInput);
   m.activations = at(Category::kActivation);
   m.temporaries = at(Category::kTemporary);
-  m.other = at(Category::kOther);
+  m.other = at(Category::kOther) + at(Category::kWorkspace);
   return m;
 }
 

@@ -75,6 +75,14 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
   } else {
     note = format_signed_bytes(d);
   }
+  // A library's workspace, kept from its first use (Note [Workspaces in a
+  // snapshot], explain/trace.py): named, not left inside another category.
+  const int64_t workspace =
+      at(after, Category::kWorkspace) - at(before, Category::kWorkspace);
+  if (workspace > 0) {
+    note += "; +" + format_bytes(workspace) +
+            " of library workspaces (cuBLAS's, kept from here on)";
+  }
   const int64_t transient = s.peak - std::max(s.live_before, s.live_after);
   // Below 1% of the parameters a transient is noise in a one-line note.
   if (p > 0 && transient * 100 < p) return note;

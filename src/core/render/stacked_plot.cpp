@@ -179,6 +179,8 @@ const char* category_label(Category c) {
       return "temporaries";
     case Category::kOther:
       return "other";
+    case Category::kWorkspace:
+      return "workspaces";
   }
   return "other";
 }
@@ -201,6 +203,8 @@ const char* category_color(Category c) {
       return "#b07aa1";
     case Category::kOther:
       return "#9c9c9c";
+    case Category::kWorkspace:
+      return "#bab0ac";
   }
   return "#9c9c9c";
 }

@@ -17,7 +17,8 @@ TEST(EventTest, DeviceNames) {
 TEST(EventTest, CategoryNamesInEnumOrder) {
   const char* expected[kNumCategories] = {
       "parameter", "buffer",          "input",     "activation",
-      "gradient",  "optimizer_state", "temporary", "other"};
+      "gradient",  "optimizer_state", "temporary", "other",
+      "workspace"};
   for (int i = 0; i < kNumCategories; ++i) {
     EXPECT_EQ(to_string(static_cast<Category>(i)), expected[i]) << i;
   }
@@ -38,7 +39,7 @@ TEST(EventTest, UnknownCategoryNameThrowsNamingAcceptedNames) {
     EXPECT_EQ(std::string(e.what()),
               "[category_from_string] unknown category 'Activation': use one "
               "of parameter, buffer, input, activation, gradient, "
-              "optimizer_state, temporary, other");
+              "optimizer_state, temporary, other, workspace");
   }
   EXPECT_THROW(category_from_string(""), std::invalid_argument);
 }

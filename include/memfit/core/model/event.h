@@ -26,8 +26,12 @@ enum class Category : uint8_t {
   kOptimizerState,
   kTemporary,  // freed before the op that allocated it returned
   kOther,
+  // What a library keeps for its kernels while the process lives (cuBLAS and
+  // cuBLASLt workspaces per thread and stream): never gradients or
+  // activations, though a backward or a forward allocated it.
+  kWorkspace,
 };
-constexpr int kNumCategories = 8;
+constexpr int kNumCategories = 9;
 
 std::string_view to_string(Device d);
 std::string_view to_string(Category c);

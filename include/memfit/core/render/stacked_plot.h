@@ -21,7 +21,7 @@ namespace memfit {
 inline constexpr std::array<Category, kNumCategories> kStackOrder = {
     Category::kParameter, Category::kBuffer, Category::kOptimizerState,
     Category::kGradient,  Category::kInput,  Category::kActivation,
-    Category::kTemporary, Category::kOther};
+    Category::kTemporary, Category::kOther,  Category::kWorkspace};
 
 // How pictures name and colour a category: "optimizer state", "#59a14f".
 const char* category_label(Category c);

@@ -1,4 +1,4 @@
-"""memfit.advise(target_device="cuda") (#18): a budget for a card is held
+"""memfit.advise(target_device="cuda"): a budget for a card is held
 against the CUDA caching allocator's reserved bytes, replayed on each
 recorded step, not against the allocated bytes (an 8B plan was 22.30 GiB
 allocated but 24.15 GiB reserved, against 24 GiB)."""

@@ -1,4 +1,4 @@
-"""memfit.advise on an HF causal LM (#18 item 3): the settings people choose
+"""memfit.advise on an HF causal LM: the settings people choose
 between (bf16 weights, Adafactor, SGD, HF gradient checkpointing, LoRA via
 peft) are rows planned by the core planner, on a tiny Llama built on meta
 and on the CPU; the user's model is never changed."""

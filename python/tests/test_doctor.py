@@ -1,4 +1,4 @@
-"""memfit.doctor (issue #19): each kind of memory mistake, made in a small
+"""memfit.doctor: each kind of memory mistake, made in a small
 loop, is found at the user's line with the bytes it costs; the fixed loop
 and a healthy loop get no finding; the doctor leaves no trace and does not
 change what the loop computes; `python -m memfit doctor` runs a script."""
@@ -115,7 +115,7 @@ def test_healthy_eval_loop_gets_no_finding():
                 correct += (pred.argmax(1) == y).sum().item()
     assert d.findings == [], d.report()
     # A forward's step ends where the next begins; the last one after the
-    # loop's last torch call (issue 43: N forwards were N - 1 steps).
+    # loop's last torch call (N forwards are N steps, not N - 1).
     assert len(d.steps) == STEPS and d.step_kind == "forward"
 
 

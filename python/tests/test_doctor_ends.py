@@ -1,5 +1,4 @@
-"""The doctor on scripts that end badly (issue 35: item 2, C1-C3, D5, D6,
-and the B lines about the doctor): an OOM reported with its line, phase,
+"""The doctor on scripts that end badly: an OOM reported with its line, phase,
 what was alive and the fix; lazy tensors under it; a script that swallows
 StopRun, never steps, is interrupted or calls os._exit; bad arguments
 refused in one line."""

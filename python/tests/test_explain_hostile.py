@@ -1,4 +1,4 @@
-"""Hostile and corrupted snapshots (issue 43): the reader refuses each in one
+"""Hostile and corrupted snapshots: the reader refuses each in one
 line, in memory bounded by the file's size, without crashing; plain data
 written with rarer opcodes is read. The hostile files are read in a
 subprocess under an address-space limit (resource.setrlimit) a little above

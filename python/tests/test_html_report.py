@@ -1,4 +1,4 @@
-"""The HTML page of a profiled step (issue #20), from `memfit profile --html`
+"""The HTML page of a profiled step, from `memfit profile --html`
 and from memfit.report.page.save_html: rendered by a real headless browser
 (Debian's chromium) without errors, every number it shows equal to the
 JSON's, no label over another as the browser draws them, and the hover on

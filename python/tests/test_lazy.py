@@ -195,7 +195,7 @@ def test_lazy_step_fits_budget_where_eager_ooms_and_gradients_equal_eager(name, 
     if name == "lstm_batch_first":
         # Seen on torch 2.13: 4 bytes stay tracked after a step recorded
         # from the probe cache, and a budget cut to the byte OOMs once.
-        # Open: issue #13's note.
+        # Open: not diagnosed yet.
         request.applymarker(pytest.mark.xfail(
             strict=True, reason="torch 2.13: 4 bytes left live by the batch-first LSTM"))
     model, X, Y, batch, step, ref, run, probe_bytes = calibrated(name)
@@ -866,7 +866,7 @@ def test_help_explains_what_lazy_does_and_its_limits():
 
 
 # ---------------------------------------------------------------------------
-# issue #21: probes and measurements leave no trace
+# Probes and measurements leave no trace
 
 
 class Doubling(nn.Module):

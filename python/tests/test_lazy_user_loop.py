@@ -1,5 +1,5 @@
 """memfit.lazy inside training loops written the way PyTorch's tutorials and
-GPU-memory tip articles write them (issue #16): AMP with GradScaler,
+GPU-memory tip articles write them: AMP with GradScaler,
 BatchNorm buffers under OOM recovery, host-resident batches, never worse
 than eager, and koila's getting-started example."""
 

@@ -1,4 +1,4 @@
-"""Variable-length data (#44): the largest batch per length, and a sampler
+"""Variable-length data: the largest batch per length, and a sampler
 that batches a dataset so that each batch, padded, fits."""
 
 import math

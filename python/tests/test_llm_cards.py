@@ -1,4 +1,4 @@
-"""What fits on which card (#33 item 4): one advise call plans every card
+"""What fits on which card: one advise call plans every card
 from the same recordings, as advise plans each budget alone; and a plan
 applied to a small Llama (its setting, checkpointing and micro-batches)
 trains 3 steps under a simulated device of the planned budget without an

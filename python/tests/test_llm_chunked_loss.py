@@ -1,4 +1,4 @@
-"""The chunked linear + cross-entropy loss (#33 item 1): its loss and
+"""The chunked linear + cross-entropy loss: its loss and
 gradients equal the plain loss's, alone and applied to HF causal LMs
 (Llama, GPT-2 with its tied head), with ignored labels and the causal
 shift; the logits are never returned whole."""

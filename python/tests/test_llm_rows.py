@@ -1,4 +1,4 @@
-"""The rows fine-tuning people choose (#33): the chunked loss, 8-bit AdamW
+"""The rows fine-tuning people choose: the chunked loss, 8-bit AdamW
 and 4-bit QLoRA (torchao) are advise rows, each equal byte for byte to
 memfit.profile of the changed copy on a tiny Llama on the CPU; NF4 weights
 take the bytes of the closed form, scales included; the cards table plans

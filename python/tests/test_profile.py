@@ -104,7 +104,7 @@ def test_meta_and_cpu_agree_on_every_output_byte(make, request):
     if request.node.callspec.id == "transformer":
         # Seen on torch 2.13: in the loss phase the CPU keeps two 3072-byte
         # outputs where meta keeps the two 4-byte losses (mse_loss's CPU
-        # path differs from its meta kernel). Open: issue #13's note.
+        # path differs from its meta kernel). Open: not diagnosed yet.
         request.applymarker(pytest.mark.xfail(
             strict=True, reason="torch 2.13's CPU mse_loss outputs differ from its meta kernel's"))
     torch.manual_seed(0)
@@ -199,7 +199,7 @@ def test_empty_batch_and_mismatched_target_are_refused():
         memfit.profile(mlp(), torch.randn(4, 28, 28), torch.randint(0, 10, (3,)))
 
 
-# -- issue #21 ------------------------------------------------------------------------
+# -- Bad inputs refused before anything runs; the user's gradients left as they were --
 
 
 def test_existing_gradients_are_left_exactly_as_they_were():

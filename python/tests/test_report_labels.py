@@ -1,4 +1,4 @@
-"""What the reports call things (issue 35, items 5 and 6): meta mode says it
+"""What the reports call things: meta mode says it
 leaves out convolution workspace; every allocation is named by what made
 it, one labelling in track(), profile() and the HTML page; the doctor
 names the line that keeps a loss with its graph and suggests .item()."""

@@ -1,4 +1,4 @@
-"""The recorded step's phase order from Python (issue #14 item 1): Python's
+"""The recorded step's phase order from Python: Python's
 profile runs core's run_step_protocol with Python callables; what a callable
 raises comes back as itself."""
 

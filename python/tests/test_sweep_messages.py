@@ -1,5 +1,4 @@
-"""The sweep's unclear errors and silently wrong answers (issue 35, B and
-D7-D8): each bad input gets one line that names the cause and what to do,
+"""The sweep's unclear errors and silently wrong answers: each bad input gets one line that names the cause and what to do,
 tagged with the user's call; nothing is guessed."""
 
 import pytest

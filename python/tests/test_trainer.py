@@ -192,7 +192,7 @@ def test_find_batch_size_is_tight_and_safe_on_the_simulated_device():
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(8, 28, 28), torch.randint(0, 10, (8,))
     fit = memfit.find_batch_size(model, x, y, optimizer=opt, budget="48MiB")
-    # One whole step verifies the answer (#15): trials counts those steps.
+    # One whole step verifies the answer: trials counts those steps.
     assert fit.verified and 1 <= fit.trials <= 4 and fit.margin_bytes == 0
     m8 = fit.max_batch // 8 * 8
     assert fit.recommended_batch == (m8 if (fit.max_batch - m8) * 8 <= fit.max_batch else fit.max_batch)
@@ -241,7 +241,7 @@ def test_auto_batch_size_keeps_the_effective_batch_exact():
     assert 1024 % micro == 0 and micro < 1024
 
 
-# -- issue #21 ------------------------------------------------------------------------
+# -- Bad arguments refused with why; changes after construction followed --
 
 
 @pytest.mark.parametrize("optimizer, message", [

@@ -1,4 +1,4 @@
-"""The Trainer inside the user's own training loop (issue 16): AMP's
+"""The Trainer inside the user's own training loop: AMP's
 GradScaler, BatchNorm under a recovered OOM, inputs shared by every sample,
 batches kept on the host."""
 

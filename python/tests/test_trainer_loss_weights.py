@@ -1,8 +1,8 @@
 """The Trainer's split step equals one eager step on the whole batch for the
-losses people write (issue 35, D1-D3): each micro-batch weighted by the rule
+losses people write: each micro-batch weighted by the rule
 memfit.lazy uses (see Note [How a chunk's loss counts in the batch's]), the
 reduction probed, not guessed; and a split step with dropout says that its
-masks differ (issue 32)."""
+masks differ."""
 
 import copy
 

@@ -1,6 +1,6 @@
 """The Trainer's first micro-batch under a budget comes from find_batch_size's
 search, measured with the gradients accumulated, not from running out of
-memory (issue #15 item 3): see Note [The first micro-batch from the fit]."""
+memory: see Note [The first micro-batch from the fit]."""
 
 import pytest
 import torch

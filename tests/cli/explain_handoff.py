@@ -1,7 +1,7 @@
 """explain_handoff.py MEMFIT: the program alone runs `memfit explain` (and
 `memfit doctor`), the Python package's commands, in the Python it was built
-with, as the README's one `memfit` command does (issue 43 item 8: it exited
-1 saying "memfit explain is in the Python package")."""
+with, as the README's one `memfit` command does, rather than exiting 1 saying
+"memfit explain is in the Python package"."""
 import subprocess
 import sys
 

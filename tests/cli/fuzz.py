@@ -42,7 +42,7 @@ COMMANDS = {
 }
 
 
-# Inputs that once aborted or answered wrongly (issue #21), tried first.
+# Inputs that once aborted or answered wrongly, tried first.
 KNOWN = [
     ["profile", "--model", "gpt", "--batch", "2", "--width", "0"],
     ["profile", "--model", "gpt", "--batch", "2", "--heads", "0"],

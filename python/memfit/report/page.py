@@ -4,7 +4,7 @@ notes, the peak over batch sizes with the budget line, and the advise
 table. No network, no external scripts: one file that opens anywhere.
 
     report = memfit.profile(model, x, y, optimizer=opt)
-    memfit.report_page.save_html(report, "step.html", budget="8GiB")
+    report.save_html("step.html", budget="8GiB")
 
 The page is drawn by the C++ core (render/html_report.h), the same page
 `memfit profile --html FILE` writes."""

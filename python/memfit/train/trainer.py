@@ -159,7 +159,7 @@ def _scaled_step(optimizer, scaler):
 # each probe's size (only shapes matter to memory), under the user's
 # autocast, on copies: the weights, .grad, buffers, optimizer state, inputs
 # and RNG are left as they were (Note [A rehearsed step leaves no trace],
-# snapshot.py). The room is the budget less the live tracked tensors that
+# _step/user_state.py). The room is the budget less the live tracked tensors that
 # are not the model's (the batch on the device, optimizer state); the
 # probes' memory shows in a memfit.track() around the step, not in the
 # StepReport. OOM recovery stays the safety net: a micro-batch that runs out

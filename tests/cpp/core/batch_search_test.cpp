@@ -100,8 +100,8 @@ TEST(BatchSearch, AffineStepIsFoundExactlyAndVerifiedOnce) {
 
 TEST(BatchSearch, AnAnswerAProbeMeasuredIsVerifiedWithoutAStepAndSaysSo) {
   // A budget that the probe at 32 exactly fills: that probe is the answer,
-  // and no further full-size step runs (issue 35 item 7: "verified=True,
-  // trials=0" said nothing of why).
+  // and no further full-size step runs; the answer says why it is verified
+  // with trials=0.
   Step s{[](int64_t b) { return 4096 * b; }};
   SearchOptions o = budget_of(s.peak(32));
   o.probes.first = {8, 16, 32};

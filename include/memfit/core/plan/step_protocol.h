@@ -1,5 +1,5 @@
 // The order of one recorded training step, written once: the C++ profile
-// (profile.cpp) and the Python one (profiling.py, through the binding) hand
+// (profile.cpp) and the Python one (_step/record.py, through the binding) hand
 // in what each phase does and get the same phases, in the same order, with
 // the same progress lines.
 #pragma once

@@ -213,7 +213,7 @@ def leaving_no_trace(modules):
     measurements), after which the RNG they drew from and the buffers they
     updated (BatchNorm's running statistics) are as before: the eager step
     draws and updates once, at full batch. See Note [A rehearsed step leaves
-    no trace] (snapshot.py)."""
+    no trace] (_step/user_state.py)."""
     buffers = {id(b): b for m in modules for b in m.buffers() if not b.is_meta}.values()
     saved = [(b, b.detach().clone()) for b in buffers]
     with kept_rng():

@@ -13,7 +13,7 @@ import bisect
 import collections
 import statistics
 
-from .._memfit import format_bytes
+from .._native import format_bytes
 from .keepers import keeper_of
 from .compile_checks import check_graph_breaks, check_recompiles
 from .lifetimes import Run
@@ -428,13 +428,17 @@ def check_grads_kept(run):
         seen = (f"zero_grad(set_to_none=False) at {site} zeroes the gradients but keeps them: "
                 f"{_fmt(per)} of .grad tensors are alive when the forward at {f0.site} begins, "
                 f"in {len(present)} of {len(measured)} steps.")
-        fix = "optimizer.zero_grad(set_to_none=True) (the default since torch 2.0)"
+        fix = ("optimizer.zero_grad(set_to_none=True) (the default since torch 2.0); to keep "
+               "this loop, size its batch for it: memfit.find_batch_size(..., "
+               "set_to_none=False)")
     elif late:
         site = _top(collections.Counter(z.site for z in late))
         seen = (f"zero_grad() at {site} runs after the forward at {f0.site}, so the last step's "
                 f"gradients ({_fmt(per)}) are alive through it, in {len(present)} of "
                 f"{len(measured)} steps.")
-        fix = "call zero_grad() before the forward (right after optimizer.step())"
+        fix = ("call zero_grad() before the forward (right after optimizer.step()); to keep "
+               "this loop, size its batch for it: memfit.find_batch_size(..., "
+               "zero_grad='before_backward')")
     else:
         site = f0.site
         seen = (f"no zero_grad() ran between optimizer.step() and the forward at {site}: "

@@ -10,6 +10,7 @@
 #
 #   scripts/gpu_check.sh [--quick]
 #   scripts/gpu_check.sh --snapshots [--dry-run] [--only CASE,...]
+#   scripts/gpu_check.sh --native [--dry-run] [--only CASE,...]
 #
 # --snapshots: records CUDA memory snapshots of small training steps
 # (bench/gpu/record_snapshots.py: mlp, gpt, cnn, resnet18, a tiny HF Llama,
@@ -18,6 +19,15 @@
 # build. Commit them under tests/data/snapshots/: CI replays each. With
 # --dry-run (no GPU) it builds every case on the CPU and says what it would
 # record.
+#
+# --native: builds, then for each case of bench/gpu/native_check.py (8: mlp at
+# 256 MiB, cnn with cuDNN, gpt, resnet18, HF GPT-2 and Llama from configs, a
+# compiled model, an LSTM) find_batch_size with the model on the card, the
+# true maximum by plain steps capped at the budget, and Lightning's
+# BatchSizeFinder; figures (native.json, native.md) into $OUT/native/ (else
+# build-gpu/native/), then snapshots of the default cases into
+# $OUT/snapshots/ in the time left. Meant as one call of at most 8 minutes.
+# With --dry-run (no GPU, no build) it lists the cases and exits.
 #
 # Environment: MEMFIT_PYTHON (default python3), MEMFIT_GPU_BUILD (build-gpu),
 # JOBS (nproc), MEMFIT_GPU_TIMEOUT (seconds for the comparison, 300),
@@ -38,8 +48,12 @@ start=$(date +%s)
 
 step() { echo "== $* ($(($(date +%s) - start)) s)"; }
 
-SNAPSHOTS=0
-for a in "$@"; do [ "$a" = --snapshots ] && SNAPSHOTS=1; done
+SNAPSHOTS=0 NATIVE=0 DRY=0
+for a in "$@"; do
+  case "$a" in --snapshots) SNAPSHOTS=1 ;; --native) NATIVE=1 ;; --dry-run) DRY=1 ;; esac
+done
+args=()  # the arguments less the mode
+for a in "$@"; do case "$a" in --snapshots | --native) ;; *) args+=("$a") ;; esac; done
 
 step "machine"
 "$PY" - <<'EOF' || { echo "gpu_check: $PY cannot import torch" >&2; exit 1; }
@@ -60,12 +74,19 @@ cmake --version | head -1
 
 if [ "$SNAPSHOTS" = 1 ]; then
   step "record CUDA memory snapshots into ${OUT:-$BUILD}/snapshots"
-  args=()
-  for a in "$@"; do [ "$a" != --snapshots ] && args+=("$a"); done
   rc=0
   timeout "${MEMFIT_GPU_TIMEOUT:-480}" "$PY" bench/gpu/record_snapshots.py --out "${OUT:-$BUILD}/snapshots" \
     ${args[@]+"${args[@]}"} || rc=$?
   ls -l "${OUT:-$BUILD}/snapshots" 2>/dev/null
+  step "done (exit $rc)"
+  exit "$rc"
+fi
+
+NATIVE_OUT=${OUT:-$BUILD}/native
+if [ "$NATIVE" = 1 ] && [ "$DRY" = 1 ]; then
+  step "native card check: the cases (dry run, no build)"
+  rc=0
+  "$PY" bench/gpu/native_check.py --out "$NATIVE_OUT" ${args[@]+"${args[@]}"} || rc=$?
   step "done (exit $rc)"
   exit "$rc"
 fi
@@ -124,6 +145,27 @@ if [ "$WITH_PYTHON" = -1 ]; then  # MEMFIT_GPU_NO_BUILD: whatever is there
   if [ -d "$BUILD/python/memfit" ]; then BUILT=python; elif [ -x "$BUILD/memfit" ]; then BUILT=cli; fi
 fi
 echo "built: $BUILT"
+
+if [ "$NATIVE" = 1 ]; then
+  [ "$BUILT" = python ] || { echo "gpu_check: --native needs the Python module" >&2; exit 1; }
+  export PYTHONUNBUFFERED=1
+  export PYTHONPATH="$BUILD_ABS/python${PYTHONPATH:+:$PYTHONPATH}"
+  # 8 minutes in all: what the build left, less a minute for the snapshots.
+  left=$((480 - ($(date +%s) - start)))
+  step "native card check into $NATIVE_OUT (${left} s left)"
+  rc=0
+  timeout $((left - 60)) "$PY" bench/gpu/native_check.py --out "$NATIVE_OUT" \
+    ${args[@]+"${args[@]}"} || rc=$?
+  left=$((480 - ($(date +%s) - start)))
+  if [ "$left" -gt 20 ]; then
+    step "snapshots of the default cases into ${OUT:-$BUILD}/snapshots (${left} s left)"
+    timeout $((left - 10)) "$PY" bench/gpu/record_snapshots.py --out "${OUT:-$BUILD}/snapshots" ||
+      echo "gpu_check: snapshots stopped (exit $?): what was written stays"
+  fi
+  ls -l "$NATIVE_OUT" "${OUT:-$BUILD}/snapshots" 2>/dev/null
+  step "done (exit $rc)"
+  exit "$rc"
+fi
 
 step "compare predicted and measured CUDA peaks"
 rc=0

@@ -1,0 +1,297 @@
+"""find_batch_size on the card against the card's own truth, and against
+Lightning's BatchSizeFinder, for each case below (issue 42, item 6):
+
+- memfit: find_batch_size with the model on the card, called as a user
+  would (budget given); its cost in steps (probes and the verifying step,
+  two iterations each, wherever memfit ran them: fit.mode) and wall seconds;
+  then its answer run capped at the budget (the verdict: no OOM);
+- truth: the largest batch whose plain Adam steps (no memfit) run with the
+  caching allocator capped at the budget
+  (torch.cuda.set_per_process_memory_fraction), by bisection around
+  memfit's answer; peak stats reset and the cache emptied between trials;
+- lightning: BatchSizeFinder(mode="binsearch") under the same cap, if
+  lightning imports; else the row says it was skipped.
+
+    PYTHONPATH=build-gpu/python python bench/gpu/native_check.py [--out DIR]
+        [--only CASE,...] [--dry-run]
+
+--dry-run (or no GPU): lists the cases and what would run; imports neither
+memfit nor the optional packages. Writes native.json and native.md to
+--out (default $OUT, else build-gpu/native).
+"""
+
+import argparse
+import dataclasses
+import gc
+import importlib.util
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# memfit's model twins by file, not through `import memfit`: the dry run needs
+# torch alone (as record_snapshots.py).
+_spec = importlib.util.spec_from_file_location(
+    "memfit_testing_models", os.path.join(HERE, "..", "..", "python", "memfit", "testing", "models.py"))
+models = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(models)
+
+MiB = 1 << 20
+STEPS = 2  # plain steps per trial, as memfit's probes and Lightning's trials
+
+
+@dataclasses.dataclass
+class Case:
+    name: str
+    model: str  # what is built, in words
+    budget: int  # bytes, the whole card's (weights included)
+    needs: str = ""  # an optional package the case imports
+
+
+CASES = [
+    Case("mlp_256MiB", "memfit's Mlp 784-512-512-10 (the one OOM of the last card run)", 256 * MiB),
+    Case("cnn_cudnn_1GiB", "memfit's Cnn, cuDNN convolutions", 1024 * MiB),
+    Case("gpt_1GiB", "memfit's Gpt, 4 layers, seq 128", 1024 * MiB),
+    Case("resnet18_2GiB", "torchvision resnet18 (its twin without torchvision), 64x64", 2048 * MiB),
+    Case("hf_gpt2_1GiB", "HF GPT2LMHeadModel from a config: 4 layers, 256 wide, seq 128", 1024 * MiB,
+         "transformers"),
+    Case("hf_llama_1GiB", "HF LlamaForCausalLM from a config: 2 layers, 256 wide, seq 128",
+         1024 * MiB, "transformers"),
+    Case("compiled_512MiB", "torch.compile(Pointwise(d=256, n=6)), seq 64", 512 * MiB),
+    Case("lstm_512MiB", "memfit's Lstm, 2 layers over 32 steps", 512 * MiB),
+]
+
+
+def _hf_lm(kind):
+    import transformers as tf
+
+    if kind == "gpt2":
+        config = tf.GPT2Config(vocab_size=8192, n_positions=256, n_embd=256, n_layer=4, n_head=4)
+        model = tf.GPT2LMHeadModel(config)
+    else:
+        config = tf.LlamaConfig(vocab_size=8192, hidden_size=256, intermediate_size=512,
+                                num_hidden_layers=2, num_attention_heads=4,
+                                num_key_value_heads=2, max_position_embeddings=256)
+        model = tf.LlamaForCausalLM(config)
+    vocab = config.vocab_size
+
+    def batch(b):
+        ids = torch.randint(0, vocab, (b, 129))
+        return ids[:, :-1].contiguous(), ids[:, 1:].contiguous()
+
+    def loss(out, y):
+        return F.cross_entropy(out.logits.flatten(0, 1), y.flatten())
+
+    return model, batch, loss
+
+
+def build(case):
+    """(model, make_batch(b) -> (x, y), loss_fn(out, y)), on the CPU."""
+    torch.manual_seed(0)
+    kind = case.name.split("_")[0]
+    if kind == "hf":
+        return _hf_lm(case.name.split("_")[1])
+    if kind == "compiled":
+        model = torch.compile(models.Pointwise(d=256, n=6))
+        return model, lambda b: (torch.randn(b, 64, 256), torch.randint(0, 10, (b,))), F.cross_entropy
+    name = kind if kind != "resnet18" or models.available("resnet18") else "resnet18-twin"
+    make_model, make_batch, loss_fn = models.MODELS[name]
+    return make_model(), make_batch, lambda o, t: models.loss_of(o, t, loss_fn)
+
+
+# --- on the card ----------------------------------------------------------------
+
+
+def clean():
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+
+
+def plain_steps(model, make_batch, loss_fn, b):
+    """STEPS plain Adam steps at batch b on the card; False on an OOM."""
+    try:
+        x, y = (t.cuda() for t in make_batch(b))
+        opt = torch.optim.Adam(model.parameters())
+        for _ in range(STEPS):
+            loss_fn(model(x), y).backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        torch.cuda.synchronize()
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        model.zero_grad(set_to_none=True)
+        x = y = opt = None  # noqa: F841  (drop the trial's tensors before clean())
+
+
+def true_max(model, make_batch, loss_fn, start):
+    """The largest batch whose plain steps run under the cap, by bisection
+    around `start`. Returns (batch, trials, whether `start` ran)."""
+    trials = 0
+
+    def runs(b):
+        nonlocal trials
+        trials += 1
+        ok = plain_steps(model, make_batch, loss_fn, b)
+        clean()
+        return ok
+
+    start = max(1, start)
+    start_ran = runs(start)
+    if start_ran:  # grow until a batch fails
+        lo, hi = start, start + max(1, start // 8)
+        while runs(hi):
+            lo, hi = hi, 2 * hi
+    else:  # halve until one runs
+        lo, hi = start // 2, start
+        while lo >= 1 and not runs(lo):
+            lo, hi = lo // 2, lo
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if runs(mid) else (lo, mid)
+    return lo, trials, start_ran
+
+
+def memfit_fit(model, make_batch, loss_fn, budget):
+    import memfit
+
+    x, y = (t.cuda() for t in make_batch(8))
+    t0 = time.perf_counter()
+    fit = memfit.find_batch_size(model, x, y, loss_fn=loss_fn, optimizer="adam", budget=budget)
+    wall = time.perf_counter() - t0
+    return dict(batch=fit.max_batch, steps=2 * len(fit.probes), where=fit.mode,
+                verified=fit.verified, wall_s=round(wall, 2))
+
+
+def lightning_fit(model, make_batch, loss_fn):
+    try:
+        import lightning as L
+        from lightning.pytorch.callbacks import BatchSizeFinder
+    except ImportError:
+        return dict(skipped="lightning does not import")
+    x1, y1 = make_batch(1)
+    steps = 0
+
+    class Samples(torch.utils.data.Dataset):
+        def __len__(self):
+            return 1 << 24
+
+        def __getitem__(self, i):
+            return x1[0], y1[0]
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net, self.batch_size = model, 2
+
+        def training_step(self, batch, _):
+            nonlocal steps
+            steps += 1
+            return loss_fn(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.Adam(self.parameters())
+
+        def train_dataloader(self):
+            return torch.utils.data.DataLoader(Samples(), batch_size=self.batch_size)
+
+    finder = BatchSizeFinder(mode="binsearch", steps_per_trial=STEPS, max_trials=40)
+    trainer = L.Trainer(accelerator="cuda", devices=1, max_steps=1, callbacks=[finder],
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    t0 = time.perf_counter()
+    trainer.fit(Module())
+    wall = time.perf_counter() - t0
+    # steps: the finder's trials, less the one step fit() runs after it.
+    return dict(batch=finder.optimal_batch_size, steps=steps - 1, wall_s=round(wall, 2))
+
+
+def run_case(case):
+    model, make_batch, loss_fn = build(case)
+    model = model.cuda()
+    clean()
+    row = dict(case=case.name, budget=case.budget, memfit=memfit_fit(model, make_batch, loss_fn,
+                                                                     case.budget))
+    clean()
+    torch.cuda.set_per_process_memory_fraction(case.budget / torch.cuda.mem_get_info()[1])
+    try:
+        found = row["memfit"]["batch"]
+        t0 = time.perf_counter()
+        batch, trials, row["answer_ran_capped"] = true_max(model, make_batch, loss_fn, found)
+        row["truth"] = dict(batch=batch, steps=STEPS * trials,
+                            wall_s=round(time.perf_counter() - t0, 2))
+        row["found_over_true"] = round(found / max(1, batch), 4)
+        row["lightning"] = lightning_fit(model, make_batch, loss_fn)
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        del model
+        clean()
+    return row
+
+
+def markdown(rows, title):
+    out = [f"# {title}", "",
+           "| case | budget MiB | memfit batch | true max | found/true | answer capped | "
+           "memfit steps (where) | memfit s | Lightning batch | Lightning steps | Lightning s |",
+           "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        if "error" in r:
+            out.append(f"| {r['case']} | {r['budget'] // MiB} | {r['error']} |" + " |" * 8)
+            continue
+        m, t, lt = r["memfit"], r["truth"], r["lightning"]
+        lcells = (f"skipped: {lt['skipped']} | - | -" if "skipped" in lt else
+                  f"{lt['batch']} | {lt['steps']} | {lt['wall_s']}")
+        out.append(f"| {r['case']} | {r['budget'] // MiB} | {m['batch']} | {t['batch']} | "
+                   f"{r['found_over_true']} | {'ran' if r['answer_ran_capped'] else 'OOM'} | "
+                   f"{m['steps']} ({m['where']}) | {m['wall_s']} | {lcells} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join("build-gpu", "native"))
+    ap.add_argument("--only", help="comma-separated case names")
+    ap.add_argument("--dry-run", action="store_true")
+    args = ap.parse_args(argv)
+    cases = [c for c in CASES if not args.only or c.name in args.only.split(",")]
+    if args.dry_run or not torch.cuda.is_available():
+        why = "dry run" if args.dry_run else "no CUDA device"
+        print(f"native card check ({why}): {len(cases)} cases; each runs find_batch_size with the "
+              f"model on the card, plain-step bisection capped at the budget, and Lightning's "
+              f"BatchSizeFinder (binsearch) if lightning imports; figures to {args.out}")
+        for c in cases:
+            needs = f"; needs {c.needs}" if c.needs else ""
+            print(f"case {c.name:<16} budget {c.budget // MiB:>5} MiB  {c.model}{needs}")
+        return 0
+    os.makedirs(args.out, exist_ok=True)
+    title = (f"memfit on the card: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    print(title, flush=True)
+    rows = []
+    for c in cases:
+        t0 = time.perf_counter()
+        try:
+            row = run_case(c)
+        except Exception as e:  # a case that cannot run here (a missing package) says why
+            row = dict(case=c.name, budget=c.budget, error=f"{type(e).__name__}: {str(e)[:160]}")
+        row["case_wall_s"] = round(time.perf_counter() - t0, 2)
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        with open(os.path.join(args.out, "native.json"), "w") as f:
+            json.dump(dict(title=title, rows=rows), f, indent=1)
+        with open(os.path.join(args.out, "native.md"), "w") as f:
+            f.write(markdown(rows, title))
+    print(markdown(rows, title))
+    bad = [r["case"] for r in rows if r.get("answer_ran_capped") is False]
+    print(f"answers that ran out of memory capped at the budget: {len(bad)} of {len(rows)} {bad}")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

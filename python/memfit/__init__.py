@@ -15,7 +15,7 @@
 from ._build_info import check_torch as _check_torch  # before the extension: one line
 
 _check_torch()  # names both torch versions if memfit was built against another
-from ._memfit import format_bytes, parse_size
+from ._native import format_bytes, parse_size
 from ._step.device import host_memory, simulated_device, to_bytes
 from ._step.offload import OffloadedOptimizer, offload
 from ._step.tracking import Tracking, track

@@ -29,6 +29,6 @@ def main(argv=None):
     # Ctrl-C stops the command at once: the C++ loop never returns to
     # Python's interpreter to see a KeyboardInterrupt.
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-    from . import _memfit
+    from ._native import native as _memfit
 
     sys.exit(_memfit.run_cli(args))

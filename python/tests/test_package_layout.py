@@ -26,7 +26,8 @@ LAYERS = {
     "train": 3,
     "integrations": 4,
 }
-TOP_LEVEL = {"__init__", "__main__", "command", "_moved", "_build_info"}  # _build_info: written by CMake
+TOP_LEVEL = {"__init__", "__main__", "command", "_moved", "_native",
+             "_build_info"}  # _build_info: written by CMake
 
 
 def modules():
@@ -77,6 +78,28 @@ def test_imports_point_down_the_layers():
             if sub != mine and LAYERS[sub] >= LAYERS[mine]:
                 upward.append(f"{'/'.join(parts)}.py:{line} imports {sub}")
     assert upward == []
+
+
+def test_only_native_imports_the_extension():
+    """The extension is reached through memfit/_native.py alone, so that no
+    module imports the package's __init__ to reach it."""
+    direct = []
+    for path, parts in modules():
+        if parts == ("_native",):
+            continue
+        here = ["memfit", *parts[:-1]]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - (node.level - 1)] if node.level else []
+                module = base + (node.module.split(".") if node.module else [])
+                taken = [module + [a.name] for a in node.names] + [module]
+            elif isinstance(node, ast.Import):
+                taken = [a.name.split(".") for a in node.names]
+            else:
+                continue
+            if ["memfit", "_memfit"] in taken:
+                direct.append(f"{'/'.join(parts)}.py:{node.lineno}")
+    assert direct == []
 
 
 def test_every_module_says_what_it_exports():

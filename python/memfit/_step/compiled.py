@@ -15,7 +15,7 @@ import weakref
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 
 __all__ = [
     "CompileCost", "CompileWatch", "GraphBreak", "compiled_paths", "is_compiled",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 from typing import ContextManager
 
-from .. import _memfit
+from .._native import native as _memfit
 from . import oom_explain
 from .hints import Size
 

@@ -52,7 +52,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from .. import _memfit
+from .._native import native as _memfit
 
 __all__ = ["run_foreach", "foreach_as_on_cuda", "MetaReads"]
 

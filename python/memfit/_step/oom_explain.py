@@ -12,7 +12,7 @@ import sys
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 
 __all__ = ["OomMemory", "live_memory", "phase_of", "explain", "install"]
 

@@ -4,7 +4,7 @@ None (silent), True (lines on stderr) or a callable given each line."""
 
 import sys
 
-from .. import _memfit
+from .._native import native as _memfit
 
 __all__ = ["Progress", "as_progress"]
 

@@ -9,7 +9,7 @@ import traceback
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor_error,
                        is_compiled, record_warm)
 from .meta_reads import run_foreach

@@ -8,7 +8,7 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-from .. import _memfit
+from .._native import native as _memfit
 
 __all__ = ["StepFlopCount", "counting_flops", "open_count"]
 

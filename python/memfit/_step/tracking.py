@@ -7,7 +7,7 @@ from typing import Iterator
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .compiled import module_calls, watch_call
 
 __all__ = ["Tracking", "track"]

@@ -21,7 +21,7 @@ import dataclasses
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .batching import map_tensors
 from .device import host_memory
 from .offload import OffloadedOptimizer

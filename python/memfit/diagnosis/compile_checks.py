@@ -4,7 +4,7 @@ compiled code], observe.py)."""
 
 from __future__ import annotations
 
-from .._memfit import format_bytes
+from .._native import format_bytes
 from .._step.compiled import compilation_metrics, graph_break_of
 from .records import Finding, Site
 

@@ -29,7 +29,7 @@ from torch.nn.modules import module as module_hooks
 from torch.overrides import TorchFunctionMode
 from torch.utils import _pytree as pytree
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.compiled import CompileWatch, compiled_roots, module_calls, watch_call
 from .frames import is_library_file, site_of, user_frame
 from .records import (CompileEvent, Float64Tensor, ForwardCall, GraphUse, HostCopy,

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import torch
 
-from .. import _memfit
-from .._memfit import format_bytes
+from .._native import native as _memfit
+from .._native import format_bytes
 from .._step.oom_explain import explain, live_memory, phase_of
 from .frames import is_library_file
 from .records import UNKNOWN_SITE, Finding, Site

@@ -1,7 +1,7 @@
 """The doctor's report as text: what ran, then each finding with the line,
 the bytes, what was seen, the fix and what it saves."""
 
-from .._memfit import format_bytes
+from .._native import format_bytes
 from .records import KINDS
 
 __all__ = ["format_report"]

@@ -13,7 +13,7 @@ import argparse
 import json
 import sys
 
-from .. import _memfit
+from .._native import native as _memfit
 from .snapshot import NotASnapshot, load_snapshot
 
 __all__ = ["main"]

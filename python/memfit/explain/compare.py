@@ -14,7 +14,7 @@ import array
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from .. import _memfit
+from .._native import native as _memfit
 
 __all__ = ["Comparison", "PhaseComparison", "compare_prediction"]
 

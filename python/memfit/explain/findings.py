@@ -5,7 +5,7 @@ optimizer's first step, what was alive at an out-of-memory error."""
 from dataclasses import dataclass
 from typing import List, Optional
 
-from .. import _memfit
+from .._native import native as _memfit
 from .frames import describe, place_of
 from .trace import CATEGORIES, TraceEvents
 

@@ -8,7 +8,7 @@ import array
 from dataclasses import dataclass, field
 from typing import List, Optional
 
-from .. import _memfit
+from .._native import native as _memfit
 from .snapshot_format import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ALLOC,
                               SEGMENT_FREE, RawSnapshot)
 from .trace import TraceEvents

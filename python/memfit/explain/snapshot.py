@@ -17,7 +17,7 @@ import operator
 import os
 from typing import Dict, List, Optional, Tuple, Union
 
-from .. import _memfit
+from .._native import native as _memfit
 from .compare import Comparison, compare_prediction
 from .findings import Finding, find
 from .replay import ReplayCheck, check_replay

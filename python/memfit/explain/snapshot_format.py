@@ -22,7 +22,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Dict, List, Tuple
 
-from .. import _memfit
+from .._native import native as _memfit
 
 __all__ = [
     "ACTIONS",

@@ -23,7 +23,7 @@ import array
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
-from .. import _memfit
+from .._native import native as _memfit
 from .frames import classify_stack, is_python_file, is_user_file, place_of
 from .snapshot_format import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, SEGMENT_ALLOC,
                               SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, RawSnapshot)

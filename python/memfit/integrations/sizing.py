@@ -11,7 +11,7 @@ import warnings
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.batching import batch_size, count, resize_batch, tensors_in
 from .._step.device import budget_target, host_memory, to_bytes
 from .._step.user_state import kept_rng

@@ -13,7 +13,7 @@ from typing import Sequence
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.batching import batch_size, count
 from .._step.device import budget_target, to_bytes
 from .._step.gc_frozen import with_gc_frozen

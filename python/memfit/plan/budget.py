@@ -8,7 +8,7 @@ import dataclasses
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.device import to_bytes
 from .._step.user_state import step_bytes
 

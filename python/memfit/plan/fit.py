@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.arguments import flag
 from .._step.batching import count
 from .._step.device import budget_target, to_bytes

@@ -9,7 +9,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.batching import (count, first_batch_dim, resize_batch, resize_length,
                               sequence_length)
 from .._step.device import host_memory, to_bytes

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.compiled import CompileCost
 
 __all__ = ["CompiledRecordings", "saving_line", "search_notes"]

@@ -5,7 +5,7 @@ rank's memory under FSDP2] (src/core/model/data_parallel.cpp)."""
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.arguments import flag
 
 __all__ = [

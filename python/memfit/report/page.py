@@ -9,7 +9,7 @@ table. No network, no external scripts: one file that opens anywhere.
 The page is drawn by the C++ core (render/html_report.h), the same page
 `memfit profile --html FILE` writes."""
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.device import to_bytes
 
 __all__ = ["advice_table", "html_page", "save_html"]

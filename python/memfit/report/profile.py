@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
 from .._step.device import host_memory, to_bytes
 from .._step.frameworks import unwrapped_optimizer

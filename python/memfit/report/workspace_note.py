@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 
 __all__ = ["convolution_layers", "convolution_workspace_bytes", "workspace_note"]
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from .. import _memfit
+from .._native import native as _memfit
 from .._step.arguments import flag
 from .._step.batching import (batch_size, count, first_batch_dim, map_tensors, narrow_batch,
                               tensors_in)

@@ -11,7 +11,7 @@ common speed tips say), so the device holds one micro-batch of it at a time.
 
 import torch
 
-from ..._memfit import allocation_id
+from ..._native import allocation_id
 
 __all__ = ["on_host", "to_device"]
 

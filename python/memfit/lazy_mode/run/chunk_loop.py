@@ -9,7 +9,7 @@ import traceback
 
 import torch
 
-from ..._memfit import ChunkCoverage, ChunkSchedule, allocator_figures, budget
+from ..._native import ChunkCoverage, ChunkSchedule, allocator_figures, budget
 from ..._step.oom_explain import explain, live_memory, phase_of
 from ..graph.errors import LazyError, OutOfMemoryError
 from .buffers import BufferSnapshot

@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from ..._memfit import allocation_id, budget, format_bytes, tracked_live_bytes
+from ..._native import allocation_id, budget, format_bytes, tracked_live_bytes
 from ..graph.placement import on_host
 
 __all__ = [

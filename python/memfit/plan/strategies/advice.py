@@ -224,7 +224,7 @@ class Advice:
 
 def _compile_table(rows, plan):
     """torch.compile's rows as text, under advise's table."""
-    from ..._memfit import format_bytes
+    from ..._native import format_bytes
     lines = [f"{'torch.compile':<44}  {'peak':>10}  {'saving':>11}  {'fits':>4}  compile",
              f"{'-' * 44}  {'-' * 10}  {'-' * 11}  {'-' * 4}  -------"]
     for r in rows:

@@ -27,7 +27,7 @@ import dataclasses
 
 import torch
 
-from ..._memfit import format_bytes
+from ..._native import format_bytes
 from ..._step.compiled import fresh_call, is_compiled, uncompiled_call
 from ...report.profile import profile
 

@@ -5,7 +5,7 @@ import contextlib
 
 import torch
 
-from ... import _memfit
+from ..._native import native as _memfit
 from ..._step.batching import batch_size
 from ..._step.compiled import is_compiled
 from ...report.profile import Report

@@ -130,7 +130,7 @@ def kv_cache_notes(model, inputs):
         weight = next((p for p in model.parameters() if p.is_floating_point()), None)
         item = weight.element_size() if weight is not None else 4
         n = layers * 2 * ids.numel() * kv * head_dim * item
-        from ..._memfit import format_bytes
+        from ..._native import format_bytes
         size = (f" of {format_bytes(n)} at {ids.shape[0]} x {ids.shape[1]} tokens (every "
                 f"layer's keys and values)")
     return [f"the model's config has use_cache=True: a training forward keeps a KV cache{size}, "

@@ -67,7 +67,7 @@ from typing import Sequence
 
 import torch
 
-from ... import _memfit
+from ..._native import native as _memfit
 
 __all__ = [
     "NF4_BLOCK", "NF4_SCALER_BLOCK", "QLORA_MODULES", "SLICE", "nf4_bytes", "quantizable",

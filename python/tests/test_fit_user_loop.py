@@ -306,3 +306,18 @@ def test_held_adam_state_is_counted_on_a_cnn_and_a_gpt(make_model, make_batch, l
 
     assert runs_at(fit.max_batch)
     assert not runs_at(int(fit.max_batch * 1.05) + 1)
+
+
+def test_advise_records_its_rows_in_the_users_loop():
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = batch(1024)
+    plain = memfit.advise(model, x, y, optimizer="adam", repeats=0, settings=None)
+    kept = memfit.advise(model, x, y, optimizer="adam", repeats=0, settings=None,
+                         set_to_none=False)
+    # The user's loop zeroes in place: its plain step is the default's
+    # "zero_grad in place" row, to the byte.
+    in_place = next(r for r in plain.rows if r.name == "zero_grad in place")
+    assert kept.plain_peak_bytes == in_place.peak_bytes > plain.plain_peak_bytes
+    with pytest.raises(ValueError, match=r"^\[advise\] zero_grad must be one of"):
+        memfit.advise(model, x, y, optimizer="adam", zero_grad="late")

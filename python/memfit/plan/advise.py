@@ -18,6 +18,7 @@ from .._step.batching import batch_size, count
 from .._step.device import budget_target, to_bytes
 from .._step.gc_frozen import with_gc_frozen
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
+from .._step.loop import as_loop
 from .._step.progress import as_progress
 from .._step.step_flops import counting_flops
 from .._step.training_step import check_optimizer
@@ -50,7 +51,9 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
            progress: ProgressArg = None, settings: str | Sequence[Setting] = "auto",
            target_device: str | None = None, step: StepFn | None = None,
            compile: bool | None = None,
-           cards: Sequence[Size] | None = None) -> Advice:
+           cards: Sequence[Size] | None = None, set_to_none: bool = True,
+           accumulation_steps: int = 1, zero_grad: str = "after_step",
+           train_mode: bool = True) -> Advice:
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
 
@@ -79,6 +82,10 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       allow_approximate), each with every block checkpointed and halving
       micro-batches. The user's model is never changed: each setting is
       applied to a copy (on a real device, a copy of the weights).
+
+    set_to_none, accumulation_steps, zero_grad, train_mode: the loop you
+    train with, as memfit.find_batch_size takes it; every row is recorded in
+    that loop's shape, from the state the model and optimizer hold now.
 
     mode="cpu" records every row for real. mode="meta" records the rows on
     the meta device where the step allows (not bf16, not the state on the
@@ -158,8 +165,9 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         )
     found_chain = resolve_chain(model, chain)
     paths = found_chain.block_paths if found_chain else []
+    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "advise")
     bench = Bench(model, inputs, target, loss_fn, optimizer, batch_dim, paths, max(1, repeats),
-                  target_device)
+                  target_device, loop=loop)
     user = kind_of(optimizer)
     on_meta = any(p.is_meta for p in model.parameters())
     benches = _SettingBenches(bench, proposed, paths)
@@ -308,7 +316,8 @@ class _SettingBenches:
                    else user_optimizer_on(m, b.optimizer))
             paths = [f"{prefix}.{p}" if prefix else p for p in self.paths]
             self.made[s.setting] = Bench(m, b.inputs, b.target, b.loss_fn, opt, b.batch_dim,
-                                         paths, b.repeats, b.target_device, around=around)
+                                         paths, b.repeats, b.target_device, around=around,
+                                         loop=b.loop)
         return self.made[s.setting]
 
 

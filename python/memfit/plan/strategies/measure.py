@@ -8,6 +8,7 @@ import time
 import torch
 
 from ..._step.batching import batch_size, narrow_batch, resize_batch
+from ..._step.loop import Loop
 from ...report.profile import profile
 from ..._step.user_step import as_user_step
 from ..._step.user_state import ModelTensors, private_copy
@@ -35,8 +36,9 @@ class Bench:
     (see Note [A rehearsed step leaves no trace])."""
 
     def __init__(self, model, inputs, target, loss_fn, optimizer, batch_dim, block_paths,
-                 repeats, target_device="cpu", around=None):
+                 repeats, target_device="cpu", around=None, loop=Loop()):
         self.model = model
+        self.loop = loop  # the user's loop: See Note [The loop the user runs]
         # around(): a context manager the model is recorded inside (a change
         # made for the recording and undone after); None: none.
         self.around = around
@@ -69,9 +71,12 @@ class Bench:
                 return report
             opt = optimizer_for(m, self.optimizer, s.optimizer, s.zero_grad_in_place,
                                 s.host_state)
+            loop = self.loop
             return profile(m, x, y, loss_fn=self.loss_fn, optimizer=opt,
                            batch_dim=self.batch_dim, mode=mode,
-                           target_device=self.target_device)
+                           target_device=self.target_device, set_to_none=loop.set_to_none,
+                           accumulation_steps=loop.accumulation_steps,
+                           zero_grad=loop.zero_grad, train_mode=loop.train_mode)
 
     def as_recorded(self):
         """The model as profile() records it, inside the block."""

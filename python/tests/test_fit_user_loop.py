@@ -321,3 +321,50 @@ def test_advise_records_its_rows_in_the_users_loop():
     assert kept.plain_peak_bytes == in_place.peak_bytes > plain.plain_peak_bytes
     with pytest.raises(ValueError, match=r"^\[advise\] zero_grad must be one of"):
         memfit.advise(model, x, y, optimizer="adam", zero_grad="late")
+
+
+@pytest.mark.parametrize("mode", ["cpu", "meta"])
+def test_an_hf_model_in_eval_mode_with_adamws_state_held_is_fitted_as_it_trains(mode):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=256,
+                                  n_positions=64, attn_implementation="eager")
+
+    def build():
+        return transformers.GPT2LMHeadModel(cfg)
+
+    def adamw(model):
+        return torch.optim.AdamW(model.parameters(), lr=1e-4)
+
+    def hf_batch(b):
+        ids = torch.randint(0, 256, (b, 64))
+        return {"input_ids": ids, "labels": ids}
+
+    def step(model, opt, b):
+        model.train()  # as HF's Trainer does
+        model(**hf_batch(b)).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    torch.manual_seed(0)
+    model = build()
+    opt = adamw(model)
+    step(model, opt, 2)
+    model.eval()  # as from_pretrained returns it
+    budget = 3 * memfit.profile(model, hf_batch(2), optimizer=opt).peak_bytes
+    fit = memfit.find_batch_size(model, hf_batch(2), optimizer=opt, budget=budget, mode=mode)
+    assert fit.mode == mode and not model.training
+
+    def runs_at(b):
+        torch.manual_seed(0)
+        try:
+            with memfit.simulated_device(budget):
+                m = build()
+                o = adamw(m)
+                for _ in range(2):
+                    step(m, o, b)
+            return True
+        except torch.cuda.OutOfMemoryError:
+            return False
+
+    assert runs_at(fit.max_batch)
+    assert not runs_at(int(fit.max_batch * 1.05) + 1)

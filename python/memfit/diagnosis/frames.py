@@ -1,7 +1,18 @@
 """Which line of the user's code is running: the innermost Python frame
-outside torch, memfit, the standard library and installed packages."""
+outside torch, memfit, the standard library and installed packages.
+
+The one home of "is this the user's file", in two forms:
+- is_library_file / user_frame: a frame of this process, read against the
+  directories this interpreter loads torch, memfit and the standard library
+  from (the doctor, OOM reports);
+- is_user_file: a filename recorded elsewhere (a snapshot's frames, read by
+  memfit.explain), where those directories are unknown and are recognised
+  by their names: torch/, lib/python3.N/, site-packages.
+Both count installed packages and frozen modules as library code
+(_in_installed_package)."""
 
 import os
+import re
 import sys
 import sysconfig
 
@@ -9,7 +20,7 @@ import torch
 
 from .records import UNKNOWN_SITE, Site
 
-__all__ = ["is_library_file", "user_frame", "site_of"]
+__all__ = ["is_library_file", "is_torch_file", "is_user_file", "user_frame", "site_of"]
 
 
 def _library_dirs():
@@ -34,12 +45,38 @@ def is_library_file(filename):
     if hit is None:
         hit = (
             filename.startswith(_LIBRARY_DIRS)
-            or "site-packages" in filename
-            or "dist-packages" in filename
+            or _in_installed_package(filename)
             or filename.startswith("<frozen")
         )
         _is_library[filename] = hit
     return hit
+
+
+def _in_installed_package(filename):
+    return "site-packages" in filename or "dist-packages" in filename
+
+
+_TORCH = re.compile(r"(^|/)torch/(?!csrc/)")
+
+
+def is_torch_file(filename: str) -> bool:
+    """A Python file of torch's, by its recorded name."""
+    return bool(_TORCH.search(filename)) and filename.endswith(".py")
+
+
+def is_user_file(filename: str) -> bool:
+    """Code the user wrote, by a filename recorded elsewhere (a snapshot's
+    frame): a Python file outside installed packages, the standard library
+    and frozen modules."""
+    if filename.startswith("<"):  # <stdin>, a notebook's cell; not <frozen ...>
+        return not filename.startswith(("<frozen", "<built-in", "<string>"))
+    if not filename.endswith(".py"):
+        return False
+    if _in_installed_package(filename):
+        return False
+    if re.search(r"/lib/python3\.\d+/", filename):
+        return False
+    return not is_torch_file(filename)
 
 
 def user_frame(depth=1):

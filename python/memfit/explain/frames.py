@@ -27,12 +27,11 @@ import os
 import re
 from typing import Optional, Sequence, Tuple
 
+from ..diagnosis.frames import is_torch_file, is_user_file  # the one user-file rule
 from .snapshot_format import Frame
 
-__all__ = ["MODULE_FRAME", "classify_stack", "describe", "is_python_file", "is_torch_file",
-           "is_user_file", "place_of"]
+__all__ = ["MODULE_FRAME", "classify_stack", "describe", "is_python_file", "place_of"]
 
-_TORCH = re.compile(r"(^|/)torch/(?!csrc/)")
 _CPP = re.compile(r"\.(c|cc|cpp|cxx|h|hpp|cu|cuh)$")
 _LOSSES = {
     "cross_entropy", "nll_loss", "mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss",
@@ -43,26 +42,8 @@ _LOSSES = {
 }
 
 
-def is_torch_file(filename: str) -> bool:
-    return bool(_TORCH.search(filename)) and filename.endswith(".py")
-
-
 def is_python_file(filename: str) -> bool:
     return filename.endswith(".py") or filename.startswith("<")
-
-
-def is_user_file(filename: str) -> bool:
-    """Code the user wrote: a Python file outside installed packages, the
-    standard library and frozen modules."""
-    if filename.startswith("<"):  # <stdin>, a notebook's cell; not <frozen ...>
-        return not filename.startswith(("<frozen", "<built-in", "<string>"))
-    if not filename.endswith(".py"):
-        return False
-    if "site-packages" in filename or "dist-packages" in filename:
-        return False
-    if re.search(r"/lib/python3\.\d+/", filename):
-        return False
-    return not is_torch_file(filename)
 
 
 def classify_stack(frames: Sequence[Frame]) -> Optional[str]:

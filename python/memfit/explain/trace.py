@@ -24,7 +24,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from .._native import native as _memfit
-from .frames import classify_stack, is_python_file, is_user_file, place_of
+from ..diagnosis.frames import is_user_file
+from .frames import classify_stack, is_python_file, place_of
 from .snapshot_format import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, OOM, SEGMENT_ALLOC,
                               SEGMENT_FREE, SEGMENT_MAP, SEGMENT_UNMAP, RawSnapshot)
 

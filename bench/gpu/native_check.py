@@ -213,22 +213,31 @@ def lightning_fit(model, make_batch, loss_fn):
     return dict(batch=finder.optimal_batch_size, steps=steps - 1, wall_s=round(wall, 2))
 
 
+def attempt(what, *args):
+    """what(*args), or dict(error=...): one part failing leaves the others' figures."""
+    try:
+        return what(*args)
+    except Exception as e:  # noqa: BLE001 (a card session is short: report and go on)
+        return dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
+
+
 def run_case(case):
     model, make_batch, loss_fn = build(case)
     model = model.cuda()
     clean()
-    row = dict(case=case.name, budget=case.budget, memfit=memfit_fit(model, make_batch, loss_fn,
-                                                                     case.budget))
+    row = dict(case=case.name, budget=case.budget,
+               memfit=attempt(memfit_fit, model, make_batch, loss_fn, case.budget))
     clean()
     torch.cuda.set_per_process_memory_fraction(case.budget / torch.cuda.mem_get_info()[1])
     try:
-        found = row["memfit"]["batch"]
+        found = row["memfit"].get("batch")
         t0 = time.perf_counter()
-        batch, trials, row["answer_ran_capped"] = true_max(model, make_batch, loss_fn, found)
+        batch, trials, ran = true_max(model, make_batch, loss_fn, found or 64)
         row["truth"] = dict(batch=batch, steps=STEPS * trials,
                             wall_s=round(time.perf_counter() - t0, 2))
-        row["found_over_true"] = round(found / max(1, batch), 4)
-        row["lightning"] = lightning_fit(model, make_batch, loss_fn)
+        row["answer_ran_capped"] = ran if found else None
+        row["found_over_true"] = round(found / max(1, batch), 4) if found else None
+        row["lightning"] = attempt(lightning_fit, model, make_batch, loss_fn)
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         del model
@@ -236,21 +245,28 @@ def run_case(case):
     return row
 
 
+def _cells(part, keys):
+    if "error" in part or "skipped" in part:
+        return " | ".join([part.get("error") or "skipped: " + part["skipped"]] +
+                          ["-"] * (len(keys) - 1))
+    return " | ".join(str(part[k]) for k in keys)
+
+
 def markdown(rows, title):
     out = [f"# {title}", "",
-           "| case | budget MiB | memfit batch | true max | found/true | answer capped | "
-           "memfit steps (where) | memfit s | Lightning batch | Lightning steps | Lightning s |",
-           "|---|---:|---:|---:|---:|---|---|---:|---:|---:|---:|"]
+           "| case | budget MiB | memfit batch | memfit steps | where | memfit s | true max | "
+           "truth steps | found/true | answer capped | Lightning batch | Lightning steps | "
+           "Lightning s |",
+           "|---|---:|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|"]
     for r in rows:
         if "error" in r:
-            out.append(f"| {r['case']} | {r['budget'] // MiB} | {r['error']} |" + " |" * 8)
+            out.append(f"| {r['case']} | {r['budget'] // MiB} | {r['error']} |" + " - |" * 10)
             continue
-        m, t, lt = r["memfit"], r["truth"], r["lightning"]
-        lcells = (f"skipped: {lt['skipped']} | - | -" if "skipped" in lt else
-                  f"{lt['batch']} | {lt['steps']} | {lt['wall_s']}")
-        out.append(f"| {r['case']} | {r['budget'] // MiB} | {m['batch']} | {t['batch']} | "
-                   f"{r['found_over_true']} | {'ran' if r['answer_ran_capped'] else 'OOM'} | "
-                   f"{m['steps']} ({m['where']}) | {m['wall_s']} | {lcells} |")
+        capped = {True: "ran", False: "OOM", None: "-"}[r["answer_ran_capped"]]
+        out.append(f"| {r['case']} | {r['budget'] // MiB} | "
+                   f"{_cells(r['memfit'], ('batch', 'steps', 'where', 'wall_s'))} | "
+                   f"{r['truth']['batch']} | {r['truth']['steps']} | {r['found_over_true']} | "
+                   f"{capped} | {_cells(r['lightning'], ('batch', 'steps', 'wall_s'))} |")
     return "\n".join(out) + "\n"
 
 

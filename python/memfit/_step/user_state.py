@@ -196,7 +196,6 @@ class ModelTensors:
         own; an optimizer's host-side step count where it is); classify(tensor,
         kind) is told of each."""
         self.reset_optimizer_state()
-        grads = iter([])
         with torch.no_grad():
             copies = []
             for e, (value, was) in zip(self.entries, self.saved):

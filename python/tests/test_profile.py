@@ -147,10 +147,18 @@ def test_torchvision_peak_at_256_predicted_within_2_percent(name):
     model = getattr(torchvision.models, name)(num_classes=10)
     # 64x64 images keep the measured run at 256 quick on two CPU cores.
     small = torch.randn(8, 3, 64, 64), torch.randint(0, 10, (8,))
-    predicted = memfit.profile(model, *small, optimizer="adam").predict_peak_bytes(256)
+    prediction = memfit.profile(model, *small, optimizer="adam").prediction(256)
     big = torch.randn(256, 3, 64, 64), torch.randint(0, 10, (256,))
     measured = memfit.profile(model, *big, optimizer="adam").peak_bytes
-    assert abs(predicted - measured) / measured < 0.02, (predicted, measured)
+    miss = abs(prediction.predicted_bytes - measured) / measured
+    if prediction.affine:
+        assert miss < 0.02, (prediction.text(), measured)
+    else:
+        # oneDNN's AVX-512 convolutions (not its AVX2 ones) change their
+        # scratch with the batch: resnet18 at 256 came out 3.2% under its
+        # prediction on an AMX Xeon. The prediction must then say it is
+        # unsure, which is what find_batch_size verifies with a step.
+        assert "not affine" in prediction.text(), (prediction.text(), measured)
 
 
 def test_model_returning_a_dict_needs_a_loss_fn():

@@ -1,6 +1,7 @@
 #include "memfit/core/model/snapshot_reader.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <fstream>
@@ -45,8 +46,14 @@ const std::vector<unsigned char> kSnapshot = {
     14, 109, 97, 120, 95, 115, 112, 108, 105, 116, 95, 115, 105, 122, 101, 148, 74, 255,
     255, 255, 255, 117, 117, 46};
 
+// Each test runs in a process of its own (ctest -j), all sharing TempDir():
+// the file's name carries the test's name and the process id, or one test
+// reads another's file.
 std::string write_file(const std::string& name, const std::vector<unsigned char>& bytes) {
-  const std::string path = ::testing::TempDir() + name;
+  const std::string path =
+      ::testing::TempDir() +
+      ::testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+      std::to_string(::getpid()) + "_" + name;
   std::ofstream(path, std::ios::binary)
       .write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
   return path;

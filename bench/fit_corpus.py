@@ -39,6 +39,7 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import memfit  # noqa: E402
 from _peer_models import Spec, _classes, fit_specs, hf_specs  # noqa: E402
+from memfit.testing.truth import largest_that_fits, plain_steps_run  # noqa: E402
 
 
 class UNetish(nn.Module):
@@ -303,49 +304,22 @@ def corpus(quick, groups=GROUPS):
     return specs, missing
 
 
-def true_max(fits, start):
-    """The largest batch for which fits(batch) holds, searched from `start`
-    (fit's answer): up by doubling steps then bisection, or down by bisection
-    when `start` itself does not fit. Memory grows with the batch (the
-    search assumes it, as any batch search does)."""
-    lo = max(1, start)
-    if not fits(lo):
-        hi, lo = lo, 0
-        while hi - lo > 1:
-            mid = (lo + hi) // 2
-            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-        return lo
-    step = 1
-    while fits(lo + step):
-        lo += step
-        step *= 2
-    hi = lo + step
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
-    return lo
-
-
 def plain_steps_fit(spec, batch, budget, steps=2):
     """Whether `steps` plain training steps at `batch` (forward, loss,
     backward, Adam, zero_grad; no memfit recorder) run on a simulated device
     of `budget` bytes, the model, optimizer and batch made on it: the truth
-    that does not rest on memfit's own measurement (the simulated device is
-    a counting cap, as a card's allocator is)."""
-    try:
-        with memfit.simulated_device(budget):
-            model = spec.model()
-            opt = torch.optim.Adam(model.parameters(), lr=1e-3)
-            x, y = spec.batch(batch)
-            for _ in range(steps):
-                spec.loss(model(x), y).backward()
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-        return True
-    except torch.cuda.OutOfMemoryError:
-        return False
-    finally:
-        gc.collect()
+    that does not rest on memfit's own measurement."""
+
+    def build():
+        model = spec.model()
+        return model, torch.optim.Adam(model.parameters(), lr=1e-3), spec.batch(batch)
+
+    def step(model, opt, xy):
+        spec.loss(model(xy[0]), xy[1]).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    return plain_steps_run(budget, build, step, steps)
 
 
 def measure(spec, threads, budget_batch, target="cpu"):
@@ -371,10 +345,10 @@ def measure(spec, threads, budget_batch, target="cpu"):
                                  target_device=target)
     fit_s = time.perf_counter() - t0
     if target == "cpu":  # plain steps under the simulated device
-        truth = true_max(lambda b: plain_steps_fit(spec, b, budget), fit.max_batch)
+        truth = largest_that_fits(lambda b: plain_steps_fit(spec, b, budget), fit.max_batch)
         overshoot = fit.max_batch > truth
     else:  # no card here: memfit's own allocator replay (see the header line)
-        truth = true_max(lambda b: peak(b) <= budget, fit.max_batch)
+        truth = largest_that_fits(lambda b: peak(b) <= budget, fit.max_batch)
         overshoot = peak(fit.max_batch) > budget
     large = 2 * budget_batch
     sure = report.prediction(large)

@@ -1,19 +1,34 @@
-"""bench/fit_corpus.py's true maximum: plain training steps on the simulated
-device (no memfit recorder), found by bisection around a starting guess."""
+"""The truth memfit's answers are checked against (memfit.testing.truth, used
+by bench/fit_corpus.py and the tests): plain training steps on the simulated
+device, no memfit recorder, and the largest batch that runs, found by
+bisection around a starting guess."""
 
-import os
-import sys
+import torch
 
-import pytest
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
-fit_corpus = pytest.importorskip("fit_corpus")
+from memfit.testing.models import Mlp
+from memfit.testing.truth import largest_that_fits, plain_steps_run
 
 
 def test_plain_step_truth_is_the_last_batch_whose_steps_run():
-    spec = fit_corpus.corpus(quick=True, groups=["base"])[0]["mlp"]
     budget = 24 << 20  # the mlp and its Adam state hold about 11 MiB
-    fits = lambda b: fit_corpus.plain_steps_fit(spec, b, budget)  # noqa: E731
+
+    def fits(b):
+        def build():
+            model = Mlp()
+            return model, torch.optim.Adam(model.parameters()), b
+
+        def step(model, opt, n):
+            x, y = torch.randn(n, 28, 28), torch.randint(0, 10, (n,))
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return plain_steps_run(budget, build, step)
+
     for start in (1, 40, 4000):
-        truth = fit_corpus.true_max(fits, start)
+        truth = largest_that_fits(fits, start)
         assert truth >= 1 and fits(truth) and not fits(truth + 1)
+
+
+def test_nothing_fits_is_zero():
+    assert largest_that_fits(lambda b: False, 16) == 0

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import memfit
+from memfit.testing.truth import plain_steps_run
 
 BUDGET = 12 << 20
 
@@ -53,21 +54,16 @@ def accumulated(n):
     return loop
 
 
-def runs(build, make_opt, b, loop, steps=3, eval_mode=False):
+def runs(build, make_opt, b, loop, steps=3, eval_mode=False, budget=BUDGET):
     """Whether `steps` plain steps of `loop` at batch `b` run under the
-    simulated device of BUDGET, the model and optimizer made inside it."""
-    torch.manual_seed(0)
-    try:
-        with memfit.simulated_device(BUDGET):
-            model = build()
-            if eval_mode:
-                model.eval()
-            opt = make_opt(model)
-            for _ in range(steps):
-                loop(model, opt, b)
-        return True
-    except torch.cuda.OutOfMemoryError:
-        return False
+    simulated device of `budget`, the model and optimizer made inside it."""
+    def made():
+        model = build()
+        if eval_mode:
+            model.eval()
+        return model, make_opt(model), b
+
+    return plain_steps_run(budget, made, loop, steps)
 
 
 def assert_tight(answer, build, make_opt, loop, **kw):
@@ -292,20 +288,7 @@ def test_held_adam_state_is_counted_on_a_cnn_and_a_gpt(make_model, make_batch, l
                                  budget=budget, mode=mode)
     assert fit.mode == mode and fit.max_batch >= 4
 
-    def runs_at(b):
-        torch.manual_seed(0)
-        try:
-            with memfit.simulated_device(budget):
-                m = make_model()
-                o = adam(m)
-                for _ in range(2):
-                    step(m, o, b)
-            return True
-        except torch.cuda.OutOfMemoryError:
-            return False
-
-    assert runs_at(fit.max_batch)
-    assert not runs_at(int(fit.max_batch * 1.05) + 1)
+    assert_tight(fit.max_batch, make_model, adam, step, steps=2, budget=budget)
 
 
 def test_advise_records_its_rows_in_the_users_loop():
@@ -354,17 +337,4 @@ def test_an_hf_model_in_eval_mode_with_adamws_state_held_is_fitted_as_it_trains(
     fit = memfit.find_batch_size(model, hf_batch(2), optimizer=opt, budget=budget, mode=mode)
     assert fit.mode == mode and not model.training
 
-    def runs_at(b):
-        torch.manual_seed(0)
-        try:
-            with memfit.simulated_device(budget):
-                m = build()
-                o = adamw(m)
-                for _ in range(2):
-                    step(m, o, b)
-            return True
-        except torch.cuda.OutOfMemoryError:
-            return False
-
-    assert runs_at(fit.max_batch)
-    assert not runs_at(int(fit.max_batch * 1.05) + 1)
+    assert_tight(fit.max_batch, build, adamw, step, steps=2, budget=budget)

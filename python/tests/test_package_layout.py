@@ -20,8 +20,8 @@ PACKAGE = pathlib.Path(memfit.__file__).parent
 # lower layers, never one of the same layer or above. A new subpackage must
 # be placed here (the test names it).
 LAYERS = {
-    "_step": 0, "testing": 0,
-    "report": 1, "lazy_mode": 1, "diagnosis": 1,
+    "_step": 0,
+    "report": 1, "lazy_mode": 1, "diagnosis": 1, "testing": 1,  # testing.truth: the simulated device
     "plan": 2, "explain": 2,
     "train": 3,
     "integrations": 4,

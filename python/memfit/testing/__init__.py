@@ -1,5 +1,7 @@
 """Models for trying memfit out and for tests: Python twins of the C++
 command's built-in models (mlp, cnn, gpt, lstm, resnet18), with synthetic
-batches (memfit.testing.models.make("gpt", batch=8))."""
+batches (memfit.testing.models.make("gpt", batch=8)); and a truth that is
+not memfit's own, plain training steps on the simulated device
+(memfit.testing.truth)."""
 
 __all__: list = []

@@ -1,0 +1,59 @@
+"""A truth that is not memfit's own: whether plain training steps (no
+memfit recorder) run on a simulated device of a budget, and the largest
+batch that does. Shared by the tests and bench/ to check memfit's answers."""
+
+from __future__ import annotations
+
+import gc
+from typing import Any, Callable
+
+import torch
+
+from .._step.device import simulated_device
+
+__all__ = ["plain_steps_run", "largest_that_fits"]
+
+
+def plain_steps_run(budget: int, build: Callable[[], Any], step: Callable[..., None],
+                    steps: int = 2, seed: int = 0) -> bool:
+    """Whether `steps` calls of step(*state) run on a simulated device of
+    `budget` bytes, where state = build() (a tuple: the model, its
+    optimizer, whatever the loop keeps) is made on that device; an
+    out-of-memory error says False. The simulated device counts what is
+    allocated as a card's allocator does: the truth does not rest on
+    memfit's own measurement."""
+    torch.manual_seed(seed)
+    try:
+        with simulated_device(budget):
+            state = build()
+            for _ in range(steps):
+                step(*state)
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+    finally:
+        gc.collect()
+
+
+def largest_that_fits(fits: Callable[[int], bool], start: int) -> int:
+    """The largest batch for which fits(batch) holds, searched from `start`
+    (memfit's answer): up by doubling steps then bisection, or down by
+    bisection when `start` itself does not fit; 0 when not even 1 fits.
+    Memory grows with the batch (the search assumes it, as any batch search
+    does)."""
+    lo = max(1, start)
+    if not fits(lo):
+        hi, lo = lo, 0
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+        return lo
+    step = 1
+    while fits(lo + step):
+        lo += step
+        step *= 2
+    hi = lo + step
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if fits(mid) else (lo, mid)
+    return lo

@@ -4,6 +4,8 @@
 
 #include <map>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "memfit/core/model/units.h"
 #include "memfit/core/render/report_text.h"
@@ -152,20 +154,27 @@ TEST(HtmlReportTest, JsonInsideTheScriptCannotEndIt) {
       std::string::npos);
 }
 
-TEST(HtmlReportTest, PredictionAndAdviceWhenGiven) {
-  const Timeline t = training_step();
-  const Report r = step_report(t);
-  HtmlReportOptions o;
-  o.budget = 256 * kMiB;
+// A peak model of one phase, backward: 10 MiB + 1.5 MiB a sample, probed at
+// `probes` (each probe's peak what the model predicts there).
+PeakModel backward_peak_model(std::vector<int64_t> probes) {
   PeakModel pm;
   pm.mode = "cpu";
-  pm.probe_batches = {4, 8, 16};
+  pm.probe_batches = std::move(probes);
   PhaseFit f;
   f.phase = "backward";
   f.fit.m0 = 10.0 * kMiB;
   f.fit.per_sample = 1.5 * kMiB;
   pm.phases = {f};
   for (int64_t b : pm.probe_batches) pm.probe_peaks.push_back(pm.predict(b));
+  return pm;
+}
+
+TEST(HtmlReportTest, PredictionAndAdviceWhenGiven) {
+  const Timeline t = training_step();
+  const Report r = step_report(t);
+  HtmlReportOptions o;
+  o.budget = 256 * kMiB;
+  const PeakModel pm = backward_peak_model({4, 8, 16});
   o.prediction = pm;
   AdviceTable a;
   a.budget_bytes = 9 * kMiB;
@@ -211,15 +220,7 @@ TEST(HtmlReportTest, PredictionAndAdviceWhenGiven) {
 TEST(HtmlReportTest, TheBatchProfiledIsOnePredictedRowWhenItIsTheLargestThatFits) {
   const Timeline t = training_step();
   const Report r = step_report(t);  // batch 16
-  PeakModel pm;
-  pm.mode = "cpu";
-  pm.probe_batches = {4, 8};
-  PhaseFit f;
-  f.phase = "backward";
-  f.fit.m0 = 10.0 * kMiB;
-  f.fit.per_sample = 1.5 * kMiB;
-  pm.phases = {f};
-  for (int64_t b : pm.probe_batches) pm.probe_peaks.push_back(pm.predict(b));
+  const PeakModel pm = backward_peak_model({4, 8});
   HtmlReportOptions o;
   o.prediction = pm;
   o.budget = pm.predict(16) + kMiB;  // 16 fits, 17 does not

@@ -351,7 +351,7 @@ class HeadHeavy(torch.nn.Module):
 
 
 def test_predicted_checkpointing_peaks_equal_the_measured_ones():
-    # Issue 16 item 10: 'every layer' was predicted 18.91 MiB and measured
+    # 'every layer' was once predicted 18.91 MiB and measured
     # 15.16 MiB on the demo gpt: the loss head's backward transients were
     # counted beside every block's backward.
     g = torch.Generator().manual_seed(3)
@@ -369,7 +369,7 @@ def test_predicted_checkpointing_peaks_equal_the_measured_ones():
 
 
 def test_nothing_fits_names_the_phase_and_the_cause_not_a_smaller_batch():
-    # Issue 16 item 5: a budget below the weights and their gradients.
+    # A budget below the weights and their gradients.
     torch.manual_seed(0)
     model = torch.nn.Sequential(*[torch.nn.Sequential(torch.nn.Linear(256, 256), torch.nn.ReLU())
                                   for _ in range(3)])
@@ -405,8 +405,8 @@ def test_a_model_on_the_meta_device_is_advised_on_meta_and_its_plan_is_unverifie
     assert free.chain.path == "model.layers" and len(free.chain) == 3
     assert all(r.meta for r in free.rows[1:]) and all(r.kind != "eval" for r in free.rows)
     # A meta clock times dispatch, not work: no time is estimated from it;
-    # the rows' times are FLOPs counted on meta instead, labelled so (#18
-    # item 4: estimated, never measured).
+    # the rows' times are FLOPs counted on meta instead, labelled so
+    # (estimated, never measured).
     assert not any(r.time_measured for r in free.rows if r.kind not in ("baseline", "memory"))
     assert "~: time estimated from FLOPs counted on meta" in free.table()
     assert any("not recorded" in n and "eval step" in n for n in free.notes)
@@ -422,7 +422,7 @@ def test_a_model_on_the_meta_device_is_advised_on_meta_and_its_plan_is_unverifie
 
 
 def test_cards_given_as_one_string_are_refused_saying_to_pass_a_list():
-    # Issue 43: cards="8GiB" was read letter by letter ("cannot read 'G' as a size").
+    # Guards against what was: cards="8GiB" was read letter by letter ("cannot read 'G' as a size").
     model = blocks_mlp()
     x, y = mlp_batch(8)
     with pytest.raises(TypeError, match=r"^\[advise\] cards is a list of card budgets, got "
@@ -431,7 +431,7 @@ def test_cards_given_as_one_string_are_refused_saying_to_pass_a_list():
 
 
 def test_a_plan_applies_its_checkpointing_to_the_peft_copy_a_setting_made():
-    # Issue 43 item 5: after advice.setting(...).apply wrapped the model in
+    # Guards against what was: after advice.setting(...).apply wrapped the model in
     # LoRA, advice.apply said "the model has no block 'model.layers.0'".
     transformers = pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
@@ -462,9 +462,8 @@ def test_a_plan_applies_its_checkpointing_to_the_peft_copy_a_setting_made():
 
 
 def test_a_checkpointed_hf_layer_does_not_append_to_the_kv_cache_again_in_backward():
-    # Issue 43 item 6: with use_cache=True (Llama's default) the recompute of
-    # each checkpointed layer appended its keys and values to the cache a
-    # second time: every layer's cache doubled.
+    # With use_cache=True (Llama's default) a checkpointed layer's recompute
+    # must not append its keys and values to the cache a second time.
     transformers = pytest.importorskip("transformers")
     from memfit.plan.strategies.checkpoint import checkpointed
 
@@ -486,7 +485,7 @@ def test_a_checkpointed_hf_layer_does_not_append_to_the_kv_cache_again_in_backwa
 
 
 def test_advise_names_a_training_kv_cache_with_its_bytes():
-    # Issue 43 item 6: with use_cache=True (Llama-3's own config) neither
+    # Guards against what was: with use_cache=True (Llama-3's own config) neither
     # advise nor the doctor named the cache or its bytes.
     transformers = pytest.importorskip("transformers")
     pytest.importorskip("peft")

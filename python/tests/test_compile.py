@@ -213,7 +213,7 @@ def test_lazy_on_a_compiled_model_gives_eager_gradients_in_chunks():
 
 
 def test_a_compiled_function_or_a_model_compiled_twice_is_refused_at_the_door():
-    # Issue 43: AttributeError: 'function' object has no attribute 'parameters'.
+    # Guards against what was: AttributeError: 'function' object has no attribute 'parameters'.
     def fn(x):
         return (x * 2).sum()
 
@@ -230,7 +230,7 @@ def test_a_compiled_function_or_a_model_compiled_twice_is_refused_at_the_door():
 
 
 def test_a_compiled_step_function_is_recorded_warm_without_the_compilers_memory():
-    # Issue 43: profile(model, batch, step=torch.compile(step_fn)) reported
+    # Guards against what was: profile(model, batch, step=torch.compile(step_fn)) reported
     # the compiler's own 302,717,404 B as the step's peak (7,016 B eager).
     torch.manual_seed(0)
     model = torch.nn.Linear(16, 4)

@@ -133,8 +133,8 @@ def test_outputs_kept_in_a_list_are_memory_growth_at_their_line():
 
 
 def test_two_mistakes_in_one_loop_are_two_findings_each_with_its_bytes():
-    # Issue 43 item 3: `total += loss` and `outputs.append(out)` were one
-    # graph_kept finding at the first line, with the second line's bytes.
+    # `total += loss` and `outputs.append(out)` are two findings, each at its
+    # own line with its own bytes.
     model = mlp()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     total, outputs = 0, []
@@ -173,7 +173,7 @@ def test_a_scalar_kept_in_a_list_is_kept_as_a_number():
 
 
 def test_n_forwards_are_n_steps():
-    # Issue 43: a forward-only loop of N forwards was counted as N - 1 steps.
+    # Guards against what was: a forward-only loop of N forwards was counted as N - 1 steps.
     model = mlp().eval()
     with memfit.doctor(model) as d, torch.no_grad():
         for x, _ in batches():
@@ -183,8 +183,8 @@ def test_n_forwards_are_n_steps():
 
 
 def test_a_training_forward_that_keeps_a_kv_cache_is_named_with_its_bytes():
-    # Issue 43 item 6: an HF model with use_cache=True (Llama's default)
-    # keeps a KV cache through a training forward; the doctor named nothing.
+    # An HF model with use_cache=True (Llama's default) keeps a KV cache
+    # through a training forward: the doctor names it with its bytes.
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
     cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,

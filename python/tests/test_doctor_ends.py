@@ -90,7 +90,7 @@ def test_an_oom_in_the_forward_names_the_activations():
 
 
 def test_an_oom_in_the_forward_inside_an_optimizer_closure_is_the_forwards():
-    # Issue 43 item 1: Lightning steps as optimizer.step(closure), the forward
+    # Lightning steps as optimizer.step(closure), the forward
     # and backward inside the closure; the forward's OOM is not the step's.
     gc.collect()
     with memfit.simulated_device("6MiB"):

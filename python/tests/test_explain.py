@@ -109,7 +109,7 @@ def test_the_table_and_the_page(step_file, tmp_path, capsys):
     data = html.split('id="memfit-data">', 1)[1].split("</script>", 1)[0]
     assert json.loads(data)["report"]["peak_bytes"] == 16 * U + 4
     assert "optimizer_first_step: the optimizer" in html
-    # Issue 43 item 7: the page had no fix lines and said "batch 0".
+    # Guards against what was: the page had no fix lines and said "batch 0".
     assert "Fix: size the budget on the second step" in html
     assert ", batch 0," not in html and '<p class="summary">model synthetic_step.pickle, ' \
         'optimizer' in html
@@ -153,7 +153,7 @@ def test_an_oom_says_what_was_alive(tmp_path):
 
 
 def test_an_oom_with_room_on_the_card_names_the_cap_and_the_fit_for_the_users_model(tmp_path):
-    # Issue 43 item 7: "CUDA had 138.98 GiB free" without naming the cap
+    # Guards against what was: "CUDA had 138.98 GiB free" without naming the cap
     # that refused it, and `memfit fit --model` (built-in models only) as the fix.
     b = SnapshotBuilder()
     base = 0x7F0000000000
@@ -324,7 +324,7 @@ def test_explain_predict_puts_the_builtin_models_prediction_beside_it(step_file,
     assert main([step_file, "--predict", "--model", "mlp", "--batch", "4"]) == 0
     out, err = capsys.readouterr()
     assert "measured on the card (the snapshot) beside memfit's prediction" in out
-    # Issue 43: the synthetic step's 20 MiB of parameters are not the mlp's.
+    # Guards against what was: the synthetic step's 20 MiB of parameters are not the mlp's.
     warning = ("warning: the snapshot's parameters (20.00 MiB) are not the predicted model's "
                "(2.55 MiB): this predicts another model")
     assert err.startswith("memfit explain: " + warning) and warning in out, err

@@ -125,7 +125,7 @@ def test_fit_batch_size_trains_lightnings_loop_20_steps_and_is_tight():
     # Tight: a batch 3% larger does not survive Lightning's own loop.
     with pytest.raises(torch.OutOfMemoryError) as e:
         lightning_loop(b + max(2, b // 33), 3)
-    # Issue 43 item 1: inside optimizer.step(closure), not the optimizer's OOM.
+    # The forward ran out inside optimizer.step(closure): not the optimizer's OOM.
     assert "A smaller batch cannot help" not in str(e.value), str(e.value)
 
 
@@ -143,7 +143,7 @@ def test_keep_effective_batch_sets_accumulation_so_the_product_is_exact():
 
 
 def test_fit_batch_size_says_it_changed_the_batch():
-    # Issue 43 item 2: the batch was changed with a logging.info line only.
+    # Changing the batch is said as a warning, not only in logging.info.
     gc.collect()
     with memfit.simulated_device(BUDGET):
         module = Mlp(batch_size=4)

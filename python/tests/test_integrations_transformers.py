@@ -91,7 +91,7 @@ def test_the_effective_batch_stays_exact_and_the_trainer_runs_20_steps(tmp_path)
 def test_an_effective_batch_that_fits_whole_runs_without_accumulation(tmp_path):
     args = arguments(tmp_path, per_device_train_batch_size=4, gradient_accumulation_steps=3,
                      max_steps=1)
-    # Issue 43 item 2: said where the user sees it, not only in logging.info.
+    # Said where the user sees it, not only in logging.info.
     with pytest.warns(UserWarning, match=r"^\[FitBatchSize\] batch 4 x 3 -> 12 x 1: the "
                       r"largest batch that fits is \d+ under the budget of "):
         transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(),
@@ -122,7 +122,7 @@ def test_the_integration_without_transformers_says_pip_install_transformers():
 
 
 def test_the_callbacks_own_reserve_is_named_when_it_leaves_nothing(tmp_path, monkeypatch):
-    # Issue 43: the reserve for the loop's batches was reported as "the
+    # Guards against what was: the reserve for the loop's batches was reported as "the
     # margin 2.00 KiB leaves nothing of the budget", a margin the user never gave.
     import memfit.integrations.sizing as sizing
 

@@ -427,7 +427,7 @@ def test_eager_and_lazy_values_over_the_full_batch_mix():
     assert torch.allclose(eager_out - lazy_out, torch.zeros(9, 4))
 
 
-# -- the tip articles' combined loop (#16, "Done means") ------------------------------
+# -- the tip articles' combined loop ---------------------------------------------------
 
 def tips_batches():
     """The effective batches of the tip articles' loop: test_trainer_loop's

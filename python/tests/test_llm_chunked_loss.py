@@ -148,7 +148,7 @@ def test_a_model_without_a_linear_head_is_refused_in_one_line():
 
 
 def test_nested_chunked_losses_put_back_the_outer_one():
-    # Issue 43: the inner block's end took the outer one's chunked loss off
+    # Guards against what was: the inner block's end took the outer one's chunked loss off
     # too, and the outer's end then restored the wrong forward.
     model = tiny("gpt2")
     ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))

@@ -361,7 +361,7 @@ def test_a_micro_batch_that_wrote_into_its_input_is_not_redone_after_an_oom():
 
 
 def test_a_micro_batch_plan_that_fails_says_why(monkeypatch):
-    # Issue 43 item 10: the plan's error was kept in trainer.planned.failed
+    # Guards against what was: the plan's error was kept in trainer.planned.failed
     # only, and the whole batch ran without a word.
     import memfit.train.trainer as trainer_module
 
@@ -381,7 +381,7 @@ def test_a_micro_batch_plan_that_fails_says_why(monkeypatch):
 
 
 def test_a_model_on_the_meta_device_is_refused_at_the_door():
-    # Issue 43: Tensor.item() cannot be called on meta tensors, from inside step.
+    # Guards against what was: Tensor.item() cannot be called on meta tensors, from inside step.
     with torch.device("meta"):
         model = torch.nn.Linear(8, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -157,7 +157,7 @@ def test_dropout_in_a_split_step_is_said_in_the_report():
     assert len(r.notes) == 1
     assert r.notes[0].startswith("dropout drew its masks per micro-batch (4 of them)")
     assert "1 (Dropout, p=0.1)" in r.notes[0]
-    # Issue 43 item 9: printing the report shows it.
+    # Printing the report shows it.
     assert repr(r).endswith(f", notes=[{r.notes[0]!r}])"), repr(r)
     # Whole, or with the dropout in eval mode: an eager step, nothing to say.
     assert memfit.Trainer(model, opt, nn.CrossEntropyLoss()).step(x, y).notes == []

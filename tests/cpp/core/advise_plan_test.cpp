@@ -354,7 +354,7 @@ TEST(AdvisePlanTest, WhenNothingFitsThePlanIsTheLowestPeakReached) {
 }
 
 TEST(AdvisePlanTest, ALongRowNameAndBlockListWrapUnderTheirColumn) {
-  // Issue 43 item 9: a 32-layer chain's rows were lines of 200 characters.
+  // Guards against what was: a 32-layer chain's rows were lines of 200 characters.
   Advice a;
   a.model = "LlamaForCausalLM";
   a.batch = 4;

@@ -156,7 +156,8 @@ def test_fit_batch_size_says_it_changed_the_batch():
 
 
 @pytest.mark.parametrize("make, message", [
-    (lambda: FitBatchSize(budget="abc"), r"cannot read 'abc' as a size"),
+    (lambda: FitBatchSize(budget="abc"), r"^\[FitBatchSize\] cannot read 'abc' as a size"),
+    (lambda: MemoryReport("page.html", budget="1.5MB"), r"^\[MemoryReport\] 'MB' in '1.5MB'"),
     (lambda: FitBatchSize(target_device="tpu"),
      r"^\[FitBatchSize\] target_device must be 'cpu' or 'cuda'"),
     (lambda: FitBatchSize(batch_dim="x"), r"^\[FitBatchSize\] batch_dim must be an int"),

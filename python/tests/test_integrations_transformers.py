@@ -138,7 +138,7 @@ def test_the_callbacks_own_reserve_is_named_when_it_leaves_nothing(tmp_path, mon
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(budget="abc"), r"cannot read 'abc' as a size"),
+    (dict(budget="abc"), r"^\[FitBatchSize\] cannot read 'abc' as a size"),
     (dict(target_device="tpu"), r"^\[FitBatchSize\] target_device must be 'cpu' or 'cuda'"),
 ])
 def test_bad_options_are_refused_when_the_callback_is_made(kwargs, message):

@@ -26,7 +26,13 @@ def to_bytes(size: Size, what: str = "size") -> int:
             f"got {type(size).__name__} {size!r}"
         )
     if isinstance(size, str):
-        return _memfit.parse_size(size)
+        try:
+            return _memfit.parse_size(size)
+        except ValueError as e:  # the parser names itself; the user called `what`
+            said = str(e)
+            if what == "size" or not said.startswith("[parse_size] "):
+                raise
+            raise ValueError(f"[{what}] " + said[len("[parse_size] "):]) from None
     if size < 0:
         raise ValueError(
             f"[{what}] cannot use {size} as a size: it must be >= 0 bytes "

@@ -311,3 +311,31 @@ def test_the_surface_agrees_with_the_fit_and_says_when_it_lacks_the_square(fits)
     two = surface_of(TinyGPT, lengths=(16, 32), held_out=[(6, 64)])
     assert any("no L^2 term" in n for n in two.notes)
     assert two.held_out_error > 0.02 and "held out 6x64" in two.text()
+
+
+# -- profile(..., seq_dim=): the report predicts over the length too ---------------
+
+
+def test_a_report_with_seq_dim_predicts_over_batch_and_length_with_its_held_out_error():
+    torch.manual_seed(0)
+    x = torch.randint(0, VOCAB, (4, 32))
+    report = memfit.profile(TinyGPT(), x, x.clone(), loss_fn=token_loss, optimizer="adam",
+                            seq_dim=1)
+    assert report.batch == 4 and report.peak_bytes == peak_at(TinyGPT, 4, 32)
+    # Batch and length both away from the example and from the probes
+    # (8, 16, 32 long; 2 and 4 samples): eager attention's L^2 included.
+    for b, n in ((6, 24), (3, 48)):
+        measured = peak_at(TinyGPT, b, n)
+        assert abs(report.predict_peak_bytes(b, length=n) - measured) <= 0.02 * measured, (b, n)
+    p = report.prediction(6, length=24)
+    assert p.predicted_bytes == report.predict_peak_bytes(6, length=24)
+    assert p.held_out_error is not None and p.held_out_error <= 0.02
+    assert not p.beyond_probes and "held-out shapes within" in p.text()
+    assert report.length_surface().per_event
+    # Along the batch alone, as before.
+    assert report.predict_peak_bytes(8) == report.prediction(8).predicted_bytes
+    with pytest.raises(ValueError, match=r"\[predict_peak_bytes\] .* profile\(\.\.\., seq_dim=1\)"):
+        memfit.profile(TinyGPT(), x, x.clone(), loss_fn=token_loss).predict_peak_bytes(
+            4, length=16)
+    with pytest.raises(ValueError, match=r"\[profile\] no tensor has a dimension 2"):
+        memfit.profile(TinyGPT(), x, x.clone(), loss_fn=token_loss, seq_dim=2)

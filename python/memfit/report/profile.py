@@ -17,6 +17,7 @@ from .._step.frameworks import unwrapped_optimizer
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.compiled import CompileCost, compiled_paths
 from .compiled import CompiledRecordings
+from .length_surface import LengthAxis, LengthPrediction, LengthSurface, with_length_axis
 from .._step.loop import as_loop, eval_modules
 from .._step.meta_reads import MetaReads, foreach_as_on_cuda
 from .._step.progress import as_progress
@@ -36,6 +37,9 @@ DEFAULT_CUDA_WORKSPACE = _memfit.DEFAULT_CUDA_WORKSPACE
 
 class Report:
     """One profiled step: phases, categories at the peak, modules, timeline."""
+
+    # profile(..., seq_dim=): the same step at other (batch, length) shapes.
+    length_axis: LengthAxis | None = None
 
     def __init__(self, native: _memfit.Report, timeline: _memfit.Timeline,
                  model_sizes: tuple = ((), 0), record_at: Callable | None = None,
@@ -212,14 +216,50 @@ class Report:
             return None
         return r.native, r.timeline
 
-    def prediction(self, batch: int) -> _memfit.PredictionCertainty:
+    def prediction(self, batch: int,
+                   length: int | None = None) -> _memfit.PredictionCertainty | LengthPrediction:
         """The predicted peak at `batch` and how sure it is: probes grown from
         small batches toward `batch` (see Note [Probing toward the answer]),
         each checked against the ones before it. Returns a
         PredictionCertainty: predicted_bytes, probes, held_out_error (worst
-        relative miss), affine, beyond_probes; text() says it in a line."""
+        relative miss), affine, beyond_probes; text() says it in a line.
+
+        length=L (a report of profile(..., seq_dim=)): at `batch` samples L
+        long, from the surface over batch and length (length_surface()),
+        its held-out error beside it: a LengthPrediction (predicted_bytes,
+        held_out_error, beyond_probes, surface, text())."""
         batch = count(batch, "prediction", "batch")
+        if length is not None:
+            return self._length_prediction(batch, length, "prediction")
         return self._probe_toward(batch).certainty_at(batch)
+
+    def length_surface(self, lengths: Any = None, batches: Any = None,
+                       held_out: Any = None) -> LengthSurface:
+        """The peak over batch and length (a report of profile(...,
+        seq_dim=)): the step recorded at `batches` x `lengths` (default:
+        a quarter, a half and all of the example's length, at its batch
+        and half of it) and checked at `held_out` (batch, length) shapes
+        outside them (see Note [The peak over batch and length]). Recorded
+        on first use and kept."""
+        axis = self._length_axis("length_surface")
+        if lengths is None and batches is None and held_out is None:
+            return axis.default_surface(self.batch, axis.length)
+        if lengths is None or batches is None:
+            raise ValueError("[length_surface] give both lengths= and batches= (or neither, "
+                             "for the default probes)")
+        return axis.surface(lengths, batches, held_out)
+
+    def _length_axis(self, what):
+        if self.length_axis is None:
+            raise ValueError(f"[{what}] a peak over the length needs the length dimension: "
+                             f"profile(..., seq_dim=1) (per input, like batch_dim)")
+        return self.length_axis
+
+    def _length_prediction(self, batch, length, what):
+        axis = self._length_axis(what)
+        length = count(length, what, "length")
+        surface = axis.default_surface(self.batch, length)
+        return LengthPrediction(batch, length, surface.predict_peak_bytes(batch, length), surface)
 
     def _probe_toward(self, batch):
         """The one way a report probes other batches (prediction(),
@@ -234,11 +274,17 @@ class Report:
                                                 _memfit.probe_memory_limit(self.mode))
         return self._probed
 
-    def predict_peak_bytes(self, batch: int) -> int:
+    def predict_peak_bytes(self, batch: int, length: int | None = None) -> int:
         """Predicted peak bytes of the same step at `batch`, from probes grown
         toward it (each phase's events fitted as M0 + m*batch on the largest
-        probes; the largest wins). prediction(batch) says how sure it is."""
-        return self.prediction(count(batch, "predict_peak_bytes", "batch")).predicted_bytes
+        probes; the largest wins). prediction(batch) says how sure it is.
+        length=L (profile(..., seq_dim=)): at `batch` samples L long, from
+        the surface over batch and length; prediction(batch, length=L) says
+        its held-out error."""
+        batch = count(batch, "predict_peak_bytes", "batch")
+        if length is not None:
+            return self._length_prediction(batch, length, "predict_peak_bytes").predicted_bytes
+        return self.prediction(batch).predicted_bytes
 
     def data_parallel(self, world_size: int, **options: Any) -> list:
         """Each rank's peak when this step runs on `world_size` ranks, each on
@@ -267,13 +313,15 @@ def _probe_batches(b):
     return [b, 2 * b, 3 * b]
 
 
+@with_length_axis  # seq_dim: see LengthAxis
 def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             loss_fn: LossFn | None = None, optimizer: OptimizerArg = None, iterations: int = 2,
             batch_dim: int = 0, mode: str = "cpu", target_device: str = "cpu",
             cuda_workspace: Size = DEFAULT_CUDA_WORKSPACE, set_to_none: bool = True,
             progress: ProgressArg = None, step: StepFn | None = None,
             compare_eager: bool = False, accumulation_steps: int = 1,
-            zero_grad: str = "after_step", train_mode: bool = True) -> Report:
+            zero_grad: str = "after_step", train_mode: bool = True,
+            seq_dim: Any = None) -> Report:
     """Profile `iterations` training iterations of `model` on `inputs`.
 
     Each iteration runs the phases inputs, forward, loss, backward,
@@ -331,6 +379,13 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       optimizer. See Note [The step function's contract] (user_step.py). A
       Hugging Face model given labels in a dict batch needs neither: its
       output's loss is the loss.
+    - seq_dim: the length dimension of the inputs (an int, or per input
+      like batch_dim; None for an input without one), for variable-length
+      data: the report then predicts the peak over batch and length,
+      predict_peak_bytes(batch, length=L), prediction(batch, length=L)
+      with its held-out error, length_surface() (see Note [The peak over
+      batch and length], length_surface.py). The target is resized with
+      the inputs where it has the length (token labels).
 
     - A compiled model (torch.compile(model), model.compile(), or modules
       of it compiled) is recorded as its step runs once compiled: warmed up

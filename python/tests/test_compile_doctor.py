@@ -80,14 +80,14 @@ def test_recompile_at_every_step_and_a_graph_break_are_findings_at_their_lines()
     assert (recompiles.where.file, recompiles.where.line) == (this, call)
     # Steps 2 and 3 recompile; the first may too, where an earlier compile
     # left an entry on a code object it shares (dynamo then calls it one).
-    assert re.search(r"compiled again in [23] of 3 steps", recompiles.evidence)
-    assert "size mismatch at index 0" in recompiles.evidence
-    assert "[10, 16], [11, 16]" in recompiles.evidence
+    assert re.search(r"compiled again in [23] of 3 steps", recompiles.seen)
+    assert "size mismatch at index 0" in recompiles.seen
+    assert "[10, 16], [11, 16]" in recompiles.seen
 
     brk = kinds["graph_break"]
     assert (brk.where.file, brk.where.line) == (this, _line_of(Broken, "# BREAK"))
     # The graph before the break hands h (n x 32 floats) to the one after it.
-    assert brk.bytes_per_step == 11 * 32 * 4
-    assert "graph_break" in brk.evidence or "graph_break()" in brk.evidence
+    assert brk.bytes == 11 * 32 * 4
+    assert "graph_break" in brk.seen or "graph_break()" in brk.seen
     report = d.report()
     assert "recompiles at" in report and "graph_break at" in report

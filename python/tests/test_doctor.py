@@ -129,7 +129,7 @@ def test_outputs_kept_in_a_list_are_memory_growth_at_their_line():
         for x, _ in batches():
             outputs.append(model(x))  # <- growth
     f = assert_found(d, "memory_growth", "growth")
-    assert f.bytes_per_step == 16 * 8 * 4  # one [16, 8] float32 output per step
+    assert f.bytes == 16 * 8 * 4  # one [16, 8] float32 output per step
 
 
 def test_two_mistakes_in_one_loop_are_two_findings_each_with_its_bytes():
@@ -148,9 +148,9 @@ def test_two_mistakes_in_one_loop_are_two_findings_each_with_its_bytes():
             total += loss  # <- two: total
             outputs.append(out)  # <- two: outputs
     graph = assert_found(d, "graph_kept", "two: total")
-    assert graph.bytes_per_step == 0  # backward freed what its graphs saved
+    assert graph.bytes == 0  # backward freed what its graphs saved
     growth = assert_found(d, "memory_growth", "two: outputs")
-    assert growth.bytes_per_step == 16 * 8 * 4  # one [16, 8] float32 output per step
+    assert growth.bytes == 16 * 8 * 4  # one [16, 8] float32 output per step
     # Item 4: a [16, 8] output is no number: .item() would raise.
     assert growth.fix.startswith("keep a host copy without its graph: "
                                  "`outputs.append(out.detach().cpu())`"), growth.fix
@@ -207,7 +207,7 @@ def test_a_training_forward_that_keeps_a_kv_cache_is_named_with_its_bytes():
             continue
         f = assert_found(d, "kv_cache", "kv cache")
         # 2 layers x keys and values x [2, 1, 9, 16] float32.
-        assert f.bytes_per_step == 2 * 2 * 2 * 9 * 16 * 4
+        assert f.bytes == 2 * 2 * 2 * 9 * 16 * 4
         assert "use_cache = False" in f.fix
 
 
@@ -232,7 +232,7 @@ def test_a_step_tensor_kept_in_a_list_points_at_the_line_that_made_it():
             opt.step()
             seen.append(x * 2)  # <- kept batch
     f = assert_found(d, "memory_growth", "kept batch")
-    assert f.bytes_per_step == 16 * 32 * 4
+    assert f.bytes == 16 * 32 * 4
 
 
 def test_accumulating_the_loss_tensor_keeps_every_graph():
@@ -243,7 +243,7 @@ def test_accumulating_the_loss_tensor_keeps_every_graph():
             loss = F.cross_entropy(model(x), y)
             total += loss  # <- total += loss
     f = assert_found(d, "graph_kept", "total += loss")
-    assert f.bytes_per_step > 0 and ".item()" in f.fix
+    assert f.bytes > 0 and ".item()" in f.fix
     assert f.measured_saving is not None and f.measured_saving > 0, f
     # The graph's growth is this finding's, not a second one.
     assert not of_kind(d, "memory_growth"), d.report()
@@ -271,7 +271,7 @@ def test_accumulating_the_loss_in_training_is_found_though_backward_freed_its_te
             running += loss  # <- running += loss
     f = assert_found(d, "graph_kept", "running += loss")
     # Backward freed what the graphs saved: the nodes pile up, not tensors.
-    assert f.bytes_per_step == 0 and "nodes" in f.evidence
+    assert f.bytes == 0 and "nodes" in f.seen
 
 
 def test_an_rnn_state_carried_without_detach_keeps_every_graph():
@@ -282,7 +282,7 @@ def test_an_rnn_state_carried_without_detach_keeps_every_graph():
         for _ in range(STEPS):
             out, state = rnn(torch.randn(4, 10, 16), state)  # <- hidden state
     f = assert_found(d, "graph_kept", "hidden state")
-    assert f.bytes_per_step > 0 and ".detach()" in f.fix
+    assert f.bytes > 0 and ".detach()" in f.fix
 
 
 def test_a_detached_rnn_state_keeps_no_graph():
@@ -309,7 +309,7 @@ def test_an_output_alive_through_the_next_forward_is_tensors_kept():
             out = model(x)  # <- logits
             scores.append(out.max().item())
     f = assert_found(d, "tensors_kept", "logits")
-    assert f.bytes_per_step == 16 * 4096 * 4
+    assert f.bytes == 16 * 4096 * 4
     assert f.estimated_saving == 16 * 4096 * 4  # the next forward's peak falls by it
 
 
@@ -345,7 +345,7 @@ def test_eval_without_no_grad_is_found_with_the_activations_it_saved():
             pred = model(x)  # <- eval forward
             correct += (pred.argmax(1) == y).sum().item()
     f = assert_found(d, "eval_with_grad", "eval forward")
-    assert f.bytes_per_step > 0 and "no_grad" in f.fix
+    assert f.bytes > 0 and "no_grad" in f.fix
     # Re-run under no_grad: the bytes held for backward go.
     assert f.measured_saving is not None and f.measured_saving > 0, f
     assert abs(f.measured_saving - f.estimated_saving) <= 0.1 * f.estimated_saving
@@ -375,7 +375,7 @@ def test_late_zero_grad_keeps_gradients_through_the_forward():
             opt.step()
     f = assert_found(d, "grads_kept", "late zero_grad")
     nparams = sum(p.numel() for p in model.parameters())
-    assert f.bytes_per_step == nparams * 4
+    assert f.bytes == nparams * 4
     assert f.measured_saving is not None and f.measured_saving > 0, f
 
 
@@ -388,7 +388,7 @@ def test_zero_grad_without_set_to_none_keeps_gradients():
             F.cross_entropy(model(x), y).backward()
             opt.step()
     f = assert_found(d, "grads_kept", "set_to_none=False")
-    assert "set_to_none=True" in f.fix and f.bytes_per_step > 0
+    assert "set_to_none=True" in f.fix and f.bytes > 0
 
 
 def test_model_zero_grad_after_the_step_keeps_no_gradients():
@@ -416,7 +416,7 @@ def test_a_float64_target_from_numpy_is_found_at_its_line():
             loss.backward()
             opt.step()
     f = assert_found(d, "float64", "float64")
-    assert f.bytes_per_step == 16 * 8 and f.estimated_saving == 16 * 4
+    assert f.bytes == 16 * 8 and f.estimated_saving == 16 * 4
 
 
 def test_a_float32_target_has_no_float64_finding():
@@ -461,7 +461,7 @@ def eval_loop(model):
 def test_an_out_of_place_relu_whose_input_dies_is_not_in_place():
     d = eval_loop(Block().eval())
     f = assert_found(d, "not_in_place", "relu")
-    assert f.bytes_per_step == 16 * 256 * 4
+    assert f.bytes == 16 * 256 * 4
     assert f.estimated_saving == 16 * 256 * 4  # the relu's output was the peak
     assert "relu_" in f.fix
 
@@ -501,7 +501,7 @@ def test_blocking_copies_from_pageable_memory_report_the_bytes_copied():
             F.cross_entropy(model(x), y).backward()
             opt.step()
     f = assert_found(d, "pageable_copy", "copy")
-    assert f.bytes_per_step == 16 * 32 * 4 and "non_blocking=True" in f.fix
+    assert f.bytes == 16 * 32 * 4 and "non_blocking=True" in f.fix
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")

@@ -129,6 +129,17 @@ def test_the_first_optimizer_step_and_kept_gradients_are_found(tmp_path):
     assert "grads_kept" not in {f.kind for f in s.findings()}
 
 
+def test_a_snapshots_findings_are_the_doctors_type_with_the_doctors_questions(tmp_path):
+    from memfit.diagnosis.records import KINDS
+
+    s = memfit.load_snapshot(training_step(grads_kept=True).write(tmp_path / "kept.pickle"))
+    found = s.findings()
+    assert found and all(type(f) is memfit.Finding for f in found)
+    assert memfit.explain.Finding is memfit.Finding
+    for f in found:
+        assert f.as_dict()["what"] == KINDS[f.kind]
+
+
 def test_an_oom_says_what_was_alive(tmp_path):
     b = SnapshotBuilder()
     base = 0x7F0000000000

@@ -91,4 +91,4 @@ def test_doctor_names_the_append_that_keeps_the_loss_and_suggests_item(tmp_path)
     f = growth[0]
     assert (f.where.file, f.where.line) == (str(script), 8), d.report()
     assert f.fix.startswith("keep the number: `losses.append(loss.item())`")
-    assert "made at" in f.evidence and "loop.py:5" in f.evidence
+    assert "made at" in f.seen and "loop.py:5" in f.seen

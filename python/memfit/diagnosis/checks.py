@@ -50,7 +50,7 @@ def run_checks(run: Run):
     findings += check_recompiles(run)
     findings += check_graph_breaks(run)
     findings += check_kv_cache(run)
-    findings.sort(key=lambda f: (f.estimated_saving, f.bytes_per_step), reverse=True)
+    findings.sort(key=lambda f: (f.estimated_saving, f.bytes), reverse=True)
     return findings
 
 

@@ -49,5 +49,5 @@ def oom_finding(exc: BaseException, steps_done: int, model=None, optimizers=None
     evidence = (f"torch.OutOfMemoryError in {_PHASE_WORDS[phase]} of step {steps_done + 1}, "
                 f"with {what_fills} alive ({format_bytes(total)} that memfit tracks); the "
                 f"error: {first[:300]}")
-    return Finding(kind="out_of_memory", bytes_per_step=total, where=site, evidence=evidence,
+    return Finding(kind="out_of_memory", bytes=total, where=site, seen=evidence,
                    fix=advice, estimated_saving=0, trial=f"cause: {cause}")

@@ -1,6 +1,8 @@
 """The records memfit's doctor passes between its modules: a place in the
 user's code (Site), what the observer saw during the run (Observation and
-its parts) and what the checks conclude (Finding).
+its parts) and what the checks conclude (Finding). Finding and KINDS are
+also memfit explain's: one type for a finding, from a run or from a CUDA
+snapshot's trace.
 
 Event indices: every record that says when something happened gives the
 index of the next event of the run's memfit timeline at that moment, so
@@ -9,8 +11,9 @@ between.
 """
 
 import os
+import warnings
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Optional, Tuple, Union
 
 __all__ = [
     "KINDS", "Site", "UNKNOWN_SITE", "short_path", "Span", "Marker", "ForwardCall", "ZeroGradCall",
@@ -18,8 +21,11 @@ __all__ = [
     "Finding",
 ]
 
-# What the doctor reports, each with the question it answers.
+# Each kind of finding with the question it answers. A new kind is one entry
+# here and the check that finds it (diagnosis/checks.py for a run,
+# explain/findings.py for a snapshot's trace).
 KINDS = {
+    # memfit.doctor: what a run of the user's loop shows.
     "memory_growth": "live memory grows at every step",
     "graph_kept": "autograd graphs kept alive across steps: a tensor that requires grad is "
                   "carried into the next step (`total += loss`, an RNN's hidden state)",
@@ -34,6 +40,13 @@ KINDS = {
                   "shape, a changed Python value)",
     "graph_break": "a graph break splits a compiled region in two graphs",
     "kv_cache": "a training forward keeps a KV cache (an HF model with use_cache=True)",
+    # memfit explain: what a CUDA snapshot's trace shows (and grads_kept above).
+    "peak": "what filled memory at the peak",
+    "fragmentation": "reserved bytes the allocator held but could not use",
+    "optimizer_first_step": "the optimizer's state appears at its first step and stays",
+    "oom": "what was alive when the allocation failed",
+    "trace_incomplete": "the trace starts after the program allocated",
+    "replay_differs": "memfit's allocator replay differs from the card",
 }
 
 
@@ -200,21 +213,46 @@ class Observation:
 
 @dataclass(frozen=True)
 class Finding:
-    """One memory mistake in the user's loop.
+    """One memory mistake, or one fact about memory, with its fix: what the
+    doctor finds in a run and what memfit explain finds in a snapshot.
 
-    kind: a key of KINDS. bytes_per_step: the bytes concerned, measured in the
-    run. where: the user's line that allocated the memory or kept it alive.
-    evidence: what was seen. fix: the one-line change. estimated_saving: what
-    the fix should save (bytes per step, or off the step's peak: see
-    evidence). measured_saving: what re-running the step with the fix
-    applied saved, None where no fix can be tried automatically; trial says
-    how it was measured (or why it could not be)."""
+    kind: a key of KINDS. bytes: the bytes concerned (the doctor's: per
+    step, measured in the run; explain's: at the moment the trace shows).
+    where: the user's line that allocated the memory or kept it alive (a
+    Site), or for a trace a place ("file.py:LINE function"), a phase, or "".
+    seen: what was seen. fix: the one-line change. The doctor's findings
+    also say what the fix saves: estimated_saving (bytes per step, or off
+    the step's peak: see seen), measured_saving (what re-running the step
+    with the fix applied saved, None where no fix can be tried
+    automatically) and trial (how it was measured, or why it could not
+    be)."""
 
     kind: str
-    bytes_per_step: int
-    where: Site
-    evidence: str
+    bytes: int
+    where: Union[Site, str]
+    seen: str
     fix: str
-    estimated_saving: int
+    estimated_saving: int = 0
     measured_saving: Optional[int] = None
     trial: str = ""
+
+    def as_dict(self) -> dict:
+        """The finding as JSON: kind, what (its KINDS question), bytes,
+        where, seen and fix."""
+        return {"kind": self.kind, "what": KINDS[self.kind], "bytes": self.bytes,
+                "where": str(self.where), "seen": self.seen, "fix": self.fix}
+
+    def line(self) -> str:
+        """"kind: seen", one line."""
+        return f"{self.kind}: {self.seen}"
+
+    # The doctor's names until 0.2; read them as bytes and seen.
+    @property
+    def bytes_per_step(self) -> int:
+        warnings.warn("Finding.bytes_per_step is Finding.bytes", DeprecationWarning, 2)
+        return self.bytes
+
+    @property
+    def evidence(self) -> str:
+        warnings.warn("Finding.evidence is Finding.seen", DeprecationWarning, 2)
+        return self.seen

@@ -50,11 +50,11 @@ def format_report(findings, steps, step_kind, peak_bytes, peak_step, outside_byt
     for i, f in enumerate(findings, 1):
         lines.append("")
         if f.kind == "out_of_memory":
-            lines.append(f"{i}. {f.kind} at {f.where}: {format_bytes(f.bytes_per_step)} alive")
+            lines.append(f"{i}. {f.kind} at {f.where}: {format_bytes(f.bytes)} alive")
         else:
-            lines.append(f"{i}. {f.kind} at {f.where}: {format_bytes(f.bytes_per_step)} per step")
+            lines.append(f"{i}. {f.kind} at {f.where}: {format_bytes(f.bytes)} per step")
         lines.append(f"   what:  {KINDS[f.kind]}")
-        lines.append(f"   seen:  {f.evidence}")
+        lines.append(f"   seen:  {f.seen}")
         lines.append(f"   fix:   {f.fix}")
         if f.kind != "out_of_memory":
             lines.append(f"   saves: {_saving(f)}")

@@ -127,7 +127,7 @@ class Doctor:
                                            is None else "not measured: the re-run did not "
                                            "break there")
             n = handed[key]
-            return dataclasses.replace(finding, bytes_per_step=n, estimated_saving=n,
+            return dataclasses.replace(finding, bytes=n, estimated_saving=n,
                                        trial=self._split.how)
         else:
             return finding
@@ -182,7 +182,7 @@ def doctor(model: torch.nn.Module | None = None, optimizer: torch.optim.Optimize
             for x, y in loader:
                 ...
         print(d.report())
-        for f in d.findings:  # kind, bytes_per_step, where, evidence, fix, ...
+        for f in d.findings:  # kind, bytes, where, seen, fix, ...
             ...
 
     See Doctor for the arguments; `python -m memfit doctor script.py` runs

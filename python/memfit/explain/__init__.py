@@ -5,7 +5,7 @@ step, findings in the doctor's words, memfit's allocator replay held against
 the card's segments, and memfit's prediction of the step beside it."""
 
 from .compare import Comparison, PhaseComparison
-from .findings import Finding
+from ..diagnosis.records import Finding
 from .replay import ReplayCheck
 from .snapshot import NotASnapshot, Snapshot, load_snapshot
 

@@ -2,25 +2,14 @@
 at the peak, fragmentation, gradients alive through the next forward, the
 optimizer's first step, what was alive at an out-of-memory error."""
 
-from dataclasses import dataclass
 from typing import List, Optional
 
 from .._native import native as _memfit
+from ..diagnosis.records import Finding
 from .frames import describe, place_of
 from .trace import CATEGORIES, TraceEvents
 
-__all__ = ["Finding", "KINDS", "find"]
-
-# Each kind with the question it answers (the doctor's KINDS, for a trace).
-KINDS = {
-    "peak": "what filled memory at the peak",
-    "fragmentation": "reserved bytes the allocator held but could not use",
-    "grads_kept": "gradients are alive through the next forward",
-    "optimizer_first_step": "the optimizer's state appears at its first step and stays",
-    "oom": "what was alive when the allocation failed",
-    "trace_incomplete": "the trace starts after the program allocated",
-    "replay_differs": "memfit's allocator replay differs from the card",
-}
+__all__ = ["find"]
 
 _FIX = {
     "activation": "activation checkpointing or a smaller micro-batch (memfit advise plans both)",
@@ -36,22 +25,6 @@ _FIX = {
                  "128 KiB of older cards (:16:8: 128 KiB, slower matmuls); the rest of the "
                  "peak is what a smaller batch or memfit advise lowers",
 }
-
-
-@dataclass(frozen=True)
-class Finding:
-    kind: str
-    bytes: int  # what the finding is about, in bytes
-    where: str  # a place in the code ("file.py:LINE function"), a phase, or ""
-    seen: str  # what the trace shows
-    fix: str
-
-    def as_dict(self) -> dict:
-        return {"kind": self.kind, "what": KINDS[self.kind], "bytes": self.bytes,
-                "where": self.where, "seen": self.seen, "fix": self.fix}
-
-    def line(self) -> str:
-        return f"{self.kind}: {self.seen}"
 
 
 def _fb(n):

@@ -19,7 +19,8 @@ from typing import Dict, List, Optional, Tuple, Union
 
 from .._native import native as _memfit
 from .compare import Comparison, compare_prediction
-from .findings import Finding, find
+from ..diagnosis.records import Finding
+from .findings import find
 from .replay import ReplayCheck, check_replay
 from .snapshot_format import ALLOC, NotASnapshot, RawSnapshot, read_snapshot
 from .trace import CATEGORIES, TraceEvents, events_of

@@ -25,12 +25,14 @@ from ..report.data_parallel import trainable_sizes
 from ..report.profile import profile
 from .budget import resolve_budget
 from .lengths import LengthFit, fit_lengths
+from .ranks import LocalAnswer, agreed_across_ranks
 
 __all__ = ["DoesNotFit", "find_batch_size", "search", "auto_batch_size"]
 
 DoesNotFit = _memfit.DoesNotFit
 
 
+@agreed_across_ranks  # one answer on every rank: See Note [One answer on every rank]
 def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     loss_fn: LossFn | None = None, optimizer: OptimizerArg = None,
                     budget: Size | None = None, batch_dim: int = 0, mode: str = "cpu",
@@ -39,7 +41,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     step: StepFn | None = None, seq_dim: Any = None,
                     lengths: Any = None, set_to_none: bool = True,
                     accumulation_steps: int = 1, zero_grad: str = "after_step",
-                    train_mode: bool = True) -> _memfit.BatchFit | LengthFit:
+                    train_mode: bool = True,
+                    across_ranks: Any = True) -> _memfit.BatchFit | LengthFit:
     """The largest batch whose whole training step fits `budget`, verified.
 
     `inputs`/`target` are an example batch of any size: memfit records the
@@ -104,13 +107,22 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     cut or repeated along `seq_dim` (an int, or one per input as batch_dim):
     a LengthFit (memfit.plan.lengths), with at(L) for any length up to the
     longest, table() and max_tokens.
+
+    Under torch.distributed each rank measures its own device and every rank
+    gets the same answer, the smallest rank's largest batch (each rank's
+    BatchFit measured at it on its own device; a note names the rank that
+    limits); when any rank's search raises, every rank raises one error
+    naming it (DoesNotFit when each failure was DoesNotFit, else
+    memfit.plan.ranks.RankFailed), none left waiting in a collective.
+    across_ranks: True (the default process group), False (this rank
+    alone) or a ProcessGroup to agree within.
     """
     if seq_dim is not None or lengths is not None:  # one fit per length: plan/lengths.py
         args = dict(loss_fn=loss_fn, optimizer=optimizer, budget=budget, batch_dim=batch_dim,
                     mode=mode, margin=margin, verify=verify, progress=progress,
                     target_device=target_device, step=step, set_to_none=set_to_none,
                     accumulation_steps=accumulation_steps, zero_grad=zero_grad,
-                    train_mode=train_mode)
+                    train_mode=train_mode, across_ranks=across_ranks)
         return fit_lengths(lambda x, y: find_batch_size(model, x, y, **args), inputs, target,
                            seq_dim, lengths, batch_dim)
     optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
@@ -130,13 +142,17 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                      batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device,
                      set_to_none=loop.set_to_none, accumulation_steps=loop.accumulation_steps,
                      zero_grad=loop.zero_grad, train_mode=loop.train_mode)
-    fit = search(report, available, to_bytes(margin, "margin"), verify=verify,
-                 progress=said)
-    # The answer is for this loop, from this state; a compiled model's graphs.
-    notes = room.notes + report.loop_notes + search_notes(report, fit)
-    if notes:
-        fit.notes = list(fit.notes) + notes
-    return fit
+
+    def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
+        fit = search(report, available, to_bytes(margin, "margin"), verify=verify,
+                     max_batch=cap, progress=said)
+        # The answer is for this loop, from this state; a compiled model's graphs.
+        notes = room.notes + report.loop_notes + search_notes(report, fit)
+        if notes:
+            fit.notes = list(fit.notes) + notes
+        return fit
+
+    return LocalAnswer(fit_at_most(), fit_at_most)
 
 
 def search(report, available, margin=0, verify=True, max_batch=None, progress=None):

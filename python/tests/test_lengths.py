@@ -339,3 +339,53 @@ def test_a_report_with_seq_dim_predicts_over_batch_and_length_with_its_held_out_
             4, length=16)
     with pytest.raises(ValueError, match=r"\[profile\] no tensor has a dimension 2"):
         memfit.profile(TinyGPT(), x, x.clone(), loss_fn=token_loss, seq_dim=2)
+
+
+# -- the trainers: each batch cut by its own length ---------------------------------
+
+
+def padded_batches(lengths_per_batch, n, seed=0):
+    """`n` samples per batch, each up to the batch's length, padded to it."""
+    g = torch.Generator().manual_seed(seed)
+    for longest in lengths_per_batch:
+        sizes = torch.randint(max(1, longest - 8), longest + 1, (n,), generator=g).tolist()
+        sizes[0] = longest
+        yield pad([torch.randint(0, VOCAB, (k,), generator=g) for k in sizes])
+
+
+def train_steps(trainer, lengths_per_batch, n):
+    with memfit.simulated_device(BUDGET):
+        reports = [trainer().step(x, y) for x, y in padded_batches(lengths_per_batch, n)]
+    return reports
+
+
+@pytest.mark.slow
+def test_memfits_trainer_takes_each_batchs_micro_batch_from_its_length(fits):
+    fit = fits["TinyGPT"]
+    n = 200  # whole at 16 (fit: 260 or so), four micro-batches at 64 (about 51)
+    assert fit.at(64) < n // 3 and n <= fit.at(16)
+    lengths = [16, 64, 40, 64]
+
+    def trainer(**kw):
+        torch.manual_seed(0)
+        model = TinyGPT()
+        t = memfit.Trainer(model, torch.optim.Adam(model.parameters()), loss_fn=token_loss, **kw)
+        return lambda: t
+
+    reports = train_steps(trainer(seq_dim=1, lengths=fit), lengths, n)
+    assert [r.ooms_recovered for r in reports] == [0, 0, 0, 0]
+    assert reports[0].micro_batches == 1
+    assert reports[1].micro_batches == -(-n // fit.at(64))  # no more than the fit needs
+    assert all(r.samples == n for r in reports)
+    # Without the lengths, the micro-batch planned at the first (short) batch
+    # runs the long ones whole, and they run out of memory first.
+    plain = train_steps(trainer(), lengths, n)
+    assert plain[0].micro_batches == 1 and plain[1].ooms_recovered > 0
+    # The sampler's fit serves too; the options go together.
+    model = TinyGPT()
+    sgd = torch.optim.SGD(model.parameters(), 0.1)
+    sampler = memfit.LengthBatchSampler([16] * 10, fit)
+    assert memfit.Trainer(model, sgd, loss_fn=token_loss, seq_dim=1,
+                          lengths=sampler).length_fit is fit
+    with pytest.raises(ValueError, match=r"\[Trainer\] a micro-batch per length takes both"):
+        memfit.Trainer(model, sgd, loss_fn=token_loss, lengths=fit)

@@ -11,7 +11,7 @@ import torch
 from .._native import native as _memfit
 from .._step.arguments import flag
 from .._step.batching import (batch_size, count, first_batch_dim, map_tensors, narrow_batch,
-                              tensors_in)
+                              sequence_length, tensors_in)
 from .._step.device import host_memory, to_bytes
 from .._step.hints import Batch, LossFn, Size, StepFn
 from .._step.training_step import check_loss_trains, check_optimizer
@@ -20,6 +20,7 @@ from ..plan import fit as fitting
 from ..plan.budget import DeviceFull, resolve_budget
 from ..report.profile import profile
 from .distributed import DistributedStep, batch_signature, is_distributed
+from .length_sampler import LengthBatchSampler
 from .loss_weighting import LossWeighting
 from .step_notes import split_notes
 
@@ -219,6 +220,40 @@ def even_micro_batch(batch, largest):
     return -(-batch // parts)
 
 
+# Note [A micro-batch per length]
+# With variable-length data a batch's memory depends on its padded length L
+# as much as on its samples: the micro-batch planned at the first batch
+# (Note [The first micro-batch from the fit]) runs out of memory on a longer
+# one, and one planned at the longest wastes the short ones. Given seq_dim=
+# and lengths=, each step reads L from its inputs and takes fit.at(L), the
+# largest batch measured to fit at L (between measured lengths from their
+# lines, never above what fits: Note [Between measured lengths],
+# lengths.py): the batch runs whole if it holds no more, else in even
+# micro-batches of at most that. A fit the Trainer makes itself is measured
+# with the gradients kept (set_to_none=False), as they are alive between
+# micro-batches; a LengthFit given is trusted as it was measured (a
+# whole-step fit is right for batches that fit whole, as a
+# LengthBatchSampler's are), and OOM recovery stays the safety net.
+
+
+def _length_options(seq_dim, lengths):
+    """(seq_dim, a LengthFit or None until measured, the lengths to fit)."""
+    if seq_dim is None and lengths is None:
+        return None, None, None
+    if seq_dim is None or lengths is None:
+        raise ValueError(f"[Trainer] a micro-batch per length takes both seq_dim= (the inputs' "
+                         f"length dimension) and lengths= (the lengths to fit, a LengthFit or "
+                         f"a LengthBatchSampler); got seq_dim={seq_dim!r}, lengths={lengths!r}")
+    if isinstance(lengths, LengthBatchSampler):
+        return seq_dim, lengths.fit, None
+    if callable(getattr(lengths, "at", None)):
+        return seq_dim, lengths, None
+    if isinstance(lengths, int) or not hasattr(lengths, "__iter__"):
+        raise ValueError(f"[Trainer] lengths must be a list of ints, a LengthFit or a "
+                         f"LengthBatchSampler, got {type(lengths).__name__} {lengths!r}")
+    return seq_dim, None, [count(n, "Trainer", "each of lengths") for n in lengths]
+
+
 class Trainer:
     """Run one optimizer step on a batch of any size under a memory budget.
 
@@ -308,13 +343,24 @@ class Trainer:
     start_micro_batch), and a failed collective or rank raises
     memfit.DistributedError. See Note [Micro-batches under
     DistributedDataParallel] (distributed.py).
+
+    Variable-length data (seq_dim=, the inputs' length dimension, with
+    lengths=): each step's micro-batch comes from the batch's padded length
+    L, not from the first batch's: the batch runs whole where it fits at L,
+    else cut evenly into micro-batches that do (see Note [A micro-batch per
+    length]). lengths: the lengths to fit, [128, 512, 2048] (measured
+    before the first step as the Trainer splits a batch, the gradients
+    accumulated: find_batch_size(..., seq_dim=, lengths=,
+    set_to_none=False)), or a LengthFit, or the LengthBatchSampler that
+    batches the data (its fit). trainer.length_fit is the fit used.
     """
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  loss_fn: LossFn | None = None, budget: Size | None = None, batch_dim: int = 0,
                  target_batch_dim: int = 0, coupled: str = "error", reduction: str | None = None,
                  split: bool = True, micro_batch: int = 0, scaler: Any = None,
-                 plan: bool = True, step: StepFn | None = None) -> None:
+                 plan: bool = True, step: StepFn | None = None, seq_dim: Any = None,
+                 lengths: Any = None) -> None:
         if coupled not in ("error", "allow"):
             raise ValueError(f"[Trainer] coupled must be 'error' or 'allow', got {coupled!r}")
         plan = flag(plan, "Trainer", "plan")
@@ -351,6 +397,7 @@ class Trainer:
         )
         self._shape = None
         self._native_now(budget, micro_batch)
+        self.seq_dim, self.length_fit, self._fit_lengths = _length_options(seq_dim, lengths)
 
     def _native_now(self, budget=None, micro_batch=0):
         """The native Trainer over the parameters that train now and the
@@ -394,7 +441,9 @@ class Trainer:
         # after (see Note [The order of a training iteration]).
         n = self._batch(inputs, target)
         self._how.check_batch(self._module, inputs, target)  # before any plan or probe
-        if self._plan and self._wants_plan(native, target, n):
+        if self.seq_dim is not None:
+            self._length_micro_batch(native, inputs, target, n)
+        elif self._plan and self._wants_plan(native, target, n):
             self._plan_micro_batch(native, inputs, target, n)
         return self._weighted_step(target, lambda loss_of: native.step(
             n, loss_of(inputs, target, n), self._batch_bytes(inputs, target)))
@@ -472,6 +521,33 @@ class Trainer:
                           "it at each out-of-memory error", RuntimeWarning, stacklevel=3)
             return
         native.set_micro_batch(plan.micro_batch)
+
+    def _length_micro_batch(self, native, inputs, target, n):
+        """Sets the micro-batch for this batch's padded length: See Note [A
+        micro-batch per length]."""
+        length = sequence_length(inputs, self.seq_dim, "Trainer.step")
+        if self.length_fit is None:
+            self.length_fit = self._fit_per_length(inputs, target)
+        try:
+            cap = self.length_fit.at(length)
+        except ValueError as e:
+            raise ValueError(f"[Trainer.step] a batch {length} long: {e}") from None
+        micro = 0 if n <= cap else even_micro_batch(n, max(1, cap))
+        self.planned = MicroBatchPlan(batch=n, micro_batch=micro)
+        native.set_micro_batch(micro)
+
+    def _fit_per_length(self, inputs, target):
+        """find_batch_size at each of lengths=, measured as a split step runs
+        (the gradients of the micro-batches before alive)."""
+        k = min(2, batch_size(inputs, self.batch_dim, "Trainer.step"))
+        example = narrow_batch(inputs, 0, k, self.batch_dim)
+        example_target = None if target is None else map_tensors(
+            target, lambda t: t.narrow(self.target_batch_dim, 0, k))
+        return fitting.find_batch_size(
+            self._module, example, example_target, loss_fn=self._how,
+            optimizer=self.optimizer, budget=self._native.budget, batch_dim=self.batch_dim,
+            set_to_none=False, train_mode=False, seq_dim=self.seq_dim,
+            lengths=self._fit_lengths)
 
     def _batch(self, inputs, target):
         n = batch_size(inputs, self.batch_dim, "Trainer.step")

@@ -389,3 +389,48 @@ def test_memfits_trainer_takes_each_batchs_micro_batch_from_its_length(fits):
                           lengths=sampler).length_fit is fit
     with pytest.raises(ValueError, match=r"\[Trainer\] a micro-batch per length takes both"):
         memfit.Trainer(model, sgd, loss_fn=token_loss, lengths=fit)
+
+
+def test_max_tokens_caps_each_padded_batch_and_keeps_tokens_per_step_steady():
+    lengths = long_tailed(2000, seed=2)
+    sampler = memfit.LengthBatchSampler(lengths, CapFit(tokens=1024), max_tokens=256)
+    batches = list(sampler)
+    padded = [len(b) * max(lengths[i] for i in b) for b in batches]
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    assert max(padded) <= 256  # CapFit alone allows up to 1024
+    # Full batches hold at least max_tokens less one sample of their length.
+    full = [p for b, p in zip(batches, padded) if len(b) == 256 // max(lengths[i] for i in b)]
+    assert len(full) >= len(batches) - 1
+    assert all(p > 256 - max(lengths) for p in full)
+
+
+@pytest.mark.parametrize("ranks, drop_last", [(3, False), (4, False), (3, True)])
+def test_across_ranks_each_sample_comes_once_and_every_rank_steps_as_often(ranks, drop_last):
+    lengths = long_tailed(997, seed=4)
+
+    def share(rank, seed=0, epoch=0):
+        s = memfit.LengthBatchSampler(lengths, CapFit(), seed=seed, drop_last=drop_last,
+                                      num_replicas=ranks, rank=rank)
+        s.set_epoch(epoch)
+        return list(s)
+
+    shares = [share(r) for r in range(ranks)]
+    assert len({len(s) for s in shares}) == 1  # DDP steps in lockstep
+    seen = sorted(i for s in shares for b in s for i in b)
+    if drop_last:
+        assert len(set(seen)) == len(seen) and len(seen) > 900
+    else:
+        assert seen == list(range(len(lengths)))
+    for s in shares:
+        assert all(len(b) <= CapFit().at(max(lengths[i] for i in b)) for b in s)
+        padded = [len(b) * max(lengths[i] for i in b) for b in s]
+        assert padded[0] == max(padded)  # each rank's largest first
+    assert shares == [share(r) for r in range(ranks)]  # deterministic for the seed
+    assert share(0, epoch=1) != shares[0]
+    assert len(memfit.LengthBatchSampler(lengths, CapFit(), num_replicas=2, rank=1)) > 0
+    with pytest.raises(ValueError, match=r"rank 2 is not below num_replicas=2"):
+        memfit.LengthBatchSampler(lengths, CapFit(), num_replicas=2, rank=2)
+    with pytest.raises(ValueError, match=r"3 ranks need a sample each, and the dataset has 2"):
+        list(memfit.LengthBatchSampler([8, 9], CapFit(), num_replicas=3, rank=0))
+    with pytest.raises(ValueError, match=r"4 batches of one sample each do not share evenly"):
+        list(memfit.LengthBatchSampler([100] * 4, CapFit(tokens=100), num_replicas=3, rank=0))

@@ -26,6 +26,15 @@ __all__ = ["LengthBatchSampler"]
 # one drop_last drops). The batches are then shuffled, and the one with the
 # largest predicted peak goes first: if anything does not fit, the first
 # step says so, not one an hour in.
+#
+# Across ranks (num_replicas > 1), as DistributedSampler: every rank builds
+# the same epoch's batches from the same seed and epoch, and takes every
+# num_replicas-th of them, from its rank. DDP needs as many steps on every
+# rank; where the batches do not divide evenly, the ones with the most
+# samples are cut in two (fewer samples of the same length still fit)
+# until they do, so every sample still comes once per epoch across the
+# ranks (drop_last=True drops the last batches instead). Each rank's
+# largest predicted peak goes first on that rank.
 
 
 class LengthBatchSampler(Sampler[list[int]]):
@@ -47,10 +56,18 @@ class LengthBatchSampler(Sampler[list[int]]):
     less, smaller mixes more.
 
     Every sample comes exactly once per epoch (drop_last=False). Raises
-    ValueError when a sample is longer than the fit's longest length."""
+    ValueError when a sample is longer than the fit's longest length.
+
+    max_tokens: at most this many tokens per batch, padded (batch x its
+    longest sample), below what fits: steady tokens per step (a sample
+    longer goes alone). num_replicas, rank: each rank's share of the
+    batches, as DistributedSampler (default: torch.distributed's world size
+    and rank when it is initialized, else 1 and 0); the same seed on every
+    rank (See Note [Batches by length])."""
 
     def __init__(self, lengths: Sequence[int], fit: Any, shuffle: bool = True, seed: int = 0,
-                 drop_last: bool = False, megabatch: int = 50) -> None:
+                 drop_last: bool = False, megabatch: int = 50, max_tokens: int | None = None,
+                 num_replicas: int | None = None, rank: int | None = None) -> None:
         what = "LengthBatchSampler"
         self.lengths = [count(n, what, "each length") for n in lengths]
         if not self.lengths:
@@ -64,11 +81,13 @@ class LengthBatchSampler(Sampler[list[int]]):
         self.drop_last = flag(drop_last, what, "drop_last")
         self.seed = int(seed)
         self.megabatch = count(megabatch, what, "megabatch")
+        self.max_tokens = None if max_tokens is None else count(max_tokens, what, "max_tokens")
+        self.num_replicas, self.rank = _replicas(num_replicas, rank, what)
         self.epoch = 0
         self._caps = {}
         for n in sorted(set(self.lengths), reverse=True):
             try:
-                self._caps[n] = count(fit.at(n), what, f"fit.at({n})")
+                self.capacity(n)
             except ValueError as e:
                 i = self.lengths.index(n)
                 raise ValueError(f"[{what}] sample {i} is {n} long: {e}") from e
@@ -79,10 +98,13 @@ class LengthBatchSampler(Sampler[list[int]]):
         self.epoch = int(epoch)
 
     def capacity(self, length: int) -> int:
-        """How many samples padded to `length` a batch holds."""
+        """How many samples padded to `length` a batch holds: what fits
+        there, and no more than max_tokens // length (at least one)."""
         if length not in self._caps:
-            self._caps[length] = count(self.fit.at(length), "LengthBatchSampler",
-                                       f"fit.at({length})")
+            cap = count(self.fit.at(length), "LengthBatchSampler", f"fit.at({length})")
+            if self.max_tokens is not None:
+                cap = max(1, min(cap, self.max_tokens // length))
+            self._caps[length] = cap
         return self._caps[length]
 
     def predicted_peak_bytes(self, batch: list[int]) -> int:
@@ -107,9 +129,43 @@ class LengthBatchSampler(Sampler[list[int]]):
         return batches, None
 
     def batches(self) -> list[list[int]]:
-        """This epoch's batches, in the order they are given."""
+        """This epoch's batches for this rank, in the order they are given."""
         if self._cached is not None and self._cached[0] == self.epoch:
             return self._cached[1]
+        out = self._all_batches()
+        if self.num_replicas > 1:
+            out = self._share(out)
+        self._cached = (self.epoch, out)
+        return out
+
+    def _largest_first(self, batches):
+        if batches:
+            peaks = [self.predicted_peak_bytes(b) for b in batches]
+            first = max(range(len(batches)), key=peaks.__getitem__)
+            batches.insert(0, batches.pop(first))
+        return batches
+
+    def _share(self, batches):
+        """This rank's batches of the epoch's: See Note [Batches by length]."""
+        r = self.num_replicas
+        if self.drop_last:
+            batches = batches[:len(batches) - len(batches) % r]
+        else:
+            if sum(len(b) for b in batches) < r:
+                raise ValueError(f"[LengthBatchSampler] {r} ranks need a sample each, and the "
+                                 f"dataset has {sum(len(b) for b in batches)}")
+            while len(batches) % r:
+                i = max(range(len(batches)), key=lambda j: len(batches[j]))
+                b = batches[i]
+                if len(b) < 2:
+                    raise ValueError(
+                        f"[LengthBatchSampler] {len(batches)} batches of one sample each do not "
+                        f"share evenly over {r} ranks: pass drop_last=True")
+                batches[i:i + 1] = [b[:(len(b) + 1) // 2], b[(len(b) + 1) // 2:]]
+        return self._largest_first(batches[self.rank::r])
+
+    def _all_batches(self):
+        """The epoch's batches over every rank: the same on each."""
         g = torch.Generator().manual_seed(self.seed + self.epoch)
         n = len(self.lengths)
         order = torch.randperm(n, generator=g).tolist() if self.shuffle else list(range(n))
@@ -129,12 +185,7 @@ class LengthBatchSampler(Sampler[list[int]]):
             out.append(short)
         if self.shuffle:
             out = [out[i] for i in torch.randperm(len(out), generator=g).tolist()]
-        if out:
-            peaks = [self.predicted_peak_bytes(b) for b in out]
-            first = max(range(len(out)), key=peaks.__getitem__)
-            out.insert(0, out.pop(first))
-        self._cached = (self.epoch, out)
-        return out
+        return self._largest_first(out)
 
     def __iter__(self) -> Iterator[list[int]]:
         yield from self.batches()
@@ -143,6 +194,22 @@ class LengthBatchSampler(Sampler[list[int]]):
         return len(self.batches())
 
     def __repr__(self):
-        return (f"LengthBatchSampler({len(self.lengths)} samples, {len(self)} batches, "
+        ranks = (f", rank {self.rank} of {self.num_replicas}" if self.num_replicas > 1 else "")
+        return (f"LengthBatchSampler({len(self.lengths)} samples, {len(self)} batches{ranks}, "
                 f"shuffle={self.shuffle}, seed={self.seed}, epoch={self.epoch}, "
                 f"drop_last={self.drop_last})")
+
+
+def _replicas(num_replicas, rank, what):
+    """(num_replicas, rank): given, or torch.distributed's, or (1, 0)."""
+    dist = torch.distributed
+    on = dist.is_available() and dist.is_initialized()
+    if num_replicas is None:
+        num_replicas = dist.get_world_size() if on else 1
+    if rank is None:
+        rank = dist.get_rank() if on else 0
+    num_replicas = count(num_replicas, what, "num_replicas")
+    rank = count(rank, what, "rank", minimum=0)
+    if rank >= num_replicas:
+        raise ValueError(f"[{what}] rank {rank} is not below num_replicas={num_replicas}")
+    return num_replicas, rank

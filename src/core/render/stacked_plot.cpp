@@ -159,6 +159,244 @@ bool place_callout(StackedPlot& p) {
   return false;
 }
 
+// The options' checks: a picture big enough to draw in.
+void check_options(const StackedPlotOptions& o) {
+  if (o.width < 320 || o.height < 240) {
+    throw std::invalid_argument(
+        "[stacked_plot] a " + std::to_string(o.width) + "x" +
+        std::to_string(o.height) +
+        " picture is too small: use at least 320x240 pixels");
+  }
+  if (o.max_points < 4) {
+    throw std::invalid_argument("[stacked_plot] max_points " +
+                                std::to_string(o.max_points) +
+                                " is too small: use at least 4");
+  }
+}
+
+// Whether the events carry times, in order, over a span: the time axis can
+// be drawn.
+bool timed(const std::vector<Event>& events) {
+  const size_t n = events.size();
+  bool in_order = n > 1 && events.back().time_ns > events.front().time_ns;
+  for (size_t i = 1; in_order && i < n; ++i) {
+    in_order = events[i].time_ns >= events[i - 1].time_ns;
+  }
+  return in_order;
+}
+
+// The title, then the legend in as many rows as it needs; returns the
+// last legend row's baseline.
+double place_title_and_legend(StackedPlot& p) {
+  const double W = p.options.width;
+  const TextLabel title = title_label(p.options.title, W, kMargin, kTitleSize);
+  if (!title.text.empty()) p.labels.push_back(title);
+  double lx = kMargin, ly = 42;
+  for (Category c : kStackOrder) {
+    if (!p.shown[static_cast<int>(c)]) continue;
+    const double w = 14 + text_width(category_label(c), 11);
+    if (lx > kMargin && lx + w > W - kMargin) lx = kMargin, ly += 16;
+    TextLabel l;
+    l.text = category_label(c);
+    l.x = lx + 14;
+    l.y = ly;
+    l.role = "legend";
+    p.labels.push_back(l);
+    lx += w + 16;
+  }
+  return ly;
+}
+
+// The area's height: phase rows above, x axis below; returns the first
+// phase row's baseline.
+double place_area(StackedPlot& p, double legend_baseline) {
+  const StackedPlotOptions& o = p.options;
+  const double phase_baseline = legend_baseline + 8 + kPhaseRow;
+  p.area.y = phase_baseline + kPhaseRow * (kPhaseRows - 1) + 8;
+  p.area.h = o.height - 40 - p.area.y;
+  if (p.area.h < 60) {
+    throw std::invalid_argument("[stacked_plot] a " + std::to_string(o.width) +
+                                "x" + std::to_string(o.height) +
+                                " picture leaves no room for the plot: make "
+                                "it taller");
+  }
+  return phase_baseline;
+}
+
+// The peak's annotation: the headline, its top two categories and modules,
+// its box's size in p.callout. Its place comes with the y axis
+// (place_y_axis); none without a peak.
+std::vector<TextLabel> peak_callout(StackedPlot& p) {
+  std::vector<TextLabel> callout;
+  if (p.peak.bytes <= 0) return callout;
+  const std::string modules = top_two(p.peak.modules);
+  const std::vector<std::string> lines = {
+      peak_headline(p.peak), top_two(p.peak.categories),
+      "modules: " + (modules.empty() ? "none (allocated outside every module)"
+                                     : modules)};
+  double widest = 0;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    TextLabel l;
+    l.text = fit_text(lines[i], p.options.width - 160, kCalloutSize, i == 0);
+    l.size = kCalloutSize;
+    l.bold = i == 0;
+    l.role = "peak";
+    l.fill = i == 0 ? "#a5281b" : "#333333";
+    widest = std::max(widest, text_width(l.text, l.size, l.bold));
+    callout.push_back(l);
+  }
+  const TextLabel& last = callout.back();
+  p.callout.w = widest + 2 * kCalloutPad;
+  p.callout.h = 2 * kCalloutPad + kCalloutLine * double(lines.size() - 1) +
+                last.box().h;
+  return callout;
+}
+
+// The x axis's scale: event order, or nanoseconds since the first event.
+struct XScale {
+  bool by_time = false;
+  int64_t t0 = 0;
+  int64_t span = 0;
+  bool fell_back = false;  // times were asked for and not recorded
+
+  double x(const Box& area, double position) const {
+    return area.x +
+           area.w * position / static_cast<double>(std::max<int64_t>(span, 1));
+  }
+};
+
+XScale x_scale(const StackedPlot& p, const std::vector<Event>& events) {
+  const size_t n = events.size();
+  XScale xs;
+  xs.by_time = p.x_axis == PlotAxis::kTime;
+  xs.fell_back = p.options.x_axis == PlotAxis::kTime && !xs.by_time;
+  xs.t0 = n ? events.front().time_ns : 0;
+  const int64_t t1 = n ? events.back().time_ns : 0;
+  xs.span = xs.by_time ? t1 - xs.t0 : static_cast<int64_t>(n);
+  return xs;
+}
+
+// Points: live bytes by category after the kept events; returns each
+// point's position along the x axis (its x comes with the y axis).
+std::vector<double> add_points(StackedPlot& p, const Timeline& t,
+                               const XScale& xs) {
+  const std::vector<Event>& events = t.events();
+  const size_t n = events.size();
+  std::vector<double> positions = {0.0};
+  PlotPoint start;
+  start.time_ns = xs.t0;
+  p.points.push_back(start);
+  if (n == 0) return positions;
+  const std::vector<size_t> keep = t.curve_indices(p.options.max_points);
+  std::array<int64_t, kNumCategories> live{};
+  size_t k = 0;
+  for (size_t i = 0; i < n && k < keep.size(); ++i) {
+    const Event& e = events[i];
+    live[static_cast<int>(e.category)] +=
+        e.kind == EventKind::kAlloc ? e.bytes : -e.bytes;
+    if (keep[k] != i) continue;
+    PlotPoint pt;
+    pt.event_index = i;
+    pt.time_ns = e.time_ns;
+    pt.bytes = live;
+    p.points.push_back(pt);
+    // Where event i's step is drawn.
+    positions.push_back(xs.by_time ? double(e.time_ns - xs.t0) : double(i + 1));
+    ++k;
+  }
+  return positions;
+}
+
+// The y axis, and with it the width of the tick labels, the area's left
+// edge and every x: extended until the peak's annotation has room above
+// the points beneath it. See Note [Placing the peak's annotation].
+void place_y_axis(StackedPlot& p, const std::vector<double>& positions,
+                  const XScale& xs) {
+  const double W = p.options.width;
+  std::vector<int64_t> yticks = axis_ticks(p.peak.bytes);
+  for (int attempt = 0;; ++attempt) {
+    p.y_top = yticks.back();
+    p.area.x = kMargin + byte_ticks_width(yticks) + 8;
+    p.area.w = W - kMargin - 8 - p.area.x;
+    for (size_t i = 0; i < p.points.size(); ++i) {
+      p.points[i].x = xs.x(p.area, positions[i]);
+    }
+    if (p.callout.w == 0 || place_callout(p) || attempt == 63) break;
+    yticks = axis_ticks(p.y_top + 1);
+  }
+  p.y_ticks = yticks;
+  for (int64_t v : yticks) {
+    p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));
+  }
+}
+
+// The x axis: its ticks and its title.
+void place_x_axis(StackedPlot& p, const XScale& xs,
+                  const std::vector<Event>& events) {
+  const size_t n = events.size();
+  const XAxisTicks xt =
+      x_axis_ticks(p.area, xs.span, [&](int64_t v, int64_t step) {
+        return std::to_string(xs.by_time ? v / time_unit(step).first : v);
+      });
+  p.labels.insert(p.labels.end(), xt.labels.begin(), xt.labels.end());
+  p.labels.push_back(x_axis_title(
+      xs.by_time
+          ? std::string("time since the first allocation (") +
+                time_unit(xt.step).second + ")"
+          : "allocations and frees in order (" + std::to_string(n) + " events" +
+                (xs.fell_back ? "; no times were recorded" : "") + ")",
+      p.area));
+}
+
+// Phase bands and their labels.
+void place_phase_bands(StackedPlot& p, const Timeline& t, const XScale& xs,
+                       const std::vector<Event>& events,
+                       double phase_baseline) {
+  const size_t n = events.size();
+  auto x_of_boundary = [&](size_t k) {  // where a span starting at k begins
+    if (!xs.by_time) return xs.x(p.area, double(k));
+    if (k == 0) return p.area.x;
+    return k >= n ? p.area.right()
+                  : xs.x(p.area, double(events[k].time_ns - xs.t0));
+  };
+  for (const PhaseSpan& s : t.phase_spans()) {
+    PhaseBand b;
+    b.phase = t.phase_name(s.phase);
+    b.iteration = s.iteration;
+    b.first_event = s.first_event;
+    b.end_event = s.end_event;
+    const double x0 = x_of_boundary(s.first_event);
+    const double x1 = x_of_boundary(s.end_event);
+    b.box = Box{x0, p.area.y, std::max(0.0, x1 - x0), p.area.h};
+    p.bands.push_back(b);
+  }
+  place_phase_labels(p, phase_baseline);
+}
+
+// The peak's annotation at its place (p.callout), or a word in the middle
+// of an empty plot.
+void place_peak_labels(StackedPlot& p, std::vector<TextLabel>& callout,
+                       size_t n) {
+  if (p.peak.bytes > 0) {
+    for (size_t i = 0; i < callout.size(); ++i) {
+      callout[i].x = p.callout.x + kCalloutPad;
+      // The baseline: the box's top is one em above it (TextLabel::box).
+      callout[i].y = p.callout.y + kCalloutPad + kCalloutSize +
+                     kCalloutLine * static_cast<double>(i);
+      if (!callout[i].text.empty()) p.labels.push_back(callout[i]);
+    }
+  } else {
+    TextLabel l;
+    l.text = n == 0 ? "no events" : "nothing was live";
+    l.x = p.area.x + p.area.w / 2;
+    l.y = p.area.y + p.area.h / 2;
+    l.anchor = Anchor::kMiddle;
+    l.role = "empty";
+    l.fill = "#555555";
+    p.labels.push_back(l);
+  }
+}
+
 }  // namespace
 
 const char* category_label(Category c) {
@@ -263,195 +501,21 @@ double StackedPlot::y_at(int64_t bytes) const {
 }
 
 StackedPlot stacked_plot(const Timeline& t, const StackedPlotOptions& o) {
-  if (o.width < 320 || o.height < 240) {
-    throw std::invalid_argument(
-        "[stacked_plot] a " + std::to_string(o.width) + "x" +
-        std::to_string(o.height) +
-        " picture is too small: use at least 320x240 pixels");
-  }
-  if (o.max_points < 4) {
-    throw std::invalid_argument("[stacked_plot] max_points " +
-                                std::to_string(o.max_points) +
-                                " is too small: use at least 4");
-  }
+  check_options(o);
   StackedPlot p;
   p.options = o;
   const std::vector<Event>& events = t.events();
-  const size_t n = events.size();
-  bool timed = n > 1 && events.back().time_ns > events.front().time_ns;
-  for (size_t i = 1; timed && i < n; ++i) {
-    timed = events[i].time_ns >= events[i - 1].time_ns;
-  }
-  p.x_axis = o.x_axis == PlotAxis::kTime && timed ? PlotAxis::kTime
-                                                  : PlotAxis::kEvents;
-  const bool fell_back = o.x_axis == PlotAxis::kTime && !timed;
+  p.x_axis = o.x_axis == PlotAxis::kTime && timed(events) ? PlotAxis::kTime
+                                                          : PlotAxis::kEvents;
   for (const Event& e : events) p.shown[static_cast<int>(e.category)] = true;
   p.peak = peak_summary(t);
-  const double W = o.width, H = o.height;
-
-  // Title, then the legend in as many rows as it needs.
-  const TextLabel title = title_label(o.title, W, kMargin, kTitleSize);
-  if (!title.text.empty()) p.labels.push_back(title);
-  double lx = kMargin, ly = 42;
-  for (Category c : kStackOrder) {
-    if (!p.shown[static_cast<int>(c)]) continue;
-    const double w = 14 + text_width(category_label(c), 11);
-    if (lx > kMargin && lx + w > W - kMargin) lx = kMargin, ly += 16;
-    TextLabel l;
-    l.text = category_label(c);
-    l.x = lx + 14;
-    l.y = ly;
-    l.role = "legend";
-    p.labels.push_back(l);
-    lx += w + 16;
-  }
-
-  // The area's height: phase rows above, x axis below.
-  const double phase_baseline = ly + 8 + kPhaseRow;
-  p.area.y = phase_baseline + kPhaseRow * (kPhaseRows - 1) + 8;
-  p.area.h = H - 40 - p.area.y;
-  if (p.area.h < 60) {
-    throw std::invalid_argument("[stacked_plot] a " + std::to_string(o.width) +
-                                "x" + std::to_string(o.height) +
-                                " picture leaves no room for the plot: make "
-                                "it taller");
-  }
-
-  // The peak's annotation: the headline, its top two categories and
-  // modules. Its place comes with the y axis, below.
-  std::vector<TextLabel> callout;
-  if (p.peak.bytes > 0) {
-    const std::string modules = top_two(p.peak.modules);
-    const std::vector<std::string> lines = {
-        peak_headline(p.peak), top_two(p.peak.categories),
-        "modules: " + (modules.empty() ? "none (allocated outside every module)"
-                                       : modules)};
-    double widest = 0;
-    for (size_t i = 0; i < lines.size(); ++i) {
-      TextLabel l;
-      l.text = fit_text(lines[i], W - 160, kCalloutSize, i == 0);
-      l.size = kCalloutSize;
-      l.bold = i == 0;
-      l.role = "peak";
-      l.fill = i == 0 ? "#a5281b" : "#333333";
-      widest = std::max(widest, text_width(l.text, l.size, l.bold));
-      callout.push_back(l);
-    }
-    const TextLabel& last = callout.back();
-    p.callout.w = widest + 2 * kCalloutPad;
-    p.callout.h = 2 * kCalloutPad + kCalloutLine * double(lines.size() - 1) +
-                  last.box().h;
-  }
-
-  // Points: live bytes by category after the kept events, at positions
-  // along the x axis (event order or nanoseconds since the first event).
-  const int64_t t0 = n ? events.front().time_ns : 0;
-  const int64_t t1 = n ? events.back().time_ns : 0;
-  const bool by_time = p.x_axis == PlotAxis::kTime;
-  const int64_t span = by_time ? t1 - t0 : static_cast<int64_t>(n);
-  auto position_of_event = [&](size_t i) {  // where event i's step is drawn
-    return by_time ? double(events[i].time_ns - t0) : double(i + 1);
-  };
-  std::vector<double> positions = {0.0};
-  PlotPoint start;
-  start.time_ns = t0;
-  p.points.push_back(start);
-  if (n > 0) {
-    const std::vector<size_t> keep = t.curve_indices(o.max_points);
-    std::array<int64_t, kNumCategories> live{};
-    size_t k = 0;
-    for (size_t i = 0; i < n && k < keep.size(); ++i) {
-      const Event& e = events[i];
-      live[static_cast<int>(e.category)] +=
-          e.kind == EventKind::kAlloc ? e.bytes : -e.bytes;
-      if (keep[k] != i) continue;
-      PlotPoint pt;
-      pt.event_index = i;
-      pt.time_ns = e.time_ns;
-      pt.bytes = live;
-      p.points.push_back(pt);
-      positions.push_back(position_of_event(i));
-      ++k;
-    }
-  }
-
-  // The y axis, and with it the width of the tick labels, the area's
-  // left edge and every x: extended until the peak's annotation has room
-  // above the points beneath it. See Note [Placing the peak's annotation].
-  std::vector<int64_t> yticks = axis_ticks(p.peak.bytes);
-  for (int attempt = 0;; ++attempt) {
-    p.y_top = yticks.back();
-    p.area.x = kMargin + byte_ticks_width(yticks) + 8;
-    p.area.w = W - kMargin - 8 - p.area.x;
-    for (size_t i = 0; i < p.points.size(); ++i) {
-      p.points[i].x =
-          p.area.x + p.area.w * positions[i] /
-                         static_cast<double>(std::max<int64_t>(span, 1));
-    }
-    if (p.callout.w == 0 || place_callout(p) || attempt == 63) break;
-    yticks = axis_ticks(p.y_top + 1);
-  }
-  p.y_ticks = yticks;
-  for (int64_t v : yticks) {
-    p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));
-  }
-
-  // The x axis.
-  auto x_at = [&](double position) {
-    return p.area.x + p.area.w * position /
-                          static_cast<double>(std::max<int64_t>(span, 1));
-  };
-  auto x_of_boundary = [&](size_t k) {  // where a span starting at k begins
-    if (!by_time) return x_at(double(k));
-    if (k == 0) return p.area.x;
-    return k >= n ? p.area.right() : x_at(double(events[k].time_ns - t0));
-  };
-  const XAxisTicks xt =
-      x_axis_ticks(p.area, span, [&](int64_t v, int64_t step) {
-        return std::to_string(by_time ? v / time_unit(step).first : v);
-      });
-  p.labels.insert(p.labels.end(), xt.labels.begin(), xt.labels.end());
-  p.labels.push_back(x_axis_title(
-      by_time
-          ? std::string("time since the first allocation (") +
-                time_unit(xt.step).second + ")"
-          : "allocations and frees in order (" + std::to_string(n) + " events" +
-                (fell_back ? "; no times were recorded" : "") + ")",
-      p.area));
-
-  // Phase bands and their labels.
-  for (const PhaseSpan& s : t.phase_spans()) {
-    PhaseBand b;
-    b.phase = t.phase_name(s.phase);
-    b.iteration = s.iteration;
-    b.first_event = s.first_event;
-    b.end_event = s.end_event;
-    const double x0 = x_of_boundary(s.first_event);
-    const double x1 = x_of_boundary(s.end_event);
-    b.box = Box{x0, p.area.y, std::max(0.0, x1 - x0), p.area.h};
-    p.bands.push_back(b);
-  }
-  place_phase_labels(p, phase_baseline);
-
-  // The peak: a dot, and the annotation placed above.
-  if (p.peak.bytes > 0) {
-    for (size_t i = 0; i < callout.size(); ++i) {
-      callout[i].x = p.callout.x + kCalloutPad;
-      // The baseline: the box's top is one em above it (TextLabel::box).
-      callout[i].y = p.callout.y + kCalloutPad + kCalloutSize +
-                     kCalloutLine * static_cast<double>(i);
-      if (!callout[i].text.empty()) p.labels.push_back(callout[i]);
-    }
-  } else {
-    TextLabel l;
-    l.text = n == 0 ? "no events" : "nothing was live";
-    l.x = p.area.x + p.area.w / 2;
-    l.y = p.area.y + p.area.h / 2;
-    l.anchor = Anchor::kMiddle;
-    l.role = "empty";
-    l.fill = "#555555";
-    p.labels.push_back(l);
-  }
+  const double phase_baseline = place_area(p, place_title_and_legend(p));
+  std::vector<TextLabel> callout = peak_callout(p);
+  const XScale xs = x_scale(p, events);
+  place_y_axis(p, add_points(p, t, xs), xs);
+  place_x_axis(p, xs, events);
+  place_phase_bands(p, t, xs, events, phase_baseline);
+  place_peak_labels(p, callout, events.size());
   return p;
 }
 

@@ -5,6 +5,7 @@
 #include <pybind11/stl.h>
 
 #include "bindings.h"
+#include "memfit/core/model/optimizers.h"
 #include "memfit/core/plan/advise_plan.h"
 #include "memfit/core/plan/checkpoint_plan.h"
 #include "memfit/core/plan/progress.h"
@@ -144,6 +145,22 @@ void init_strategies(py::module_& m) {
                     "keeps what is trained; False: the plan may use it only with allow_approximate")
       .def_readonly("checkpoints", &AdviseSetting::checkpoints,
                     "it checkpoints the model itself: the planner adds no checkpointing");
+
+  py::class_<OptimizerSpec>(m, "OptimizerSpec")
+      .def_readonly("name", &OptimizerSpec::name, "as optimizer=\"...\" takes it")
+      .def_readonly("torch_class", &OptimizerSpec::torch_class,
+                    "the torch.optim class it builds; \"\": no optimizer")
+      .def_readonly("lr", &OptimizerSpec::lr, "the learning rate it is built with")
+      .def_readonly("momentum", &OptimizerSpec::momentum, "SGD's momentum; 0: none")
+      .def_readonly("on_host", &OptimizerSpec::on_host,
+                    "its state and step on the host (memfit.offload)")
+      .def_readonly("states", &OptimizerSpec::states,
+                    "tensors of state per trainable parameter, each its size")
+      .def("__repr__", [](const OptimizerSpec& s) { return "OptimizerSpec('" + s.name + "')"; });
+  m.def("builtin_optimizers", &builtin_optimizers,
+        "The optimizers memfit builds by name, in order (core/model/optimizers.h): the "
+        "one list both fronts read.");
+  m.def("optimizer_names", &optimizer_names, "The built-in optimizers' names, in order.");
 
   py::class_<OptimizerChoices>(m, "OptimizerChoices")
       .def_readonly("others", &OptimizerChoices::others, "optimizers compared in rows, in order")

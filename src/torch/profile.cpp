@@ -6,6 +6,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "memfit/core/model/optimizers.h"
 #include "memfit/core/model/units.h"
 #include "memfit/core/plan/step_protocol.h"
 #include "memfit/torch/cpu_autocast.h"
@@ -16,31 +17,27 @@
 
 namespace memfit {
 
-const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adam", "adam-offload", "momentum",
-                                                 "sgd", "none"};
-  return names;
-}
-
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const std::string& name, std::vector<at::Tensor> params, double lr) {
-  if (name == "adam-offload") return host_offload_adam(std::move(params), lr);
-  if (name == "adam") {
-    return std::make_unique<torch::optim::Adam>(params,
-                                                torch::optim::AdamOptions(lr));
+  const OptimizerSpec* spec = find_optimizer(name);
+  if (!spec) {
+    std::string names;
+    for (const auto& n : optimizer_names()) names += (names.empty() ? "" : ", ") + n;
+    throw std::invalid_argument("[profile] unknown optimizer '" + name +
+                                "': choose one of " + names);
   }
-  if (name == "sgd") {
-    return std::make_unique<torch::optim::SGD>(params, torch::optim::SGDOptions(lr));
+  const std::string& cls = spec->torch_class;
+  if (cls.empty()) return nullptr;
+  if (cls == "Adam" && spec->on_host) return host_offload_adam(std::move(params), lr);
+  TORCH_INTERNAL_ASSERT(!spec->on_host, "[make_optimizer] no host offload of ", cls);
+  if (cls == "Adam") {
+    return std::make_unique<torch::optim::Adam>(params, torch::optim::AdamOptions(lr));
   }
-  if (name == "momentum") {
+  if (cls == "SGD") {
     return std::make_unique<torch::optim::SGD>(
-        params, torch::optim::SGDOptions(lr).momentum(0.9));
+        params, torch::optim::SGDOptions(lr).momentum(spec->momentum));
   }
-  if (name == "none") return nullptr;
-  std::string names;
-  for (const auto& n : optimizer_names()) names += (names.empty() ? "" : ", ") + n;
-  throw std::invalid_argument("[profile] unknown optimizer '" + name +
-                              "': choose one of " + names);
+  TORCH_INTERNAL_ASSERT(false, "[make_optimizer] no LibTorch class ", cls, " for ", name);
 }
 
 namespace {

@@ -145,7 +145,7 @@ class Bench {
 // The optimizer a variant trains with, by the names make_optimizer knows.
 std::string optimizer_of(const StepVariant& v, const std::string& user) {
   std::string name = v.optimizer.empty() ? user : v.optimizer;
-  if (v.host_state && name == "adam") name = "adam-offload";
+  if (v.host_state && find_optimizer(name + kOffloadSuffix)) name += kOffloadSuffix;
   return name;
 }
 
@@ -167,8 +167,7 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
     throw std::invalid_argument("[advise] the budget must be >= 0 bytes, got " +
                                 std::to_string(o.budget));
   }
-  const std::vector<std::string>& optimizers = optimizer_names();
-  if (std::find(optimizers.begin(), optimizers.end(), o.optimizer) == optimizers.end()) {
+  if (!find_optimizer(o.optimizer)) {
     make_optimizer(o.optimizer, {}, o.lr);  // its message names the choices
   }
   Restore restore(model);
@@ -185,9 +184,9 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
   s.optimizer = o.optimizer;
   s.has_optimizer = o.optimizer != "none";
   OptimizerChoices choices = optimizer_choices(o.optimizer);
-  // This front offloads Adam only (adam-offload).
-  s.can_offload = choices.can_offload && o.optimizer == "adam";
-  s.offload_label = "adam-offload";
+  // This front offloads the optimizers with a built-in "<name>-offload".
+  s.can_offload = choices.can_offload && find_optimizer(o.optimizer + kOffloadSuffix);
+  s.offload_label = o.optimizer + kOffloadSuffix;
   s.other_optimizers = std::move(choices.others);
   s.lighter = std::move(choices.lighter);
   s.chain = model.chain();

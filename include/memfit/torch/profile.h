@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "memfit/core/model/optimizers.h"
 #include "memfit/core/model/peak_model.h"
 #include "memfit/core/model/report.h"
 #include "memfit/core/model/timeline.h"
@@ -62,13 +63,11 @@ struct Profile {
   Timeline timeline;
 };
 
-// The optimizers profile_model runs, by name: adam | adam-offload (Adam with
-// its state and step on the host, see host_offload.h) | momentum (SGD, 0.9) |
-// sgd | none.
-const std::vector<std::string>& optimizer_names();
-
-// The optimizer `name` over `params` with learning rate `lr` (nullptr for
-// "none"). Throws std::invalid_argument for a name not in optimizer_names().
+// The built-in optimizer `name` (core/model/optimizers.h: adam,
+// adam-offload with its state and step on the host (host_offload.h),
+// momentum, sgd, none) over `params` with learning rate `lr`; nullptr for
+// one with no torch class ("none"). Throws std::invalid_argument for a name
+// not in optimizer_names().
 std::unique_ptr<torch::optim::Optimizer> make_optimizer(
     const std::string& name, std::vector<at::Tensor> params, double lr);
 

@@ -6,21 +6,45 @@ from collections.abc import Mapping
 
 import torch
 
+from .._native import native as _native
 from .offload import OffloadedOptimizer
 from .offload import offload as _offload
 
 __all__ = [
-    "OPTIMIZERS", "default_loss", "compute_loss", "call_model", "check_loss_trains",
+    "OPTIMIZERS", "builtin_name", "default_loss", "compute_loss", "call_model", "check_loss_trains",
     "check_model", "check_optimizer", "optimizer_name",
 ]
 
-OPTIMIZERS = {
-    "adam": lambda params: torch.optim.Adam(params, lr=1e-3),
-    "sgd": lambda params: torch.optim.SGD(params, lr=1e-3),
-    "momentum": lambda params: torch.optim.SGD(params, lr=1e-3, momentum=0.9),
-    # Adam with its state and step on the host (memfit.offload).
-    "adam-offload": lambda params: _offload(torch.optim.Adam(params, lr=1e-3)),
-}
+
+
+def _builder(spec):
+    """A function of the parameters that builds the built-in `spec`."""
+    cls = getattr(torch.optim, spec.torch_class)
+    options = {"lr": spec.lr, **({"momentum": spec.momentum} if spec.momentum else {})}
+
+    def build(params):
+        optimizer = cls(params, **options)
+        return _offload(optimizer) if spec.on_host else optimizer
+
+    return build
+
+
+# The core's built-in optimizers (core/model/optimizers.h) as torch.optim
+# optimizers, by name: the one place Python builds them. "none" has no class:
+# Python says None.
+OPTIMIZERS = {s.name: _builder(s) for s in _native.builtin_optimizers() if s.torch_class}
+
+
+def builtin_name(optimizer):
+    """The built-in name of a torch.optim optimizer built as one of OPTIMIZERS
+    builds it (its class and whether it has momentum; the learning rate
+    aside), else None."""
+    momentum = bool(optimizer.defaults.get("momentum", 0))
+    for s in _native.builtin_optimizers():
+        if s.torch_class and not s.on_host and bool(s.momentum) == momentum:
+            if type(optimizer) is getattr(torch.optim, s.torch_class):
+                return s.name
+    return None
 
 def default_loss(output, target, what="profile"):
     if target is None:

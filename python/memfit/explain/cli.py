@@ -39,7 +39,8 @@ def _parser():
                         "model (--model, --batch) recorded on the CPU for a CUDA card")
     p.add_argument("--model", help="mlp | cnn | gpt | lstm | resnet18 (with --predict)")
     p.add_argument("--batch", type=int, help="the step's batch (with --predict)")
-    p.add_argument("--optimizer", default="adam", help="adam | momentum | sgd | none")
+    p.add_argument("--optimizer", default="adam",
+                   help=" | ".join(_memfit.optimizer_names()))
     p.add_argument("--iterations", type=int, default=2)
     p.add_argument("--cuda-workspace", default=None,
                    help="cuBLAS workspace SIZE (default: 8MiB+128KiB; 32MiB on Hopper)")

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "memfit/core/model/allocator_model.h"
+#include "memfit/core/model/optimizers.h"
 #include "memfit/core/model/units.h"
 
 namespace memfit {
@@ -63,13 +64,7 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
                  : "+0: optimizer state exists already";
     } else if (p > 0) {
       note = format_signed_bytes(d) + " = " + format_times(d, p) + " parameters";
-      if (optimizer_is_adam(in.optimizer)) {
-        note += ": Adam exp_avg and exp_avg_sq";
-      } else if (in.optimizer == "momentum") {
-        note += ": momentum buffers";
-      } else {
-        note += ": optimizer state";
-      }
+      note += ": " + optimizer_state_label(in.optimizer);
       if (s.iteration <= 1) note += " (first step)";
     }
   } else {
@@ -98,19 +93,6 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
 }
 
 }  // namespace
-
-bool optimizer_is_adam(const std::string& optimizer) {
-  std::string lower = optimizer;
-  std::transform(lower.begin(), lower.end(), lower.begin(), ::tolower);
-  return lower.find("adam") != std::string::npos;
-}
-
-bool optimizer_on_host(const std::string& optimizer) {
-  const std::string suffix = "-offload";
-  return optimizer.size() > suffix.size() &&
-         optimizer.compare(optimizer.size() - suffix.size(), suffix.size(),
-                           suffix) == 0;
-}
 
 Report make_report(const Timeline& t, const ReportInputs& in) {
   if (t.empty()) {

@@ -7,6 +7,7 @@
 
 #include "advise_planner.h"
 #include "memfit/core/model/oom_cause.h"
+#include "memfit/core/model/optimizers.h"
 #include "memfit/core/model/units.h"
 
 namespace memfit::impl {

@@ -4,6 +4,7 @@
 #include <stdexcept>
 
 #include "advise_planner.h"
+#include "memfit/core/model/optimizers.h"
 #include "memfit/core/plan/checkpoint_plan.h"
 
 namespace memfit {
@@ -83,26 +84,29 @@ bool StepVariant::operator==(const StepVariant& o) const {
 
 OptimizerChoices optimizer_choices(const std::string& user_kind) {
   OptimizerChoices c;
-  if (user_kind == "none") return c;
-  const std::string suffix = "-offload";
-  const bool offloaded = user_kind.size() > suffix.size() &&
-                         user_kind.compare(user_kind.size() - suffix.size(), suffix.size(),
-                                           suffix) == 0;
-  const std::string kind = offloaded ? user_kind.substr(0, user_kind.size() - suffix.size())
-                                     : user_kind;
-  for (const std::string o : {"adam", "momentum", "sgd"}) {
+  const OptimizerSpec* user = find_optimizer(user_kind);
+  if (user && user->torch_class.empty()) return c;  // no optimizer: nothing to compare
+  const bool offloaded = optimizer_on_host(user_kind);
+  const std::string kind =
+      offloaded ? user_kind.substr(0, user_kind.size() - std::string(kOffloadSuffix).size())
+                : user_kind;
+  // Lighter: less state per parameter, most state first. Another
+  // optimizer's class (AdamW, Adafactor) is taken to keep Adam's two states.
+  const int states = optimizer_states(kind);
+  std::vector<const OptimizerSpec*> lighter;
+  for (const OptimizerSpec& o : builtin_optimizers()) {
+    if (o.on_host || o.torch_class.empty()) continue;  // offloading is a row of its own
     // Another Adam (AdamW, NAdam) keeps the same two states: an adam row
     // would cost a recording to show no saving.
-    if (kind != o && !(o == "adam" && optimizer_is_adam(kind))) c.others.push_back(o);
+    if (kind != o.name && !(optimizer_is_adam(o.name) && optimizer_is_adam(kind))) {
+      c.others.push_back(o.name);
+    }
+    if (o.states < states) lighter.push_back(&o);
   }
-  // Lighter: less state per parameter. Another optimizer's class (AdamW,
-  // Adafactor) is taken to keep Adam's two states.
-  if (kind == "momentum") {
-    c.lighter = {"sgd"};
-  } else if (kind != "sgd") {
-    c.lighter = {"momentum", "sgd"};
-  }
-  c.can_offload = kind != "sgd" && !offloaded;
+  std::stable_sort(lighter.begin(), lighter.end(),
+                   [](const OptimizerSpec* a, const OptimizerSpec* b) { return a->states > b->states; });
+  for (const OptimizerSpec* o : lighter) c.lighter.push_back(o->name);
+  c.can_offload = states > 0 && !offloaded;
   return c;
 }
 

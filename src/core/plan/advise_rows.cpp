@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "advise_planner.h"
+#include "memfit/core/model/optimizers.h"
 #include "memfit/core/model/step_transform.h"
 #include "memfit/core/model/units.h"
 #include "memfit/core/plan/chain_calibration.h"

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <sstream>
 
+#include "memfit/core/model/optimizers.h"
 #include "memfit/core/model/units.h"
 
 namespace memfit {

@@ -5,21 +5,6 @@
 namespace memfit {
 namespace {
 
-// The names fit_batch's advice and the report's notes read.
-TEST(OptimizerNames, AdamAndHostOffload) {
-  for (const char* adam : {"adam", "Adam", "AdamW", "adam-offload", "Adam-offload"}) {
-    EXPECT_TRUE(optimizer_is_adam(adam)) << adam;
-  }
-  for (const char* other : {"sgd", "momentum", "SGD", "none"}) {
-    EXPECT_FALSE(optimizer_is_adam(other)) << other;
-  }
-  EXPECT_TRUE(optimizer_on_host("adam-offload"));
-  EXPECT_TRUE(optimizer_on_host("Adam-offload"));
-  for (const char* on_device : {"adam", "-offload", "offload", "adam-offloaded"}) {
-    EXPECT_FALSE(optimizer_on_host(on_device)) << on_device;
-  }
-}
-
 // A multiple of 8 only where it costs at most an eighth of the batch.
 TEST(RecommendedBatch, MultipleOfEightWhenCheap) {
   EXPECT_EQ(recommended_batch(0), 0);

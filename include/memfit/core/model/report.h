@@ -103,7 +103,7 @@ struct DataParallelEstimate {
 struct Report {
   std::string model;
   int64_t batch = 0;
-  std::string optimizer;  // adam | sgd | momentum | none | a Python class name
+  std::string optimizer;  // a built-in's name (optimizers.h) or a Python class name
   std::string mode;       // cpu | meta (the mode used, after any fallback)
   int64_t peak_bytes = 0;
   std::string peak_phase;
@@ -131,12 +131,6 @@ struct ReportInputs {
   std::string optimizer;
   std::string mode;
 };
-
-// What an optimizer's name (as Report::optimizer holds it) says: an Adam
-// variant (adam, Adam, AdamW, adam-offload, ...); its state and step kept on
-// the host (a "-offload" suffix: adam-offload, Adam-offload; host_offload.h).
-bool optimizer_is_adam(const std::string& optimizer);
-bool optimizer_on_host(const std::string& optimizer);
 
 // Reads a timeline whose phases are named as above. Throws
 // std::invalid_argument if it holds no events.

@@ -4,7 +4,7 @@ zero_grad frees the gradients (set_to_none) or zeroes them in place."""
 import torch
 
 from ..._step.offload import OffloadedOptimizer, construct, offload
-from ..._step.training_step import OPTIMIZERS
+from ..._step.training_step import OPTIMIZERS, builtin_name
 
 __all__ = ["kind_of", "optimizer_for", "make_optimizer"]
 
@@ -13,8 +13,9 @@ __all__ = ["kind_of", "optimizer_for", "make_optimizer"]
 
 
 def kind_of(optimizer):
-    """"adam", "momentum", "sgd" for the built-in names and for torch's Adam
-    and SGD; the class name for other optimizers; "none" for None; with
+    """The built-in name (OPTIMIZERS) for a name and for a torch optimizer
+    built as a built-in is ("adam" for torch's Adam, "momentum" or "sgd"
+    for its SGD); the class name for other optimizers; "none" for None; with
     "-offload" after it for an OffloadedOptimizer."""
     if optimizer is None:
         return "none"
@@ -22,12 +23,7 @@ def kind_of(optimizer):
         return optimizer
     if isinstance(optimizer, OffloadedOptimizer):
         return kind_of(optimizer.inner) + "-offload"
-    if type(optimizer) is torch.optim.Adam:
-        return "adam"
-    if type(optimizer) is torch.optim.SGD:
-        momentum = optimizer.defaults.get("momentum", 0)
-        return "momentum" if momentum else "sgd"
-    return type(optimizer).__name__
+    return builtin_name(optimizer) or type(optimizer).__name__
 
 
 def _clone(optimizer):

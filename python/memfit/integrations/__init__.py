@@ -6,6 +6,15 @@ alone.
     memfit.integrations.transformers   FitBatchSize (the Hugging Face Trainer)
 
 accelerate needs no module: memfit.auto_batch_size takes an
-accelerator.prepare()d model and optimizer (and accelerator=)."""
+accelerator.prepare()d model and optimizer (and accelerator=).
 
-__all__: list = []
+A new trainer's callback is written with the names below (memfit.integrations.api,
+which says what each is for; docs/integrations.md walks through one)."""
+
+from .api import (BatchPlan, LoopStep, Size, UserStep, batch_bytes_per_sample, check_options,
+                  count, example_of, host_memory, kept_rng, plan_batch, plan_eval_batch,
+                  sequence_length, tell_change)
+
+__all__ = ["BatchPlan", "LoopStep", "Size", "UserStep", "batch_bytes_per_sample",
+           "check_options", "count", "example_of", "host_memory", "kept_rng", "plan_batch",
+           "plan_eval_batch", "sequence_length", "tell_change"]

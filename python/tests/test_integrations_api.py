@@ -2,11 +2,28 @@
 names alone sizes the batch as memfit.find_batch_size does for the same
 step, and the two callbacks memfit ships reach memfit through it."""
 
+import ast
+import pathlib
+
 import torch
 import torch.nn.functional as F
 
 import memfit
 import memfit.integrations as door
+
+INTEGRATIONS = pathlib.Path(memfit.__file__).parent / "integrations"
+
+
+def test_the_shipped_callbacks_import_nothing_below_the_door():
+    below = []
+    for path in (INTEGRATIONS / "lightning.py", INTEGRATIONS / "transformers.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                module = node.module or ""
+                if (node.level == 2 and module.startswith("_step")) \
+                        or module.startswith("memfit._step"):
+                    below.append(f"{path.name}:{node.lineno} {module}")
+    assert below == []
 
 
 def test_the_door_says_what_it_exports():

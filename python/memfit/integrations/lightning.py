@@ -33,11 +33,7 @@ except ImportError:
             "[memfit.integrations.lightning] Lightning is not installed: pip install lightning"
         ) from None
 
-from .._step.batching import count
-from .._step.device import host_memory
-from .._step.hints import Size
-from .._step.user_state import kept_rng
-from .._step.user_step import UserStep
+from .api import Size, UserStep, count, host_memory, kept_rng
 from ..diagnosis import Doctor
 from ..report.profile import Report, profile
 from .sizing import (BatchPlan, LoopStep, check_options, example_of, plan_batch,

@@ -26,10 +26,7 @@ except ImportError:
         "pip install transformers"
     ) from None
 
-from .._step.device import host_memory
-from .._step.hints import Size
-from .._step.user_state import kept_rng
-from .._step.user_step import UserStep
+from .api import Size, UserStep, host_memory, kept_rng
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
 

@@ -86,6 +86,11 @@ void init_report(py::module_& m) {
       .def("set_cuda_estimate", [](Report& r, const Timeline& t, int64_t workspace) {
         r.cuda = estimate_cuda(t, workspace);
       }, py::arg("timeline"), py::arg("workspace_bytes") = kDefaultCudaWorkspaceBytes)
+      .def("set_card_figures", [](Report& r, int64_t peak_allocated, int64_t peak_reserved) {
+        r.cuda = CudaEstimate{peak_allocated, peak_reserved, 0};
+      }, py::arg("peak_allocated"), py::arg("peak_reserved"),
+         "The figures a card's own caching allocator counted (mode='device' on a card), "
+         "in place of an estimate")
       .def("budget_peak", &Report::budget_peak);
   m.attr("DEFAULT_CUDA_WORKSPACE") = kDefaultCudaWorkspaceBytes;
 

@@ -46,7 +46,7 @@ def test_json_has_exactly_the_documented_keys():
     doc = json.loads(memfit.profile(mlp(), x, y, optimizer="sgd").to_json())
     assert set(doc) == {
         "model", "batch", "optimizer", "mode", "peak_bytes", "phases",
-        "categories_at_peak", "modules",
+        "categories_at_peak", "modules", "truth",
     }
     assert doc["batch"] == 8
     assert set(doc["phases"][0]) == {

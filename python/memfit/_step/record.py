@@ -63,14 +63,18 @@ def _autocast_on():
 
 
 def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop=Loop(),
-             say=None, as_on_cuda=False, eager=False):
+             say=None, as_on_cuda=False, eager=False, counters=None):
     """record_step on copies of the weights, inputs, .grad and optimizer
     state, as the user's next step starts with them (See Note [State the
     step starts with]), in `loop`'s order and with the model in train mode
     unless loop.train_mode is False; the model, its gradients and modes and
     the optimizer are put back as they were. A compiled model's step is
     recorded warm (See Note [Recording a compiled step]); eager=True records
-    its eager step instead."""
+    its eager step instead. counters: told of each phase as it begins
+    and ends (phase(name, iteration), end_phase()), to read a card's own
+    counters there (report/places.py)."""
+    if counters is not None:
+        counters.begin(model, optimizer)
     saved = ModelTensors(model, optimizer, held=True)
     opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
     autocast = _autocast_on()
@@ -78,8 +82,10 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop
         torch.clear_autocast_cache()
 
     def record(warm_up=False):
+        if counters is not None:  # a compiled model's warm-up records first
+            counters.restart()
         return record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                           loop, say, as_on_cuda, warm_up)
+                           loop, say, as_on_cuda, warm_up, counters)
 
     def reset():  # what a recording that was thrown away left
         for p in saved.parameters:
@@ -165,7 +171,7 @@ def _record_compiled(model, record, reset, device, eager, iterations):
 
 
 def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                loop=Loop(), say=None, as_on_cuda=False, warm_up=False):
+                loop=Loop(), say=None, as_on_cuda=False, warm_up=False, counters=None):
     """Runs `iterations` optimizer steps of `loop`'s shape (See Note [The
     loop the user runs], step_protocol.h) under a recorder; returns a
     RecordedStep. loop.set_to_none=False zeroes the gradients in place: they
@@ -240,15 +246,22 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         (model if step.optimizer is None else step.optimizer).zero_grad(
             set_to_none=loop.set_to_none)
 
+    def begin_phase(name, iteration):
+        if counters is not None:
+            counters.phase(name, iteration)
+        t.phase(name, iteration)
+
     def end_phase():
         t.end_phase()
+        if counters is not None:
+            counters.end_phase()
         step.drop()
 
     if flops is not None:
         flops.start(model)
     try:
         callbacks = _memfit.StepCallbacks(
-            begin_phase=t.phase, materialize=materialize, inputs=inputs_, forward=forward,
+            begin_phase=begin_phase, materialize=materialize, inputs=inputs_, forward=forward,
             loss=loss, end_phase=end_phase, backward=backward,
             optimizer_step=None if optimizer is None else optimizer_step, zero_grad=zero_grad)
         _memfit.run_step_protocol(callbacks, iterations=iterations,

@@ -17,7 +17,7 @@ from .._step.device import budget_target, host_memory, to_bytes
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
 from ..plan.budget import resolve_budget
-from ..plan.fit import search
+from ..plan.fit import example_that_runs, search
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 
@@ -175,9 +175,13 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
 
     def fit(loop, verify, max_batch):
         with kept_rng():
-            report = profile(model, batch, loss_fn=loop.how, optimizer=optimizer,
-                             batch_dim=batch_dim, set_to_none=loop.set_to_none,
-                             target_device=target)
+            # Measured where the model is, an example too large cut: See
+            # Note [Measured on the device] (report/places.py).
+            report = example_that_runs(
+                lambda x, _: profile(model, x, loss_fn=loop.how, optimizer=optimizer,
+                                     batch_dim=batch_dim, set_to_none=loop.set_to_none,
+                                     target_device=target),
+                batch, None, batch_dim, what)
         plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
                                          optimizer_state_bytes(report.timeline))
         f = search(report, available, int(reserve_bytes), verify=verify, max_batch=max_batch)

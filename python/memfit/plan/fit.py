@@ -6,14 +6,15 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import traceback
 from typing import Any, Callable
 
 import torch
 
 from .._native import native as _memfit
 from .._step.arguments import flag
-from .._step.batching import count
-from .._step.device import budget_target, to_bytes
+from .._step.batching import batch_size, count, first_batch_dim, resize_batch
+from .._step.device import budget_target, host_memory, to_bytes
 from .._step.loop import as_loop
 from .._step.frameworks import accumulation_setter, unwrapped_optimizer
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
@@ -22,12 +23,13 @@ from .._step.training_step import check_optimizer
 from .._step.user_step import as_user_step
 from ..report.compiled import search_notes
 from ..report.data_parallel import trainable_sizes
+from ..report.places import place_of
 from ..report.profile import profile
 from .budget import resolve_budget
 from .lengths import LengthFit, fit_lengths
 from .ranks import LocalAnswer, agreed_across_ranks
 
-__all__ = ["DoesNotFit", "find_batch_size", "search", "auto_batch_size"]
+__all__ = ["DoesNotFit", "find_batch_size", "search", "auto_batch_size", "example_that_runs"]
 
 DoesNotFit = _memfit.DoesNotFit
 
@@ -35,7 +37,7 @@ DoesNotFit = _memfit.DoesNotFit
 @agreed_across_ranks  # one answer on every rank: See Note [One answer on every rank]
 def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     loss_fn: LossFn | None = None, optimizer: OptimizerArg = None,
-                    budget: Size | None = None, batch_dim: int = 0, mode: str = "cpu",
+                    budget: Size | None = None, batch_dim: int = 0, mode: str | None = None,
                     margin: Size = 0, verify: bool = True, progress: ProgressArg = None,
                     target_device: str | None = None,
                     step: StepFn | None = None, seq_dim: Any = None,
@@ -71,6 +73,14 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     ("after_step" or "before_backward", the tutorial order), train_mode
     (False: measure the model's train/eval flags as they are). The notes say
     which loop the answer is for.
+
+    mode: where each step is measured, as memfit.profile takes it (See
+    Note [Measured on the device]): None (the default) measures on the
+    device the model is on where memfit sees it (a CUDA card, the
+    simulated device), probes and the verifying step included, each held to
+    that device's own limit; "cpu" or "meta" rehearse the step to plan a
+    card you do not have. An example batch that runs out of memory there is
+    cut in half until a step runs, and the search goes on from it.
 
     target_device: the device the budget is for, "cpu" or "cuda"; None:
     "cuda" when the model's parameters are on a CUDA device, else "cpu".
@@ -130,6 +140,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     verify = flag(verify, "find_batch_size", "verify")
     how = as_user_step(loss_fn, step, "find_batch_size", model)
     target_device = budget_target(model, target_device, "find_batch_size")
+    place_of(mode, model, target_device, "find_batch_size")  # its checks, tagged as ours
     loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "find_batch_size")
     room = resolve_budget(budget, model, optimizer, "find_batch_size", target_device)
     available = room.room_bytes
@@ -138,10 +149,13 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         available = _memfit.budget_beside_ddp_buckets(
             available, sum(trainable_sizes(model)), "find_batch_size", "report.data_parallel()")
     said = as_progress(progress, "find_batch_size")
-    report = profile(model, inputs, target, loss_fn=how, optimizer=optimizer,
-                     batch_dim=batch_dim, mode=mode, progress=said, target_device=target_device,
-                     set_to_none=loop.set_to_none, accumulation_steps=loop.accumulation_steps,
-                     zero_grad=loop.zero_grad, train_mode=loop.train_mode)
+    report = example_that_runs(
+        lambda x, y: profile(model, x, y, loss_fn=how, optimizer=optimizer,
+                             batch_dim=batch_dim, mode=mode, progress=said,
+                             target_device=target_device, set_to_none=loop.set_to_none,
+                             accumulation_steps=loop.accumulation_steps,
+                             zero_grad=loop.zero_grad, train_mode=loop.train_mode),
+        inputs, target, batch_dim, "find_batch_size")
 
     def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
         fit = search(report, available, to_bytes(margin, "margin"), verify=verify,
@@ -153,6 +167,30 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         return fit
 
     return LocalAnswer(fit_at_most(), fit_at_most)
+
+
+def example_that_runs(profile_at, inputs, target, batch_dim, who):
+    """profile_at(inputs, target), the example batch's Report; where the
+    device runs out of memory at it (a batch too large for the card or the
+    simulated device it is measured on), the example cut in half until a
+    step runs: the rehearsal put everything back (Note [A rehearsal that
+    runs out of memory puts everything back]), and the search goes on from
+    what was measured. Raises DoesNotFit when even one sample runs out."""
+    n = batch_size(inputs, batch_dim, who)
+    while True:
+        try:
+            return profile_at(inputs, target)
+        except torch.cuda.OutOfMemoryError as e:
+            first = str(e).splitlines()[0] if str(e) else "out of memory"
+            traceback.clear_frames(e.__traceback__)
+        if n == 1:
+            raise DoesNotFit(f"[{who}] even a batch of 1 ran out of memory where it was "
+                             f"measured: {first}")
+        n //= 2
+        with host_memory():  # memfit's cut of the example, not the step's
+            inputs = resize_batch(inputs, n, batch_dim)
+            target = None if target is None else resize_batch(target, n,
+                                                              first_batch_dim(batch_dim))
 
 
 def search(report, available, margin=0, verify=True, max_batch=None, progress=None):

@@ -27,6 +27,7 @@ from .._step.user_step import as_user_step
 from .._step.user_state import kept_rng, step_tensors
 from . import data_parallel as _dp
 from . import page as report_page
+from .places import CARD_NOTE, place_of
 from .workspace_note import workspace_note
 
 __all__ = ["DEFAULT_CUDA_WORKSPACE", "Report", "profile"]
@@ -43,8 +44,9 @@ class Report:
 
     def __init__(self, native: _memfit.Report, timeline: _memfit.Timeline,
                  model_sizes: tuple = ((), 0), record_at: Callable | None = None,
-                 compiled: Any = None, loop_notes: tuple = ()) -> None:
+                 compiled: Any = None, loop_notes: tuple = (), truth: str = "") -> None:
         self._native = native
+        self.truth = truth  # where it was measured: See Note [Measured on the device]
         self.loop_notes = list(loop_notes)  # the loop's and the held state's notes
         self.timeline = timeline
         self._record_at = record_at
@@ -104,7 +106,9 @@ class Report:
 
     @property
     def mode(self) -> str:
-        """How the step was recorded: "cpu" or "meta"."""
+        """Where the step was recorded: "device" (on the device the model is
+        on: a card, or the simulated device), "cpu" or "meta" (rehearsed);
+        truth says it in words."""
         return self._native.mode
 
     @property
@@ -151,21 +155,21 @@ class Report:
         return [p.as_dict() for p in self._native.phases]
 
     def table(self, max_modules: int = 10) -> str:
-        """The report as a text table."""
-        return self._native.table(max_modules)
+        """The report as a text table, ending with where it was measured."""
+        text = self._native.table(max_modules)
+        return f"{text.rstrip()}\n{self.truth}\n" if self.truth else text
 
     def to_json(self, pretty: bool = True) -> str:
         """The report as JSON (keys as `memfit profile --json`; a compiled
         model's adds "compile": what compiling cost, and "eager_peak_bytes"
         once compared)."""
-        text = self._native.to_json(pretty)
-        if self._compiled is None:
-            return text
-        d = json.loads(text)
-        d["compile"] = self.compile.to_dict() if self.compile is not None else None
-        d["compile_log"] = [{"batch": b, **c.to_dict()} for b, c in self.compile_log]
-        if self.eager_peak_bytes is not None:
-            d["eager_peak_bytes"] = self.eager_peak_bytes
+        d = json.loads(self._native.to_json(pretty))
+        d["truth"] = self.truth
+        if self._compiled is not None:
+            d["compile"] = self.compile.to_dict() if self.compile is not None else None
+            d["compile_log"] = [{"batch": b, **c.to_dict()} for b, c in self.compile_log]
+            if self.eager_peak_bytes is not None:
+                d["eager_peak_bytes"] = self.eager_peak_bytes
         return json.dumps(d, indent=2 if pretty else None)
 
     def save_html(self, path: str, title: str | None = None, budget: Size | None = None,
@@ -202,7 +206,7 @@ class Report:
             raise ValueError("[at_batch] this report cannot record other batches")
         native, timeline = self._record_at(count(batch, "at_batch", "batch"))
         return Report(native, timeline, (self._trainable_sizes, self._largest_unit_bytes),
-                      self._record_at, self._compiled, self.loop_notes)
+                      self._record_at, self._compiled, self.loop_notes, self.truth)
 
     def measure_step(self, batch: int) -> tuple[_memfit.Report, _memfit.Timeline] | None:
         """(C++ report, timeline) of the step at `batch`, or None when it ran
@@ -316,7 +320,7 @@ def _probe_batches(b):
 @with_length_axis  # seq_dim: see LengthAxis
 def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             loss_fn: LossFn | None = None, optimizer: OptimizerArg = None, iterations: int = 2,
-            batch_dim: int = 0, mode: str = "cpu", target_device: str = "cpu",
+            batch_dim: int = 0, mode: str | None = None, target_device: str = "cpu",
             cuda_workspace: Size = DEFAULT_CUDA_WORKSPACE, set_to_none: bool = True,
             progress: ProgressArg = None, step: StepFn | None = None,
             compare_eager: bool = False, accumulation_steps: int = 1,
@@ -341,9 +345,16 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     - optimizer: a torch.optim.Optimizer over model.parameters() (one
       wrapped in memfit.offload too), or "adam", "adam-offload", "sgd",
       "momentum", or None (no optimizer step).
-    - mode: "cpu" runs the step for real on the CPU; "meta" runs it on meta
-      tensors (exact sizes, no memory, no time) and falls back to "cpu",
-      saying so in the report's notes, where this torch lacks a meta kernel.
+    - mode: where the step is measured (See Note [Measured on the device],
+      places.py). "device": on the device the model is on, held to its own
+      limit: a CUDA card (its caching allocator's counters) or, on the CPU,
+      the simulated device around the call (memfit.simulated_device).
+      "cpu" rehearses the step for real on the CPU; "meta" on meta tensors
+      (exact sizes, no memory, no time), falling back to "cpu", saying so
+      in the notes, where this torch lacks a meta kernel: both plan a card
+      you do not have. None (the default): "device" where memfit sees the
+      device the model is on (a card, the simulated device), else "cpu".
+      report.truth says which it holds.
     - target_device="cuda" adds the CUDA caching allocator's view (rounding,
       segments, `cuda_workspace` bytes of cuBLAS workspaces: by default two
       of Hopper's 32 MiB, the forward's thread's and autograd's, and
@@ -411,12 +422,37 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         raise ValueError(
             f"[profile] target_device must be 'cpu' or 'cuda', got {target_device!r}"
         )
-    if mode not in ("cpu", "meta"):
-        raise ValueError(f"[profile] mode must be 'cpu' or 'meta', got {mode!r}")
+    place = place_of(mode, model, target_device, "profile")
     iterations = count(iterations, "profile", "iterations")
     loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "profile")
-    loop_notes = _loop_notes(loop, model, optimizer)
-    cuda_workspace = to_bytes(cuda_workspace, "profile")
+    if not isinstance(compare_eager, bool):
+        raise ValueError(f"[profile] compare_eager must be True or False, got {compare_eager!r}")
+    meta = _checked_inputs(model, inputs, target, batch_dim, how, place)
+    recorder = _StepRecorder(model, how, optimizer, iterations, place, loop, said,
+                             target_device, to_bytes(cuda_workspace, "profile"), meta,
+                             batch_dim, _loop_notes(loop, model, optimizer))
+    recorder.compiled = _compiled_recordings(model, compare_eager, recorder, inputs, target)
+    native, timeline = recorder.run(inputs, target)
+    if compare_eager:
+        report = Report(native, timeline, compiled=recorder.compiled, truth=place.truth)
+        native.notes = native.notes + [recorder.compiled.comparison(report)]
+
+    def record_at(n):
+        # The cut or repeated batch is memfit's, made on the host: only the
+        # step's own copy of it counts (under a simulated device too).
+        with host_memory():
+            x = resize_batch(inputs, n, batch_dim)
+            y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
+        return recorder.run(x, y)
+
+    sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
+    return Report(native, timeline, sizes, record_at, recorder.compiled, recorder.loop_notes,
+                  place.truth)
+
+
+def _checked_inputs(model, inputs, target, batch_dim, how, place):
+    """Checks the batch against the model and the place it runs at; returns
+    what holds meta tensors ("inputs are", ...) or None."""
     b = batch_size(inputs, batch_dim, "profile")
     if target is not None:
         tb = batch_size(target, first_batch_dim(batch_dim), "profile target")
@@ -427,108 +463,124 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             )
     how.check_batch(model, inputs, target)
     meta = _meta_tensors(model, inputs, target)
-    if mode == "cpu":
+    if place.mode != "meta":
         _check_copy_fits(inputs, target, b)
-    if mode == "cpu" and meta:
+    if place.mode != "meta" and meta:
         raise ValueError(
             f"[profile] the {meta} on the meta device (shapes without values), and "
-            f"mode='cpu' runs the step on real values: pass mode='meta', or real tensors"
-        )
+            f"mode={place.mode!r} runs the step on real values: pass mode='meta', or real "
+            f"tensors")
+    return meta
 
-    if not isinstance(compare_eager, bool):
-        raise ValueError(f"[profile] compare_eager must be True or False, got {compare_eager!r}")
+
+def _compiled_recordings(model, compare_eager, recorder, inputs, target):
+    """A compiled model's recordings (CompiledRecordings), else None."""
     paths = compiled_paths(model)
-    compiled = None
     if paths:
-        compiled = CompiledRecordings(paths, lambda: run(inputs, target, mode, eager=True)[0])
-    elif compare_eager:
+        return CompiledRecordings(paths, lambda: recorder.run(inputs, target, eager=True)[0])
+    if compare_eager:
         raise ValueError("[profile] compare_eager=True compares a compiled model's step with "
                          "its eager step, and this model is not compiled: pass "
                          "torch.compile(model), or leave compare_eager out")
+    return None
 
-    def run(inputs, target, mode, eager=False):
-        # The step trains; it runs on copies, and the RNG it draws from is
-        # put back: see Note [A rehearsed step leaves no trace].
+
+class _StepRecorder:
+    """Records the profiled step at any batch, at its Place: the one way
+    profile() and its probes measure a step. The step trains on copies, and
+    the RNG it draws from is put back: see Note [A rehearsed step leaves no
+    trace]."""
+
+    def __init__(self, model, how, optimizer, iterations, place, loop, said, target_device,
+                 cuda_workspace, meta, batch_dim, loop_notes):
+        self.model, self.how, self.optimizer = model, how, optimizer
+        self.iterations, self.place, self.loop, self.said = iterations, place, loop, said
+        self.target_device, self.cuda_workspace = target_device, cuda_workspace
+        self.meta, self.batch_dim, self.loop_notes = meta, batch_dim, loop_notes
+        self.compiled = None
+
+    def run(self, inputs, target, eager=False):
+        """(C++ report, timeline) of the step on `inputs`."""
         notes = []
-        rec = None
         reads = MetaReads()  # See Note [Data-dependent reads on the meta device].
         with kept_rng():
-            try:
-                # For a card, the optimizer a GPU would run: See Note [The
-                # optimizer a GPU would run].
-                card = target_device == "cuda"
-                with contextlib.ExitStack() as stack:
-                    if mode == "meta":
-                        stack.enter_context(reads.answering())
-                    foreach = stack.enter_context(
-                        foreach_as_on_cuda(optimizer if card else None))
-                    rec = rehearse(model, inputs, target, how, optimizer, iterations,
-                                   torch.device(mode), loop, said, as_on_cuda=card,
-                                   eager=eager)
-                if foreach or rec.ran_foreach:
-                    notes.append("the optimizer ran its foreach implementation, as torch "
-                                 "does for CUDA parameters (temporaries as large as all "
-                                 "parameters); see Note [The optimizer a GPU would run]")
-            except (NotImplementedError, RuntimeError) as e:
-                if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
-                    raise
-                first = str(e).splitlines()[0]
-                first = first if first.startswith("[profile]") else first[:160]
-                notes.append(f"meta mode unavailable in this torch ({first}); fell back to cpu mode")
-            if rec is None:  # outside the except: its traceback holds the meta graph
-                if meta and first.startswith("[profile]"):
-                    raise ValueError(f"{first} (the {meta} on the meta device)")
-                if meta:
-                    raise ValueError(
-                        f"[profile] meta mode is unavailable in this torch ({first}), and "
-                        f"the {meta} on the meta device, which cpu mode cannot run: pass "
-                        f"real tensors"
-                    )
-                mode = "cpu"
-                rec = rehearse(model, inputs, target, how, optimizer, iterations,
-                               torch.device("cpu"), loop, said, eager=eager)
-        if how.note:
-            notes.append(how.note)
-        notes.extend(loop_notes)
-        if meta:
-            notes.append(f"unverified: the {meta} on the meta device (shapes without "
+            rec, mode = self._rehearse(inputs, target, eager, reads, notes)
+        return self._report(rec, mode, inputs, eager, reads, notes)
+
+    def _rehearse(self, inputs, target, eager, reads, notes):
+        """The RecordedStep at the place (meta falls back to the CPU where
+        this torch lacks a meta kernel), and the mode it ran in."""
+        mode, place = self.place.mode, self.place
+        # For a card, the optimizer a GPU would run: See Note [The optimizer
+        # a GPU would run].
+        card = self.target_device == "cuda"
+        try:
+            with contextlib.ExitStack() as stack:
+                if mode == "meta":
+                    stack.enter_context(reads.answering())
+                foreach = stack.enter_context(
+                    foreach_as_on_cuda(self.optimizer if card else None))
+                rec = rehearse(self.model, inputs, target, self.how, self.optimizer,
+                               self.iterations, place.device, self.loop, self.said,
+                               as_on_cuda=card, eager=eager, counters=place.counters)
+            if foreach or rec.ran_foreach:
+                notes.append("the optimizer ran its foreach implementation, as torch "
+                             "does for CUDA parameters (temporaries as large as all "
+                             "parameters); see Note [The optimizer a GPU would run]")
+            return rec, mode
+        except (NotImplementedError, RuntimeError) as e:
+            if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
+                raise
+            first = str(e).splitlines()[0]
+            first = first if first.startswith("[profile]") else first[:160]
+        # Outside the except: its traceback holds the meta graph.
+        if self.meta and first.startswith("[profile]"):
+            raise ValueError(f"{first} (the {self.meta} on the meta device)")
+        if self.meta:
+            raise ValueError(
+                f"[profile] meta mode is unavailable in this torch ({first}), and "
+                f"the {self.meta} on the meta device, which cpu mode cannot run: pass "
+                f"real tensors"
+            )
+        notes.append(f"meta mode unavailable in this torch ({first}); fell back to cpu mode")
+        rec = rehearse(self.model, inputs, target, self.how, self.optimizer, self.iterations,
+                       torch.device("cpu"), self.loop, self.said, eager=eager)
+        return rec, "cpu"
+
+    def _report(self, rec, mode, inputs, eager, reads, notes):
+        """The C++ report and timeline of a recorded step, with its notes."""
+        if self.how.note:
+            notes.append(self.how.note)
+        notes.extend(self.loop_notes)
+        if self.meta:
+            notes.append(f"unverified: the {self.meta} on the meta device (shapes without "
                          f"values), so no step can run for real to check these figures")
-        if rec is not None and mode == "meta" and reads.note():
+        if mode == "meta" and reads.note():
             notes.append(reads.note())
-        # See Note [Workspace meta mode cannot see] (workspace_note.py).
-        workspace = workspace_note(model, mode, rec.timeline)
-        if workspace:
-            notes.append(workspace)
-        n = batch_size(inputs, batch_dim, "profile")
-        if compiled is not None and not eager:
-            notes.extend(compiled.add(n, rec.compile))
-        said.step(f"explain batch {n}'s {len(rec.timeline)} allocations and frees")
-        name = type(getattr(model, "_orig_mod", model)).__name__  # torch.compile's wrapper
-        native = _memfit.make_report(rec.timeline, name, n, optimizer_name(optimizer), mode)
+        n = batch_size(inputs, self.batch_dim, "profile")
+        if self.compiled is not None and not eager:
+            notes.extend(self.compiled.add(n, rec.compile))
+        model = type(getattr(self.model, "_orig_mod", self.model)).__name__  # torch.compile's
+        counters = self.place.counters
+        if counters is not None:  # a card: its own counters, See Note [Measured on the device]
+            native, timeline = counters.report(model, n, optimizer_name(self.optimizer))
+            notes.append(CARD_NOTE)
+        else:
+            # See Note [Workspace meta mode cannot see] (workspace_note.py).
+            workspace = workspace_note(self.model, mode, rec.timeline)
+            if workspace:
+                notes.append(workspace)
+            self.said.step(f"explain batch {n}'s {len(rec.timeline)} allocations and frees")
+            timeline = rec.timeline
+            native = _memfit.make_report(timeline, model, n, optimizer_name(self.optimizer), mode)
+            if self.target_device == "cuda":  # every batch recorded, for the same card
+                native.set_cuda_estimate(timeline, self.cuda_workspace)
         if rec.host_bytes:
             notes.append(f"optimizer state and step on the host: "
                          f"{_memfit.format_bytes(rec.host_bytes)} of host memory (parameter "
                          f"copies, gradient buffers, state), not in the device's figures")
         native.notes = notes
-        if target_device == "cuda":  # every batch recorded, for the same card
-            native.set_cuda_estimate(rec.timeline, cuda_workspace)
-        return native, rec.timeline
-
-    native, timeline = run(inputs, target, mode)
-    if compare_eager:
-        report = Report(native, timeline, compiled=compiled)
-        native.notes = native.notes + [compiled.comparison(report)]
-
-    def record_at(n):
-        # The cut or repeated batch is memfit's, made on the host: only the
-        # step's own copy of it counts (under a simulated device too).
-        with host_memory():
-            x = resize_batch(inputs, n, batch_dim)
-            y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
-        return run(x, y, mode)
-
-    sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
-    return Report(native, timeline, sizes, record_at, compiled, loop_notes)
+        return native, timeline
 
 
 def _loop_notes(loop, model, optimizer):

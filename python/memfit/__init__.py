@@ -16,9 +16,8 @@ from ._build_info import check_torch as _check_torch  # before the extension: on
 
 _check_torch()  # names both torch versions if memfit was built against another
 from ._native import format_bytes, parse_size
-from ._step.device import host_memory, simulated_device, to_bytes
-from ._step.offload import OffloadedOptimizer, offload
-from ._step.tracking import Tracking, track
+from .memory import (OffloadedOptimizer, Tracking, host_memory, offload, simulated_device,
+                     to_bytes, track)
 from .diagnosis import Doctor, Finding, doctor
 from .explain import load_snapshot
 from .lazy_mode.api import LazyError, LazyRun, LazyTensor, eager, last_lazy_run, lazy

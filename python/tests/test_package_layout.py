@@ -21,10 +21,11 @@ PACKAGE = pathlib.Path(memfit.__file__).parent
 # be placed here (the test names it).
 LAYERS = {
     "_step": 0,
-    "report": 1, "lazy_mode": 1, "diagnosis": 1, "testing": 1,  # testing.truth: the simulated device
-    "plan": 2, "explain": 2,
-    "train": 3,
-    "integrations": 4,
+    "memory": 1,  # the public simulated_device, track, offload
+    "report": 2, "lazy_mode": 2, "diagnosis": 2, "testing": 2,  # testing.truth: the simulated device
+    "plan": 3, "explain": 3,
+    "train": 4,
+    "integrations": 5,
 }
 TOP_LEVEL = {"__init__", "__main__", "command", "_moved", "_native",
              "_build_info"}  # _build_info: written by CMake
@@ -148,7 +149,8 @@ def test_every_public_name_is_annotated():
 # jobs: split it into named steps. Those below are still to split.
 MAX_FUNCTION_LINES = 80
 LONG_FUNCTIONS_TO_SPLIT = {"_step/record.py:record_step", "explain/trace.py:events_of",
-                           "lazy_mode/run/backward.py:_backward", "plan/advise.py:advise"}
+                           "lazy_mode/run/backward.py:_backward", "plan/advise.py:advise",
+                           "report/profile.py:profile"}
 
 
 def _lines_of_code(fn):
@@ -170,6 +172,22 @@ def test_every_function_fits_in_80_lines_of_code():
                         and name not in LONG_FUNCTIONS_TO_SPLIT:
                     long.append(f"{name} ({_lines_of_code(node)})")
     assert long == []
+
+
+# Public names defined in a private module, re-exported by memfit: the
+# machinery under them (_step) still needs them.
+DEFINED_BELOW_THE_API = {"DoesNotFit", "format_bytes", "host_memory", "OffloadedOptimizer",
+                         "parse_size", "to_bytes", "Tracking"}
+
+
+def test_the_public_api_is_defined_in_public_modules():
+    private = []
+    for name in memfit.__all__:
+        module = getattr(getattr(memfit, name), "__module__", "memfit")
+        if any(part.startswith("_") for part in module.split(".")) \
+                and name not in DEFINED_BELOW_THE_API:
+            private.append(f"{name} ({module})")
+    assert private == []
 
 
 def test_the_package_is_marked_typed():

@@ -23,7 +23,7 @@ import torch
 
 from .device import host_memory
 
-__all__ = ["construct", "OffloadedOptimizer", "offload"]
+__all__: list = []
 
 
 def _host_device(p):
@@ -148,16 +148,3 @@ class OffloadedOptimizer(torch.optim.Optimizer):
 
     def __repr__(self):
         return f"memfit.offload({self.inner!r})"
-
-
-def offload(optimizer: torch.optim.Optimizer) -> OffloadedOptimizer:
-    """`optimizer` with its state and step on the host (CPU RAM beside a
-    GPU): the device then holds no optimizer state and no step temporaries
-    (for Adam, two copies of the parameters' bytes and more saved), at the
-    cost of copying the parameters and gradients to the host and the
-    parameters back each step. State the optimizer already has moves to the host.
-
-        opt = memfit.offload(torch.optim.Adam(model.parameters(), lr=1e-3))
-
-    Use the returned optimizer in place of the one given."""
-    return OffloadedOptimizer(optimizer)

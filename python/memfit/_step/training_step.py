@@ -8,7 +8,6 @@ import torch
 
 from .._native import native as _native
 from .offload import OffloadedOptimizer
-from .offload import offload as _offload
 
 __all__ = [
     "OPTIMIZERS", "builtin_name", "default_loss", "compute_loss", "call_model", "check_loss_trains",
@@ -24,7 +23,7 @@ def _builder(spec):
 
     def build(params):
         optimizer = cls(params, **options)
-        return _offload(optimizer) if spec.on_host else optimizer
+        return OffloadedOptimizer(optimizer) if spec.on_host else optimizer
 
     return build
 

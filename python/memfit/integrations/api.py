@@ -23,7 +23,7 @@ walks through adding a trainer.
 """
 
 from .._step.batching import count, sequence_length
-from .._step.device import host_memory
+from ..memory.device import host_memory
 from .._step.hints import Size
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep

@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from .._step.device import simulated_device
+from ..memory.device import simulated_device
 
 __all__ = ["plain_steps_run", "largest_that_fits"]
 

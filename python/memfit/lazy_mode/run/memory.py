@@ -46,7 +46,7 @@ def profile_memory(device, fn):
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device) - base
         return None, [peak], [peak]
-    from ..._step.tracking import track
+    from ...memory.tracking import track
 
     with track() as t:
         kept = fn()

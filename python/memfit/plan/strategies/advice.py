@@ -186,7 +186,7 @@ class Advice:
                 f"{self.optimizer}: build that optimizer with your hyperparameters")
         if not s.host_state:
             return optimizer
-        from ..._step.offload import OffloadedOptimizer, offload
+        from ...memory.offload import OffloadedOptimizer, offload
         return optimizer if isinstance(optimizer, OffloadedOptimizer) else offload(optimizer)
 
     def table(self) -> str:

@@ -16,7 +16,8 @@ from typing import Callable
 
 import torch
 
-from ..._step.offload import OffloadedOptimizer, construct, offload
+from ..._step.offload import OffloadedOptimizer, construct
+from ...memory.offload import offload
 from .chunked_loss import apply_chunked_loss, chunk_tokens_for, has_linear_head
 from .quantized import QLORA_MODULES, adamw8bit, quantizable, to_nf4_linears, torchao_available
 

@@ -3,7 +3,8 @@ zero_grad frees the gradients (set_to_none) or zeroes them in place."""
 
 import torch
 
-from ..._step.offload import OffloadedOptimizer, construct, offload
+from ..._step.offload import OffloadedOptimizer, construct
+from ...memory.offload import offload
 from ..._step.training_step import OPTIMIZERS, builtin_name
 
 __all__ = ["kind_of", "optimizer_for", "make_optimizer"]

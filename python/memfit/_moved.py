@@ -8,7 +8,7 @@ import importlib.util
 import sys
 import warnings
 
-__all__ = ["MOVED", "install"]
+__all__: list = []
 
 # The package was flat until 0.1; each old path and where it lives now.
 MOVED = {

@@ -20,14 +20,4 @@ from ._memfit import (
     tracked_live_bytes,
 )
 
-__all__ = [
-    "native",
-    "ChunkCoverage",
-    "ChunkSchedule",
-    "allocation_id",
-    "allocator_figures",
-    "budget",
-    "format_bytes",
-    "parse_size",
-    "tracked_live_bytes",
-]
+__all__ = ["format_bytes", "parse_size"]

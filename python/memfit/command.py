@@ -11,7 +11,7 @@ snapshot.pickle` (memfit.explain.cli)."""
 import signal
 import sys
 
-__all__ = ["main"]
+__all__: list = []
 
 
 def main(argv=None):

@@ -190,6 +190,45 @@ def test_the_public_api_is_defined_in_public_modules():
     assert private == []
 
 
+# The modules whose __all__ is memfit's API: the package, each subpackage's
+# __init__, memfit.memory's modules and the integrations a user imports. Any
+# other module's __all__ lists only names one of these exports; what it
+# shares inside the package is public by name (no underscore) but not API.
+PUBLIC_MODULES = {("integrations", "api"), ("integrations", "lightning"),
+                  ("integrations", "transformers"), ("memory", "device"),
+                  ("memory", "offload"), ("memory", "tracking")}
+ALL_STILL_TO_TRIM = {"explain/trace", "integrations/length_batches", "plan/ranks",
+                     "plan/strategies/advice", "plan/strategies/llm_settings", "report/profile",
+                     "testing/models"}
+
+
+def _all_of(path):
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                return list(ast.literal_eval(node.value))
+    return []
+
+
+def _is_public(parts):
+    return not any(p.startswith("_") for p in parts if p != "__init__") \
+        and (parts[-1] == "__init__" or tuple(parts) in PUBLIC_MODULES)
+
+
+def test_every_all_lists_public_names_only():
+    mods = list(modules())
+    api = {name for path, parts in mods if _is_public(parts) for name in _all_of(path)}
+    inner = {}
+    for path, parts in mods:
+        if not _is_public(parts) and "/".join(parts) not in ALL_STILL_TO_TRIM \
+                and parts != ("_build_info",):  # written by CMake
+            names = [n for n in _all_of(path) if n not in api]
+            if names:
+                inner["/".join(parts)] = names
+    assert inner == {}
+
+
 def test_the_package_is_marked_typed():
     assert (PACKAGE / "py.typed").exists()
 

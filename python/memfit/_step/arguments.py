@@ -4,7 +4,7 @@ what it takes."""
 
 from __future__ import annotations
 
-__all__ = ["flag"]
+__all__: list = []
 
 
 def flag(value: object, who: str, name: str) -> bool:

@@ -6,10 +6,7 @@ from collections.abc import Mapping
 
 import torch
 
-__all__ = [
-    "count", "map_tensors", "tensors_in", "first_batch_dim", "batch_size", "narrow_batch",
-    "resize_batch", "sequence_length", "resize_length",
-]
+__all__ = ["count", "sequence_length"]
 
 
 def count(value, what, name, minimum=1):

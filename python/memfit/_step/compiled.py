@@ -17,11 +17,7 @@ import torch
 
 from .._native import native as _memfit
 
-__all__ = [
-    "CompileCost", "CompileWatch", "GraphBreak", "compiled_paths", "is_compiled",
-    "module_calls", "compiled_roots", "watch_call", "eager_stance", "compiler_unavailable", "inductor_error",
-    "record_warm", "graph_break_of", "compilation_metrics", "fresh_call", "uncompiled_call",
-]
+__all__: list = []
 
 # Note [Recording a compiled step]
 # A compiled model's first calls compile: dynamo traces the Python, AOTAutograd

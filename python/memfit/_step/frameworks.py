@@ -8,7 +8,7 @@ from typing import Any, Callable
 
 import torch
 
-__all__ = ["accumulation_setter", "unwrapped_optimizer"]
+__all__: list = []
 
 _WRAPPERS = ("accelerate.", "lightning.", "pytorch_lightning.")
 

@@ -5,7 +5,7 @@ import contextlib
 import functools
 import gc
 
-__all__ = ["gc_frozen", "with_gc_frozen"]
+__all__: list = []
 
 
 # Note [Long calls freeze the objects alive before them]

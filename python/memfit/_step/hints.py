@@ -4,7 +4,7 @@ from typing import Any, Callable, Union
 
 import torch
 
-__all__ = ["Batch", "LossFn", "OptimizerArg", "ProgressArg", "Size", "StepFn"]
+__all__ = ["Size"]
 
 # A batch: a tensor, or tuples, lists and dicts of them (and of other values),
 # split along its batch dimension.

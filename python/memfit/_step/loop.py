@@ -12,7 +12,7 @@ import dataclasses
 
 import torch
 
-__all__ = ["ZERO_GRAD_PLACES", "Loop", "as_loop", "eval_modules", "train_mode"]
+__all__: list = []
 
 # Where the loop calls zero_grad: after the optimizer step (PyTorch's
 # quickstart), or just before backward (the tutorial order `loss = ...;

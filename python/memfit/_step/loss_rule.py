@@ -21,8 +21,7 @@ import inspect
 import torch
 import torch.nn.functional as F
 
-__all__ = ["LOSSES", "LossRule", "loss_rule", "reduction_of", "bind_arguments",
-           "counted_targets"]
+__all__: list = []
 
 
 def _loss_table():

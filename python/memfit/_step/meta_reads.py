@@ -54,7 +54,7 @@ import torch.nn.functional as F
 
 from .._native import native as _memfit
 
-__all__ = ["run_foreach", "foreach_as_on_cuda", "MetaReads"]
+__all__: list = []
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 

@@ -14,7 +14,7 @@ import torch
 
 from .._native import native as _memfit
 
-__all__ = ["OomMemory", "live_memory", "phase_of", "explain", "install"]
+__all__: list = []
 
 _TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
 _OPTIM_DIR = os.path.join(_TORCH_DIR, "optim") + os.sep

@@ -6,7 +6,7 @@ import sys
 
 from .._native import native as _memfit
 
-__all__ = ["Progress", "as_progress"]
+__all__: list = []
 
 
 class Progress:

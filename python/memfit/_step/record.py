@@ -22,7 +22,7 @@ from .training_step import OPTIMIZERS, check_loss_trains
 from .user_step import as_user_step
 from .user_state import ModelTensors, OptimizerState, private_copy
 
-__all__ = ["RecordedStep", "record_step", "rehearse"]
+__all__: list = []
 
 
 @dataclasses.dataclass

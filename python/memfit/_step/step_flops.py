@@ -10,7 +10,7 @@ import contextvars
 
 from .._native import native as _memfit
 
-__all__ = ["StepFlopCount", "counting_flops", "open_count"]
+__all__: list = []
 
 _OPEN = contextvars.ContextVar("memfit_step_flop_count", default=None)
 

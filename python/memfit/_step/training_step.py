@@ -9,10 +9,7 @@ import torch
 from .._native import native as _native
 from .offload import OffloadedOptimizer
 
-__all__ = [
-    "OPTIMIZERS", "builtin_name", "default_loss", "compute_loss", "call_model", "check_loss_trains",
-    "check_model", "check_optimizer", "optimizer_name",
-]
+__all__: list = []
 
 
 

@@ -26,10 +26,7 @@ from .batching import map_tensors
 from .device import host_memory
 from .offload import OffloadedOptimizer
 
-__all__ = [
-    "kept_rng", "private_copy", "storage_leaves", "StepTensor", "step_tensors", "step_bytes",
-    "ModelTensors", "OptimizerState",
-]
+__all__ = ["kept_rng"]
 
 
 def kept_rng():

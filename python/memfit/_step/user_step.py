@@ -18,7 +18,7 @@ import torch
 
 from .training_step import call_model, compute_loss
 
-__all__ = ["StepError", "UserStep", "as_user_step", "is_hf_model", "output_loss"]
+__all__ = ["UserStep"]
 
 
 # Note [The step function's contract]

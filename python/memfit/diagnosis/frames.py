@@ -20,7 +20,7 @@ import torch
 
 from .records import UNKNOWN_SITE, Site
 
-__all__ = ["is_library_file", "is_torch_file", "is_user_file", "user_frame", "site_of"]
+__all__: list = []
 
 
 def _library_dirs():

@@ -9,7 +9,7 @@ import re
 
 from .records import Site
 
-__all__ = ["Keeper", "keeper_of"]
+__all__: list = []
 
 # How far below the line that made the tensor the loop body is searched.
 _LINES = 40

@@ -8,7 +8,7 @@ from typing import Dict, List, Optional, Tuple
 
 from .records import UNKNOWN_SITE, Observation, Site
 
-__all__ = ["Allocation", "Step", "Run", "build_run"]
+__all__: list = []
 
 
 @dataclass

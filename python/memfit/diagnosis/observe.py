@@ -35,7 +35,7 @@ from .frames import is_library_file, site_of, user_frame
 from .records import (CompileEvent, Float64Tensor, ForwardCall, GraphUse, HostCopy,
                       InPlaceCandidate, Marker, Observation, Span, ZeroGradCall)
 
-__all__ = ["StopRun", "IN_PLACE_FIXES", "func_name", "Observer"]
+__all__ = ["StopRun"]
 
 
 class StopRun(BaseException):

@@ -12,7 +12,7 @@ from .._step.oom_explain import explain, live_memory, phase_of
 from .frames import is_library_file
 from .records import UNKNOWN_SITE, Finding, Site
 
-__all__ = ["is_oom", "oom_finding"]
+__all__: list = []
 
 _PHASE_WORDS = {"optimizer_step": "the optimizer step", "backward": "the backward",
                 "forward": "the forward", "": "the loop, outside forward, backward and step"}

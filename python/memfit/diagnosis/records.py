@@ -15,11 +15,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Optional, Tuple, Union
 
-__all__ = [
-    "KINDS", "Site", "UNKNOWN_SITE", "short_path", "Span", "Marker", "ForwardCall", "ZeroGradCall",
-    "GraphUse", "Float64Tensor", "HostCopy", "InPlaceCandidate", "CompileEvent", "Observation",
-    "Finding",
-]
+__all__ = ["KINDS", "Site", "Finding"]
 
 # Each kind of finding with the question it answers. A new kind is one entry
 # here and the check that finds it (diagnosis/checks.py for a run,

@@ -4,7 +4,7 @@ the bytes, what was seen, the fix and what it saves."""
 from .._native import format_bytes
 from .records import KINDS
 
-__all__ = ["format_report"]
+__all__: list = []
 
 
 def _saving(f):

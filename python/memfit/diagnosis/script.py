@@ -31,7 +31,7 @@ import traceback
 from .observe import StopRun
 from .session import Doctor
 
-__all__ = ["USAGE", "DEFAULT_STEPS", "DEFAULT_TIME_LIMIT", "parse", "run_script", "main"]
+__all__: list = []
 
 USAGE = ("usage: memfit doctor [--steps N] [--time-limit SECONDS] [--no-trials] script.py "
          "[script args ...] [--steps N] [-- script args ...]")

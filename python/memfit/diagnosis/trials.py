@@ -20,7 +20,7 @@ from .._step.compiled import compilation_metrics, fresh_call, graph_break_of, un
 from .._step.tracking import Tracking
 from .._step.user_step import output_loss
 
-__all__ = ["TrialResult", "try_no_grad", "try_item", "try_set_to_none", "try_graph_split"]
+__all__: list = []
 
 
 @dataclass(frozen=True)

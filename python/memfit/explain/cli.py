@@ -16,7 +16,7 @@ import sys
 from .._native import native as _memfit
 from .snapshot import NotASnapshot, load_snapshot
 
-__all__ = ["main"]
+__all__: list = []
 
 
 class _Parser(argparse.ArgumentParser):

@@ -16,7 +16,7 @@ from typing import List, Optional
 
 from .._native import native as _memfit
 
-__all__ = ["Comparison", "PhaseComparison", "compare_prediction"]
+__all__ = ["Comparison", "PhaseComparison"]
 
 
 @dataclass

@@ -9,7 +9,7 @@ from ..diagnosis.records import Finding
 from .frames import describe, place_of
 from .trace import CATEGORIES, TraceEvents
 
-__all__ = ["find"]
+__all__: list = []
 
 _FIX = {
     "activation": "activation checkpointing or a smaller micro-batch (memfit advise plans both)",

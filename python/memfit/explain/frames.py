@@ -30,7 +30,7 @@ from typing import Optional, Sequence, Tuple
 from ..diagnosis.frames import is_torch_file, is_user_file  # the one user-file rule
 from .snapshot_format import Frame
 
-__all__ = ["MODULE_FRAME", "classify_stack", "describe", "is_python_file", "place_of"]
+__all__: list = []
 
 _CPP = re.compile(r"\.(c|cc|cpp|cxx|h|hpp|cu|cuh)$")
 _LOSSES = {

@@ -13,7 +13,7 @@ from .snapshot_format import (ALLOC, FREE_COMPLETED, FREE_REQUESTED, SEGMENT_ALL
                               SEGMENT_FREE, RawSnapshot)
 from .trace import TraceEvents
 
-__all__ = ["ReplayCheck", "check_replay"]
+__all__ = ["ReplayCheck"]
 
 TOLERANCE = 0.01  # the bound on reserved bytes at every event
 

@@ -24,25 +24,7 @@ from typing import Dict, List, Tuple
 
 from .._native import native as _memfit
 
-__all__ = [
-    "ACTIONS",
-    "ALLOC",
-    "FREE_COMPLETED",
-    "FREE_REQUESTED",
-    "OOM",
-    "SEGMENT_ALLOC",
-    "SEGMENT_FREE",
-    "SEGMENT_MAP",
-    "SEGMENT_UNMAP",
-    "SNAPSHOT",
-    "Block",
-    "DeviceTrace",
-    "Frame",
-    "NotASnapshot",
-    "RawSnapshot",
-    "Segment",
-    "read_snapshot",
-]
+__all__ = ["NotASnapshot"]
 
 # Trace actions in torch's words (TraceEntry::Action); the code is the index.
 ACTIONS = tuple(_memfit.SNAPSHOT_ACTIONS)

@@ -21,8 +21,8 @@ from ..plan.fit import example_that_runs, search
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 
-__all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "largest_divisor", "optimizer_state_bytes",
-           "plan_batch", "plan_eval_batch", "check_options", "tell_change"]
+__all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "plan_batch",
+           "plan_eval_batch", "check_options", "tell_change"]
 
 
 @dataclasses.dataclass

@@ -11,7 +11,7 @@ from .graph import BatchInt, LazyError
 from .run import LazyRun, last_run, read
 from .tensor import LazyTensor, install_module_hook, lazy_leaf
 
-__all__ = ["lazy", "eager", "last_lazy_run", "LazyTensor", "LazyError", "LazyRun", "BatchInt"]
+__all__ = ["LazyTensor", "LazyError", "LazyRun", "BatchInt"]
 
 
 def lazy(*tensors: torch.Tensor, batch: int = 0, allow_mixing: bool = False,

@@ -12,7 +12,7 @@ from .._native import native as _memfit
 from .._step.device import to_bytes
 from .._step.user_state import step_bytes
 
-__all__ = ["DeviceFull", "Room", "resolve_budget", "cuda_free_bytes"]
+__all__: list = []
 
 # Note [The budget is the whole device]
 # A budget is what the device has for the user's training: the step and

@@ -30,10 +30,7 @@ from .._step.meta_reads import MetaReads
 from .._step.user_state import ModelTensors, kept_rng, private_copy
 from .strategies.checkpoint import find_chain
 
-__all__ = [
-    "DEFAULT_DEVICE_FLOPS", "DEFAULT_LINK_BYTES_PER_S", "StepFlops", "CostRow", "count_step_flops",
-    "estimate_costs", "cost_table",
-]
+__all__ = ["CostRow", "estimate_costs"]
 
 # A100-class defaults: dense fp32-with-TF32 / bf16 sustained rate and a
 # PCIe 4.0 x16 link. Pass your own to estimate_costs().

@@ -29,7 +29,7 @@ from .budget import resolve_budget
 from .lengths import LengthFit, fit_lengths
 from .ranks import LocalAnswer, agreed_across_ranks
 
-__all__ = ["DoesNotFit", "find_batch_size", "search", "auto_batch_size", "example_that_runs"]
+__all__ = ["DoesNotFit", "find_batch_size", "auto_batch_size"]
 
 DoesNotFit = _memfit.DoesNotFit
 

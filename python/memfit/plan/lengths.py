@@ -13,7 +13,7 @@ from .._native import native as _memfit
 from .._step.batching import count, first_batch_dim, resize_length, sequence_length
 from .._step.device import host_memory
 
-__all__ = ["LengthFit", "fit_lengths"]
+__all__: list = []
 
 
 # Note [Between measured lengths]

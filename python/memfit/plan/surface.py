@@ -14,7 +14,7 @@ from .._step.hints import Batch
 from ..report.length_surface import HeldOut, LengthAxis, LengthSurface
 from ..report.profile import profile
 
-__all__ = ["HeldOut", "LengthSurface", "length_surface"]
+__all__: list = []
 
 
 def length_surface(model: torch.nn.Module, inputs: Batch, target: Batch = None, *,

@@ -8,7 +8,7 @@ from typing import Any, Callable
 from .._native import native as _memfit
 from .._step.compiled import CompileCost
 
-__all__ = ["CompiledRecordings", "saving_line", "search_notes"]
+__all__: list = []
 
 
 def saving_line(compiled_peak: int, eager_peak: int) -> str:

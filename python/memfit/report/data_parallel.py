@@ -8,10 +8,7 @@ import torch
 from .._native import native as _memfit
 from .._step.arguments import flag
 
-__all__ = [
-    "SHARDINGS", "FSDP2", "trainable_sizes", "largest_unit_bytes", "unit_bytes",
-    "optimizer_shard_fraction", "check_world_size", "chain_blocks", "fsdp2_setup", "rank_peaks",
-]
+__all__: list = []
 
 SHARDINGS = ("ddp", "zero1", "zero2", "zero3")
 FSDP2 = "fsdp2"

@@ -18,8 +18,7 @@ from .._step.batching import (count, first_batch_dim, resize_batch, resize_lengt
                               sequence_length)
 from .._step.device import host_memory, to_bytes
 
-__all__ = ["HeldOut", "LengthAxis", "LengthPrediction", "LengthSurface", "fit_surface",
-           "with_length_axis"]
+__all__: list = []
 
 
 # Note [The peak over batch and length]

@@ -12,7 +12,7 @@ The page is drawn by the C++ core (render/html_report.h), the same page
 from .._native import native as _memfit
 from .._step.device import to_bytes
 
-__all__ = ["advice_table", "html_page", "save_html"]
+__all__: list = []
 
 
 def advice_table(advice):

@@ -14,8 +14,7 @@ import torch
 from .._native import native as _memfit
 from .._step.user_state import step_bytes
 
-__all__ = ["Place", "place_of", "CardCounters", "PhaseSample", "phase_timeline", "MODES",
-           "CARD_NOTE"]
+__all__: list = []
 
 MODES = ("device", "cpu", "meta")
 

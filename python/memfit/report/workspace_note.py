@@ -8,7 +8,7 @@ import torch
 
 from .._native import native as _memfit
 
-__all__ = ["convolution_layers", "convolution_workspace_bytes", "workspace_note"]
+__all__: list = []
 
 # Note [Workspace meta mode cannot see]
 # A meta kernel allocates exactly the op's outputs. The CPU's convolution

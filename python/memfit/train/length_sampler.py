@@ -12,7 +12,7 @@ from torch.utils.data import Sampler
 from .._step.arguments import flag
 from .._step.batching import count
 
-__all__ = ["LengthBatchSampler"]
+__all__: list = []
 
 
 # Note [Batches by length]

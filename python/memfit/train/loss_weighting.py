@@ -11,7 +11,7 @@ from torch.overrides import TorchFunctionMode
 
 from .._step.loss_rule import LossRule, bind_arguments, counted_targets, loss_rule
 
-__all__ = ["LossWeighting", "declared_reduction"]
+__all__: list = []
 
 # Note [Probing how the loss reduces]
 # A micro-batch's loss counts in the batch's by how the loss reduces the

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["random_layers", "split_notes"]
+__all__: list = []
 
 # Note [Dropout in a split step]
 # Dropout draws its mask from the RNG over the tensor it is given: a

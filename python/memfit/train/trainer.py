@@ -24,7 +24,7 @@ from .length_sampler import LengthBatchSampler
 from .loss_weighting import LossWeighting
 from .step_notes import split_notes
 
-__all__ = ["coupled_layers", "BufferGuard", "MicroBatchPlan", "even_micro_batch", "Trainer"]
+__all__ = ["Trainer"]
 
 
 def coupled_layers(model):

@@ -4,7 +4,7 @@ again when the operation runs.
 
 import torch
 
-__all__ = ["grad_autocast", "autocast_ctx"]
+__all__: list = []
 
 
 try:  # torch >= 2.4: per-device autocast queries (the old ones are deprecated)

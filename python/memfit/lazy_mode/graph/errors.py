@@ -4,7 +4,7 @@ mixes samples.
 
 import torch
 
-__all__ = ["OutOfMemoryError", "LazyError", "mix_error", "inplace_error"]
+__all__ = ["LazyError"]
 
 
 OutOfMemoryError = torch.cuda.OutOfMemoryError

@@ -8,7 +8,7 @@ from ..._step.loss_rule import LOSSES, loss_rule
 from .node import Node
 from .op_tables import bind_args
 
-__all__ = ["LOSSES", "root_kind"]
+__all__: list = []
 
 
 def root_kind(n, fn, op, args, kwargs, targs, tkw, first):

@@ -10,7 +10,7 @@ from .names import display_name
 from .node import Arange, Node
 from .op_tables import BATCH_FIRST, DIM_MIXERS, SELECTORS
 
-__all__ = ["bdim_set", "check_mixing", "getitem_analysis"]
+__all__: list = []
 
 
 def _norm_dim(d, ndim):

@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-__all__ = ["user_line", "INPLACE_DUNDERS", "op_name", "display_name"]
+__all__: list = []
 
 
 _SKIP_DIRS = (

@@ -4,7 +4,7 @@ that follow the chunk (BatchInt, Sliced, Arange).
 
 import itertools
 
-__all__ = ["BatchInt", "Sliced", "Arange", "Node", "probe_sizes"]
+__all__ = ["BatchInt", "Node"]
 
 
 class BatchInt(int):

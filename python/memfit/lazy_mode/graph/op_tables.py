@@ -5,10 +5,7 @@ return values of the data or take inplace=; and binding a call's arguments.
 
 from ..._step.loss_rule import bind_arguments
 
-__all__ = [
-    "POINTWISE", "DIM_MIXERS", "SELECTORS", "BATCH_FIRST", "DATA_DEPENDENT", "DATA_VALUED",
-    "PYTHON_VALUED", "INPLACE_ARG", "bind_args", "inplace_positional",
-]
+__all__: list = []
 
 
 POINTWISE = {

@@ -13,7 +13,7 @@ import torch
 
 from ..._native import allocation_id
 
-__all__ = ["on_host", "to_device"]
+__all__: list = []
 
 
 def on_host(tensor, device):

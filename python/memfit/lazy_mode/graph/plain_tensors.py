@@ -10,7 +10,7 @@ from .names import display_name
 from .node import Sliced
 from .op_tables import POINTWISE, bind_args
 
-__all__ = ["plain_rules"]
+__all__: list = []
 
 
 def plain_rules(fn, op, targs, tkw, args, kwargs, plains, first, B, where, module):

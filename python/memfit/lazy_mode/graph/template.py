@@ -8,10 +8,7 @@ import torch
 from .errors import LazyError
 from .node import Arange, BatchInt, Node, Sliced
 
-__all__ = [
-    "scan_args", "replace_plains", "ProbeCtx", "ChunkCtx", "EagerCtx", "subst", "materialize_args",
-    "flatten_args", "pluck",
-]
+__all__: list = []
 
 
 def scan_args(obj, nodes, plains, bints, eager):

@@ -22,7 +22,7 @@ from .memory import device_available, node_nbytes, new_grad_bytes
 from .run_info import LazyRun, set_last_run
 from .values import read
 
-__all__ = ["backward"]
+__all__: list = []
 
 
 def backward(T, gradient=None, retain_graph=None, create_graph=False, inputs=None):

@@ -18,7 +18,7 @@ import torch
 
 from ..._step.device import host_memory
 
-__all__ = ["written_buffers", "BufferSnapshot"]
+__all__: list = []
 
 _NORM = torch.nn.modules.batchnorm._NormBase
 

@@ -16,7 +16,7 @@ from .buffers import BufferSnapshot
 from .grad_bookkeeping import grad_snapshot, changed_grads
 from .memory import batch_note
 
-__all__ = ["drive_chunks"]
+__all__: list = []
 
 
 def _explained(e):

@@ -10,7 +10,7 @@ from ..._step.loss_rule import counted_targets
 from ..graph.node import Node, Sliced
 from ..graph.template import ChunkCtx, subst
 
-__all__ = ["ChunkWeight", "prepare_weights", "chunk_weight", "weight_targets"]
+__all__: list = []
 
 
 @dataclasses.dataclass

@@ -13,7 +13,7 @@ from ..graph.node import Arange, BatchInt, Node, Sliced
 from ..graph.probe import leaving_no_trace
 from .memory import device_available, fit_lines, profile_memory, solve_lines
 
-__all__ = ["MARGIN", "graph_signature", "learn_from_ooms", "plan_limit", "plan"]
+__all__: list = []
 
 
 #: Fraction of the available memory left unused when sizing chunks.

@@ -13,10 +13,7 @@ from ..graph.placement import to_device
 from ..graph.probe_cache import forget_probe
 from ..graph.template import ChunkCtx, pluck, subst
 
-__all__ = [
-    "is_source", "collect_nodes", "measurement_overrides", "BatchData", "lazy_inputs",
-    "measured_modules", "execute_nodes",
-]
+__all__: list = []
 
 
 def _usable_cache(n, train):

@@ -9,7 +9,7 @@ import torch
 
 from ..graph.node import Sliced
 
-__all__ = ["grad_candidates", "retain_needed", "grad_snapshot", "changed_grads"]
+__all__: list = []
 
 
 def grad_candidates(order, sources, user_inputs):

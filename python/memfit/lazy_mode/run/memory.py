@@ -9,10 +9,7 @@ import torch
 from ..._native import allocation_id, budget, format_bytes, tracked_live_bytes
 from ..graph.placement import on_host
 
-__all__ = [
-    "device_available", "profile_memory", "fit_lines", "solve_lines", "node_nbytes",
-    "new_grad_bytes", "batch_note",
-]
+__all__: list = []
 
 
 def device_available(device):

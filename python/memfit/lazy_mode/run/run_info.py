@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from .chunking import MARGIN, plan
 
-__all__ = ["LazyRun", "last_run", "set_last_run"]
+__all__ = ["LazyRun", "last_run"]
 
 
 _last_run = None

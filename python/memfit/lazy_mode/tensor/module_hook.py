@@ -9,7 +9,7 @@ from ..graph.mixing import bdim_set
 from ..graph.names import user_line
 from .tensor import LazyTensor, recorded
 
-__all__ = ["install_module_hook", "record_module_call"]
+__all__ = ["install_module_hook"]
 
 
 _orig_module_call = None

@@ -22,7 +22,7 @@ from ..graph.recording import RecordCallbacks, make_leaf, record
 from ..run.backward import backward as run_backward
 from ..run.values import read
 
-__all__ = ["LazyTensor", "unwrap", "recorded", "lazy_leaf"]
+__all__ = ["LazyTensor", "lazy_leaf"]
 
 
 class LazyTensor:

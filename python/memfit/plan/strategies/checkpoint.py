@@ -9,7 +9,7 @@ import dataclasses
 import torch
 import torch.utils.checkpoint
 
-__all__ = ["Chain", "find_chain", "resolve_chain", "override_forward", "checkpointed"]
+__all__ = ["find_chain", "resolve_chain", "checkpointed"]
 
 
 @dataclasses.dataclass

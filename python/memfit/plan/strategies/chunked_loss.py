@@ -28,10 +28,7 @@ from typing import Iterator
 import torch
 import torch.nn.functional as F
 
-__all__ = [
-    "IGNORE_INDEX", "chunked_linear_cross_entropy", "chunk_tokens_for", "chunked_loss",
-    "has_linear_head",
-]
+__all__ = ["chunked_linear_cross_entropy", "chunked_loss"]
 
 IGNORE_INDEX = -100  # HF's and torch's default ignore_index
 

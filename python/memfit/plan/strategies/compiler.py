@@ -31,10 +31,7 @@ from ..._native import format_bytes
 from ..._step.compiled import fresh_call, is_compiled, uncompiled_call
 from ...report.profile import profile
 
-__all__ = [
-    "FRACTIONS", "BudgetBackend", "CompileRow", "CompilePlan", "CompiledApplied", "compile_rows",
-    "dropout_of",
-]
+__all__: list = []
 
 # The fractions measured, largest first (See Note [The memory budget planned
 # in bytes]); 1.0 is the plain compiled step.

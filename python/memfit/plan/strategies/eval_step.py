@@ -13,7 +13,7 @@ from ..._step.user_step import as_user_step
 from ..._step.user_state import ModelTensors, private_copy
 from ..._step.tracking import Tracking
 
-__all__ = ["GUARDS", "eval_mode", "run_eval", "profile_eval"]
+__all__: list = []
 
 GUARDS = {"no_grad": torch.no_grad, "inference_mode": torch.inference_mode}
 

@@ -7,7 +7,7 @@ from ..._step.offload import OffloadedOptimizer, construct
 from ...memory.offload import offload
 from ..._step.training_step import OPTIMIZERS, builtin_name
 
-__all__ = ["kind_of", "optimizer_for", "make_optimizer"]
+__all__: list = []
 
 # Which optimizers advise compares, and which are lighter, is the core's
 # rule (optimizer_choices, core/plan/advise_plan.h), for both fronts.

@@ -69,10 +69,7 @@ import torch
 
 from ..._native import native as _memfit
 
-__all__ = [
-    "NF4_BLOCK", "NF4_SCALER_BLOCK", "QLORA_MODULES", "SLICE", "nf4_bytes", "quantizable",
-    "torchao_available", "to_nf4_linears", "adamw8bit", "adam8bit_state_bytes",
-]
+__all__: list = []
 
 NF4_BLOCK, NF4_SCALER_BLOCK = 64, 256
 # QLoRA's adapters on every projection of a block (the QLoRA paper, Unsloth).

@@ -140,6 +140,14 @@ def test_a_snapshots_findings_are_the_doctors_type_with_the_doctors_questions(tm
         assert f.as_dict()["what"] == KINDS[f.kind]
 
 
+def test_the_doctors_old_names_for_bytes_and_seen_still_read_with_a_warning():
+    f = memfit.Finding("peak", 10, "", "what filled it", "the fix")
+    with pytest.warns(DeprecationWarning, match="Finding.bytes"):
+        assert f.bytes_per_step == 10
+    with pytest.warns(DeprecationWarning, match="Finding.seen"):
+        assert f.evidence == "what filled it"
+
+
 def test_an_oom_says_what_was_alive(tmp_path):
     b = SnapshotBuilder()
     base = 0x7F0000000000

@@ -111,3 +111,20 @@ def test_a_cards_phase_counters_make_a_report_with_their_peaks():
         (s.name, s.peak) for s in samples]
     native.set_card_figures(13000, 2 << 20)
     assert native.budget_peak() == 2 << 20
+
+
+def test_the_trainer_plans_its_micro_batch_on_the_device_and_runs_it_without_an_oom():
+    # A batch the simulated device cannot run whole: the Trainer's plan is
+    # measured there (mode "device"), and its steps split the batch as
+    # planned, with no out-of-memory error to recover.
+    x, y = _batch(1024)
+    with memfit.simulated_device(BUDGET):
+        torch.manual_seed(0)
+        model = _mlp()
+        trainer = memfit.Trainer(model, torch.optim.Adam(model.parameters()), F.cross_entropy)
+        reports = [trainer.step(x, y) for _ in range(2)]
+    plan = trainer.planned
+    assert plan.whole.mode == "device" and plan.split.mode == "device"
+    assert plan.micro_batch and plan.micro_batch < 1024
+    assert [r.ooms_recovered for r in reports] == [0, 0]
+    assert all(r.micro_batch == plan.micro_batch for r in reports)

@@ -119,8 +119,8 @@ def _raise_failed(outcomes: list, size: int, mine: BaseException | None, what: s
     failed = [o for o in outcomes if o.failed]
     causes = "; ".join(f"{o.name()} raised {o.error_type}: {o.error}" for o in failed)
     ranks = ", ".join(str(o.rank) for o in failed)
-    message = (f"[{what}] no batch for the {size} ranks: {'rank' if len(failed) == 1 else 'ranks'}"
-               f" {ranks} failed, so every rank raises this. {causes}")
+    message = (f"[{what}] {'rank' if len(failed) == 1 else 'ranks'} {ranks} of {size} failed, "
+               f"so every rank raises this: {causes}")
     kind = (_memfit.DoesNotFit if all(o.error_type == "DoesNotFit" for o in failed)
             else RankFailed)
     raise kind(message) from mine
@@ -162,14 +162,20 @@ def _agree(answer: Callable[[], LocalAnswer], group, what: str):
 
 
 def _agreed_note(first: list, smallest: int, own: int) -> str:
-    each = ", ".join(f"{o.rank}: {o.max_batch}" for o in first)
-    limiting = [o for o in first if o.max_batch == smallest]
-    whose = ("every rank's" if len(limiting) == len(first)
-             else " and ".join(f"rank {o.rank}'s" for o in limiting) or "after fitting again")
-    line = (f"torch.distributed: the {len(first)} ranks take the smallest largest batch, "
-            f"{smallest}, {whose} (each rank's own: {each})")
+    """The note every rank's answer gets: the batch, whose it is, each
+    rank's own; on a rank fitted again, its own largest."""
+    each = ", ".join(f"rank {o.rank}: {o.max_batch}" for o in first)
+    limiting = " and ".join(f"rank {o.rank}'s" for o in first if o.max_batch == smallest)
+    if all(o.max_batch == smallest for o in first):
+        line = f"torch.distributed: the {len(first)} ranks' largest batches agree: {smallest}"
+    elif limiting:
+        line = (f"torch.distributed: the {len(first)} ranks take {limiting} largest batch, "
+                f"{smallest}, the smallest (each rank's own: {each})")
+    else:
+        line = (f"torch.distributed: the {len(first)} ranks take {smallest}, the smallest after "
+                f"fitting again (each rank's own: {each})")
     if own > smallest:
-        line += f"; this rank fits {own}, and was fitted again at most {smallest}"
+        line += f"; this rank's own {own}, fitted again at most {smallest} here"
     return line
 
 

@@ -1,0 +1,151 @@
+"""find_batch_size under torch.distributed: two ranks (gloo on CPU), each
+under its own simulated device, get one answer or one error."""
+
+import datetime
+import json
+import multiprocessing
+import os
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import memfit
+
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
+WORLD = 2
+GROUP_TIMEOUT_S = 60  # a rank left in a collective fails here instead of hanging
+DEADLINE_S = 180  # every case, process start-up (spawn imports torch) included
+ROOMY, SMALL = "6MiB", "3MiB"  # about 1800 and 900 samples of the MLP below
+BELOW_ONE = "150KiB"  # the weights fit, a step at batch 1 does not: DoesNotFit
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 8))
+
+
+def _fit(budget, **kwargs):
+    x, y = torch.randn(4, 64 if budget else 63), torch.randn(4, 8)  # no budget: a broken batch
+    budget = budget or ROOMY
+    with memfit.simulated_device(budget):
+        return memfit.find_batch_size(_net(), x, y, loss_fn=torch.nn.MSELoss(), optimizer="sgd",
+                                      **kwargs)
+
+
+def _summary(fit):
+    return dict(max_batch=fit.max_batch, recommended_batch=fit.recommended_batch,
+                budget_bytes=fit.budget_bytes, verified=fit.verified,
+                measured_peak_bytes=fit.measured_peak_bytes, notes=list(fit.notes))
+
+
+# Each case: the simulated device's budget on each rank. One pair of
+# processes runs them in turn (spawning a rank imports torch: seconds).
+# None: rank 1's batch does not fit its model (a RuntimeError in the step).
+CASES = {"agree": [ROOMY, SMALL], "does_not_fit": [ROOMY, BELOW_ONE], "raises": [ROOMY, None]}
+
+
+def _case(budget):
+    started = time.monotonic()
+    try:
+        result = dict(fit=_summary(_fit(budget)))
+    except Exception as e:  # noqa: B902: every failure goes back to the test
+        result = dict(error=type(e).__name__, message=str(e),
+                      cause=type(e.__cause__).__name__ if e.__cause__ else None)
+    result["seconds"] = time.monotonic() - started
+    if "fit" in result:  # the opt-out: this rank alone
+        result["alone"] = _summary(_fit(budget, across_ranks=False))
+    return result
+
+
+def _rank_main(rank, port, out_dir):
+    results = {}
+    try:
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=WORLD,
+                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
+        for name, budgets in CASES.items():
+            results[name] = _case(budgets[rank])
+    except BaseException as e:  # noqa: B902: a failure outside a case ends the run
+        results["setup"] = dict(error=type(e).__name__, message=str(e))
+    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+        json.dump(results, f)
+    os._exit(0)  # no teardown: a peer that failed could block it
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Every case of CASES on WORLD spawned ranks: {case: {rank: result}},
+    a rank's result None when it did not finish by the deadline (then
+    killed)."""
+    if not dist.is_available() or not dist.is_gloo_available():
+        pytest.skip("torch.distributed with gloo is not available")
+    out = tmp_path_factory.mktemp("ranks")
+    ctx = multiprocessing.get_context("spawn")
+    port = _free_port()
+    procs = [ctx.Process(target=_rank_main, args=(r, port, str(out))) for r in range(WORLD)]
+    for p in procs:
+        p.start()
+    end = time.monotonic() + DEADLINE_S
+    try:
+        for p in procs:
+            p.join(max(0.0, end - time.monotonic()))
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+            p.join()
+    per_rank = {}
+    for r in range(WORLD):
+        path = out / f"rank{r}.json"
+        per_rank[r] = json.loads(path.read_text()) if path.exists() else {}
+        assert "setup" not in per_rank[r], per_rank[r]
+    return {name: {r: per_rank[r].get(name) for r in range(WORLD)} for name in CASES}
+
+
+def test_every_rank_gets_the_batch_of_the_rank_with_the_smaller_budget(ranks):
+    results = ranks["agree"]
+    assert all(r is not None and "fit" in r for r in results.values()), results
+    roomy, small = results[0], results[1]
+    # Alone, the roomy rank fits more: the agreement is what lowers it.
+    assert roomy["alone"]["max_batch"] > small["alone"]["max_batch"]
+    for r in (roomy, small):
+        assert r["fit"]["max_batch"] == small["alone"]["max_batch"]
+        assert r["fit"]["recommended_batch"] == small["alone"]["recommended_batch"]
+        assert r["fit"]["verified"]
+        assert "rank 1's" in r["fit"]["notes"][-1]
+    # Each rank's fit holds its own device's truth at the common batch.
+    assert roomy["fit"]["budget_bytes"] > small["fit"]["budget_bytes"]
+    assert 0 < roomy["fit"]["measured_peak_bytes"] <= roomy["fit"]["budget_bytes"]
+    assert f"this rank's own {roomy['alone']['max_batch']}" in roomy["fit"]["notes"][-1]
+
+
+def test_a_rank_where_batch_one_does_not_fit_makes_every_rank_raise_naming_it(ranks):
+    results = ranks["does_not_fit"]
+    for rank, r in results.items():
+        assert r is not None, f"rank {rank} did not finish: left waiting in a collective?"
+        assert r.get("error") == "DoesNotFit", r
+        assert "rank 1 " in r["message"] and "rank 0 " not in r["message"], r["message"]
+        assert "even a batch of 1" in r["message"]
+        assert r["seconds"] < GROUP_TIMEOUT_S  # not the process group's timeout
+    assert results[1]["cause"] == "DoesNotFit"  # the failing rank chains its own error
+    assert results[0]["cause"] is None
+
+
+def test_a_rank_whose_step_raises_makes_every_rank_raise_naming_it_and_the_cause(ranks):
+    results = ranks["raises"]
+    for rank, r in results.items():
+        assert r is not None, f"rank {rank} did not finish: left waiting in a collective?"
+        assert r.get("error") == "RankFailed", r
+        assert "rank 1 " in r["message"] and "rank 0 " not in r["message"], r["message"]
+        assert "64" in r["message"] and "63" in r["message"]  # the shapes that did not match

@@ -6,6 +6,7 @@ import torch
 
 import memfit
 from memfit.plan.strategies.eval_step import profile_eval
+from memfit.testing.models import tiny_llama
 
 pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
 
@@ -390,12 +391,10 @@ def test_a_model_on_the_meta_device_is_advised_on_meta_and_its_plan_is_unverifie
     # Issue #18: a model larger than the machine, built on meta (here a tiny
     # HF Llama from its config): every row and the plan are recorded on meta,
     # nothing runs for real, and the advice says the plan is unverified.
-    transformers = pytest.importorskip("transformers")
-    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
-                                   num_hidden_layers=3, num_attention_heads=4,
-                                   num_key_value_heads=4, max_position_embeddings=64)
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(cfg)
+    pytest.importorskip("transformers")
+    model = tiny_llama("meta", vocab_size=256, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=4,
+                       max_position_embeddings=64)
     ids = torch.empty(2, 32, dtype=torch.long, device="meta")
 
     def loss_fn(out, target):
@@ -433,19 +432,14 @@ def test_cards_given_as_one_string_are_refused_saying_to_pass_a_list():
 def test_a_plan_applies_its_checkpointing_to_the_peft_copy_a_setting_made():
     # Guards against what was: after advice.setting(...).apply wrapped the model in
     # LoRA, advice.apply said "the model has no block 'model.layers.0'".
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     peft = pytest.importorskip("peft")
     from types import SimpleNamespace
 
     from memfit.plan.strategies import Strategy
     from memfit.plan.strategies.advice import Advice
 
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=2,
-                                   num_key_value_heads=1, max_position_embeddings=32,
-                                   use_cache=False)
-    model = peft.get_peft_model(transformers.LlamaForCausalLM(cfg),
+    model = peft.get_peft_model(tiny_llama(use_cache=False),
                                 peft.LoraConfig(r=2, target_modules=["q_proj"]))
     advice = Advice(chain=SimpleNamespace(block_paths=["model.layers.0", "model.layers.1"]),
                     plan=SimpleNamespace(found=True, strategy=Strategy(checkpoint=(0, 1))))
@@ -464,14 +458,10 @@ def test_a_plan_applies_its_checkpointing_to_the_peft_copy_a_setting_made():
 def test_a_checkpointed_hf_layer_does_not_append_to_the_kv_cache_again_in_backward():
     # With use_cache=True (Llama's default) a checkpointed layer's recompute
     # must not append its keys and values to the cache a second time.
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from memfit.plan.strategies.checkpoint import checkpointed
 
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=2,
-                                   num_key_value_heads=1, max_position_embeddings=32)
-    model = transformers.LlamaForCausalLM(cfg).double().train()
+    model = tiny_llama(dtype=torch.float64).train()
     ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
     model(input_ids=ids, labels=ids).loss.backward()
     plain = [p.grad.clone() for p in model.parameters()]
@@ -487,14 +477,9 @@ def test_a_checkpointed_hf_layer_does_not_append_to_the_kv_cache_again_in_backwa
 def test_advise_names_a_training_kv_cache_with_its_bytes():
     # Guards against what was: with use_cache=True (Llama-3's own config) neither
     # advise nor the doctor named the cache or its bytes.
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     pytest.importorskip("peft")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=2,
-                                   num_key_value_heads=1, max_position_embeddings=32)
-    with torch.device("meta"):
-        model = transformers.LlamaForCausalLM(cfg).train()
+    model = tiny_llama("meta").train()
     ids = torch.zeros(2, 9, dtype=torch.long, device="meta")
     advice = memfit.advise(model, {"input_ids": ids, "labels": ids},
                            loss_fn=lambda out: out.loss,
@@ -507,3 +492,4 @@ def test_advise_names_a_training_kv_cache_with_its_bytes():
     model.config.use_cache = False
     from memfit.plan.strategies.llm_settings import kv_cache_notes
     assert kv_cache_notes(model, {"input_ids": ids}) == []
+

@@ -10,13 +10,13 @@ import torch
 
 import memfit
 from memfit.plan.strategies.llm_settings import Setting, llm_settings, materialize, user_optimizer_on
+from memfit.testing.models import tiny_llama as shared_tiny_llama
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
 # Embeddings dominate: the weights, not the activations, decide what fits.
-CONFIG = dict(vocab_size=16384, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-              num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64)
+CONFIG = dict(vocab_size=16384, num_key_value_heads=2, max_position_embeddings=64)
 LORA = ("LoRA r=64 (q_proj, v_proj)", "LoRA r=16 (q_proj, v_proj)", "LoRA r=8 (q_proj, v_proj)")
 CHUNKED = "chunked loss (1024 tokens a chunk)"  # no budget: the default chunk
 ADAM8 = "AdamW 8-bit (torchao)"
@@ -28,10 +28,7 @@ def loss_fn(out, target):
 
 def tiny_llama(device, dtype=torch.bfloat16):
     """A 2-layer Llama in bf16, as people load one to fine-tune."""
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**CONFIG))
-    return model.to(dtype)
+    return shared_tiny_llama(device, dtype, **CONFIG)
 
 
 def batch(device):

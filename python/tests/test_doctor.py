@@ -15,6 +15,7 @@ from torch import nn
 
 import memfit
 from memfit.diagnosis.script import parse
+from memfit.testing.models import tiny_llama
 
 THIS = os.path.realpath(__file__)
 STEPS = 6
@@ -185,12 +186,8 @@ def test_n_forwards_are_n_steps():
 def test_a_training_forward_that_keeps_a_kv_cache_is_named_with_its_bytes():
     # An HF model with use_cache=True (Llama's default) keeps a KV cache
     # through a training forward: the doctor names it with its bytes.
-    transformers = pytest.importorskip("transformers")
-    torch.manual_seed(0)
-    cfg = transformers.LlamaConfig(vocab_size=97, hidden_size=32, intermediate_size=64,
-                                   num_hidden_layers=2, num_attention_heads=2,
-                                   num_key_value_heads=1, max_position_embeddings=32)
-    model = transformers.LlamaForCausalLM(cfg).train()
+    pytest.importorskip("transformers")
+    model = tiny_llama().train()
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
     for use_cache in (True, False):

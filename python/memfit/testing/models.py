@@ -1,6 +1,6 @@
-"""Python twins of memfit's built-in models (src/torch/models.cpp), and the
-torchvision models the benchmarks use, with synthetic batches: shared by
-the tests, bench/ and scripts/gpu_check.sh.
+"""Python twins of memfit's built-in models (src/torch/models.cpp), the
+torchvision models the benchmarks use, with synthetic batches, and a tiny
+HF Llama (tiny_llama): shared by the tests, bench/ and scripts/gpu_check.sh.
 """
 
 import math
@@ -9,7 +9,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Pointwise", "Mlp", "ResidualBlock", "Cnn", "GptBlock", "Gpt", "Lstm", "gpt_loss", "BasicBlock", "ResNet18", "available", "make", "loss_of"]
+__all__ = ["Pointwise", "Mlp", "ResidualBlock", "Cnn", "GptBlock", "Gpt", "Lstm", "gpt_loss",
+           "BasicBlock", "ResNet18", "available", "make", "loss_of", "TINY_LLAMA", "tiny_llama"]
 
 
 class Pointwise(nn.Module):
@@ -245,3 +246,23 @@ def loss_of(output, target, loss_fn):
     if loss_fn is not None:
         return loss_fn(output, target)
     return F.cross_entropy(output, target)
+
+
+# A Llama small enough to train in a test in milliseconds: 2 layers of width
+# 32, 2 heads sharing one key/value head, a vocabulary of 97.
+TINY_LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32)
+
+
+def tiny_llama(device="cpu", dtype=None, seed=0, **config):
+    """An HF LlamaForCausalLM built from TINY_LLAMA (keys of `config`
+    replace its values: use_cache=False, vocab_size=16384 ...) on `device`
+    ("meta" builds it without memory), in `dtype` (None: fp32), its
+    weights drawn after torch.manual_seed(seed). Needs transformers."""
+    import transformers
+
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = transformers.LlamaForCausalLM(
+            transformers.LlamaConfig(**dict(TINY_LLAMA, **config)))
+    return model if dtype is None else model.to(dtype)

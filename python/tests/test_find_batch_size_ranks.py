@@ -14,7 +14,8 @@ import torch.distributed as dist
 
 import memfit
 
-pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+# Spawning the two ranks (each imports torch) takes most of 20 s on 2 busy cores.
+pytestmark = [pytest.mark.torch_api, pytest.mark.slow]  # see python/tests/conftest.py
 
 WORLD = 2
 GROUP_TIMEOUT_S = 60  # a rank left in a collective fails here instead of hanging
@@ -45,10 +46,22 @@ def _summary(fit):
 # Each case: the simulated device's budget on each rank. One pair of
 # processes runs them in turn (spawning a rank imports torch: seconds).
 # None: rank 1's batch does not fit its model (a RuntimeError in the step).
-CASES = {"agree": [ROOMY, SMALL], "does_not_fit": [ROOMY, BELOW_ONE], "raises": [ROOMY, None]}
+CASES = {"agree": [ROOMY, SMALL], "does_not_fit": [ROOMY, BELOW_ONE], "raises": [ROOMY, None],
+         "auto_batch_size": [ROOMY, SMALL]}
+WHOLE = 1024  # auto_batch_size's batch: alone, rank 0 fits it whole, rank 1 accumulates
 
 
-def _case(budget):
+def _auto_batch_size(budget):
+    x, y = torch.randn(4, 64), torch.randn(4, 8)
+    with memfit.simulated_device(budget):
+        decorate = memfit.auto_batch_size(WHOLE, model=_net(), inputs=x, target=y,
+                                    loss_fn=torch.nn.MSELoss(), optimizer="sgd")
+        return dict(micro=decorate(lambda micro, steps: [micro, steps])())
+
+
+def _case(name, budget):
+    if name == "auto_batch_size":
+        return _auto_batch_size(budget)
     started = time.monotonic()
     try:
         result = dict(fit=_summary(_fit(budget)))
@@ -69,7 +82,7 @@ def _rank_main(rank, port, out_dir):
                                 world_size=WORLD,
                                 timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
         for name, budgets in CASES.items():
-            results[name] = _case(budgets[rank])
+            results[name] = _case(name, budgets[rank])
     except BaseException as e:  # noqa: B902: a failure outside a case ends the run
         results["setup"] = dict(error=type(e).__name__, message=str(e))
     with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
@@ -149,3 +162,10 @@ def test_a_rank_whose_step_raises_makes_every_rank_raise_naming_it_and_the_cause
         assert r.get("error") == "RankFailed", r
         assert "rank 1 " in r["message"] and "rank 0 " not in r["message"], r["message"]
         assert "64" in r["message"] and "63" in r["message"]  # the shapes that did not match
+
+
+def test_auto_batch_size_gives_every_rank_the_same_micro_batch(ranks):
+    results = ranks["auto_batch_size"]
+    assert results[0] == results[1], results
+    micro, steps = results[0]["micro"]
+    assert micro * steps == WHOLE and micro < WHOLE  # rank 1's room, not rank 0's

@@ -16,7 +16,8 @@ import torch
 from .._native import native as _memfit
 from .._step.device import host_memory
 
-__all__ = ["RankFailed", "LocalAnswer", "RankOutcome", "agreed_across_ranks", "group_of"]
+__all__ = ["RankFailed", "LocalAnswer", "RankOutcome", "agree", "agreed_across_ranks",
+           "group_of"]
 
 # Note [One answer on every rank]
 # Under torch.distributed every rank runs find_batch_size on its own device,
@@ -179,6 +180,19 @@ def _agreed_note(first: list, smallest: int, own: int) -> str:
     return line
 
 
+def agree(answer: Callable[[], LocalAnswer], across_ranks: Any = True,
+          what: str = "find_batch_size"):
+    """answer() on this rank, the BatchFit every rank of `across_ranks`
+    (True: the default process group; False: none; or a ProcessGroup)
+    agrees on: See Note [One answer on every rank]. Every rank of the group
+    must call it, once per search; without a group (torch.distributed not
+    initialized, one rank) it is answer().fit."""
+    group = group_of(across_ranks, what)
+    if group is None:
+        return answer().fit
+    return _agree(answer, group, what)
+
+
 def agreed_across_ranks(fn: Callable) -> Callable:
     """find_batch_size under torch.distributed: the same answer on every
     rank, or the same error (See Note [One answer on every rank]). `fn`
@@ -193,9 +207,6 @@ def agreed_across_ranks(fn: Callable) -> Callable:
         arguments = signature.bind(*args, **kwargs).arguments
         if arguments.get("seq_dim") is not None or arguments.get("lengths") is not None:
             return fn(*args, **kwargs)  # one call per length, each agreed
-        group = group_of(arguments.get("across_ranks", True), what)
-        if group is None:
-            return fn(*args, **kwargs).fit
-        return _agree(lambda: fn(*args, **kwargs), group, what)
+        return agree(lambda: fn(*args, **kwargs), arguments.get("across_ranks", True), what)
 
     return run

@@ -493,3 +493,34 @@ def test_advise_names_a_training_kv_cache_with_its_bytes():
     from memfit.plan.strategies.llm_settings import kv_cache_notes
     assert kv_cache_notes(model, {"input_ids": ids}) == []
 
+
+def test_advise_rows_carry_the_kv_cache_each_step_keeps():
+    # Guards against what was: only a note named the training KV cache; the
+    # rows, plans and JSON now carry each step's cache bytes.
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from memfit.plan.strategies.llm_settings import llm_settings
+
+    model = tiny_llama("meta").train()
+    ids = torch.zeros(4, 9, dtype=torch.long, device="meta")
+    proposed, _ = llm_settings(model)
+    settings = [st for st in proposed if st.label in ("HF gradient checkpointing", "bf16 weights")]
+    advice = memfit.advise(model, {"input_ids": ids, "labels": ids}, loss_fn=lambda out: out.loss,
+                           optimizer=torch.optim.SGD(model.parameters(), lr=0.1), repeats=0,
+                           settings=settings, cards=["1GiB", 240_000])
+    # 2 layers x keys and values x 4 x 9 tokens x 1 head x 16 x 4 bytes.
+    whole = 2 * 2 * 4 * 9 * 16 * 4
+    kv = {r.name: r.kv_cache_bytes for r in advice.rows}
+    assert kv["plain (zero_grad set_to_none)"] == whole
+    assert kv["checkpoint every block (2 of 2)"] == whole  # memfit's checkpointing keeps it
+    assert kv["HF gradient checkpointing"] == 0  # HF turns the cache off under its own
+    assert kv["bf16 weights"] == whole // 2
+    doc = json.loads(advice.to_json())
+    assert [s["kv_cache_bytes"] for s in doc["strategies"]] == [r.kv_cache_bytes
+                                                               for r in advice.rows]
+    tight, roomy = advice.cards
+    assert roomy.plan.found and roomy.plan.micro_batch == 0 and roomy.plan.kv_cache_bytes == whole
+    # A micro-batch keeps the cache of its own samples.
+    assert tight.plan.found and tight.plan.strategy.setting is None, advice.cards_table()
+    assert tight.plan.kv_cache_bytes == whole * tight.plan.micro_batch // 4 < whole
+    assert [c["kv_cache_bytes"] for c in doc["cards"]] == [tight.plan.kv_cache_bytes, whole]

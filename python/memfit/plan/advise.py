@@ -29,8 +29,8 @@ from .strategies import Strategy, resolve_chain
 from .._step.compiled import is_compiled
 from .strategies.advice import Advice, CardPlan, Plan, Row
 from .strategies.compiler import compile_rows
-from .strategies.llm_settings import (Setting, copy_changed, kv_cache_notes, llm_settings,
-                                      user_optimizer_on)
+from .strategies.llm_settings import (Setting, copy_changed, kv_cache_bytes, kv_cache_notes,
+                                      llm_settings, user_optimizer_on)
 from .strategies.measure import Bench, cuda_devices
 from .strategies.optimizer import kind_of
 
@@ -133,11 +133,60 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     card", each card's cheapest plan from the same recordings (See Note
     [What fits on which card]); advice.cards, advice.cards_table(). The
     budget may then be left out.
+    An HF model whose config has use_cache=True keeps a KV cache through a
+    training forward: each row's, the plan's and each card's
+    kv_cache_bytes say how much of their peak it is.
     Returns an Advice: rows, plan, chain_plans, table(), to_json(),
-    apply(model). Raises memfit.DoesNotFit (a ValueError) when the budget is
-    below the model's parameters or nothing recorded fits, naming the
-    smallest peak reached and how; the exception's `advice` holds the rows.
+    apply(model). Raises memfit.DoesNotFit
+    (a ValueError) when the budget is below the model's parameters or
+    nothing recorded fits, naming the smallest peak reached and how; the
+    exception's `advice` holds the rows.
     """
+    req = _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode,
+                   repeats, cards, target_device, step, set_to_none, accumulation_steps,
+                   zero_grad, train_mode)
+    proposed, notes = _proposals(model, inputs, settings, req, allow_approximate)
+    found_chain = resolve_chain(model, chain)
+    paths = found_chain.block_paths if found_chain else []
+    bench = Bench(model, inputs, target, req.loss_fn, optimizer, batch_dim, paths,
+                  max(1, req.repeats), req.target_device, loop=req.loop)
+    recorder = _Recorder(bench, _SettingBenches(bench, proposed, paths), req, mode)
+    native = _plan_natively(recorder, req, optimizer, proposed, allow_approximate, progress)
+    crows, cplan = [], None
+    wants_compile = is_compiled(model) if compile is None else bool(compile)
+    if wants_compile and not recorder.on_meta:
+        with torch.random.fork_rng(devices=cuda_devices(model)):
+            crows, cplan, cnotes = compile_rows(model, bench, native.plain_peak, req.limit,
+                                                allow_approximate,
+                                                progress=as_progress(progress, "advise"))
+        notes = notes + cnotes
+    advice = _assembled(native, model, inputs, req, found_chain, proposed, notes,
+                        recorder.benches, crows, cplan)
+    if req.limit is not None and not advice.plan.found and not (cplan is not None
+                                                                and cplan.found):
+        raise _does_not_fit(advice)
+    return advice
+
+
+@dataclasses.dataclass
+class _Request:
+    """advise's arguments, checked: what every later step reads."""
+
+    loss_fn: object  # the UserStep every row records
+    target_device: str
+    n: int  # the batch's samples
+    limit: int | None  # the budget's bytes
+    card_bytes: list
+    repeats: int
+    loop: object
+    param_bytes: int
+    user: str  # the user's optimizer, as kind_of names it
+
+
+def _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode, repeats,
+             cards, target_device, step, set_to_none, accumulation_steps, zero_grad,
+             train_mode):
+    """advise's arguments checked at the door, each refused in one line."""
     repeats = count(repeats, "advise", "repeats", minimum=0)
     if mode not in ("cpu", "meta"):
         raise ValueError(f"[advise] mode must be 'cpu' or 'meta', got {mode!r}")
@@ -152,45 +201,61 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                         f"{type(cards).__name__} {cards!r}: pass cards=[{cards!r}] "
                         f"(or several, cards=['8GiB', '12GiB'])")
     card_bytes = [to_bytes(c, "advise") for c in (cards or [])]
-    param_bytes = _parameter_bytes(model)
+    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "advise")
+    return _Request(loss_fn, target_device, n, limit, card_bytes, repeats, loop,
+                    _parameter_bytes(model), kind_of(optimizer))
+
+
+def _proposals(model, inputs, settings, req, allow_approximate):
+    """The settings to record and the notes on them (the KV cache's
+    first); refuses a budget below the weights no setting lightens."""
+    limit = req.limit
     proposed, setting_notes = _settings_for(model, settings,
-                                            min(card_bytes) if card_bytes else limit)
+                                            min(req.card_bytes) if req.card_bytes else limit)
     setting_notes = kv_cache_notes(model, inputs) + setting_notes
-    fb = _memfit.format_bytes
     lighter_weights = allow_approximate and any(not st.exact for st in proposed)
-    if limit is not None and limit < param_bytes and not lighter_weights:
+    if limit is not None and limit < req.param_bytes and not lighter_weights:
+        fb = _memfit.format_bytes
         raise DoesNotFit(
             f"[advise] the budget of {fb(limit)} is below the model's own parameters and "
-            f"buffers, {fb(param_bytes)}: no strategy keeps less than the weights"
+            f"buffers, {fb(req.param_bytes)}: no strategy keeps less than the weights"
         )
-    found_chain = resolve_chain(model, chain)
-    paths = found_chain.block_paths if found_chain else []
-    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "advise")
-    bench = Bench(model, inputs, target, loss_fn, optimizer, batch_dim, paths, max(1, repeats),
-                  target_device, loop=loop)
-    user = kind_of(optimizer)
-    on_meta = any(p.is_meta for p in model.parameters())
-    benches = _SettingBenches(bench, proposed, paths)
-    # On meta a cheap recording and a real one are the same: each once.
-    recorded = {}
-    flops = {}  # id of a Bench -> (the Bench, its StepFlops): See _flop_ratio
+    return proposed, setting_notes
 
-    def record(variant, batch, cheap):
+
+class _Recorder:
+    """What the core planner calls back (See Note [How advise plans]):
+    record a variant at a batch, time it, or estimate its time from FLOPs
+    counted on meta."""
+
+    def __init__(self, bench, benches, req, mode):
+        self.bench = bench
+        self.benches = benches
+        self.req = req
+        self.mode = mode
+        self.on_meta = any(p.is_meta for p in bench.model.parameters())
+        self.paths = bench.block_paths
+        # On meta a cheap recording and a real one are the same: each once.
+        self.recorded = {}
+        self.flops = {}  # id of a Bench -> (the Bench, its StepFlops): See _flop_ratio
+
+    def record(self, variant, batch, cheap):
         s = _strategy(variant)
+        on_meta, n = self.on_meta, self.req.n
         if on_meta and (s.autocast_bf16 or s.host_state or s.step != "train"):
             return ("the model's weights are on the meta device, where autocast does "
                     "nothing and eval steps and the host's state are not recorded")
-        meta = on_meta or (cheap and mode == "meta" and s.step == "train" and not (
+        meta = on_meta or (cheap and self.mode == "meta" and s.step == "train" and not (
             s.autocast_bf16 or s.host_state))
         key = (s, batch)
-        if meta and key in recorded:
-            return recorded[key]
+        if meta and key in self.recorded:
+            return self.recorded[key]
         try:
-            b = benches.of(s)
+            b = self.benches.of(s)
             # See Note [FLOPs counted while a step is recorded]: the
             # setting's first recording on meta (the whole batch, nothing
             # checkpointed) counts the FLOPs its time estimate needs.
-            count = (on_meta and id(b) not in flops and batch == n and not s.checkpoint
+            count = (on_meta and id(b) not in self.flops and batch == n and not s.checkpoint
                      and s.step == "train")
             with counting_flops(b.block_paths) if count else contextlib.nullcontext() as fc:
                 report = b.profile(s, batch, "meta" if meta else "cpu")
@@ -201,68 +266,85 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             # loss reads out.logits): a note, not a failure of advise.
             return f"the step fails under this setting: {type(e).__name__}: {e}"
         if count and fc.recorded and fc.complete:
-            flops[id(b)] = (b, StepFlops.of(b.model, fc.forward, fc.backward, fc.blocks))
+            self.flops[id(b)] = (b, StepFlops.of(b.model, fc.forward, fc.backward, fc.blocks))
         out = report.native, report.timeline, meta
         if on_meta:
-            recorded[key] = out
+            self.recorded[key] = out
         return out
 
-    def time_ratio(variant, micro_batch):
+    def time_ratio(self, variant, micro_batch):
         s = _strategy(variant)
         if s.setting is not None:
             return -1.0  # a changed copy of the model: not timed against the user's
-        return bench.time_ratio(s, micro_batch)
+        return self.bench.time_ratio(s, micro_batch)
 
-    def estimate_ratio(variant, micro_batch):
-        s = _strategy(variant)
-        return _flop_ratio(benches, flops, s, loss_fn, len(paths))
+    def estimate_ratio(self, variant, micro_batch):
+        return _flop_ratio(self.benches, self.flops, _strategy(variant), self.req.loss_fn,
+                           len(self.paths))
 
+
+def _plan_natively(recorder, req, optimizer, proposed, allow_approximate, progress):
+    """The core planner's rows and plans, recorded through `recorder`."""
+    user = req.user
     choices = _memfit.optimizer_choices(user)
-    with torch.random.fork_rng(devices=cuda_devices(model)):
+    with torch.random.fork_rng(devices=cuda_devices(recorder.bench.model)):
         relay = as_progress(progress, "advise").relay()
         planned = _memfit.AdviseSettings(
-            batch=n, budget=-1 if limit is None else limit, optimizer=user,
+            batch=req.n, budget=-1 if req.limit is None else req.limit, optimizer=user,
             has_optimizer=optimizer is not None, can_offload=choices.can_offload,
-            other_optimizers=choices.others, lighter=choices.lighter, chain=paths,
+            other_optimizers=choices.others, lighter=choices.lighter, chain=recorder.paths,
             settings=[_memfit.AdviseSetting(st.label, st.exact, st.checkpoints)
                       for st in proposed],
-            allow_approximate=allow_approximate, cards=card_bytes,
+            allow_approximate=allow_approximate, cards=req.card_bytes,
             progress=_memfit.Progress() if relay is None else _memfit.Progress(relay))
-        native = _memfit.plan_advice(
-            record, planned, time_ratio=time_ratio if repeats > 0 and not on_meta else None,
-            estimate_ratio=estimate_ratio if on_meta else None,
+        timed = req.repeats > 0 and not recorder.on_meta
+        return _memfit.plan_advice(
+            recorder.record, planned, time_ratio=recorder.time_ratio if timed else None,
+            estimate_ratio=recorder.estimate_ratio if recorder.on_meta else None,
             estimated_from="FLOPs counted on meta (forward, backward, recompute)")
-    crows, cplan = [], None
-    wants_compile = is_compiled(model) if compile is None else bool(compile)
-    if wants_compile and not on_meta:
-        with torch.random.fork_rng(devices=cuda_devices(model)):
-            crows, cplan, cnotes = compile_rows(model, bench, native.plain_peak, limit,
-                                                allow_approximate,
-                                                progress=as_progress(progress, "advise"))
-        setting_notes = setting_notes + cnotes
-    native.notes = native.notes + setting_notes
+
+
+def _assembled(native, model, inputs, req, found_chain, proposed, notes, benches, crows,
+               cplan):
+    """The Advice: the core's rows and plans as Python's, with the notes,
+    the torch.compile rows and each row's KV cache."""
+    limit = req.limit
+    native.notes = native.notes + notes
     if native.plan.found and native.plan.variant.setting and native.plan.time_measured:
         native.notes = native.notes + [
             "the plan's time is not timed: it trains a changed copy of the model"]
     native.model = type(model).__name__
-    native.parameter_bytes = param_bytes
+    native.parameter_bytes = req.param_bytes
     if found_chain:
         native.chain_description = found_chain.describe()
-    rows = [_row(r, limit) for r in native.rows]
-    plan = _plan(native.plan, limit)
-    advice = Advice(
-        native=native, model=native.model, batch=n, budget_bytes=limit, optimizer=user,
-        parameter_bytes=param_bytes, plain_peak_bytes=native.plain_peak,
+    kv = functools.partial(_kv_cache_of, model, inputs, benches, req.n)
+    rows = [_row(r, limit, kv) for r in native.rows]
+    plan = _plan(native.plan, limit, kv)
+    return Advice(
+        native=native, model=native.model, batch=req.n, budget_bytes=limit,
+        optimizer=req.user,
+        parameter_bytes=req.param_bytes, plain_peak_bytes=native.plain_peak,
         cuda_reserved=native.cuda_reserved,
         plain_step_ms=native.plain_step_ms, chain=found_chain, segments=list(native.segments),
         chain_memory=native.chain_memory, chain_plans=list(native.chain_plans), rows=rows,
         plan=plan, notes=list(native.notes), settings=proposed, compile_rows=crows,
         compile_plan=cplan,
-        cards=[CardPlan(c.budget, _plan(c.plan, c.budget)) for c in native.cards],
+        cards=[CardPlan(c.budget, _plan(c.plan, c.budget, kv)) for c in native.cards],
     )
-    if limit is not None and not plan.found and not (cplan is not None and cplan.found):
-        raise _does_not_fit(advice)
-    return advice
+
+
+def _kv_cache_of(model, inputs, benches, n, s, micro_batch=0):
+    """Bytes of the KV cache the step of strategy `s` keeps at `micro_batch`
+    samples (0: the whole batch): on the copy its setting was recorded on
+    (None when it was not made); eval steps keep it under HF checkpointing
+    too."""
+    if s.setting is not None:
+        copy = benches.made_model(s.setting)
+        if copy is None:
+            return None
+        model = copy
+    return kv_cache_bytes(model, inputs, micro_batch if 0 < micro_batch < n else n,
+                          training=s.step == "train")
 
 
 def _settings_for(model, settings, budget_bytes):
@@ -297,6 +379,11 @@ class _SettingBenches:
         self.paths = paths
         self.made = {}
         self.copies = {}  # id of an apply function -> (the function, (copy, its prefix))
+
+    def made_model(self, label):
+        """The copy the setting `label` was recorded on, or None."""
+        bench = self.made.get(label)
+        return None if bench is None else bench.model
 
     def of(self, s):
         if s.setting is None:
@@ -363,19 +450,23 @@ def _strategy(variant):
                     setting_exact=variant.setting_exact)
 
 
-def _row(r, limit):
-    return Row(r.name, r.kind, _strategy(r.variant), r.peak_bytes, r.saving_bytes,
+def _row(r, limit, kv):
+    s = _strategy(r.variant)
+    return Row(r.name, r.kind, s, r.peak_bytes, r.saving_bytes,
                r.time_ratio if r.time_ratio >= 0 else None,
                None if limit is None else r.fits, r.variant.exact(),
                r.recompute_ns if r.recompute_ns >= 0 else None,
                r.predicted_peak_bytes if r.predicted_peak_bytes >= 0 else None,
-               meta=r.meta, time_measured=r.time_measured, predicted=r.predicted)
+               meta=r.meta, time_measured=r.time_measured, predicted=r.predicted,
+               kv_cache_bytes=kv(s))
 
 
-def _plan(p, limit):
-    return Plan(p.found and limit is not None, _strategy(p.variant), p.summary, p.peak_bytes,
+def _plan(p, limit, kv):
+    s = _strategy(p.variant)
+    return Plan(p.found and limit is not None, s, p.summary, p.peak_bytes,
                 p.time_ratio if p.time_ratio >= 0 else None, p.exact, p.optimizer,
-                micro_batch=p.micro_batch, time_measured=p.time_measured)
+                micro_batch=p.micro_batch, time_measured=p.time_measured,
+                kv_cache_bytes=kv(s, p.micro_batch))
 
 
 def _does_not_fit(advice):

@@ -34,6 +34,9 @@ class Row:
     meta: bool = False  # recorded on the meta device
     time_measured: bool = False  # False: time_ratio estimated from the recorded times
     predicted: bool = False  # peak predicted from other rows, not recorded ("~" in the table)
+    # the KV cache the step keeps (an HF model with use_cache=True), in the
+    # peak; 0: none; None: not known (a setting whose copy was not made)
+    kv_cache_bytes: int = 0
 
     def to_dict(self):
         d = dataclasses.asdict(self)
@@ -57,6 +60,7 @@ class Plan:
     optimizer: str
     micro_batch: int = 0  # memfit.Trainer(micro_batch=...); 0: the whole batch
     time_measured: bool = False
+    kv_cache_bytes: int = 0  # the KV cache a micro-batch's step keeps (See Row)
 
 
 @dataclasses.dataclass
@@ -207,15 +211,21 @@ class Advice:
     def to_json(self, pretty: bool = True) -> str:
         """Keys: model, batch, budget_bytes, optimizer, parameter_bytes,
         plain_peak_bytes, plain_step_ms, chain, strategies, checkpoint_rules,
-        plan, notes (as `memfit advise --json`); "compiler": torch.compile's
-        rows and plan, where measured."""
-        text = self.native.to_json(pretty)
+        plan, notes (as `memfit advise --json`), each strategy's, the plan's
+        and each card's kv_cache_bytes; "compiler": torch.compile's rows and
+        plan, where measured."""
+        d = json.loads(self.native.to_json(pretty))
+        # Each row's, the plan's and each card's KV cache (See Row.kv_cache_bytes).
+        for row, entry in zip(getattr(self, "rows", []), d.get("strategies", [])):
+            entry["kv_cache_bytes"] = row.kv_cache_bytes
+        if "plan" in d and hasattr(self, "plan"):
+            d["plan"]["kv_cache_bytes"] = self.plan.kv_cache_bytes
+        for card, entry in zip(getattr(self, "cards", []), d.get("cards", [])):
+            entry["kv_cache_bytes"] = card.plan.kv_cache_bytes
         rows = getattr(self, "compile_rows", None)
-        if not rows:
-            return text
-        d = json.loads(text)
-        d["compiler"] = {"rows": [dataclasses.asdict(r) for r in rows],
-                         "plan": dataclasses.asdict(self.compile_plan)}
+        if rows:
+            d["compiler"] = {"rows": [dataclasses.asdict(r) for r in rows],
+                             "plan": dataclasses.asdict(self.compile_plan)}
         return json.dumps(d, indent=2 if pretty else None)
 
     def __repr__(self):

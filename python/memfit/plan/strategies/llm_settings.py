@@ -23,7 +23,7 @@ from .quantized import QLORA_MODULES, adamw8bit, quantizable, to_nf4_linears, to
 
 __all__ = [
     "LORA_RANKS", "LORA_MODULES", "QLORA_RANK", "Setting", "is_causal_lm", "trainable", "user_optimizer_on",
-    "materialize", "copy_changed", "llm_settings", "kv_cache_notes",
+    "materialize", "copy_changed", "llm_settings", "kv_cache_bytes", "kv_cache_notes",
 ]
 
 LORA_RANKS = (64, 16, 8)  # the plan tries the largest rank first
@@ -113,27 +113,58 @@ def copy_changed(model, apply):
     return changed, prefix
 
 
+def _token_ids(inputs):
+    """The batch's token ids (input_ids of a dict, or a 2-D integer tensor), or None."""
+    ids = inputs.get("input_ids") if isinstance(inputs, dict) else inputs
+    if (isinstance(ids, torch.Tensor) and ids.dim() == 2 and not ids.is_floating_point()
+            and not ids.is_complex()):
+        return ids
+    return None
+
+
+def kv_cache_bytes(model, inputs, batch=None, training=True):
+    """Bytes of the KV cache a forward of the HF causal LM `model` (or the
+    one a PEFT wrapper holds) keeps on `inputs` (at `batch` samples of it;
+    None: all): every layer's keys and values, in the dtype of its hidden
+    states (its input embeddings'; advise's bf16 autocast hands its outputs
+    back in fp32). 0 when its config has use_cache=False, or when HF
+    gradient checkpointing turns the cache off in training; None when the
+    tokens or the config cannot be read."""
+    base = getattr(model, "get_base_model", None)
+    if callable(base) and not is_causal_lm(model):
+        model = base()
+    cfg = getattr(model, "config", None)
+    if not is_causal_lm(model) or not getattr(cfg, "use_cache", False):
+        return 0
+    if training and getattr(model, "is_gradient_checkpointing", False):
+        return 0  # HF sets use_cache=False under its checkpointing in training
+    ids = _token_ids(inputs)
+    heads = getattr(cfg, "num_attention_heads", None)
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if ids is None or not heads or not layers:
+        return None
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    embed = model.get_input_embeddings()
+    item = embed.weight.element_size() if embed is not None else 4
+    samples = ids.shape[0] if batch is None else batch
+    return layers * 2 * samples * ids.shape[1] * kv * head_dim * item
+
+
 def kv_cache_notes(model, inputs):
     """A note when the HF causal LM `model` keeps a KV cache in training
     (its config's use_cache, True in Llama-3's own): every layer's keys and
     values, alive with the output, at the batch's tokens (from its
     input_ids) when they can be read. [] otherwise."""
-    cfg = getattr(model, "config", None)
-    if not is_causal_lm(model) or not getattr(cfg, "use_cache", False):
+    n = kv_cache_bytes(model, inputs)
+    if n == 0:
         return []
-    ids = inputs.get("input_ids") if isinstance(inputs, dict) else None
-    heads = getattr(cfg, "num_attention_heads", None)
-    layers = getattr(cfg, "num_hidden_layers", None)
     size = ""
-    if isinstance(ids, torch.Tensor) and ids.dim() == 2 and heads and layers:
-        kv = getattr(cfg, "num_key_value_heads", None) or heads
-        head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
-        weight = next((p for p in model.parameters() if p.is_floating_point()), None)
-        item = weight.element_size() if weight is not None else 4
-        n = layers * 2 * ids.numel() * kv * head_dim * item
+    if n is not None:
         from ..._native import format_bytes
+        ids = _token_ids(inputs)
         size = (f" of {format_bytes(n)} at {ids.shape[0]} x {ids.shape[1]} tokens (every "
-                f"layer's keys and values)")
+                f"layer's keys and values; each row's kv_cache_bytes)")
     return [f"the model's config has use_cache=True: a training forward keeps a KV cache{size}, "
             f"alive with the output, in every row that does not turn it off; train with "
             f"model.config.use_cache = False"]

@@ -38,6 +38,9 @@ from ..diagnosis import Doctor
 from ..report.profile import Report, profile
 from .sizing import (BatchPlan, LoopStep, check_options, example_of, plan_batch,
                      tell_change)
+from ..train.length_sampler import LengthBatchSampler
+from .length_batches import (check_length_options, fit_per_length, rebatched, sample_lengths,
+                             token_accumulation)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -104,12 +107,17 @@ def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
     return LoopStep(UserStep(step=step, what=what), set_to_none=False)
 
 
+def _loader_source(trainer, pl_module):
+    """What builds the training loader: the datamodule, else the module."""
+    dm = trainer.datamodule
+    return dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
+
+
 def _first_batch(trainer, pl_module, what, batch_dim=0):
     """The first samples of the first training batch as training_step gets
     them (the module's transfer hooks, on its device); the generators are
     put back, so the fit loop draws the same order."""
-    dm = trainer.datamodule
-    source = dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
+    source = _loader_source(trainer, pl_module)
     if not is_overridden("train_dataloader", source):
         raise ValueError(
             f"[{what}] no train_dataloader on the module or datamodule: memfit takes an example "
@@ -158,13 +166,34 @@ class FitBatchSize(pl.Callback):
     `optimal_batch_size` and `plan` (a memfit BatchPlan) say what was set.
     Not for distributed strategies (the ranks must agree, as for
     BatchSizeFinder).
+
+    Variable-length data: FitBatchSize(seq_dim=1, lengths=[128, 512, 2048])
+    fits the largest batch at each length from training_step (`length_fit`,
+    a LengthFit), and the module's (or datamodule's) train_dataloader is
+    batched again by a LengthBatchSampler (`sampler`): the same dataset
+    and collate_fn, each batch padded to its longest sample fitting. No
+    batch attribute is set. tokens_per_step=N: accumulate_grad_batches
+    micro-batches of at most N / k padded tokens each (See Note [A loader
+    batched by length], length_batches.py). sample_lengths: each training
+    sample's length (a list, or a function of a sample); default: read
+    from each sample (its first tensor along seq_dim - 1).
     """
 
     def __init__(self, budget: Size | None = None, target_device: str | None = None,
                  keep_effective_batch: int | None = None, batch_arg_name: str = "batch_size",
-                 batch_dim: int = 0) -> None:
+                 batch_dim: int = 0, seq_dim: int | None = None, lengths: Any = None,
+                 sample_lengths: Any = None, tokens_per_step: int | None = None) -> None:
         super().__init__()
         check_options("FitBatchSize", budget, target_device, batch_dim)
+        self.tokens_per_step = check_length_options("FitBatchSize", seq_dim, lengths,
+                                                    sample_lengths, tokens_per_step)
+        if lengths is not None and keep_effective_batch is not None:
+            raise ValueError("[FitBatchSize] keep_effective_batch= counts samples, and batches by "
+                             "length hold as many as fit: for a fixed effective batch pass "
+                             "tokens_per_step=")
+        self.seq_dim, self.lengths, self.sample_lengths = seq_dim, lengths, sample_lengths
+        self.length_fit = None  # a LengthFit, with lengths=
+        self.sampler: LengthBatchSampler | None = None
         self.budget = budget
         self.target_device = target_device
         self.keep_effective_batch = (None if keep_effective_batch is None else count(
@@ -183,6 +212,10 @@ class FitBatchSize(pl.Callback):
                 "[FitBatchSize] not with a distributed strategy: the ranks must agree on the "
                 "batch (as for Lightning's BatchSizeFinder); size it on one device"
             )
+        if self.lengths is not None:
+            if self.tokens_per_step is not None:
+                self._check_accumulation(trainer, pl_module, "tokens_per_step")
+            return
         if not lightning_hasattr(pl_module, self.batch_arg_name):
             raise ValueError(
                 f"[FitBatchSize] field {self.batch_arg_name} not found in the model, the "
@@ -190,9 +223,10 @@ class FitBatchSize(pl.Callback):
                 f"{self.batch_arg_name} its train_dataloader reads"
             )
         if self.keep_effective_batch is not None:
-            self._check_accumulation(trainer, pl_module)
+            self._check_accumulation(trainer, pl_module,
+                                     f"keep_effective_batch={self.keep_effective_batch}")
 
-    def _check_accumulation(self, trainer, pl_module):
+    def _check_accumulation(self, trainer, pl_module, asked):
         why = None
         if not pl_module.automatic_optimization:
             why = "the module optimizes manually (automatic_optimization=False)"
@@ -202,13 +236,16 @@ class FitBatchSize(pl.Callback):
             why = f"the {type(trainer.strategy).__name__} accumulates gradients itself"
         if why:
             raise ValueError(
-                f"[FitBatchSize] keep_effective_batch={self.keep_effective_batch} sets "
-                f"accumulate_grad_batches, but {why}: drop keep_effective_batch or that setting"
+                f"[FitBatchSize] {asked} sets accumulate_grad_batches, but {why}: drop "
+                f"{asked.split('=')[0]} or that setting"
             )
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         what = "FitBatchSize"
         began = time.perf_counter()
+        if self.lengths is not None:
+            self._fit_lengths(trainer, pl_module, began)
+            return
         before = str(lightning_getattr(pl_module, self.batch_arg_name))
         if self.keep_effective_batch is not None:
             before += f" x {trainer.accumulate_grad_batches}"
@@ -227,6 +264,41 @@ class FitBatchSize(pl.Callback):
         log.info(plan.summary())
         for note in plan.notes:
             log.info("memfit: %s", note)
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        source = getattr(self, "_rebatched", None)
+        if source is not None:
+            del source.train_dataloader  # the class's own again
+            self._rebatched = None
+
+    def _fit_lengths(self, trainer, pl_module, began):
+        """on_fit_start with lengths=: See Note [A loader batched by length]."""
+        what = "FitBatchSize"
+        batch = _first_batch(trainer, pl_module, what, self.batch_dim)
+        accumulating = self.tokens_per_step is not None or trainer.accumulate_grad_batches > 1
+        fit = fit_per_length(pl_module, batch, _optimizer(trainer, what),
+                             lightning_step(trainer, pl_module, what, accumulating=accumulating),
+                             seq_dim=self.seq_dim, lengths=self.lengths, budget=self.budget,
+                             what=what, batch_dim=self.batch_dim,
+                             target_device=self.target_device)
+        max_tokens = None
+        if self.tokens_per_step is not None:
+            trainer.accumulate_grad_batches, max_tokens = token_accumulation(
+                self.tokens_per_step, fit)
+        source = _loader_source(trainer, pl_module)
+        built = source.train_dataloader
+
+        def train_dataloader():
+            loader = built()
+            lengths = sample_lengths(loader.dataset, self.seq_dim, self.sample_lengths, what)
+            self.sampler = LengthBatchSampler(lengths, fit, seed=torch.initial_seed() % 2**32,
+                                              max_tokens=max_tokens)
+            return rebatched(loader, self.sampler)
+
+        source.train_dataloader = train_dataloader
+        self._rebatched = source  # put back on_fit_end
+        self.length_fit = fit
+        log.info("memfit: batched by length: %r (%.1f s)", fit, time.perf_counter() - began)
 
 
 class MemoryReport(pl.Callback):

@@ -26,9 +26,12 @@ except ImportError:
         "pip install transformers"
     ) from None
 
-from .api import Size, UserStep, host_memory, kept_rng
+from .api import Size, UserStep, host_memory, kept_rng, sequence_length
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
+from ..train.length_sampler import LengthBatchSampler
+from .length_batches import (check_length_options, fit_per_length, rebatched, sample_lengths,
+                             token_accumulation)
 
 __all__ = ["FitBatchSize", "trainer_step"]
 
@@ -110,14 +113,31 @@ class FitBatchSize(TrainerCallback):
     takes its batch size]). `plan` (a memfit BatchPlan) says what was set.
     An evaluation that keeps every batch's logits (compute_metrics without
     eval_accumulation_steps) grows with the eval set: not sized here.
+
+    Variable-length data: FitBatchSize(seq_dim=1, lengths=[128, 512, 2048])
+    fits the largest batch at each length from the Trainer's own loss
+    (`length_fit`, a LengthFit) and trains on the same dataset and collator
+    batched by a LengthBatchSampler (`sampler`): each batch, padded to its
+    longest sample, fits. tokens_per_step=N keeps a fixed effective batch
+    in tokens: gradient_accumulation_steps micro-batches of at most N / k
+    padded tokens each (See Note [A loader batched by length],
+    length_batches.py). sample_lengths: each training sample's length (a
+    list, or a function of a sample); default: read from each sample's
+    input_ids. Without tokens_per_step the accumulation stays yours.
     """
 
     def __init__(self, budget: Size | None = None, target_device: str | None = None,
-                 size_eval: bool = True) -> None:
+                 size_eval: bool = True, seq_dim: int | None = None, lengths: Any = None,
+                 sample_lengths: Any = None, tokens_per_step: int | None = None) -> None:
         check_options("FitBatchSize", budget, target_device)
+        self.tokens_per_step = check_length_options("FitBatchSize", seq_dim, lengths,
+                                                    sample_lengths, tokens_per_step)
         self.budget = budget
         self.target_device = target_device
         self.size_eval = size_eval
+        self.seq_dim, self.lengths, self.sample_lengths = seq_dim, lengths, sample_lengths
+        self.length_fit = None  # a LengthFit, with lengths=
+        self.sampler: LengthBatchSampler | None = None
         self.plan: BatchPlan | None = None
 
     def on_init_end(self, args, state, control, model=None, optimizer=None, **kwargs):
@@ -138,6 +158,8 @@ class FitBatchSize(TrainerCallback):
         does); returns the BatchPlan."""
         what = "FitBatchSize"
         began = time.perf_counter()
+        if self.lengths is not None:
+            return self._fit_lengths(trainer, optimizer, began)
         args, model = trainer.args, trainer.model
         before = f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps}"
         effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
@@ -168,4 +190,52 @@ class FitBatchSize(TrainerCallback):
         log.info(plan.summary())
         for note in plan.notes:
             log.info("memfit: %s", note)
+        return plan
+
+    def _fit_lengths(self, trainer, optimizer, began):
+        """fit() with lengths=: See Note [A loader batched by length]."""
+        what = "FitBatchSize"
+        args, model = trainer.args, trainer.model
+        how = trainer_step(trainer, what)
+        batch = _first_batch(trainer.get_train_dataloader())
+        length = sequence_length(batch, self.seq_dim, what)
+        accumulation = args.gradient_accumulation_steps
+        # The loop holds an optimizer step's batches: See Note [Where the HF
+        # Trainer takes its batch size].
+        tokens = self.tokens_per_step or args.per_device_train_batch_size * accumulation * length
+        reserve = int(batch_bytes_per_sample(batch) / length * tokens)
+        kept = self.tokens_per_step is not None or accumulation > 1  # gradients between
+        fit = fit_per_length(model, batch, _optimizer_for(trainer, model, optimizer),
+                             LoopStep(how, not kept), seq_dim=self.seq_dim, lengths=self.lengths,
+                             budget=self.budget, what=what, reserve_bytes=reserve,
+                             target_device=self.target_device)
+        max_tokens = None
+        if self.tokens_per_step is not None:
+            accumulation, max_tokens = token_accumulation(self.tokens_per_step, fit)
+            args.gradient_accumulation_steps = accumulation
+        sampler = LengthBatchSampler(
+            sample_lengths(trainer.train_dataset, self.seq_dim, self.sample_lengths, what), fit,
+            seed=args.seed, max_tokens=max_tokens, num_replicas=args.world_size,
+            rank=args.process_index)
+        built = trainer.get_train_dataloader
+
+        def get_train_dataloader():
+            loader = trainer.accelerator.prepare(rebatched(built(), sampler))
+            shard = getattr(loader, "batch_sampler", None)
+            if getattr(shard, "batch_sampler", None) is sampler:
+                # The sampler shares the batches over the ranks itself, as
+                # HF does for its BatchRebalanceSampler.
+                shard.num_processes, shard.process_index = 1, 0
+            return loader
+
+        trainer.get_train_dataloader = get_train_dataloader
+        self.length_fit, self.sampler = fit, sampler
+        first = next(iter(fit.fits.values()))
+        plan = BatchPlan(batch_size=fit.at(fit.longest), accumulation=accumulation,
+                         max_batch=fit.at(min(fit.lengths)), fits=list(fit.fits.values()),
+                         budget_bytes=first.budget_bytes, reserved_bytes=reserve)
+        plan.notes.append(f"batched by length: {fit!r}; {len(sampler)} batches per epoch"
+                          + (f", at most {max_tokens} padded tokens each, {accumulation} per "
+                             f"optimizer step" if max_tokens else ""))
+        log.info("memfit: %s (%.1f s)", plan.notes[-1], time.perf_counter() - began)
         return plan

@@ -1,0 +1,134 @@
+"""Variable-length data in a framework's loop: the largest batch per length
+measured from the framework's own step, each sample's length, and the
+framework's loader batched again by a LengthBatchSampler (see Note [A
+loader batched by length]). Shared by the Lightning and Hugging Face
+callbacks."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.utils.data import DataLoader
+
+from .._step.batching import count
+from ..plan.lengths import LengthFit, fit_lengths
+from ..train.length_sampler import LengthBatchSampler
+from .sizing import LoopStep, plan_batch
+
+__all__ = ["check_length_options", "fit_per_length", "rebatched", "sample_lengths",
+           "token_accumulation"]
+
+
+# Note [A loader batched by length]
+# A framework builds its training loader from the user's dataset with a
+# fixed batch size. With lengths= a callback fits the largest batch at each
+# length from the framework's own step (fit_lengths over plan_batch, as for
+# one shape), reads each sample's length, and hands the framework a loader
+# over the same dataset and collate function whose batch_sampler is a
+# LengthBatchSampler: each batch, padded to its longest sample, fits. With
+# tokens_per_step= the user asks for a fixed effective batch in tokens:
+# accumulation k = ceil(tokens_per_step / fit.max_tokens) micro-batches, each
+# capped at tokens_per_step // k padded tokens (max_tokens=, below what
+# fits at every length): an optimizer step holds about tokens_per_step
+# tokens, whatever the lengths, as fairseq's max_tokens with update_freq.
+# Between accumulated micro-batches the gradients stay alive, so the fit is
+# measured with them kept whenever the loop accumulates.
+
+
+def check_length_options(what: str, seq_dim: Any, lengths: Any, sample_lengths: Any,
+                         tokens_per_step: Any) -> int | None:
+    """Refuses, when a callback is made, length options its fit would trip
+    on later; returns tokens_per_step as an int (or None)."""
+    if lengths is None:
+        if seq_dim is not None or sample_lengths is not None or tokens_per_step is not None:
+            raise ValueError(f"[{what}] seq_dim=, sample_lengths= and tokens_per_step= batch by "
+                             f"length, and need lengths= (the lengths to fit, e.g. [128, 512, "
+                             f"2048])")
+        return None
+    if seq_dim is None:
+        raise ValueError(f"[{what}] lengths= needs seq_dim= (the dimension of a batch that "
+                         f"indexes tokens, e.g. 1)")
+    if isinstance(lengths, int) or not hasattr(lengths, "__iter__"):
+        raise ValueError(f"[{what}] lengths must be a list of ints, got {lengths!r}")
+    for n in lengths:
+        count(n, what, "each of lengths")
+    if sample_lengths is not None and not callable(sample_lengths):
+        for n in sample_lengths:
+            count(n, what, "each of sample_lengths")
+    return None if tokens_per_step is None else count(tokens_per_step, what, "tokens_per_step")
+
+
+def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: LoopStep, *,
+                   seq_dim: Any, lengths: Sequence[int], budget: Any, what: str,
+                   batch_dim: int = 0, reserve_bytes: int = 0,
+                   target_device: str | None = None) -> LengthFit:
+    """The largest batch at each of `lengths` that `loop` fits, each
+    verified: the example `batch` cut or repeated along seq_dim (token
+    labels with it) and the batch (plan_batch's search, one shape at a
+    time)."""
+
+    def fit_one(x, _):
+        plan = plan_batch(model, x, optimizer, whole=loop, budget=budget, what=what,
+                          batch_dim=batch_dim, reserve_bytes=reserve_bytes,
+                          target_device=target_device)
+        return plan.fits[-1]
+
+    return fit_lengths(fit_one, batch, None, seq_dim, lengths, batch_dim)
+
+
+def token_accumulation(tokens_per_step: int, fit: LengthFit) -> tuple[int, int]:
+    """(micro-batches per optimizer step, padded tokens per micro-batch) that
+    hold `tokens_per_step` tokens per step: See Note [A loader batched by
+    length]."""
+    k = max(1, math.ceil(tokens_per_step / fit.max_tokens))
+    return k, tokens_per_step // k
+
+
+def _length_of(sample, seq_dim, what):
+    """A sample's length: its input_ids' (a dict), its first tensor's (a
+    tuple), along seq_dim - 1 (a sample has no batch dimension)."""
+    if isinstance(sample, dict):
+        sample = sample["input_ids"] if "input_ids" in sample else next(iter(sample.values()))
+    elif isinstance(sample, (tuple, list)) and sample and not isinstance(sample[0], (int, float)):
+        sample = sample[0]
+    if isinstance(sample, torch.Tensor):
+        if not isinstance(seq_dim, int) or sample.dim() < seq_dim:
+            raise ValueError(f"[{what}] cannot read a sample's length along seq_dim={seq_dim!r} "
+                             f"(a sample of shape {tuple(sample.shape)}): pass sample_lengths=")
+        return int(sample.shape[seq_dim - 1])
+    try:
+        return len(sample)
+    except TypeError:
+        raise ValueError(f"[{what}] cannot read the length of a sample of type "
+                         f"{type(sample).__name__}: pass sample_lengths=") from None
+
+
+def sample_lengths(dataset: Any, seq_dim: Any, given: Sequence[int] | Callable | None,
+                   what: str) -> list[int]:
+    """Each sample's length, in dataset order: `given` (a list, or a
+    function of a sample), else read from each sample (see _length_of)."""
+    n = len(dataset)
+    if given is not None and not callable(given):
+        out = [count(v, what, "each of sample_lengths") for v in given]
+        if len(out) != n:
+            raise ValueError(f"[{what}] sample_lengths has {len(out)} lengths for a training "
+                             f"set of {n} samples")
+        return out
+    read = given if given is not None else (lambda s: _length_of(s, seq_dim, what))
+    return [count(read(dataset[i]), what, "a sample's length") for i in range(n)]
+
+
+def rebatched(loader: DataLoader, sampler: LengthBatchSampler) -> DataLoader:
+    """A loader over `loader`'s dataset and collate function whose batches
+    are `sampler`'s (its workers and pinning kept)."""
+    workers = loader.num_workers
+    extra = {}
+    if workers > 0:
+        extra = dict(persistent_workers=loader.persistent_workers,
+                     prefetch_factor=loader.prefetch_factor,
+                     multiprocessing_context=loader.multiprocessing_context)
+    return DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn,
+                      num_workers=workers, pin_memory=loader.pin_memory,
+                      worker_init_fn=loader.worker_init_fn, **extra)

@@ -11,6 +11,7 @@
 
 #include "bindings.h"
 #include "memfit/core/model/allocator_trace.h"
+#include "memfit/core/model/snapshot_events.h"
 #include "memfit/core/model/snapshot_reader.h"
 #include "memfit/core/model/timeline.h"
 #include "memfit/torch/models.h"
@@ -39,6 +40,12 @@ const T* items(const py::buffer& b, size_t n, const char* what) {
 }
 
 size_t count(const py::buffer& b) { return static_cast<size_t>(b.request().size); }
+
+template <typename T>
+std::vector<T> to_vector(const py::buffer& b, size_t n, const char* what) {
+  const T* p = items<T>(b, n, what);
+  return std::vector<T>(p, p + n);
+}
 
 py::dict snapshot_dict(Snapshot&& s) {
   py::list frames;
@@ -135,44 +142,79 @@ void init_explain(py::module_& m) {
                                    const py::buffer& ids, const py::buffer& times_ns,
                                    const py::buffer& categories, const py::buffer& modules,
                                    const std::vector<std::string>& module_names,
-                                   const std::vector<std::tuple<size_t, std::string, int>>& spans) {
+                                   const std::vector<SpanStart>& spans) {
     const size_t n = count(kinds);
-    const auto* k = items<uint8_t>(kinds, n, "kinds");
-    const auto* b = items<int64_t>(bytes, n, "bytes");
-    const auto* id = items<uint64_t>(ids, n, "ids");
-    const auto* t = items<int64_t>(times_ns, n, "times_ns");
-    const auto* c = items<uint8_t>(categories, n, "categories");
-    const auto* mod = items<uint32_t>(modules, n, "modules");
-    Timeline tl;
-    tl.reserve(n);
-    std::vector<uint32_t> module_index;
-    for (const auto& name : module_names) module_index.push_back(tl.module_index(name));
-    size_t next_span = 0;
-    for (size_t i = 0; i < n; ++i) {
-      while (next_span < spans.size() && std::get<0>(spans[next_span]) <= i) {
-        tl.begin_phase(std::get<1>(spans[next_span]), std::get<2>(spans[next_span]));
-        ++next_span;
-      }
-      if (c[i] >= kNumCategories) throw std::invalid_argument("[explain] bad category");
-      if (mod[i] >= module_index.size()) throw std::invalid_argument("[explain] bad module");
-      Event e;
-      e.kind = k[i] ? EventKind::kFree : EventKind::kAlloc;
-      e.bytes = b[i];
-      e.id = id[i];
-      e.time_ns = t[i];
-      e.device = Device::kCUDA;
-      e.category = static_cast<Category>(c[i]);
-      e.module = module_index[mod[i]];
-      e.phase = tl.current_phase();
-      tl.record(e);
-    }
-    tl.end_phase();
-    return tl;
+    EventColumns ev;
+    ev.kinds = to_vector<uint8_t>(kinds, n, "kinds");
+    ev.bytes = to_vector<int64_t>(bytes, n, "bytes");
+    ev.ids = to_vector<uint64_t>(ids, n, "ids");
+    ev.times_ns = to_vector<int64_t>(times_ns, n, "times_ns");
+    ev.categories = to_vector<uint8_t>(categories, n, "categories");
+    ev.modules = to_vector<uint32_t>(modules, n, "modules");
+    return timeline_from_events(ev, module_names, spans);
   }, py::arg("kinds"), py::arg("bytes"), py::arg("ids"), py::arg("times_ns"),
      py::arg("categories"), py::arg("modules"), py::arg("module_names"), py::arg("spans"),
      "A CUDA Timeline from event columns (kind u8: 0 alloc, 1 free; bytes i64; "
      "id u64; time_ns i64; category u8 in Category order; module u32 into "
      "module_names) and phase spans (first event, name, iteration).");
+
+  m.attr("SNAPSHOT_WORKSPACE_SIZES") = py::tuple(py::cast(snapshot_workspace_sizes()));
+  m.def("snapshot_events", [](const py::buffer& action, const py::buffer& addr,
+                              const py::buffer& size, const py::buffer& stream,
+                              const py::buffer& time_us, const py::buffer& stack,
+                              int64_t reserved_at_dump,
+                              const std::vector<std::tuple<uint64_t, int64_t, uint32_t>>& live,
+                              std::vector<std::string> stack_phase,
+                              std::vector<std::string> stack_place) {
+    const size_t n = count(action);
+    SnapshotTrace t;
+    t.action = to_vector<uint8_t>(action, n, "action");
+    t.addr = to_vector<uint64_t>(addr, n, "addr");
+    t.size = to_vector<int64_t>(size, n, "size");
+    t.stream = to_vector<int64_t>(stream, n, "stream");
+    t.time_us = to_vector<int64_t>(time_us, n, "time_us");
+    t.stack = to_vector<uint32_t>(stack, n, "stack");
+    SnapshotEventsInput in;
+    in.reserved_at_dump = reserved_at_dump;
+    for (const auto& [a, b, s] : live) in.live_at_dump.push_back({a, b, s});
+    in.stack_phase = std::move(stack_phase);
+    in.stack_place = std::move(stack_place);
+    SnapshotEvents e;
+    {
+      py::gil_scoped_release no_gil;
+      e = snapshot_events(t, in);
+    }
+    py::list ooms;
+    for (const auto& o : e.ooms) {
+      ooms.append(py::make_tuple(o.trace_index, o.size, o.device_free, o.stream, o.stack,
+                                 o.events_before, o.reserved));
+    }
+    py::dict d;
+    d["timeline"] = std::move(e.timeline);
+    d["trace_index"] = column(e.trace_index);
+    d["reserved_after"] = column(e.reserved_after);
+    d["stacks"] = column(e.stacks);
+    d["peak_reserved_bytes"] = e.peak_reserved_bytes;
+    d["peak_reserved_trace_index"] = e.peak_reserved_trace_index;
+    d["reserved_at_start"] = e.reserved_at_start;
+    d["allocated_at_start"] = e.allocated_at_start;
+    d["pre_existing"] = e.pre_existing;
+    d["ooms"] = ooms;
+    d["spans"] = e.spans;
+    d["phase_of_alloc"] = e.phase_of_alloc;
+    d["notes"] = e.notes;
+    d["expandable"] = e.expandable;
+    return d;
+  }, py::arg("action"), py::arg("addr"), py::arg("size"), py::arg("stream"),
+     py::arg("time_us"), py::arg("stack"), py::arg("reserved_at_dump"), py::arg("live_at_dump"),
+     py::arg("stack_phase"), py::arg("stack_place"),
+     "One device's trace (its columns as read_snapshot gives them) as memfit events, "
+     "in one walk (core/model/snapshot_events.h): a dict of the Timeline, per event "
+     "trace_index and reserved_after (i64 bytes), per allocation its stack (u32 bytes), "
+     "the reserved peak and start, what was live before the trace, ooms (trace index, "
+     "size, device_free, stream, stack, events before, reserved), spans, phase_of_alloc, "
+     "notes, expandable. live_at_dump: (address, bytes, stack) of the blocks active at the "
+     "dump; stack_phase and stack_place: per stack, what its frames say (\"\": nothing).");
 
   m.def("profile_builtin", [](const std::string& model, int64_t batch,
                               const std::string& optimizer, int iterations,

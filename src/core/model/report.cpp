@@ -71,7 +71,7 @@ std::string explain(const Timeline::PhaseSummary& s, int64_t p,
     note = format_signed_bytes(d);
   }
   // A library's workspace, kept from its first use (Note [Workspaces in a
-  // snapshot], explain/trace.py): named, not left inside another category.
+  // snapshot], snapshot_events.cpp): named, not left inside another category.
   const int64_t workspace =
       at(after, Category::kWorkspace) - at(before, Category::kWorkspace);
   if (workspace > 0) {

@@ -16,7 +16,7 @@ from ..diagnosis.frames import is_user_file
 from .frames import classify_stack, is_python_file, place_of
 from .snapshot_format import RawSnapshot
 
-__all__ = ["CATEGORIES", "WORKSPACE_SIZES", "OomEvent", "TraceEvents", "events_of"]
+__all__: list = []
 
 # Category order of memfit's core (event.h).
 CATEGORIES = ("parameter", "buffer", "input", "activation", "gradient", "optimizer_state",

@@ -17,8 +17,7 @@ from ..plan.lengths import LengthFit, fit_lengths
 from ..train.length_sampler import LengthBatchSampler
 from .sizing import LoopStep, plan_batch
 
-__all__ = ["check_length_options", "fit_per_length", "rebatched", "sample_lengths",
-           "token_accumulation"]
+__all__: list = []
 
 
 # Note [A loader batched by length]

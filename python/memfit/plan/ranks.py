@@ -16,8 +16,7 @@ import torch
 from .._native import native as _memfit
 from .._step.device import host_memory
 
-__all__ = ["RankFailed", "LocalAnswer", "RankOutcome", "agree", "agreed_across_ranks",
-           "group_of"]
+__all__: list = []
 
 # Note [One answer on every rank]
 # Under torch.distributed every rank runs find_batch_size on its own device,

@@ -9,8 +9,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["Pointwise", "Mlp", "ResidualBlock", "Cnn", "GptBlock", "Gpt", "Lstm", "gpt_loss",
-           "BasicBlock", "ResNet18", "available", "make", "loss_of", "TINY_LLAMA", "tiny_llama"]
+__all__: list = []
 
 
 class Pointwise(nn.Module):

@@ -123,10 +123,7 @@ void init_explain(py::module_& m) {
     const auto* b = items<int64_t>(bytes, n, "bytes");
     const auto* s = items<int64_t>(streams, n, "streams");
     std::vector<AllocatorOp> ops(n);
-    for (size_t i = 0; i < n; ++i) {
-      if (k[i] > AllocatorOp::kReleaseCache) throw std::invalid_argument("[explain] bad op kind");
-      ops[i] = AllocatorOp{static_cast<AllocatorOp::Kind>(k[i]), id[i], b[i], s[i]};
-    }
+    for (size_t i = 0; i < n; ++i) ops[i] = allocator_op(k[i], id[i], b[i], s[i]);
     AllocatorReplay r;
     {
       py::gil_scoped_release no_gil;

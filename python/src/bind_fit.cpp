@@ -128,15 +128,10 @@ void init_fit(py::module_& m) {
   m.def(
       "probe_toward",
       [](py::function measure, int64_t target, std::vector<int64_t> first, int64_t limit) {
-        if (target < 1 || target > kMaxBatch) {
-          throw std::invalid_argument("[predict] batch " + std::to_string(target) +
-                                      " is outside what memfit predicts: 1 to 2**40");
-        }
         ProbePlan plan;
         plan.limit_bytes = limit;
         if (!first.empty()) plan.first = std::move(first);
-        return probe_toward(from_python(std::move(measure)),
-                            [target](const PeakModel&) { return target; }, plan);
+        return probe_toward_batch(from_python(std::move(measure)), target, plan);
       },
       py::arg("measure"), py::arg("target"), py::arg("first") = std::vector<int64_t>{},
       py::arg("limit") = INT64_MAX,
@@ -145,18 +140,13 @@ void init_fit(py::module_& m) {
       "search_batch",
       [](py::function measure, int64_t budget, int64_t margin, std::vector<int64_t> first,
          bool verify, int64_t host_limit, int64_t max_batch, py::object progress) {
-        if (max_batch < 1) {
-          throw std::invalid_argument("[search_batch] max_batch must be >= 1, got " +
-                                      std::to_string(max_batch) +
-                                      ": pass the largest batch wanted");
-        }
         SearchOptions o;
         o.host_limit_bytes = host_limit;
         o.budget_bytes = budget;
         o.extra_margin_bytes = margin;
         if (!first.empty()) o.probes.first = std::move(first);
         o.verify = verify;
-        o.max_batch = std::min(max_batch, kMaxBatch);
+        o.max_batch = max_batch;
         // None: silent; else a callable given each line (the GIL is held,
         // as for measure).
         if (!progress.is_none()) {

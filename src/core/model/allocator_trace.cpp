@@ -1,5 +1,8 @@
 #include "memfit/core/model/allocator_trace.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "memfit/core/model/allocator_model.h"
 
 namespace memfit {
@@ -19,6 +22,13 @@ namespace memfit {
 // the card's free memory is not in the trace. So each run of segment_free
 // in the trace becomes a kReleaseCache step at the same place: the replay
 // releases what *it* holds free there, and any difference still shows.
+
+AllocatorOp allocator_op(uint8_t kind, uint64_t id, int64_t bytes, int64_t stream) {
+  if (kind > AllocatorOp::kReleaseCache) {
+    throw std::invalid_argument("[explain] bad op kind " + std::to_string(kind));
+  }
+  return AllocatorOp{static_cast<AllocatorOp::Kind>(kind), id, bytes, stream};
+}
 
 AllocatorReplay replay_allocator_ops(const std::vector<AllocatorOp>& ops,
                                      std::optional<int64_t> capacity) {

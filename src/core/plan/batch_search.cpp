@@ -220,6 +220,15 @@ int64_t ProbedModel::largest_probe() const {
   return b;
 }
 
+ProbedModel probe_toward_batch(const MeasureStep& measure, int64_t batch, const ProbePlan& plan,
+                               const Progress& progress) {
+  if (batch < 1 || batch > kMaxBatch) {
+    throw std::invalid_argument("[predict] batch " + std::to_string(batch) +
+                                " is outside what memfit predicts: 1 to 2**40");
+  }
+  return probe_toward(measure, [batch](const PeakModel&) { return batch; }, plan, progress);
+}
+
 ProbedModel probe_toward(const MeasureStep& measure,
                          const std::function<int64_t(const PeakModel&)>& target,
                          const ProbePlan& plan, const Progress& progress) {
@@ -448,6 +457,11 @@ class Verification {
 };
 
 void check(const SearchOptions& options) {
+  if (options.max_batch < 1) {
+    throw std::invalid_argument("[search_batch] max_batch must be >= 1, got " +
+                                std::to_string(options.max_batch) +
+                                ": pass the largest batch wanted");
+  }
   if (options.budget_bytes < 0 || options.extra_margin_bytes < 0) {
     throw std::invalid_argument("[fit] the budget and the margin must be >= 0 bytes");
   }
@@ -512,8 +526,10 @@ int64_t unverified_card_answer(const ProbedModel& pm, int64_t candidate, int64_t
 
 }  // namespace
 
-BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options) {
-  check(options);
+BatchFit search_batch(const MeasureStep& measure, const SearchOptions& given) {
+  check(given);
+  SearchOptions options = given;
+  options.max_batch = std::min(options.max_batch, kMaxBatch);
   const int64_t usable = options.budget_bytes - options.extra_margin_bytes;
   ProbePlan plan = options.probes;
   plan.limit_bytes = std::min(usable, options.host_limit_bytes);

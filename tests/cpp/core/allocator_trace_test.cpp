@@ -15,6 +15,17 @@ AllocatorOp malloc_op(uint64_t id, int64_t bytes, int64_t stream = 0) {
 AllocatorOp free_op(uint64_t id) { return {AllocatorOp::kFree, id, 0, 0}; }
 AllocatorOp release_op() { return {AllocatorOp::kReleaseCache, 0, 0, 0}; }
 
+// A front's column of op kinds is read by the core, which refuses a kind it
+// does not know.
+TEST(AllocatorTraceTest, AnOpKindFromAColumnIsCheckedByTheCore) {
+  const AllocatorOp op = allocator_op(2, 7, 512, 1);
+  EXPECT_EQ(op.kind, AllocatorOp::kReleaseCache);
+  EXPECT_EQ(op.id, 7u);
+  EXPECT_EQ(op.bytes, 512);
+  EXPECT_EQ(op.stream, 1);
+  EXPECT_THROW(allocator_op(3, 0, 0, 0), std::invalid_argument);
+}
+
 TEST(AllocatorTraceTest, ReservedAfterEachOpFollowsTheRules) {
   // 1000 B: a 2 MiB small segment; 3 MiB: a 20 MiB one, split; 16.5 MiB:
   // the 17 MiB rest, whole (0.5 MiB left is not split off); 11 MiB: a

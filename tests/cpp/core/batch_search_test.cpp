@@ -252,6 +252,38 @@ TEST(BatchSearch, StopsAtTheLargestBatchWanted) {
   for (int64_t b : s.measured) EXPECT_LE(b, 100);
 }
 
+// The front passes the user's numbers as they are: the core checks them.
+TEST(BatchSearch, ALargestBatchBelowOneIsRefusedAndOneAbove2To40IsCapped) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  SearchOptions o = budget_of(64 << 20);
+  o.max_batch = 0;
+  try {
+    search_batch(s.measure(), o);
+    FAIL() << "expected invalid_argument";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).find("[search_batch] max_batch must be >= 1, got 0"), 0u)
+        << e.what();
+  }
+  EXPECT_TRUE(s.measured.empty());
+  o.max_batch = INT64_MAX;
+  EXPECT_EQ(search_batch(s.measure(), o).max_batch, s.true_max(64 << 20));
+}
+
+TEST(BatchSearch, APredictionOutside1To2To40IsRefusedBeforeAnyProbe) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  for (int64_t batch : {int64_t{0}, kMaxBatch + 1}) {
+    try {
+      probe_toward_batch(s.measure(), batch, ProbePlan{});
+      FAIL() << "expected invalid_argument for " << batch;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("outside what memfit predicts"), std::string::npos);
+    }
+  }
+  EXPECT_TRUE(s.measured.empty());
+  const ProbedModel pm = probe_toward_batch(s.measure(), 64, ProbePlan{});
+  EXPECT_GE(pm.probes.size(), 2u);
+}
+
 TEST(BatchSearch, SaysEachProbeAndVerificationBeforeItRuns) {
   // Affine, and curved (the model's first answer misses: more verifications).
   for (const auto& act : std::vector<std::function<int64_t(int64_t)>>{

@@ -22,6 +22,10 @@ struct AllocatorOp {
   int64_t stream = 0;
 };
 
+// The op of kind `kind` (AllocatorOp::Kind's value, as a front's column
+// holds it). Throws std::invalid_argument for a kind past kReleaseCache.
+AllocatorOp allocator_op(uint8_t kind, uint64_t id, int64_t bytes, int64_t stream);
+
 struct AllocatorReplay {
   std::vector<int64_t> reserved;   // after each op
   std::vector<int64_t> allocated;  // block bytes after each op

@@ -75,6 +75,11 @@ ProbedModel probe_toward(const MeasureStep& measure,
                          const ProbePlan& plan,
                          const Progress& progress = Progress());
 
+// probe_toward a fixed `batch`: what a prediction at it needs. Throws
+// std::invalid_argument for a batch outside 1 to kMaxBatch.
+ProbedModel probe_toward_batch(const MeasureStep& measure, int64_t batch, const ProbePlan& plan,
+                               const Progress& progress = Progress());
+
 // How sure a prediction at `batch` is, for reports.
 struct PredictionCertainty {
   int64_t batch = 0;
@@ -132,7 +137,8 @@ struct SearchOptions {
 int64_t probe_memory_limit(const std::string& mode);
 
 // Throws DoesNotFit (with the numbers and what to try) when even batch 1
-// does not fit; std::invalid_argument for a negative budget or margin.
+// does not fit; std::invalid_argument for a max_batch < 1, a negative
+// budget or margin. A max_batch above kMaxBatch is kMaxBatch.
 BatchFit search_batch(const MeasureStep& measure, const SearchOptions& options);
 
 }  // namespace memfit

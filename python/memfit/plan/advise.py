@@ -131,13 +131,15 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     advice.compile_plan) always).
     cards: budgets of cards (["8GiB", "12GiB", ...]): "what fits on which
     card", each card's cheapest plan from the same recordings (See Note
-    [What fits on which card]); advice.cards, advice.cards_table(). The
-    budget may then be left out.
+    [What fits on which card]); advice.cards, advice.cards_table(),
+    advice.apply_plan(model, optimizer, card="12GiB") (the card's setting,
+    checkpointing and optimizer put on the model in one call; train with
+    memfit.Trainer(micro_batch=...)). The budget may then be left out.
     An HF model whose config has use_cache=True keeps a KV cache through a
     training forward: each row's, the plan's and each card's
     kv_cache_bytes say how much of their peak it is.
     Returns an Advice: rows, plan, chain_plans, table(), to_json(),
-    apply(model). Raises memfit.DoesNotFit
+    apply(model), apply_plan(model, optimizer). Raises memfit.DoesNotFit
     (a ValueError) when the budget is below the model's parameters or
     nothing recorded fits, naming the smallest peak reached and how; the
     exception's `advice` holds the rows.

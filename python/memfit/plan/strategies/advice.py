@@ -10,10 +10,15 @@ from typing import Any
 
 import torch
 
+from ..._native import format_bytes
+from ..._step.device import to_bytes
+from ...memory.offload import OffloadedOptimizer, offload
 from . import Strategy, applied
 from .compiler import CompiledApplied, CompilePlan, CompileRow
+from .llm_settings import user_optimizer_on
+from .optimizer import make_optimizer
 
-__all__ = ["Row", "Plan", "CardPlan", "Advice"]
+__all__ = ["Row", "Plan", "CardPlan", "AppliedPlan", "Advice"]
 
 
 @dataclasses.dataclass
@@ -112,6 +117,52 @@ class _Applied:
         self.restore()
 
 
+class AppliedPlan:
+    """A plan put on a model by Advice.apply_plan: what to train and how.
+
+    model: the model to train (the one passed, or the wrapper the plan's
+    setting made of it: peft's for LoRA and QLoRA); optimizer: the
+    optimizer to train it with (None when the advice had none);
+    micro_batch: the plan's (0: the whole batch), for memfit.Trainer;
+    set_to_none: what your own loop's zero_grad should pass (memfit.Trainer
+    frees gradients itself); plan: the Plan applied. The setting changed
+    the model for good; restore() (or the end of a `with` block) takes off
+    the checkpointing and autocast only. Train with
+
+        memfit.Trainer(a.model, a.optimizer, micro_batch=a.micro_batch, plan=False)
+
+    at the batch advise was given. Under the chunked loss the Trainer cannot
+    tell how the model's loss reduces the batch: pass it reduction="mean"
+    (exact when each micro-batch holds as many labelled tokens).
+    """
+
+    def __init__(self, model, optimizer, plan, handle):
+        self.model = model
+        self.optimizer = optimizer
+        self.plan = plan
+        self.micro_batch = plan.micro_batch
+        self.set_to_none = not plan.strategy.zero_grad_in_place
+        self._handle = handle
+
+    def restore(self) -> None:
+        self._handle.restore()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.restore()
+
+
+def _is_peft(model):
+    return hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None))
+
+
+def _class_of(model):
+    """The class name advise records for `model` (a PEFT wrapper: the model it wraps)."""
+    return type(model.get_base_model() if _is_peft(model) else model).__name__
+
+
 class Advice:
     """Every strategy measured on the model, and the plan for the budget.
 
@@ -137,7 +188,7 @@ class Advice:
     def apply(self, model: torch.nn.Module, what: str | None = None) -> Any:
         """Put the plan's (or a Row's / Strategy's) model-side parts on
         `model` (this model or a copy of it): checkpointed blocks, bf16
-        autocast. Returns a handle: use it in a `with` block, or call
+        autocast. A plan with a setting: apply_plan. Returns a handle: use it in a `with` block, or call
         restore(). The optimizer is the training loop's (optimizer_for()
         gives the one the plan trains with); memfit.Trainer frees gradients
         itself. A compile plan or row (advice.compile_plan, the default when
@@ -154,8 +205,8 @@ class Advice:
         if s.setting is not None:
             raise ValueError(
                 f"[Advice.apply] the strategy uses the setting {s.setting!r}, which changes the "
-                f"model itself: apply advice.setting({s.setting!r}).apply to your model (or a "
-                f"copy), then checkpoint and micro-batch as the plan says")
+                f"model itself: call advice.apply_plan(model, optimizer), which applies the "
+                f"setting, the checkpointing and the optimizer together")
         paths = self.chain.block_paths if self.chain else []
         holder = _holding_blocks(model, paths, s.checkpoint)
         if holder is None:
@@ -167,6 +218,93 @@ class Advice:
         applied_to = _Applied(holder, s, paths)
         applied_to.model = model  # what the `with` block gives: the model passed
         return applied_to
+
+    def apply_plan(self, model: torch.nn.Module, optimizer: Any = None,
+                   card: Any = None) -> AppliedPlan:
+        """Put the whole plan on `model`, the model advise was given (or
+        one like it): the plan's setting (LoRA, QLoRA, bf16 weights, 8-bit
+        AdamW, the chunked loss ...; applied to `model` itself: pass a copy
+        to keep yours), its checkpointing (on the blocks under a PEFT
+        wrapper too), autocast, and the optimizer it trains with (yours,
+        rebuilt over the setting's trainable parameters; offloaded where
+        the plan keeps the state on the host). card: a budget of
+        advise(cards=[...]) ("12GiB" or bytes): that card's plan; None: the
+        plan for advise's budget. Returns an AppliedPlan (model, optimizer,
+        micro_batch); train it with
+        memfit.Trainer(a.model, a.optimizer, micro_batch=a.micro_batch, plan=False)
+        at the batch advise was given."""
+        what = "Advice.apply_plan"
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"[{what}] model must be the torch.nn.Module advise was given, got "
+                            f"{type(model).__name__}")
+        plan = self._plan_of(card, what)
+        s = plan.strategy
+        made_for = getattr(self, "model", None)
+        if made_for and _class_of(model) != made_for:
+            raise ValueError(f"[{what}] the advice was made for a {made_for}, got a "
+                             f"{_class_of(model)}: apply it to the model it was made for")
+        setting = None if s.setting is None else self.setting(s.setting)
+        if setting is not None and _is_peft(model):
+            raise ValueError(
+                f"[{what}] the model is already a PEFT model ({type(model).__name__}) and the "
+                f"plan's setting {s.setting!r} makes one itself: pass the model advise was "
+                f"given, not advice.setting(...).apply's")
+        trained = model if setting is None else setting.apply(model)
+        handle = self.apply(trained, dataclasses.replace(s, setting=None))
+        return AppliedPlan(trained, self._optimizer_of(trained, optimizer, s, setting, what),
+                           plan, handle)
+
+    def _plan_of(self, card, what):
+        """The plan for `card` (None: advise's budget), found, or one line why not."""
+        cards = getattr(self, "cards", [])
+        if card is None:
+            plan = self.plan
+            if not plan.found and cards:
+                raise ValueError(f"[{what}] advise was given cards and no budget: pass card= "
+                                 f"one of {[format_bytes(c.budget_bytes) for c in cards]}")
+            if not plan.found:
+                raise ValueError(f"[{what}] the advice has no plan: advise was given no budget; "
+                                 f"pass budget= (or cards=[...]) to advise")
+            return plan
+        want = to_bytes(card, what)
+        match = [c for c in cards if c.budget_bytes == want]
+        if not match:
+            raise ValueError(
+                f"[{what}] no card of {format_bytes(want)} was planned: advise's cards are "
+                f"{[format_bytes(c.budget_bytes) for c in cards]}; pass one of them, or advise "
+                f"again with cards=[{card!r}]")
+        plan = match[0].plan
+        if not plan.found:
+            raise ValueError(
+                f"[{what}] nothing measured fits the card of {format_bytes(want)}: the least "
+                f"measured, {plan.summary}, peaks at {format_bytes(plan.peak_bytes)}; pick a "
+                f"bigger card")
+        return plan
+
+    def _optimizer_of(self, model, optimizer, s, setting, what):
+        """The optimizer the plan trains `model` with, from the user's."""
+        if setting is not None and setting.optimizer is not None:
+            opt = setting.optimizer(model, optimizer)
+        elif s.optimizer is not None:
+            opt = make_optimizer(model, s.optimizer)  # a lighter one, as advise recorded it
+        elif optimizer is None or isinstance(optimizer, str):
+            name = optimizer or getattr(self, "optimizer", None)
+            if name in (None, "none"):
+                return None
+            try:
+                opt = make_optimizer(model, name)
+            except KeyError:
+                raise ValueError(
+                    f"[{what}] the plan trains with your {name}: pass it as optimizer= (it is "
+                    f"rebuilt over the parameters the plan trains)") from None
+        elif not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"[{what}] optimizer must be a torch.optim.Optimizer, a name or "
+                            f"None, got {type(optimizer).__name__}")
+        else:
+            opt = optimizer if setting is None else user_optimizer_on(model, optimizer)
+        if s.host_state:
+            opt = opt if isinstance(opt, OffloadedOptimizer) else offload(opt)
+        return opt
 
     def setting(self, label: str) -> Any:
         """The proposed Setting named `label` (a row's name, plan.strategy.setting)."""
@@ -190,7 +328,6 @@ class Advice:
                 f"{self.optimizer}: build that optimizer with your hyperparameters")
         if not s.host_state:
             return optimizer
-        from ...memory.offload import OffloadedOptimizer, offload
         return optimizer if isinstance(optimizer, OffloadedOptimizer) else offload(optimizer)
 
     def table(self) -> str:
@@ -234,7 +371,6 @@ class Advice:
 
 def _compile_table(rows, plan):
     """torch.compile's rows as text, under advise's table."""
-    from ..._native import format_bytes
     lines = [f"{'torch.compile':<44}  {'peak':>10}  {'saving':>11}  {'fits':>4}  compile",
              f"{'-' * 44}  {'-' * 10}  {'-' * 11}  {'-' * 4}  -------"]
     for r in rows:

@@ -202,10 +202,23 @@ def _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode,
         raise TypeError(f"[advise] cards is a list of card budgets, got the "
                         f"{type(cards).__name__} {cards!r}: pass cards=[{cards!r}] "
                         f"(or several, cards=['8GiB', '12GiB'])")
-    card_bytes = [to_bytes(c, "advise") for c in (cards or [])]
+    card_bytes = _card_bytes(cards)
     loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "advise")
     return _Request(loss_fn, target_device, n, limit, card_bytes, repeats, loop,
                     _parameter_bytes(model), kind_of(optimizer))
+
+
+def _card_bytes(cards):
+    """The cards' budgets in bytes, each card once."""
+    if isinstance(cards, dict):
+        raise TypeError(f"[advise] cards is a list of card budgets, got a dict: pass "
+                        f"cards=list(your_dict.values()) (budgets like '12GiB')")
+    card_bytes = [to_bytes(c, "advise") for c in (cards or [])]
+    twice = sorted({b for b in card_bytes if card_bytes.count(b) > 1})
+    if twice:
+        raise ValueError(f"[advise] cards lists {_memfit.format_bytes(twice[0])} more than "
+                         f"once: give each card once")
+    return card_bytes
 
 
 def _proposals(model, inputs, settings, req, allow_approximate):

@@ -186,14 +186,18 @@ class Advice:
         self.__dict__.update(fields)
 
     def apply(self, model: torch.nn.Module, what: str | None = None) -> Any:
-        """Put the plan's (or a Row's / Strategy's) model-side parts on
-        `model` (this model or a copy of it): checkpointed blocks, bf16
-        autocast. A plan with a setting: apply_plan. Returns a handle: use it in a `with` block, or call
+        """Put the plan's (or a Row's, a row's named by its name, a
+        Strategy's) model-side parts on `model` (this model or a copy of
+        it): checkpointed blocks, bf16 autocast. A plan with a setting:
+        apply_plan. Returns a handle: use it in a `with` block, or call
         restore(). The optimizer is the training loop's (optimizer_for()
         gives the one the plan trains with); memfit.Trainer frees gradients
         itself. A compile plan or row (advice.compile_plan, the default when
         the core's plan found nothing) compiles the model's call with its
         activation_memory_budget instead (strategies/compiler.py)."""
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"[Advice.apply] model must be the torch.nn.Module advise was "
+                            f"given, got {type(model).__name__}")
         cplan = getattr(self, "compile_plan", None)
         if what is None and not self.plan.found and cplan is not None and cplan.found:
             what = cplan
@@ -201,7 +205,7 @@ class Advice:
             if isinstance(what, CompilePlan) and not what.found:
                 raise ValueError("[Advice.apply] the compile plan found no fraction that fits")
             return CompiledApplied(model, what.fraction)
-        s = what.strategy if isinstance(what, Row) else what or self.plan.strategy
+        s = self._strategy_of(what, "Advice.apply")
         if s.setting is not None:
             raise ValueError(
                 f"[Advice.apply] the strategy uses the setting {s.setting!r}, which changes the "
@@ -306,8 +310,38 @@ class Advice:
             opt = opt if isinstance(opt, OffloadedOptimizer) else offload(opt)
         return opt
 
+    def _strategy_of(self, what, op):
+        """The Strategy `what` names: None (the plan's), a Row, a row's
+        name or a Strategy; anything else refused in one line."""
+        if what is None:
+            if not self.plan.found:
+                cards = ("; for a card's plan, advice.apply_plan(model, card=...)"
+                         if getattr(self, "cards", None) else "")
+                raise ValueError(
+                    f"[{op}] the advice has no plan: advise was given no budget; pass a row "
+                    f"(advice.rows[i]), or advise again with budget={cards}")
+            return self.plan.strategy
+        if isinstance(what, str):
+            rows = [r for r in getattr(self, "rows", []) if r.name == what]
+            if not rows:
+                raise ValueError(f"[{op}] no row is named {what!r}: one of "
+                                 f"{[r.name for r in getattr(self, 'rows', [])]}")
+            return rows[0].strategy
+        if isinstance(what, (Row, Plan)):
+            return what.strategy
+        if isinstance(what, Strategy):
+            return what
+        raise TypeError(f"[{op}] what must be a Row, a row's name, a Plan or a Strategy "
+                        f"(None: the plan), got {type(what).__name__}")
+
     def setting(self, label: str) -> Any:
-        """The proposed Setting named `label` (a row's name, plan.strategy.setting)."""
+        """The proposed Setting named `label` (a row's name, plan.strategy.setting;
+        a Row or a Plan names its own)."""
+        if isinstance(label, (Row, Plan)) and label.strategy.setting is not None:
+            label = label.strategy.setting
+        if not isinstance(label, str):
+            raise TypeError(f"[Advice.setting] label must be a setting's name (a str, e.g. "
+                            f"plan.strategy.setting), got {type(label).__name__}")
         for st in getattr(self, "settings", []):
             if st.label == label:
                 return st
@@ -321,7 +355,7 @@ class Advice:
         plan keeps its state on the host. A plan that changes the optimizer
         (a lighter one, allow_approximate) names it instead: build that one
         with your hyperparameters."""
-        s = what.strategy if isinstance(what, Row) else what or self.plan.strategy
+        s = self._strategy_of(what, "Advice.optimizer_for")
         if s.optimizer is not None:
             raise ValueError(
                 f"[Advice.optimizer_for] the plan trains with {s.optimizer} instead of "

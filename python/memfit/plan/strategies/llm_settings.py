@@ -170,11 +170,40 @@ def kv_cache_notes(model, inputs):
             f"model.config.use_cache = False"]
 
 
+def _check_causal_lm(model, peft_ok=False):
+    """Refuses, in one line, a model a setting cannot change: not an HF
+    causal LM, or (peft_ok False) one a PEFT wrapper already holds."""
+    if _is_peft(model):
+        if peft_ok:
+            return
+        raise ValueError(
+            f"[Setting.apply] the model is already a PEFT model ({type(model).__name__}): "
+            f"apply the setting to the model advise was given, once (or call "
+            f"advice.apply_plan(model, optimizer) on that model)")
+    if not is_causal_lm(model):
+        raise TypeError(
+            f"[Setting.apply] the settings change an HF causal LM (a transformers "
+            f"*ForCausalLM, as advise was given), got {type(model).__name__}: apply it to "
+            f"that model")
+
+
+def _is_peft(model):
+    return hasattr(model, "peft_config") and callable(getattr(model, "get_base_model", None))
+
+
 def _to_bf16(model):
+    _check_causal_lm(model, peft_ok=True)
     return model.to(torch.bfloat16)
 
 
+def _same(model):
+    """The model unchanged: the settings that change the optimizer only."""
+    _check_causal_lm(model, peft_ok=True)
+    return model
+
+
 def _hf_checkpointing(model):
+    _check_causal_lm(model)
     model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     return model
 
@@ -194,6 +223,7 @@ def _with_lora(model, rank, modules):
 
 def _lora(rank, modules, to_bf16):
     def apply(model):
+        _check_causal_lm(model)
         if to_bf16:
             model = _to_bf16(model)
         return _with_lora(model, rank, modules)
@@ -203,6 +233,7 @@ def _lora(rank, modules, to_bf16):
 
 def _chunked(chunk, inner=None):
     def apply(model):
+        _check_causal_lm(model)
         changed = inner(model) if inner is not None else model
         apply_chunked_loss(model, chunk)  # the HF model itself, under a peft wrapper too
         return changed
@@ -219,6 +250,7 @@ def _chunked_extra(chunk):
 
 def _qlora(rank, modules):
     def apply(model):
+        _check_causal_lm(model)
         model = _to_bf16(model)
         to_nf4_linears(model, modules)
         return _with_lora(model, rank, modules)
@@ -266,7 +298,7 @@ def llm_settings(model, budget_bytes=None, tokens=None):
     pre = "bf16 weights, " if to_bf16 else ""
     if to_bf16:
         settings.append(Setting("bf16 weights", _to_bf16))
-    bf16 = _to_bf16 if to_bf16 else (lambda m: m)
+    bf16 = _to_bf16 if to_bf16 else _same
     ao = torchao_available()
     if ao:
         settings.append(Setting(pre + "AdamW 8-bit (torchao)", bf16, _adamw8bit))

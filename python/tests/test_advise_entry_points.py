@@ -156,3 +156,13 @@ def test_apply_plan_of_a_lora_plan_refuses_a_model_already_wrapped():
                        r"model \(PeftModel\) and the plan's setting .* makes one itself: pass "
                        r"the model advise was given"):
         advice.apply_plan(applied.model)
+
+
+def test_a_setting_on_a_compiled_model_says_to_apply_it_before_compiling(carded):
+    # Guards against what was: "the settings change an HF causal LM, got
+    # OptimizedModule" for the very model advise was given, compiled.
+    _, advice = carded
+    compiled = torch.compile(tiny_llama("meta"))
+    with pytest.raises(ValueError, match=r"^\[Setting.apply\] LlamaForCausalLM is compiled "
+                       r"\(torch.compile\): apply the setting to the model before compiling it"):
+        advice.setting(LORA).apply(compiled)

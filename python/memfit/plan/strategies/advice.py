@@ -243,6 +243,12 @@ class Advice:
                             f"{type(model).__name__}")
         plan = self._plan_of(card, what)
         s = plan.strategy
+        inner = getattr(model, "_orig_mod", None)  # torch.compile's wrapper
+        if s.setting is not None and isinstance(inner, torch.nn.Module):
+            raise ValueError(
+                f"[{what}] {type(inner).__name__} is compiled (torch.compile) and the plan's "
+                f"setting {s.setting!r} changes the model: pass the model before compiling "
+                f"it (model._orig_mod), then compile applied.model")
         made_for = getattr(self, "model", None)
         if made_for and _class_of(model) != made_for:
             raise ValueError(f"[{what}] the advice was made for a {made_for}, got a "

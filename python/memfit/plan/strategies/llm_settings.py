@@ -180,6 +180,12 @@ def _check_causal_lm(model, peft_ok=False):
             f"[Setting.apply] the model is already a PEFT model ({type(model).__name__}): "
             f"apply the setting to the model advise was given, once (or call "
             f"advice.apply_plan(model, optimizer) on that model)")
+    if isinstance(model, torch.nn.Module) and isinstance(getattr(model, "_orig_mod", None),
+                                                         torch.nn.Module):
+        raise ValueError(
+            f"[Setting.apply] {type(model._orig_mod).__name__} is compiled (torch.compile): "
+            f"apply the setting to the model before compiling it (model._orig_mod), then "
+            f"compile what it returns")
     if not is_causal_lm(model):
         raise TypeError(
             f"[Setting.apply] the settings change an HF causal LM (a transformers "

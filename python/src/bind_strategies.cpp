@@ -161,6 +161,7 @@ void init_strategies(py::module_& m) {
         "The optimizers memfit builds by name, in order (core/model/optimizers.h): the "
         "one list both fronts read.");
   m.def("optimizer_names", &optimizer_names, "The built-in optimizers' names, in order.");
+  m.attr("OFFLOAD_SUFFIX") = kOffloadSuffix;  // "adam-offload": Adam's state on the host
 
   py::class_<OptimizerChoices>(m, "OptimizerChoices")
       .def_readonly("others", &OptimizerChoices::others, "optimizers compared in rows, in order")

@@ -191,5 +191,5 @@ def optimizer_name(optimizer):
     if isinstance(optimizer, str):
         return optimizer
     if isinstance(optimizer, OffloadedOptimizer):
-        return type(optimizer.inner).__name__ + "-offload"
+        return type(optimizer.inner).__name__ + _native.OFFLOAD_SUFFIX
     return type(optimizer).__name__

@@ -3,6 +3,7 @@ zero_grad frees the gradients (set_to_none) or zeroes them in place."""
 
 import torch
 
+from ..._native import native
 from ..._step.offload import OffloadedOptimizer, construct
 from ...memory.offload import offload
 from ..._step.training_step import OPTIMIZERS, builtin_name
@@ -23,7 +24,7 @@ def kind_of(optimizer):
     if isinstance(optimizer, str):
         return optimizer
     if isinstance(optimizer, OffloadedOptimizer):
-        return kind_of(optimizer.inner) + "-offload"
+        return kind_of(optimizer.inner) + native.OFFLOAD_SUFFIX
     return builtin_name(optimizer) or type(optimizer).__name__
 
 

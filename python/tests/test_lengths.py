@@ -316,6 +316,7 @@ def test_the_surface_agrees_with_the_fit_and_says_when_it_lacks_the_square(fits)
 # -- profile(..., seq_dim=): the report predicts over the length too ---------------
 
 
+@pytest.mark.slow
 def test_a_report_with_seq_dim_predicts_over_batch_and_length_with_its_held_out_error():
     torch.manual_seed(0)
     x = torch.randint(0, VOCAB, (4, 32))
@@ -434,3 +435,19 @@ def test_across_ranks_each_sample_comes_once_and_every_rank_steps_as_often(ranks
         list(memfit.LengthBatchSampler([8, 9], CapFit(), num_replicas=3, rank=0))
     with pytest.raises(ValueError, match=r"4 batches of one sample each do not share evenly"):
         list(memfit.LengthBatchSampler([100] * 4, CapFit(tokens=100), num_replicas=3, rank=0))
+
+
+@pytest.mark.slow
+def test_the_trainer_fits_the_lengths_it_is_given_with_the_gradients_kept():
+    torch.manual_seed(0)
+    model = LSTMTagger()
+    trainer = memfit.Trainer(model, torch.optim.Adam(model.parameters()), loss_fn=token_loss,
+                             seq_dim=1, lengths=[8, 32])
+    n, lengths = 200, [8, 32, 20]  # whole at 8 (about 220 fit), split at 32 (about 58)
+    reports = train_steps(lambda: trainer, lengths, n)
+    fit = trainer.length_fit  # measured before the first step, on its first two samples
+    assert fit.lengths == [8, 32] and fit.verified, fit
+    assert any("set_to_none=False" in note for f in fit.fits.values() for note in f.notes)
+    assert [r.ooms_recovered for r in reports] == [0, 0, 0]
+    assert [r.micro_batches for r in reports] == [-(-n // fit.at(k)) for k in lengths]
+    assert reports[0].micro_batches == 1 < reports[1].micro_batches, fit

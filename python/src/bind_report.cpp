@@ -75,6 +75,8 @@ void init_report(py::module_& m) {
         }
         return l;
       }, "(path, activation bytes saved for backward) per module, largest first")
+      .def_readwrite("truth", &Report::truth,
+                     "where the figures were measured, in words (\"\" says nothing)")
       .def_readwrite("notes", &Report::notes,
                      "what the figures rest on (a fallback, host bytes), one line each")
       .def_readonly("cuda", &Report::cuda,

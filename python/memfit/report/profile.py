@@ -44,9 +44,8 @@ class Report:
 
     def __init__(self, native: _memfit.Report, timeline: _memfit.Timeline,
                  model_sizes: tuple = ((), 0), record_at: Callable | None = None,
-                 compiled: Any = None, loop_notes: tuple = (), truth: str = "") -> None:
+                 compiled: Any = None, loop_notes: tuple = ()) -> None:
         self._native = native
-        self.truth = truth  # where it was measured: See Note [Measured on the device]
         self.loop_notes = list(loop_notes)  # the loop's and the held state's notes
         self.timeline = timeline
         self._record_at = record_at
@@ -154,22 +153,31 @@ class Report:
         delta_bytes, peak_bytes, note."""
         return [p.as_dict() for p in self._native.phases]
 
+    @property
+    def truth(self) -> str:
+        """Where the figures were measured, in words: "measured on cuda:0
+        (NVIDIA H200) ...", "measured on the simulated device (8.00 MiB
+        budget)", "rehearsed on the CPU for a CUDA card". See Note
+        [Measured on the device] (places.py)."""
+        return self._native.truth
+
     def table(self, max_modules: int = 10) -> str:
-        """The report as a text table, ending with where it was measured."""
-        text = self._native.table(max_modules)
-        return f"{text.rstrip()}\n{self.truth}\n" if self.truth else text
+        """The report as a text table; its second line says where it was
+        measured."""
+        return self._native.table(max_modules)
 
     def to_json(self, pretty: bool = True) -> str:
         """The report as JSON (keys as `memfit profile --json`; a compiled
         model's adds "compile": what compiling cost, and "eager_peak_bytes"
         once compared)."""
-        d = json.loads(self._native.to_json(pretty))
-        d["truth"] = self.truth
-        if self._compiled is not None:
-            d["compile"] = self.compile.to_dict() if self.compile is not None else None
-            d["compile_log"] = [{"batch": b, **c.to_dict()} for b, c in self.compile_log]
-            if self.eager_peak_bytes is not None:
-                d["eager_peak_bytes"] = self.eager_peak_bytes
+        text = self._native.to_json(pretty)
+        if self._compiled is None:
+            return text
+        d = json.loads(text)
+        d["compile"] = self.compile.to_dict() if self.compile is not None else None
+        d["compile_log"] = [{"batch": b, **c.to_dict()} for b, c in self.compile_log]
+        if self.eager_peak_bytes is not None:
+            d["eager_peak_bytes"] = self.eager_peak_bytes
         return json.dumps(d, indent=2 if pretty else None)
 
     def save_html(self, path: str, title: str | None = None, budget: Size | None = None,
@@ -206,7 +214,7 @@ class Report:
             raise ValueError("[at_batch] this report cannot record other batches")
         native, timeline = self._record_at(count(batch, "at_batch", "batch"))
         return Report(native, timeline, (self._trainable_sizes, self._largest_unit_bytes),
-                      self._record_at, self._compiled, self.loop_notes, self.truth)
+                      self._record_at, self._compiled, self.loop_notes)
 
     def measure_step(self, batch: int) -> tuple[_memfit.Report, _memfit.Timeline] | None:
         """(C++ report, timeline) of the step at `batch`, or None when it ran
@@ -434,7 +442,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     recorder.compiled = _compiled_recordings(model, compare_eager, recorder, inputs, target)
     native, timeline = recorder.run(inputs, target)
     if compare_eager:
-        report = Report(native, timeline, compiled=recorder.compiled, truth=place.truth)
+        report = Report(native, timeline, compiled=recorder.compiled)
         native.notes = native.notes + [recorder.compiled.comparison(report)]
 
     def record_at(n):
@@ -446,8 +454,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         return recorder.run(x, y)
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
-    return Report(native, timeline, sizes, record_at, recorder.compiled, recorder.loop_notes,
-                  place.truth)
+    return Report(native, timeline, sizes, record_at, recorder.compiled, recorder.loop_notes)
 
 
 def _checked_inputs(model, inputs, target, batch_dim, how, place):
@@ -580,6 +587,7 @@ class _StepRecorder:
                          f"{_memfit.format_bytes(rec.host_bytes)} of host memory (parameter "
                          f"copies, gradient buffers, state), not in the device's figures")
         native.notes = notes
+        native.truth = self.place.truth if mode == self.place.mode else "rehearsed on the CPU"
         return native, timeline
 
 

@@ -89,6 +89,7 @@ std::string to_text(const Report& report, size_t max_modules) {
   std::ostringstream out;
   out << "memfit profile: " << report.model << ", batch " << report.batch << ", optimizer "
       << report.optimizer << ", mode " << report.mode << "\n";
+  if (!report.truth.empty()) out << report.truth << "\n";
   out << "peak " << format_bytes(report.peak_bytes) << " in " << report.peak_phase
       << " (iteration " << report.peak_iteration << ")";
   if (!report.peak_op.empty()) out << " at " << report.peak_op;
@@ -109,6 +110,7 @@ std::string to_json(const Report& report, bool pretty) {
   w.member("batch", report.batch);
   w.member("optimizer", report.optimizer);
   w.member("mode", report.mode);
+  if (!report.truth.empty()) w.member("truth", report.truth);
   w.member("peak_bytes", report.peak_bytes);
   w.key("phases").begin_array();
   for (const auto& p : report.phases) {

@@ -104,7 +104,10 @@ struct Report {
   std::string model;
   int64_t batch = 0;
   std::string optimizer;  // a built-in's name (optimizers.h) or a Python class name
-  std::string mode;       // cpu | meta (the mode used, after any fallback)
+  std::string mode;       // device | cpu | meta (the mode used, after any fallback)
+  // Where the figures were measured, in words ("measured on the simulated
+  // device (8.00 MiB budget)", "rehearsed on the CPU"); "" says nothing.
+  std::string truth;
   int64_t peak_bytes = 0;
   std::string peak_phase;
   int peak_iteration = 0;

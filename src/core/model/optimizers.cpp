@@ -6,6 +6,10 @@
 
 namespace memfit {
 
+// Adding an optimizer is an entry here; and, only when its torch class is
+// new to LibTorch's side, a branch in make_optimizer (src/torch/profile.cpp).
+// Python builds it from torch.optim by its class name, advise rows it and
+// ranks it by `states`, and --optimizer lists it, all from this list.
 const std::vector<OptimizerSpec>& builtin_optimizers() {
   static const std::vector<OptimizerSpec> specs = [] {
     const std::string adam_state = "Adam exp_avg and exp_avg_sq";

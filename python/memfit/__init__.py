@@ -24,6 +24,7 @@ from .lazy_mode.api import LazyError, LazyRun, LazyTensor, eager, last_lazy_run,
 from .plan.advise import Advice, advise
 from .plan.cost import CostRow, estimate_costs
 from .plan.fit import DoesNotFit, auto_batch_size, find_batch_size
+from .plan.ranks import RankFailed
 from .plan.lengths import LengthFit
 from .plan.surface import LengthSurface, length_surface
 from .plan.strategies.chunked_loss import chunked_linear_cross_entropy, chunked_loss
@@ -46,6 +47,7 @@ __all__ = [
     "estimate_costs",
     "Doctor",
     "DoesNotFit",
+    "RankFailed",
     "find_batch_size",
     "Finding",
     "format_bytes",

@@ -19,7 +19,7 @@ _FIX = {
                  "less (SDPA's memory-efficient attention for attention's): memfit advise "
                  "measures both",
     "parameter": "lower precision weights or sharding (FSDP: memfit profile --world-size)",
-    # See Note [Workspaces in a snapshot] (trace.py).
+    # See Note [Workspaces in a snapshot] (snapshot_events.cpp).
     "workspace": "cuBLAS keeps a workspace per thread and stream: "
                  "CUBLAS_WORKSPACE_CONFIG=:4096:2:16:8 makes Hopper's 32 MiB the 8 MiB + "
                  "128 KiB of older cards (:16:8: 128 KiB, slower matmuls); the rest of the "

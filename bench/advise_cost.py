@@ -1,5 +1,5 @@
 """What `memfit advise` costs, in plain training steps of the same model in
-the same run (issue #15 item 4): the wall time of the command, less the
+the same run: the wall time of the command, less the
 process's start-up, over the time of one plain step.
 
 A plain step is timed by `memfit train` with no budget that matters: the

@@ -19,7 +19,7 @@ For each model, in one process (inductor on the CPU, Adam, batch B):
 
     PYTHONPATH=build/python .venv/bin/python bench/compile_memory.py [--json PATH]
 
-Goals (issue 31): profile within 1%, prediction at 2B within 2%, cost <= 3
+Goals: profile within 1%, prediction at 2B within 2%, cost <= 3
 compiled steps.
 """
 

@@ -1,5 +1,5 @@
-"""What `memfit fit` costs, in plain training steps at the batch it returns
-(issue #15 item 4): the wall time of the command, less the process's
+"""What `memfit fit` costs, in plain training steps at the batch it returns:
+the wall time of the command, less the process's
 start-up, over the time of one plain step at its answer, both measured in
 this run.
 

@@ -1,4 +1,4 @@
-"""Where an LLM advise's time goes, setting by setting (issue #33 item 5):
+"""Where an LLM advise's time goes, setting by setting:
 for each setting `memfit.advise(settings="auto")` proposes for a Llama on
 meta, the time of its three parts, each run alone: making the changed copy
 (`materialize`), recording its step (`memfit.profile` on meta, run

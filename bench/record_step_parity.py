@@ -1,4 +1,4 @@
-"""Is the recorded step still the same step? (issue #14 item 1: the phase
+"""Is the recorded step still the same step? (the phase
 order moved into core's run_step_protocol.) Runs memfit.profile with the
 _record_step of a git revision (default 9ae468a, before the move) and with
 this tree's, on the same models, optimizers, modes, iteration counts and

@@ -1,5 +1,5 @@
-"""One epoch of variable-length data under a simulated device (issue #44
-item 4): memfit.LengthBatchSampler against a fixed batch fit at the median
+"""One epoch of variable-length data under a simulated device:
+memfit.LengthBatchSampler against a fixed batch fit at the median
 length, a fixed batch fit at the longest length, and Hugging Face's
 group_by_length at that batch.
 

@@ -1,5 +1,5 @@
 """find_batch_size on the card against the card's own truth, and against
-Lightning's BatchSizeFinder, for each case below (issue 42, item 6):
+Lightning's BatchSizeFinder, for each case below:
 
 - memfit: find_batch_size with the model on the card, called as a user
   would (budget given); its cost in steps (probes and the verifying step,

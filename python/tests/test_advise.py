@@ -388,7 +388,7 @@ def test_nothing_fits_names_the_phase_and_the_cause_not_a_smaller_batch():
 
 
 def test_a_model_on_the_meta_device_is_advised_on_meta_and_its_plan_is_unverified():
-    # Issue #18: a model larger than the machine, built on meta (here a tiny
+    # A model larger than the machine, built on meta (here a tiny
     # HF Llama from its config): every row and the plan are recorded on meta,
     # nothing runs for real, and the advice says the plan is unverified.
     pytest.importorskip("transformers")

@@ -1,4 +1,4 @@
-"""Issue #21's property: what memfit runs on the side leaves no trace.
+"""The property: what memfit runs on the side leaves no trace.
 
 profile, find_batch_size and advise rehearse training steps the user did not
 take: afterwards the parameters, each .grad (the same tensor, the same

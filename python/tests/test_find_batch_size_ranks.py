@@ -47,7 +47,7 @@ def _summary(fit):
 # processes runs them in turn (spawning a rank imports torch: seconds).
 # None: rank 1's batch does not fit its model (a RuntimeError in the step).
 CASES = {"agree": [ROOMY, SMALL], "does_not_fit": [ROOMY, BELOW_ONE], "raises": [ROOMY, None],
-         "auto_batch_size": [ROOMY, SMALL]}
+         "auto_batch_size": [ROOMY, SMALL], "callback": [ROOMY, SMALL]}
 WHOLE = 1024  # auto_batch_size's batch: alone, rank 0 fits it whole, rank 1 accumulates
 
 
@@ -59,9 +59,24 @@ def _auto_batch_size(budget):
         return dict(micro=decorate(lambda micro, steps: [micro, steps])())
 
 
+def _callback_batch(budget):
+    """The batch a framework's callback sizes (memfit.integrations.api's
+    plan_batch, under Lightning's and Hugging Face's callbacks)."""
+    from memfit.integrations import api
+
+    batch = (torch.randn(4, 64), torch.randn(4, 8))
+    how = api.UserStep(step=lambda m, b: torch.nn.functional.mse_loss(m(b[0]), b[1]),
+                       what="Callback")
+    with memfit.simulated_device(budget):
+        return api.plan_batch(_net(), batch, "sgd", whole=api.LoopStep(how), budget=None,
+                              what="Callback").batch_size
+
+
 def _case(name, budget):
     if name == "auto_batch_size":
         return _auto_batch_size(budget)
+    if name == "callback":
+        return dict(batch=_callback_batch(budget))
     started = time.monotonic()
     try:
         result = dict(fit=_summary(_fit(budget)))
@@ -169,3 +184,16 @@ def test_auto_batch_size_gives_every_rank_the_same_micro_batch(ranks):
     assert results[0] == results[1], results
     micro, steps = results[0]["micro"]
     assert micro * steps == WHOLE and micro < WHOLE  # rank 1's room, not rank 0's
+
+
+def test_a_callbacks_batch_is_the_same_on_every_rank(ranks):
+    # Lightning's and Hugging Face's callbacks size the batch through
+    # plan_batch: under DDP a rank with a larger batch would run fewer
+    # steps per epoch and leave the others waiting in an all-reduce.
+    results = ranks["callback"]
+    agree = ranks["agree"]
+    assert results[0] == results[1], results
+    # The small rank's room (its own find_batch_size alone: 886 here; the
+    # callback's step function holds a few bytes more), half the roomy one's.
+    small, roomy = agree[1]["alone"]["max_batch"], agree[0]["alone"]["max_batch"]
+    assert 0.9 * small <= results[0]["batch"] <= small < roomy

@@ -18,6 +18,7 @@ from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
 from ..plan.budget import resolve_budget
 from ..plan.fit import example_that_runs, search
+from ..plan.ranks import LocalAnswer, agree
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 
@@ -174,17 +175,28 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
             f"beside the model: give a larger budget or a smaller effective batch")
 
     def fit(loop, verify, max_batch):
-        with kept_rng():
-            # Measured where the model is, an example too large cut: See
-            # Note [Measured on the device] (report/places.py).
-            report = example_that_runs(
-                lambda x, _: profile(model, x, loss_fn=loop.how, optimizer=optimizer,
-                                     batch_dim=batch_dim, set_to_none=loop.set_to_none,
-                                     target_device=target),
-                batch, None, batch_dim, what)
-        plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
-                                         optimizer_state_bytes(report.timeline))
-        f = search(report, available, int(reserve_bytes), verify=verify, max_batch=max_batch)
+        # Every rank the same batch, or the same error: See Note [One answer
+        # on every rank] (plan/ranks.py); one rank alone, this rank's.
+        def answer():
+            with kept_rng():
+                # Measured where the model is, an example too large cut: See
+                # Note [Measured on the device] (report/places.py).
+                report = example_that_runs(
+                    lambda x, _: profile(model, x, loss_fn=loop.how, optimizer=optimizer,
+                                         batch_dim=batch_dim, set_to_none=loop.set_to_none,
+                                         target_device=target),
+                    batch, None, batch_dim, what)
+            plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
+                                             optimizer_state_bytes(report.timeline))
+
+            def at_most(cap):
+                return search(report, available, int(reserve_bytes), verify=verify,
+                              max_batch=cap)
+
+            # Another rank's cap is below this rank's answer, so below max_batch.
+            return LocalAnswer(at_most(max_batch), at_most)
+
+        f = agree(answer, what=what)
         plan.fits.append(f)
         return f
 

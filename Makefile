@@ -21,9 +21,14 @@ $(VENV)/.requirements: requirements.txt
 
 venv: $(VENV)/.requirements
 
+# Precompiled torch headers (Note [Precompiled torch headers]) where ccache
+# has nothing to give: not installed, or its cache empty (a new machine, CI);
+# PCH=ON or PCH=OFF decides. Read when the build folder is configured.
+PCH ?=
 $(BUILD)/CMakeCache.txt: | deps venv
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
 	  -DPython_EXECUTABLE=$(abspath $(PY)) -DMEMFIT_BUILD_TESTS=ON \
+	  -DMEMFIT_PRECOMPILE_HEADERS=$${PCH:-$$(scripts/pch_default.sh)} \
 	  $$(command -v ninja >/dev/null && echo -G Ninja) >/dev/null
 
 configure: $(BUILD)/CMakeCache.txt

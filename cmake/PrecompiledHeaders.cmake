@@ -10,9 +10,12 @@
 # in each unit, which a light unit would not have paid
 # (bench/install_time.py measures both ways).
 #
-# ON by default for pip's builds (MEMFIT_WHEEL) only: a development build
-# (make) has ccache, which GCC's precompiled headers would defeat (every
-# object a miss) and which serves a warm rebuild faster than any header.
+# ON by default for pip's builds (MEMFIT_WHEEL); a development build (make)
+# has ccache, which GCC's precompiled headers would defeat (every object a
+# miss) and which serves a warm rebuild faster than any header, so make asks
+# for them only where ccache has nothing to give: not installed, or its cache
+# empty (a new machine, CI; scripts/pch_default.sh). There they cut a cold
+# make build's CPU time (docs/benchmarks.md, "Building memfit").
 # (option() takes ON/OFF, not scikit-build-core's SKBUILD=2.)
 if(MEMFIT_WHEEL)
   set(MEMFIT_PCH_DEFAULT ON)
@@ -26,6 +29,13 @@ if(MEMFIT_PRECOMPILE_HEADERS AND TARGET memfit_torch)
   target_precompile_headers(memfit_torch PRIVATE <torch/torch.h>)
   if(TARGET memfit_cli_lib)
     target_precompile_headers(memfit_cli_lib REUSE_FROM memfit_torch)
+  endif()
+  # make's build (Makefile, scripts/pch_default.sh): the C++ tests of
+  # memfit_torch, a third of a cold make build's compiling without it. Their
+  # own header: an executable is built -fPIE, and GCC refuses a header
+  # precompiled -fPIC (-Winvalid-pch says so) and parses torch again.
+  if(TARGET memfit_torch_tests)
+    target_precompile_headers(memfit_torch_tests PRIVATE <torch/torch.h> <gtest/gtest.h>)
   endif()
   if(TARGET _memfit)
     target_precompile_headers(_memfit PRIVATE <pybind11/pybind11.h> <pybind11/stl.h>

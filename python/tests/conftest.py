@@ -39,3 +39,17 @@ def _forget_compiled_code():
     dynamo = sys.modules.get("torch._dynamo")
     if dynamo is not None:
         dynamo.reset()
+
+
+@pytest.fixture
+def quiet_and_collected():
+    """A test whose frameworks warn freely (Lightning, transformers), and
+    after which what it left alive is collected: the simulated device of a
+    later test counts what an earlier one left."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+    gc.collect()

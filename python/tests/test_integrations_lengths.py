@@ -6,7 +6,6 @@ each hold about that many tokens through gradient accumulation."""
 
 import gc
 import math
-import warnings
 
 import pytest
 import torch
@@ -28,12 +27,7 @@ POOL = [torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(i)
         for i, n in enumerate(SAMPLE_LENGTHS)]
 
 
-@pytest.fixture(autouse=True)
-def collect():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-    gc.collect()  # the simulated device counts what earlier tests left alive
+pytestmark = pytest.mark.usefixtures("quiet_and_collected")  # see conftest.py
 
 
 # -- the Hugging Face Trainer ------------------------------------------------------

@@ -8,7 +8,6 @@ import gc
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -59,12 +58,7 @@ class Counting(transformers.Trainer):
         return super().training_step(model, inputs, *args, **kwargs)
 
 
-@pytest.fixture(autouse=True)
-def collect():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-    gc.collect()  # the simulated device counts what earlier tests left alive
+pytestmark = pytest.mark.usefixtures("quiet_and_collected")  # see conftest.py
 
 
 @pytest.mark.slow

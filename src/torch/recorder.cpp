@@ -18,15 +18,6 @@ std::vector<Recorder*>& active_recorders() {
 
 }  // namespace
 
-Category default_category(std::string_view phase) {
-  if (phase == "parameters") return Category::kParameter;
-  if (phase == "inputs") return Category::kInput;
-  if (phase == "forward" || phase == "loss") return Category::kActivation;
-  if (phase == "backward") return Category::kGradient;
-  if (phase == "optimizer_step") return Category::kOptimizerState;
-  return Category::kOther;
-}
-
 Recorder::Recorder() : start_(std::chrono::steady_clock::now()) {
   tracking_.emplace();
   tracking::add_observer(this);

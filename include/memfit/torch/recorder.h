@@ -12,14 +12,11 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "memfit/core/model/phase_category.h"
 #include "memfit/core/model/timeline.h"
 #include "memfit/torch/tracking.h"
 
 namespace memfit {
-
-// The category an allocation gets from the phase it is made in, until
-// something more precise is known (see Recorder::classify).
-Category default_category(std::string_view phase);
 
 class Recorder final : private AllocationObserver {
  public:

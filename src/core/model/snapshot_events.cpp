@@ -1,5 +1,7 @@
 #include "memfit/core/model/snapshot_events.h"
 
+#include "memfit/core/model/phase_category.h"
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -161,15 +163,6 @@ void find_spans(const std::vector<std::string>& labels, const std::vector<uint8_
   if (out.spans.empty()) out.spans.emplace_back(0, "other", 1);
 }
 
-Category category_of_phase(const std::string& phase) {
-  if (phase == "parameters") return Category::kParameter;
-  if (phase == "inputs") return Category::kInput;
-  if (phase == "forward" || phase == "loss") return Category::kActivation;
-  if (phase == "backward") return Category::kGradient;
-  if (phase == "optimizer_step") return Category::kOptimizerState;
-  return Category::kOther;
-}
-
 // Each allocation's category, from its phase and its lifetime (See Note
 // [Allocated and reserved bytes from a trace] for pre-existing ones): freed
 // inside its own phase span, a temporary; else what that phase leaves
@@ -216,7 +209,7 @@ std::vector<uint8_t> categories(const EventColumns& ev, const SnapshotEvents& ou
           workspaces.insert({thread, bytes}).second) {
         c = Category::kWorkspace;
       } else if (phase == "parameters" || phase == "inputs") {
-        c = category_of_phase(phase);
+        c = default_category(phase);
       } else if (out.trace_index[e] < 0) {
         c = Category::kOther;
       } else if (f != kNever && f < span_end[e]) {
@@ -228,7 +221,7 @@ std::vector<uint8_t> categories(const EventColumns& ev, const SnapshotEvents& ou
         const bool outlives =
             be != backward_end.end() && (f == kNever || f >= be->second);
         c = (phase == "forward" || phase == "loss") && outlives ? Category::kOther
-                                                                : category_of_phase(phase);
+                                                                : default_category(phase);
       }
     }
     cats.push_back(static_cast<uint8_t>(c));

@@ -1,0 +1,46 @@
+"""memfit's prediction of a card's step, made on the CPU, against the card
+itself: each real snapshot under tests/data/snapshots/h200 that names its
+step (its .json's "predict": model, batch, optimizer) is compared with the
+built-in model profiled here for a CUDA target (what `memfit explain
+SNAPSHOT --predict` prints), as the error of the peak allocated and the peak
+reserved bytes. The truth is the card's own trace, not memfit's replay.
+
+    PYTHONPATH=build/python .venv/bin/python bench/card_predict.py [--table]
+"""
+
+import argparse
+import glob
+import json
+import os
+
+import memfit
+from memfit._native import native as _memfit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURES = os.path.join(HERE, "..", "tests", "data", "snapshots", "h200")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--table", action="store_true", help="each phase too")
+    args = parser.parse_args()
+    print("| snapshot | step | allocated | reserved |")
+    print("|---|---|---|---|")
+    for path in sorted(glob.glob(os.path.join(FIXTURES, "*.pickle"))):
+        with open(path[: -len(".pickle")] + ".json") as f:
+            p = json.load(f).get("predict")
+        if not p:
+            continue
+        report, timeline = _memfit.profile_builtin(
+            p["model"], p["batch"], p.get("optimizer", "adam"), p.get("iterations", 2),
+            p.get("cuda_workspace", _memfit.DEFAULT_CUDA_WORKSPACE))
+        c = memfit.load_snapshot(path).compare(report, timeline)
+        step = f"{p['model']} x {p['batch']}, {p.get('optimizer', 'adam')}"
+        print(f"| {os.path.basename(path)} | {step} | {100 * c.allocated_error:+.1f}% | "
+              f"{100 * c.reserved_error:+.1f}% |")
+        if args.table:
+            print(c.table())
+
+
+if __name__ == "__main__":
+    main()

@@ -162,10 +162,11 @@ def test_a_rank_where_batch_one_does_not_fit_makes_every_rank_raise_naming_it(ra
     results = ranks["does_not_fit"]
     for rank, r in results.items():
         assert r is not None, f"rank {rank} did not finish: left waiting in a collective?"
+        # DoesNotFit naming rank 1, on both ranks: not the process group's
+        # timeout, which raises torch's own error, naming no rank.
         assert r.get("error") == "DoesNotFit", r
         assert "rank 1 " in r["message"] and "rank 0 " not in r["message"], r["message"]
         assert "even a batch of 1" in r["message"]
-        assert r["seconds"] < GROUP_TIMEOUT_S  # not the process group's timeout
     assert results[1]["cause"] == "DoesNotFit"  # the failing rank chains its own error
     assert results[0]["cause"] is None
 

@@ -171,11 +171,10 @@ class CardCounters:
     def begin(self, model, optimizer):
         """Before the step: what the card holds beside the model's next
         step (the batch the user holds, other tensors) is taken out of every
-        figure; the peaks start from here."""
+        figure. Each recording then restart()s the peaks."""
         torch.cuda.synchronize(self.device)
         self.beside = torch.cuda.memory_allocated(self.device) - step_bytes(
             model, optimizer, lambda t: t.is_cuda and t.device == self.device)
-        self.restart()
 
     def restart(self):
         """A recording starts: the samples and peaks from here. The cache a

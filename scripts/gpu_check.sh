@@ -27,7 +27,7 @@
 # BatchSizeFinder; figures (native.json, native.md) into $OUT/native/ (else
 # build-gpu/native/), then snapshots of the default cases into
 # $OUT/snapshots/ in the time left. Meant as one call of at most 8 minutes.
-# With --dry-run (no GPU, no build) it lists the cases and exits.
+# With --dry-run it lists the cases and exits: no GPU, no build, no torch.
 #
 # Environment: MEMFIT_PYTHON (default python3), MEMFIT_GPU_BUILD (build-gpu),
 # JOBS (nproc), MEMFIT_GPU_TIMEOUT (seconds for the comparison, 300),
@@ -55,6 +55,16 @@ done
 args=()  # the arguments less the mode
 for a in "$@"; do case "$a" in --snapshots | --native) ;; *) args+=("$a") ;; esac; done
 
+NATIVE_OUT=${OUT:-$BUILD}/native
+if [ "$NATIVE" = 1 ] && [ "$DRY" = 1 ]; then
+  # The list alone (bench/gpu/native_cases.py): no torch, no GPU, no build.
+  step "native card check: the cases (dry run)"
+  rc=0
+  "$PY" bench/gpu/native_cases.py --out "$NATIVE_OUT" ${args[@]+"${args[@]}"} || rc=$?
+  step "done (exit $rc)"
+  exit "$rc"
+fi
+
 step "machine"
 "$PY" - <<'EOF' || { echo "gpu_check: $PY cannot import torch" >&2; exit 1; }
 import sys, torch
@@ -78,15 +88,6 @@ if [ "$SNAPSHOTS" = 1 ]; then
   timeout "${MEMFIT_GPU_TIMEOUT:-480}" "$PY" bench/gpu/record_snapshots.py --out "${OUT:-$BUILD}/snapshots" \
     ${args[@]+"${args[@]}"} || rc=$?
   ls -l "${OUT:-$BUILD}/snapshots" 2>/dev/null
-  step "done (exit $rc)"
-  exit "$rc"
-fi
-
-NATIVE_OUT=${OUT:-$BUILD}/native
-if [ "$NATIVE" = 1 ] && [ "$DRY" = 1 ]; then
-  step "native card check: the cases (dry run, no build)"
-  rc=0
-  "$PY" bench/gpu/native_check.py --out "$NATIVE_OUT" ${args[@]+"${args[@]}"} || rc=$?
   step "done (exit $rc)"
   exit "$rc"
 fi

@@ -21,7 +21,6 @@ memfit nor the optional packages. Writes native.json and native.md to
 """
 
 import argparse
-import dataclasses
 import gc
 import importlib.util
 import json
@@ -40,30 +39,12 @@ _spec = importlib.util.spec_from_file_location(
 models = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(models)
 
-MiB = 1 << 20
+# The cases, apart: listing them needs no torch (gpu_check.sh --native --dry-run).
+_spec = importlib.util.spec_from_file_location("native_cases", os.path.join(HERE, "native_cases.py"))
+native_cases = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(native_cases)
+CASES, MiB = native_cases.CASES, native_cases.MiB
 STEPS = 2  # plain steps per trial, as memfit's probes and Lightning's trials
-
-
-@dataclasses.dataclass
-class Case:
-    name: str
-    model: str  # what is built, in words
-    budget: int  # bytes, the whole card's (weights included)
-    needs: str = ""  # an optional package the case imports
-
-
-CASES = [
-    Case("mlp_256MiB", "memfit's Mlp 784-512-512-10 (the one OOM of the last card run)", 256 * MiB),
-    Case("cnn_cudnn_1GiB", "memfit's Cnn, cuDNN convolutions", 1024 * MiB),
-    Case("gpt_1GiB", "memfit's Gpt, 4 layers, seq 128", 1024 * MiB),
-    Case("resnet18_2GiB", "torchvision resnet18 (its twin without torchvision), 64x64", 2048 * MiB),
-    Case("hf_gpt2_1GiB", "HF GPT2LMHeadModel from a config: 4 layers, 256 wide, seq 128", 1024 * MiB,
-         "transformers"),
-    Case("hf_llama_1GiB", "HF LlamaForCausalLM from a config: 2 layers, 256 wide, seq 128",
-         1024 * MiB, "transformers"),
-    Case("compiled_512MiB", "torch.compile(Pointwise(d=256, n=6)), seq 64", 512 * MiB),
-    Case("lstm_512MiB", "memfit's Lstm, 2 layers over 32 steps", 512 * MiB),
-]
 
 
 def _hf_lm(kind):
@@ -276,15 +257,9 @@ def main(argv=None):
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--dry-run", action="store_true")
     args = ap.parse_args(argv)
-    cases = [c for c in CASES if not args.only or c.name in args.only.split(",")]
+    cases = native_cases.selected(args.only)
     if args.dry_run or not torch.cuda.is_available():
-        why = "dry run" if args.dry_run else "no CUDA device"
-        print(f"native card check ({why}): {len(cases)} cases; each runs find_batch_size with the "
-              f"model on the card, plain-step bisection capped at the budget, and Lightning's "
-              f"BatchSizeFinder (binsearch) if lightning imports; figures to {args.out}")
-        for c in cases:
-            needs = f"; needs {c.needs}" if c.needs else ""
-            print(f"case {c.name:<16} budget {c.budget // MiB:>5} MiB  {c.model}{needs}")
+        native_cases.describe(cases, "dry run" if args.dry_run else "no CUDA device", args.out)
         return 0
     os.makedirs(args.out, exist_ok=True)
     title = (f"memfit on the card: {torch.cuda.get_device_name(0)}, torch {torch.__version__}")

@@ -299,19 +299,24 @@ def mnist_batch(n=4096):
 
 
 def test_a_batch_on_the_host_is_moved_one_micro_batch_at_a_time_and_fits():
-    # `memfit train --model mlp --batch 4096 --budget 16MiB`: 12.25 MiB of inputs.
-    with memfit.simulated_device("16MiB"):
-        model = mlp()
+    # `memfit train --model mlp --batch 4096 --budget 16MiB`, in float64 (24.5
+    # MiB of inputs) so that the gradients compare to float64's rounding: every
+    # byte doubled, and the budget with them.
+    with memfit.simulated_device("32MiB"):
+        model = mlp().double()
         opt = Capture(model.parameters())
         with memfit.host_memory():
             x, y = mnist_batch()
+            x = x.double()
         r = memfit.Trainer(model, opt, torch.nn.CrossEntropyLoss()).step(x, y)
     assert r.samples == 4096 and r.micro_batches > 1
-    assert r.peak_bytes <= 16 << 20
-    want = mlp()
+    assert r.peak_bytes <= 32 << 20
+    want = mlp().double()
     torch.nn.functional.cross_entropy(want(x), y).backward()
+    # float64, u = 2**-53: regrouping 4096 samples' sums is within 4097 u of
+    # the sum of |terms|, 4.5e-13 relative even with cancellation of 100x.
     for g, p in zip(opt.grads, want.parameters()):
-        assert ((g - p.grad).norm() / p.grad.norm()).item() < 1e-5
+        assert ((g - p.grad).norm() / p.grad.norm()).item() < 1e-10
 
 
 def oom_message(trainer, x, y):
@@ -431,10 +436,15 @@ def test_the_tip_articles_loop_under_the_trainer_gives_the_eager_loops_parameter
         # micro-batch from the fit]): the budget forces the split, no step
         # recovers an OOM, and the batch is cut evenly.
         assert all(r.ooms_recovered == 0 for r in reports)
-        assert all(r.micro_batches > 1 and sum(r.chunks) == MICRO * ACCUM
-                   and max(r.chunks) - min(r.chunks) <= 1 for r in reports)
     else:
         assert reports[0].ooms_recovered > 0  # the budget forced the split
-        assert all(r.chunks == [MICRO] * ACCUM for r in reports)
+    # The budget holds a step of MICRO samples and not more, so the Trainer
+    # runs the eager loop's micro-batches: the same kernels on the same
+    # shapes, added in the same order, each loss weighted by 1/4 (a power of
+    # 2, exact) where the loop divides by ACCUM. The parameters are equal to
+    # the bit. (Cut otherwise, bf16's rounding moves the last layer's
+    # parameters by about 1e-3 over these 3 steps: measured with chunks of
+    # 86, 85, 85.)
+    assert all(r.chunks == [MICRO] * ACCUM for r in reports)
     for p, w in zip(model.parameters(), want):
-        assert ((p.detach() - w).norm() / w.norm()).item() < 1e-5
+        assert torch.equal(p.detach(), w)

@@ -152,8 +152,11 @@ def test_checkpointed_gradients_equal_the_plain_step(case, mlp_case, encoder_cas
             continue
         with advice.apply(model, r):
             got = plain_gradients(model, x, y, loss_fn)
+        # Bit for bit: checkpointing reruns each block's forward with the same
+        # kernels on the same tensors (dropout's RNG state replayed) and the
+        # backward is the plain one's (measured 0 with oneDNN on AMX and AVX2).
         for g, want in zip(got, plain):
-            assert torch.allclose(g, want, rtol=1e-6, atol=1e-6), r.name
+            assert torch.equal(g, want), r.name
     for m in model.modules():
         assert "forward" not in m.__dict__  # the original forwards are back
 
@@ -176,9 +179,12 @@ def test_plan_trains_under_the_budget_with_the_plain_losses(mlp_case):
 
     plain = train(None, None)
     planned = train(advice, budget)
+    # Bit for bit: one micro-batch each (weight 1), the same forward kernels, and
+    # the checkpointed backward gives the plain gradients to the bit (see
+    # test_checkpointed_gradients_equal_the_plain_step), so Adam's steps agree too.
     for p, q in zip(plain, planned):
         assert q.ooms_recovered == 0 and q.micro_batches == 1
-        assert abs(q.loss - p.loss) <= 1e-6 * abs(p.loss)
+        assert q.loss == p.loss
     # The plain step alone does not fit: the Trainer has to split it.
     split = train(None, budget)
     assert any(r.ooms_recovered > 0 or r.micro_batches > 1 for r in split)

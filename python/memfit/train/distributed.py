@@ -3,14 +3,15 @@ own batch, and the ranks meet twice a step (agree, then sync gradients)."""
 
 from __future__ import annotations
 
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 
 from .._step.batching import tensors_in
 
-__all__ = ["DistributedError", "DistributedStepReport"]
+__all__ = ["DistributedError", "DistributedStepReport", "RankPlan"]
 
 # Note [Micro-batches under DistributedDataParallel]
 # The micro-batches run on `ddp.module` directly, not through DDP's forward
@@ -30,8 +31,11 @@ __all__ = ["DistributedError", "DistributedStepReport"]
 # nothing. So a step is:
 #   1. agree: one all_gather of a small record per rank (local batch, the
 #      micro-batch it wants, optimizer steps taken, what its batch looks like,
-#      or why it is bad); every rank starts from the smallest micro-batch any
-#      wants, and bad input raises the same ValueError on every rank;
+#      or why it is bad, or that it would plan its micro-batch); every rank
+#      starts from the smallest micro-batch any wants, and bad input raises
+#      the same ValueError on every rank. When any rank would plan, every
+#      rank plans and they agree first, then exchange again (See Note [One
+#      micro-batch on every rank], trainer.py);
 #   2. broadcast the buffers from the group's rank 0 (if ddp.broadcast_buffers
 #      and there are buffers), as DDP's forward would, once;
 #   3. run every micro-batch locally: the native Trainer's OOM recovery is per
@@ -51,6 +55,17 @@ __all__ = ["DistributedError", "DistributedStepReport"]
 # and keeps None only where no rank has one.
 
 
+@dataclasses.dataclass
+class RankPlan:
+    """This rank's part in planning the micro-batch before a step: whether
+    it would plan, and run(batches), which every rank calls together when
+    any would (batches: every rank's local batch). See Note [One
+    micro-batch on every rank] (trainer.py)."""
+
+    wanted: bool
+    run: Callable[[list], None]
+
+
 class DistributedError(RuntimeError):
     """A collective of a distributed memfit step failed (another rank probably
     died or hung), or another rank failed its part of the step."""
@@ -60,7 +75,7 @@ def is_distributed(model):
     return isinstance(model, torch.nn.parallel.DistributedDataParallel)
 
 
-_OK, _BAD_INPUT, _FAILED = 0, 1, 2
+_OK, _BAD_INPUT, _FAILED, _PLAN = 0, 1, 2, 3  # _PLAN: OK, and this rank would plan
 _AGREE, _SYNC = 0x6D660001, 0x6D660002  # "mf" + phase: catches ranks out of step
 _HEADER = 6  # tag, code, local batch, wanted micro-batch, optimizer steps, text bytes
 _TEXT = 512  # bytes of text per rank: a batch signature or an error's first line
@@ -195,9 +210,10 @@ class DistributedStep:
 
     # -- a step ---------------------------------------------------------------------
 
-    def step(self, native, local_batch, signature, chunk_loss):
+    def step(self, native, local_batch, signature, chunk_loss, plan=None):
         """One distributed step of the native Trainer; `local_batch` is this
-        rank's sample count or the ValueError its batch raised."""
+        rank's sample count or the ValueError its batch raised; `plan`, a
+        RankPlan (None only with a bad batch)."""
         for path, m in self._sync_batch_norms:
             if m.training:
                 # The same model on every rank: the same error, no collective.
@@ -207,7 +223,7 @@ class DistributedStep:
                     f"their micro-batches independently; use BatchNorm (coupled='allow'), "
                     f"GroupNorm or LayerNorm, or put it in eval mode"
                 )
-        batches, start = self.agree(native, local_batch, signature)
+        batches, start = self.agree(native, local_batch, signature, plan)
         try:
             report = native.step(local_batch, chunk_loss)
         except Exception as e:
@@ -216,23 +232,41 @@ class DistributedStep:
             raise
         return DistributedStepReport(report, self.rank, self.world_size, batches, start)
 
-    def agree(self, native, local_batch, signature):
-        """Agree on the micro-batch to start from; `local_batch` is this rank's
-        sample count or the ValueError it raised. Returns the report's
+    def agree(self, native, local_batch, signature, plan=None):
+        """Agree on the micro-batch to start from, planned first on every
+        rank when any rank would plan; `local_batch` is this rank's sample
+        count or the ValueError it raised. Returns the report's
         (local_batches, start_micro_batch)."""
         bad = isinstance(local_batch, Exception)
-        wanted = native.micro_batch
+        code = _BAD_INPUT if bad else _PLAN if plan is not None and plan.wanted else _OK
         records = self._exchange(
-            _AGREE, _BAD_INPUT if bad else _OK, 0 if bad else local_batch, wanted,
+            _AGREE, code, 0 if bad else local_batch, native.micro_batch,
             str(local_batch) if bad else signature, None, "agreeing the micro-batch",
         )
+        self._check_records(records, local_batch)
+        batches = [rec[1] for rec in records]
+        if any(rec[0] == _PLAN for rec in records):
+            plan.run(batches)  # every rank, together; raises on every rank alike
+            records = self._exchange(_AGREE, _OK, local_batch, native.micro_batch, signature,
+                                     None, "agreeing the planned micro-batch")
+        wanted = native.micro_batch
+        start = min(m if m > 0 else b for b, m in zip(batches, (rec[2] for rec in records)))
+        # Whole batch wanted and the whole batch agreed: keep "0" for next time.
+        native.set_micro_batch(0 if wanted == 0 and start >= local_batch else start)
+        self._broadcast_buffers()
+        self._sync_pending = True
+        return batches, start
+
+    def _check_records(self, records, local_batch):
+        """Raises the same error on every rank when a batch is bad, the
+        batches differ in kind, or the ranks are out of step."""
         problems = [f"rank {r}: {rec[4]}" for r, rec in enumerate(records) if rec[0] == _BAD_INPUT]
         if problems:
             error = ValueError(
                 f"[Trainer.step] bad local batch on {_plural(len(problems), 'rank')} of "
                 f"{self.world_size}; no rank took the step. " + "; ".join(problems)
             )
-            raise error from (local_batch if bad else None)
+            raise error from (local_batch if isinstance(local_batch, Exception) else None)
         signatures = [rec[4] for rec in records]
         if len(set(signatures)) > 1:
             raise ValueError(
@@ -248,13 +282,6 @@ class DistributedStep:
                 "optimizer step failed on some rank after the gradients were synced, so "
                 "the replicas differ; restart from a checkpoint"
             )
-        batches = [rec[1] for rec in records]
-        start = min(m if m > 0 else b for b, m in zip(batches, (rec[2] for rec in records)))
-        # Whole batch wanted and the whole batch agreed: keep "0" for next time.
-        native.set_micro_batch(0 if wanted == 0 and start >= local_batch else start)
-        self._broadcast_buffers()
-        self._sync_pending = True
-        return batches, start
 
     def _broadcast_buffers(self):
         if not getattr(self.ddp, "broadcast_buffers", False):

@@ -19,7 +19,8 @@ from .._step.user_step import StepError, as_user_step, is_hf_model
 from ..plan import fit as fitting
 from ..plan.budget import DeviceFull, resolve_budget
 from ..report.profile import profile
-from .distributed import DistributedStep, batch_signature, is_distributed
+from ..plan.ranks import LocalAnswer, agree
+from .distributed import DistributedStep, RankPlan, batch_signature, is_distributed
 from .length_sampler import LengthBatchSampler
 from .loss_weighting import LossWeighting
 from .step_notes import split_notes
@@ -167,10 +168,8 @@ def _scaled_step(optimizer, scaler):
 # of memory all the same is halved and redone as before.
 #
 # Not planned (nothing measured, nothing spent): split=False, micro_batch=
-# given, plan=False, a DistributedDataParallel model (the ranks agree on the
-# micro-batch they start from, see distributed.py; each would plan alone),
-# BatchNorm in training mode with coupled="error" (the batch cannot be split
-# anyway), a batch of one sample, no budget (the CPU without one), and a
+# given, plan=False, BatchNorm in training mode with coupled="error" (the
+# batch cannot be split anyway), a batch of one sample, no budget (the CPU without one), and a
 # target batched along another dimension than the inputs (the probes resize
 # both along the inputs'). Planned again after set_budget(), and when a batch
 # larger than the one planned whole arrives. When the plan cannot answer
@@ -186,6 +185,32 @@ def _scaled_step(optimizer, scaler):
 # misses is left to the safety net. Not checked on a GPU yet.
 
 
+# Note [One micro-batch on every rank]
+# Under DistributedDataParallel each rank plans on its own device (another
+# budget, another card), so alone the ranks could start from different
+# micro-batches: a step takes as long as its slowest rank, and a rank whose
+# plan failed would be left out of the collectives the others enter. So the
+# plan is agreed through plan/ranks.py (See Note [One answer on every rank]):
+# - The step's first exchange (distributed.py) says whether any rank would
+#   plan (Note [The first micro-batch from the fit]: the first step, after
+#   set_budget, a larger batch); if one would, every rank plans, together.
+# - Each rank answers the largest micro-batch that fits its device (both
+#   questions measured there); a rank that fits its whole batch answers the
+#   largest local batch of any rank (no limit on the others); one with
+#   nothing to measure (no budget, plan=False, micro_batch=) its own
+#   micro-batch, or no limit. The ranks take the smallest; a rank whose own
+#   is larger is measured again capped at it (its split fit holds its own
+#   device's truth there); each cuts its batch evenly at it, and the step's
+#   second exchange starts every rank from the smallest cut. With equal
+#   local batches that is one micro-batch and one count of micro-batches.
+# - Unlike one process, a plan that cannot answer raises on every rank
+#   (memfit.DoesNotFit naming the rank(s) when even one sample does not fit
+#   there, else memfit.RankFailed), before any micro-batch runs: warning and
+#   starting whole would leave the others to OOM-recover alone.
+# trainer.planned.notes says whose micro-batch it is. seq_dim= is not
+# planned per length under DDP (each batch's length differs per rank).
+
+
 @dataclasses.dataclass
 class MicroBatchPlan:
     """What the Trainer measured before its first step under a budget (see
@@ -193,7 +218,10 @@ class MicroBatchPlan:
     micro-batch it starts from (0: whole), the fits of the two questions
     (`whole`: does the batch fit whole; `split`: the largest micro-batch
     with the gradients accumulated, None when not asked), the room in bytes
-    and, when no plan was made, why."""
+    and, when no plan was made, why. max_batch: the largest micro-batch
+    that fits (the batch itself when it fits whole); under DDP the one the
+    ranks agreed on, and notes say whose it is (See Note [One micro-batch on
+    every rank])."""
 
     batch: int
     micro_batch: int = 0
@@ -201,6 +229,15 @@ class MicroBatchPlan:
     whole: object = None
     split: object = None
     failed: str = ""
+    max_batch: int = 0
+    notes: list = dataclasses.field(default_factory=list)
+
+    def cut(self):
+        """Sets micro_batch from max_batch: the batch whole if it fits, else
+        cut evenly (even_micro_batch)."""
+        self.micro_batch = 0 if self.max_batch >= self.batch else even_micro_batch(
+            self.batch, max(1, self.max_batch))
+        return self
 
 
 def _check_not_meta(model):
@@ -254,6 +291,15 @@ def _length_options(seq_dim, lengths):
     return seq_dim, None, [count(n, "Trainer", "each of lengths") for n in lengths]
 
 
+def _failure(e):
+    """What a plan that could not answer says: the error's type and first
+    line (an OOM's allocator figures only: its advice is for a step)."""
+    text = str(e).splitlines()[0] if str(e) else ""
+    if isinstance(e, torch.OutOfMemoryError):
+        text = "the rehearsal ran out of memory: " + (_memfit.allocator_figures(text) or text)
+    return f"{type(e).__name__}: {text}"
+
+
 class Trainer:
     """Run one optimizer step on a batch of any size under a memory budget.
 
@@ -278,9 +324,10 @@ class Trainer:
     safety net. It costs the probes (under a quarter of the batch's
     samples, two iterations each) and, when the batch must be split, one
     to four steps at the micro-batch. plan=False skips it (then the first
-    micro-batch is found by OOM recovery); micro_batch=, split=False and a
-    DDP model skip it too. trainer.planned says what was measured. See Note
-    [The first micro-batch from the fit].
+    micro-batch is found by OOM recovery); micro_batch= and split=False
+    skip it too. Under DDP every rank plans and they agree on one
+    micro-batch (See Note [One micro-batch on every rank]). trainer.planned
+    says what was measured. See Note [The first micro-batch from the fit].
 
     - budget: "16GiB", bytes, or None. On CPU it simulates a device of that
       size (the model's parameters count); on CUDA leave it None: the card
@@ -443,17 +490,21 @@ class Trainer:
         self._how.check_batch(self._module, inputs, target)  # before any plan or probe
         if self.seq_dim is not None:
             self._length_micro_batch(native, inputs, target, n)
-        elif self._plan and self._wants_plan(native, target, n):
+        elif self._wants_plan(native, target, n):
             self._plan_micro_batch(native, inputs, target, n)
         return self._weighted_step(target, lambda loss_of: native.step(
             n, loss_of(inputs, target, n), self._batch_bytes(inputs, target)))
 
-    def _wants_plan(self, native, target, n):
-        """Whether this step plans its micro-batch first: see Note [The first
-        micro-batch from the fit] for when it does not."""
+    def _can_plan(self, target, n):
+        """Whether this batch can be planned at all: see Note [The first
+        micro-batch from the fit] for when it cannot."""
         if n < 2 or (coupled_layers(self._module) and not self._options[2]):
             return False
-        if target is not None and self.target_batch_dim != first_batch_dim(self.batch_dim):
+        return target is None or self.target_batch_dim == first_batch_dim(self.batch_dim)
+
+    def _wants_plan(self, native, target, n):
+        """Whether this step plans its micro-batch first."""
+        if not self._plan or not self._can_plan(target, n):
             return False
         if self.planned is not None:
             # Planned: again only for a larger batch than the one that ran whole.
@@ -480,47 +531,54 @@ class Trainer:
     def _plan_micro_batch(self, native, inputs, target, n):
         """Sets the micro-batch the step starts from, measured: see Note [The
         first micro-batch from the fit]."""
+        self.planned = MicroBatchPlan(batch=n, room_bytes=self._room()[0])
+        try:
+            self.planned = self._measure_plan(inputs, target, n)
+        except StepError:
+            raise  # the step itself would fail the same way
+        except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
+            self.planned.failed = _failure(e)
+            # The step still runs (halving at each OOM): say why it was not planned.
+            warnings.warn(f"[Trainer.step] the micro-batch for {n} samples was not planned "
+                          f"({self.planned.failed}); the step starts from the whole batch and "
+                          "halves it at each out-of-memory error", RuntimeWarning, stacklevel=3)
+            return
+        native.set_micro_batch(self.planned.micro_batch)
+
+    def _fitter(self, inputs, target, n):
+        """fit(set_to_none, max_batch) -> the BatchFit of this step on this
+        device; verified only where a step measured here verifies it."""
         room, on_device = self._room()
-        plan = MicroBatchPlan(batch=n, room_bytes=room)
-        self.planned = plan
         k = min(n, 2)
         example = narrow_batch(inputs, 0, k, self.batch_dim)
         example_target = None if target is None else map_tensors(
             target, lambda t: t.narrow(self.target_batch_dim, 0, k))
-
         # Beside a card (not the simulated device) the steps are held against
         # the caching allocator's reserved bytes, workspace included.
         card = "cpu" if on_device else "cuda"
 
-        def fit(set_to_none, verify, margin):
+        def fit(set_to_none, max_batch):
             report = profile(self._module, example, example_target, loss_fn=self._how,
                              optimizer=self.optimizer, batch_dim=self.batch_dim,
                              set_to_none=set_to_none, target_device=card,
                              train_mode=False)  # the Trainer runs the model's modes as they are
-            return fitting.search(report, room, margin, verify=verify, max_batch=n)
+            verify = on_device and not set_to_none  # the whole batch: the step is the check
+            return fitting.search(report, room, 0, verify=verify, max_batch=max_batch)
 
-        margin = 0
-        try:
-            plan.whole = fit(True, False, margin)
-            if plan.whole.max_batch < n:
-                plan.split = fit(False, on_device, margin)
-                if plan.split.max_batch < n:
-                    plan.micro_batch = even_micro_batch(n, plan.split.max_batch)
-        except StepError:
-            raise  # the step itself would fail the same way
-        except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
-            text = str(e).splitlines()[0] if str(e) else ""
-            if isinstance(e, torch.OutOfMemoryError):
-                # The allocator's figures only: its advice is for a step, not a plan.
-                text = "the rehearsal ran out of memory: " + (
-                    _memfit.allocator_figures(text) or text)
-            plan.failed = f"{type(e).__name__}: {text}"
-            # The step still runs (halving at each OOM): say why it was not planned.
-            warnings.warn(f"[Trainer.step] the micro-batch for {n} samples was not planned "
-                          f"({plan.failed}); the step starts from the whole batch and halves "
-                          "it at each out-of-memory error", RuntimeWarning, stacklevel=3)
-            return
-        native.set_micro_batch(plan.micro_batch)
+        return fit
+
+    def _measure_plan(self, inputs, target, n):
+        """The MicroBatchPlan of this batch on this device (the two
+        questions of Note [The first micro-batch from the fit]); raises
+        what the measurement raised."""
+        fit = self._fitter(inputs, target, n)
+        plan = MicroBatchPlan(batch=n, room_bytes=self._room()[0])
+        plan.whole = fit(True, n)
+        plan.max_batch = plan.whole.max_batch
+        if plan.max_batch < n:
+            plan.split = fit(False, n)
+            plan.max_batch = plan.split.max_batch
+        return plan.cut()
 
     def _length_micro_batch(self, native, inputs, target, n):
         """Sets the micro-batch for this batch's padded length: See Note [A
@@ -676,10 +734,38 @@ class Trainer:
     def _distributed_step(self, native, inputs, target):
         try:
             n = self._batch(inputs, target)
+            self._how.check_batch(self._module, inputs, target)  # before any plan or probe
         except ValueError as e:
             n = e  # the other ranks must hear of it, not wait for this rank
+        plan = None if isinstance(n, Exception) else RankPlan(
+            wanted=self.seq_dim is None and self._wants_plan(native, target, n),
+            run=lambda batches: self._agreed_plan(native, inputs, target, n, batches))
         return self._weighted_step(target, lambda loss_of: self._dist.step(
-            native, n, batch_signature(inputs, target), loss_of(inputs, target, n)))
+            native, n, batch_signature(inputs, target), loss_of(inputs, target, n), plan))
+
+    def _agreed_plan(self, native, inputs, target, n, batches):
+        """Sets the micro-batch every rank agreed on: See Note [One
+        micro-batch on every rank]. Every rank calls it together."""
+
+        def answer():
+            measured = self.seq_dim is None and self._plan and self._can_plan(target, n) \
+                and self._room() is not None
+            # Nothing to measure here: this rank's own micro-batch, or no limit.
+            mine = (self._measure_plan(inputs, target, n) if measured
+                    else MicroBatchPlan(batch=n, max_batch=native.micro_batch or n))
+            if mine.max_batch >= n:  # the batch fits whole here: no limit on the others
+                mine.max_batch = max(batches)
+
+            def capped(m):  # this device's own truth at the ranks' micro-batch
+                if m >= n or not measured:
+                    return dataclasses.replace(mine, max_batch=m)
+                split = self._fitter(inputs, target, n)(False, m)
+                return dataclasses.replace(mine, split=split, max_batch=split.max_batch)
+
+            return LocalAnswer(mine, capped)
+
+        self.planned = agree(answer, self._dist.group, "Trainer.step").cut()
+        native.set_micro_batch(self.planned.micro_batch)
 
     def _weighted_step(self, target, run):
         """run(loss_of) -> the native StepReport, where loss_of(inputs,

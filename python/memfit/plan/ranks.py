@@ -1,7 +1,8 @@
-"""One answer on every rank: find_batch_size under torch.distributed. Each
-rank measures its own device; the ranks agree on the smallest batch, and a
-rank whose search fails makes every rank raise instead of leaving the
-others in a collective. See Note [One answer on every rank]."""
+"""One answer on every rank: find_batch_size, the callbacks' batch and the
+Trainer's micro-batch under torch.distributed. Each rank measures its own
+device; the ranks agree on the smallest batch, and a rank whose search
+fails makes every rank raise instead of leaving the others in a
+collective. See Note [One answer on every rank]."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ class LocalAnswer:
     how to fit again capped at a smaller batch (same measurements, same
     budget) when another rank limits."""
 
-    fit: Any  # a BatchFit
+    fit: Any  # a BatchFit, or what has its max_batch and notes (a MicroBatchPlan)
     capped: Callable[[int], Any]  # max_batch -> BatchFit no larger
 
 

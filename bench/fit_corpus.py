@@ -304,6 +304,11 @@ def corpus(quick, groups=GROUPS):
     return specs, missing
 
 
+# The header's words for the truth of --target cpu: scripts/corpus_gate.py
+# passes only logs whose every header says them.
+PLAIN_TRUTH = "plain steps on memfit.simulated_device(budget), no recorder"
+
+
 def plain_steps_fit(spec, batch, budget, steps=2):
     """Whether `steps` plain training steps at `batch` (forward, loss,
     backward, Adam, zero_grad; no memfit recorder) run on a simulated device
@@ -471,7 +476,7 @@ def main():
         specs = {k: v for k, v in specs.items() if k not in args.skip.split(",")}
     print(f"torch {torch.__version__}; {len(specs)} models, threads {threads_list}; "
           f"budget = the measured peak at B, prediction checked at 2B; true max: "
-          f"{'plain steps on memfit.simulated_device(budget), no recorder' if args.target == 'cpu' else 'memfit own allocator replay (memfit measuring itself: no card here)'}"
+          f"{PLAIN_TRUTH if args.target == 'cpu' else 'memfit own allocator replay (memfit measuring itself: no card here)'}"
           f"{'; a CUDA card: reserved bytes (the prediction: allocated bytes where the two largest probes allocate differently)' if args.target == 'cuda' else ''}",
           flush=True)
     for group, why in missing.items():

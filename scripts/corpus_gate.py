@@ -1,6 +1,7 @@
 """The pass/fail of a bench/fit_corpus.py run for CI (scripts/check_torch_wheel.sh):
 fit_corpus.py itself fails only on an overshoot; here a model that did not
-run, a fit below the ratio, or too few models fail too.
+run, a fit below the ratio, too few models, or a run whose truth was not
+plain steps (--target cuda's is memfit's own replay) fail too.
 
     python scripts/corpus_gate.py [--min-models 8] [--min-ratio 0.98] [--expect a,b] LOG
 """
@@ -11,7 +12,7 @@ import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-from fit_corpus import rows_from_logs  # noqa: E402
+from fit_corpus import PLAIN_TRUTH, rows_from_logs  # noqa: E402
 
 __all__ = ["problems", "main"]
 
@@ -22,11 +23,18 @@ def problems(log: str, min_models: int, min_ratio: float, expect: list) -> tuple
     """(the rows, one line per reason to fail)."""
     rows = rows_from_logs([log])
     why = []
+    headers = 0
     with open(log) as f:
         for line in f:
             m = FAILED.match(line.rstrip("\n"))
             if m:
                 why.append(f"{m.group(1)} ({m.group(2)} thr) failed: {m.group(3)}")
+            if "true max: " in line:
+                headers += 1
+                if PLAIN_TRUTH not in line:
+                    why.append(f"a run's truth is not plain steps: {line.strip()[:160]}")
+    if not headers:
+        why.append("no run's header says what its truth was")
     ran = {name for name, _, _ in rows}
     why += [f"{name} has no result in the log" for name in expect if name not in ran]
     if len(ran) < min_models:

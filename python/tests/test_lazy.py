@@ -192,12 +192,13 @@ def calibrated(name):
 @pytest.mark.parametrize("chunks", [2, 3, 8])
 @pytest.mark.parametrize("name", list(CASES))
 def test_lazy_step_fits_budget_where_eager_ooms_and_gradients_equal_eager(name, chunks, request):
-    if name == "lstm_batch_first":
-        # Seen on torch 2.13: 4 bytes stay tracked after a step recorded
-        # from the probe cache, and a budget cut to the byte OOMs once.
-        # Open: not diagnosed yet.
+    if name == "lstm_batch_first" and chunks == 2:
+        # Seen on torch 2.13: under a budget cut to the byte for 48-sample
+        # chunks, the first chunk of the batch-first LSTM runs out once (the
+        # fit from 2 and 3 samples misses a few bytes at 48). Open: not
+        # diagnosed yet.
         request.applymarker(pytest.mark.xfail(
-            strict=True, reason="torch 2.13: 4 bytes left live by the batch-first LSTM"))
+            strict=True, reason="torch 2.13: the batch-first LSTM's 48-sample chunk OOMs once"))
     model, X, Y, batch, step, ref, run, probe_bytes = calibrated(name)
     assert probe_bytes > 0
     budget = budget_for_chunks(run, chunks, B, 0)
@@ -207,6 +208,7 @@ def test_lazy_step_fits_budget_where_eager_ooms_and_gradients_equal_eager(name, 
         with pytest.raises(OOM):
             step(X, Y).backward()
     model.zero_grad(set_to_none=True)
+    gc.collect()  # what earlier steps left (an LSTM step's cycles) is not this recording's
 
     with memfit.simulated_device(budget):
         x, y = memfit.lazy(X, Y, batch=batch)

@@ -112,14 +112,6 @@ def plan_limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, m
     measured, later ones with the gradients already allocated. Returns
     (limit, cache entry or None)."""
     entry = _cache_get(sig) if sig is not None else None
-    if entry is None and device is not None and device.type in ("cpu", "meta"):
-        # Garbage not yet collected (cycles a finished step left) still holds
-        # tracked bytes: without this, the plan depended on when Python's GC
-        # last ran. Only before measuring: cached plans stay cheap. A full
-        # collection: garbage promoted to the oldest generation holds bytes
-        # too (an LSTM step's 4 B); it walks every object of the process,
-        # the largest part of a first call's cost on a small model.
-        gc.collect()
     avail = device_available(device)
     info.available_bytes = avail
     if avail is None:
@@ -127,26 +119,63 @@ def plan_limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, m
     if entry is None:
         if B <= _MEASURE_SIZES[-1]:
             return B, None
-        profs = []
-        try:
-            with leaving_no_trace(modules):
-                for p in _MEASURE_SIZES:
-                    profs.append(profile_memory(device, measure(p)))
-        except OutOfMemoryError:
+        entry = _measured_fit(device, measure, modules)
+        if entry is None:
             # Even a few samples do not fit the way things are now: try one
             # sample at a time and let OOM recovery tell the rest.
             return 1, None
-        first, exact = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=1)
-        later, _ = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=2)
-        entry = {"first": first, "later": later, "exact": exact, "scale": 1.0}
         if sig is not None:
             _cache_put(sig, entry)
         info.measured = True
+        if _split_limit(entry, avail, reserve, extra_per_sample)[0] < B:
+            avail = _available_after_collecting(device)  # See Note [Garbage and the plan].
+            info.available_bytes = avail
     info.keep_fit(entry, reserve, extra_per_sample)
     c, (a, b) = plan(entry, B, avail, reserve, extra_per_sample)
     info.bytes_per_sample = int(b)
     info.fixed_bytes = int(a)
     return c, entry
+
+
+# Note [Garbage and the plan]
+# Garbage not yet collected (cycles a finished step left) still holds
+# tracked bytes, so the memory available depends on when Python's GC last
+# ran, and so would the plan. A full collection (garbage promoted to the
+# oldest generation holds bytes too: an LSTM step's 4 B) walks every object
+# of the process: it was the largest part of a first call's cost (60-90 ms
+# beside a 10-30 ms step). It runs only where it could change the plan:
+# garbage only lowers the memory available, and the chunk limit only grows
+# with it, so a plan that runs the whole batch with the garbage counted is
+# the plan without it. A measurement that ran out of memory is made again
+# after collecting (its bytes are those of its own allocations: garbage
+# never enters them). Cached plans never collect.
+
+
+def _collect_garbage(device):
+    if device.type in ("cpu", "meta"):  # a card's memory is not tracked
+        gc.collect()
+
+
+def _available_after_collecting(device):
+    _collect_garbage(device)
+    return device_available(device)
+
+
+def _measured_fit(device, measure, modules):
+    """The memory fit of the step measured at _MEASURE_SIZES (a cache
+    entry), or None when even those runs do not fit."""
+    for attempt in range(2):
+        try:
+            with leaving_no_trace(modules):
+                profs = [profile_memory(device, measure(p)) for p in _MEASURE_SIZES]
+            break
+        except OutOfMemoryError:
+            if attempt == 1:
+                return None
+            _collect_garbage(device)  # See Note [Garbage and the plan].
+    first, exact = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=1)
+    later, _ = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=2)
+    return {"first": first, "later": later, "exact": exact, "scale": 1.0}
 
 
 # Note [Never worse than eager]: one chunk of the whole batch is the eager
@@ -163,16 +192,24 @@ def plan_limit(info, B, device, sig, measure, extra_per_sample=0.0, reserve=0, m
 # of memory lowers `scale`, and the next plan splits (see learn_from_ooms).
 
 
-def plan(entry, B, avail, reserve, extra_per_sample):
-    """The chunk limit for a batch of B with `avail` bytes available, from a
-    measured fit `entry`, and the (fixed, per sample) line that limits it:
-    see Note [Never worse than eager]."""
+def _split_limit(entry, avail, reserve, extra_per_sample):
+    """The largest chunk the fit `entry` gives with the margin kept (it
+    never shrinks as `avail` grows), and the (fixed, per sample) line that
+    limits it."""
     usable = avail * (1.0 - MARGIN)
     c1, lim1 = solve_lines(entry["first"], usable, extra_per_sample)
     c2, lim2 = solve_lines(entry["later"], usable - reserve, extra_per_sample)
     c, line = (c1, lim1) if c1 <= c2 else (c2, (lim2[0] + reserve, lim2[1]))
     if c != math.inf:
         c = int(c * entry["scale"])
+    return c, line
+
+
+def plan(entry, B, avail, reserve, extra_per_sample):
+    """The chunk limit for a batch of B with `avail` bytes available, from a
+    measured fit `entry`, and the (fixed, per sample) line that limits it:
+    see Note [Never worse than eager]."""
+    c, line = _split_limit(entry, avail, reserve, extra_per_sample)
     if c < 1 and entry["scale"] >= 1.0:
         # No split fits: the whole batch is the only step that can, as in
         # eager PyTorch, when the fit (extrapolated from 2 and 3 samples)

@@ -22,10 +22,11 @@ from test_trainer_loop import ACCUM, tips_loader, tips_setup
 
 
 def _amp_case():
-    # 64 wide, not 32: see Note [Lazy's fit and oneDNN's bf16 scratch].
+    # 32 wide: its chunks need oneDNN's bf16 scratch, see Note [Lazy's fit
+    # and oneDNN's bf16 scratch].
     torch.manual_seed(21)
-    model = nn.Sequential(nn.Linear(12, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
-                          nn.Linear(64, 4))
+    model = nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU(),
+                          nn.Linear(32, 4))
     X, Y = torch.randn(96, 12), torch.randint(0, 4, (96,))
     return model, X, Y
 
@@ -33,18 +34,19 @@ def _amp_case():
 # Note [Lazy's fit and oneDNN's bf16 scratch]
 # On a CPU with native bf16 (avx512_bf16, AMX), torch hands a bf16 matmul
 # whose m * k * n is above 16**3 to oneDNN, which allocates a scratch buffer
-# (22 KiB for the 32-wide MLP this test first had) through the CPU
-# allocator; below that size ATen's own kernel allocates none. Lazy's memory
-# fit is measured at 2 and 3 samples, where the 32-wide MLP's backward
-# matmuls (m * 32 * 32) are below the threshold, so the fit missed the
-# scratch that 32-sample chunks need: the three planned chunks ran out, lazy
-# halved them to 4 samples (3 OOMs), keeping what each failed backward had
-# accumulated (Note [Why a retried chunk never counts twice]), and the hand
-# split over the completed chunks was then another sum of bf16-rounded
-# partial gradients (off by 0.3%, a bf16 rounding). With ONEDNN_MAX_CPU_ISA=AVX2
-# there is no jump and no OOM. The test checks GradScaler against the hand
-# split, so it asserts that no chunk ran out and uses a model whose 32-sample
-# chunk lazy's fit covers on both ISAs (checked: 3 chunks, 0 OOMs, each step).
+# (22 KiB for this 32-wide MLP) through the CPU allocator; below that size
+# ATen's own kernel allocates none. Lazy's memory fit is measured at 2 and 3
+# samples, where the backward matmuls (m * 32 * 32) are below the
+# threshold. Before lazy checked its fit on a chunk, the three planned
+# 32-sample chunks ran out and were halved to 4 samples (3 OOMs), keeping
+# what each failed backward had accumulated (Note [Why a retried chunk never
+# counts twice]): the hand split over the completed chunks was then another
+# sum of bf16-rounded partial gradients (off by 0.3%). Now the calibration
+# run below records its whole-batch chunk, which takes the scratch, and the
+# fit is raised by it (Note [A fit checked on a chunk], run/chunking.py):
+# the planned chunks fit on both ISAs (checked: 3 chunks, 0 OOMs, each step;
+# with ONEDNN_MAX_CPU_ISA=AVX2 there is no scratch at all). The test checks
+# GradScaler against the hand split, so it asserts that no chunk ran out.
 
 
 def _amp_steps(model, batches, steps=2, around=contextlib.nullcontext):

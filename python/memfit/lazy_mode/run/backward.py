@@ -13,7 +13,7 @@ from ..graph.probe import drop_probes
 from .buffers import BufferSnapshot, written_buffers
 from .chunk_loop import drive_chunks
 from .chunk_weights import prepare_weights, chunk_weight
-from .chunking import learn_from_ooms, plan_limit, graph_signature
+from .chunking import checking_first_chunk, learn_from_ooms, plan_limit, graph_signature
 from .execute import (collect_nodes, execute_nodes, lazy_inputs, measured_modules,
                       measurement_overrides)
 from .grad_bookkeeping import grad_candidates, retain_needed
@@ -116,6 +116,7 @@ def _backward(T, gradient, retain_graph, inputs, info):
     keep = set(grad_roots) | set(targets) | set(held)
     cands = None
     limit = entry = None
+    reserve = 0
     if avail is not None and grad_roots:
         cands = grad_candidates(corder, csources, inputs)
         sig = graph_signature(corder, csources, "train",
@@ -139,8 +140,9 @@ def _backward(T, gradient, retain_graph, inputs, info):
             return run
 
         per_sample = sum(node_nbytes(h) for h in held) / B
-        limit, entry = plan_limit(info, B, device, sig, measure, per_sample,
-                              new_grad_bytes(cands), measured_modules(corder))
+        reserve = new_grad_bytes(cands)
+        limit, entry = plan_limit(info, B, device, sig, measure, per_sample, reserve,
+                                  measured_modules(corder))
     info.chunk_limit = limit
 
     # Constant roots (no gradient: a mask count, a target count), chunk
@@ -193,6 +195,7 @@ def _backward(T, gradient, retain_graph, inputs, info):
 
     if limit is None or limit >= B:
         info.whole = "fits" if limit is not None else "no memory limit known (no budget)"
+    attempt = checking_first_chunk(attempt, entry, min(limit or B, B), device, reserve)
     final = drive_chunks(B, limit, attempt, commit, info, cands=cands, what=f"the loss {T.name}",
                    inputs=lazy_inputs(corder, csources),
                    buffers=written_buffers(measured_modules(corder)))
@@ -313,8 +316,9 @@ def _backward_batched(T, gradient, inputs, info):
 
             return run
 
-        limit, entry = plan_limit(info, B, T.device, sig, measure, 0, new_grad_bytes(cands),
-                              measured_modules(order))
+        reserve = new_grad_bytes(cands)
+        limit, entry = plan_limit(info, B, T.device, sig, measure, 0, reserve,
+                                  measured_modules(order))
     else:
         entry = None
     info.chunk_limit = limit
@@ -327,6 +331,8 @@ def _backward_batched(T, gradient, inputs, info):
             torch.autograd.backward(v, g, inputs=targets, retain_graph=retain)
         return None
 
+    if entry is not None:
+        attempt = checking_first_chunk(attempt, entry, min(limit or B, B), T.device, reserve)
     final = drive_chunks(B, limit, attempt, lambda s, n, r: None, info, cands=cands,
                    what=f"the backward of {T.name}", inputs=lazy_inputs(order, sources),
                    buffers=written_buffers(measured_modules(order)))

@@ -3,6 +3,7 @@ once per graph signature and cached.
 """
 
 import collections
+import difflib
 import gc
 import math
 
@@ -11,7 +12,8 @@ import torch
 from ..graph.errors import OutOfMemoryError
 from ..graph.node import Arange, BatchInt, Node, Sliced
 from ..graph.probe import leaving_no_trace
-from .memory import device_available, fit_lines, profile_memory, solve_lines
+from .memory import (allocation_lines, collapsed, device_available, fit_lines, live_curves,
+                     profile_memory, solve_lines)
 
 __all__: list = []
 
@@ -175,7 +177,94 @@ def _measured_fit(device, measure, modules):
             _collect_garbage(device)  # See Note [Garbage and the plan].
     first, exact = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=1)
     later, _ = fit_lines(profs[0], profs[1], *_MEASURE_SIZES, which=2)
-    return {"first": first, "later": later, "exact": exact, "scale": 1.0}
+    allocs = None  # per allocation, to check the fit on a chunk
+    if exact:
+        allocs = (profs[1][0], allocation_lines(*profs, *_MEASURE_SIZES, which=1),
+                  allocation_lines(*profs, *_MEASURE_SIZES, which=2))
+    return {"first": first, "later": later, "exact": exact, "scale": 1.0, "allocs": allocs}
+
+
+# Note [A fit checked on a chunk]
+# The fit is measured at 2 and 3 samples, and a kernel may take memory only
+# above some size: oneDNN's bf16 matmul on a CPU with native bf16 takes a
+# scratch buffer once m*k*n > 16**3, which 2 and 3 samples never reach, so
+# chunks planned from the fit ran out and were halved. So the first chunk
+# run at a size the fit was not checked at is recorded (no extra step: the
+# chunk runs anyway) and compared with the fit allocation by allocation:
+# the bytes live at each allocation above its line raise that line, and an
+# allocation the fit lacks (the scratch) adds a line through the bytes live
+# there, on the slope of the allocation before it, so the fit holds the
+# scratch at every size (above the threshold exactly, below it too much:
+# the safe side). Raising it by the chunk's excess at its peak alone was
+# not enough: at a smaller chunk another phase can bind. The chunks of that
+# run are the ones planned before it; later plans (and
+# LazyRun.limit_for) use the raised fit. A fit checked at the whole batch
+# (a first call under a roomy budget) plans every smaller chunk with what
+# the whole batch showed.
+
+
+def checking_first_chunk(attempt, entry, size, device, reserve):
+    """`attempt`, recorded until a chunk completes when `size` (the planned
+    chunk) is above any size the fit `entry` was checked at: see Note [A fit
+    checked on a chunk]. `reserve`: bytes of .grad the chunk creates."""
+    if entry is None or entry.get("allocs") is None or device is None \
+            or device.type not in ("cpu", "meta") \
+            or size <= entry.get("checked", _MEASURE_SIZES[-1]):
+        return attempt
+    from ...memory.tracking import track
+
+    done = []
+
+    def checked(start, n, only):
+        if done:
+            return attempt(start, n, only)
+        with track() as t:
+            result = attempt(start, n, only)
+        events = t.timeline.events()
+        done.append(n)
+        _raise_fit(entry, n, live_curves(events, device.type), reserve)
+        return result
+
+    return checked
+
+
+def _raise_fit(entry, size, chunk, reserve):
+    """Raise the fit by what a chunk of `size` took beyond it, allocation
+    by allocation (aligned by op): the live bytes at each allocation the fit
+    has, above its line; an allocation it lacks (a scratch buffer) becomes a
+    line through the bytes live there, on the slope of the allocation
+    before it. The first chunk's gradients are new when `reserve` is (curve
+    "first"), else it adds into existing ones (curve "later")."""
+    ops, first, later = entry["allocs"]
+    seen, other = (first, later) if reserve else (later, first)
+    matched = {}
+    for i, j, n in difflib.SequenceMatcher(None, ops, chunk[0], autojunk=False) \
+            .get_matching_blocks():
+        matched.update((j + k, i + k) for k in range(n))
+    raises = [0.0] * len(ops)
+    added_seen, added_other = [], []
+    last = None
+    for j, live in enumerate(chunk[1]):
+        i = matched.get(j)
+        if i is not None:
+            raises[i] = max(raises[i], live - (seen[i][0] + seen[i][1] * size))
+            last = i
+            continue
+        if last is None:
+            added_seen.append((live, 0.0))
+            added_other.append((live, 0.0))
+            continue
+        up = live - (seen[last][0] + seen[last][1] * size)
+        added_seen.append((seen[last][0] + up, seen[last][1]))
+        added_other.append((other[last][0] + up, other[last][1]))
+    seen = [(a + r, b) for (a, b), r in zip(seen, raises)]
+    other = [(a + r, b) for (a, b), r in zip(other, raises)]
+    first, later = (seen, other) if reserve else (other, seen)
+    added_first, added_later = (added_seen, added_other) if reserve else (added_other, added_seen)
+    entry["allocs"] = (ops, first, later)
+    entry["first"] = collapsed(entry["first"] + first + added_first)
+    entry["later"] = collapsed(entry["later"] + later + added_later)
+    entry["checked"] = max(size, entry.get("checked", 0))
 
 
 # Note [Never worse than eager]: one chunk of the whole batch is the eager

@@ -51,11 +51,18 @@ def profile_memory(device, fn):
         kept = None
     events = t.timeline.events()
     del t
+    return live_curves(events, device.type, persistent)
+
+
+def live_curves(events, device_type, persistent=()):
+    """(ops, first, later) of a recorded timeline's allocations on
+    `device_type`: see profile_memory; `persistent`: the ids of the
+    gradient buffers the run returned."""
     live = held = 0
     alive = {}
     ops, first, later = [], [], []
     for kind, nbytes, ident, dev, _cat, _phase, _module, op in events:
-        if dev != device.type:
+        if dev != device_type:
             continue
         if kind == "alloc":
             alive[ident] = nbytes
@@ -73,6 +80,31 @@ def profile_memory(device, fn):
     return ops, first or [0], later or [0]
 
 
+def allocation_lines(prof1, prof2, p1, p2, which):
+    """The live bytes at each allocation as a + b*c, from two runs that
+    allocate in the same order (None when they do not)."""
+    ops1, c1 = prof1[0], prof1[which]
+    ops2, c2 = prof2[0], prof2[which]
+    if ops1 is None or ops1 != ops2:
+        return None
+    lines = []
+    for a1, a2 in zip(c1, c2):
+        b = (a2 - a1) / (p2 - p1)
+        lines.append((a1 - b * p1, b))
+    return lines
+
+
+def collapsed(lines):
+    """The lines that can bound the most live bytes: for each slope, the
+    largest intercept."""
+    best = {}
+    for a, b in lines:
+        key = round(b, 6)
+        if best.get(key, -math.inf) < a:
+            best[key] = a
+    return [(a, b) for b, a in best.items()]
+
+
 def fit_lines(prof1, prof2, p1, p2, which):
     """Memory as a function of the chunk size c: the most live bytes over
     the step's allocations, each fitted as a + b*c from two runs. When the
@@ -80,17 +112,10 @@ def fit_lines(prof1, prof2, p1, p2, which):
     every allocation whose size is affine in c, and the peak's location may
     move with c (at 2 samples the peak is the gradients, at 200 the
     activations). Otherwise: a conservative fit of the peaks."""
-    ops1, c1 = prof1[0], prof1[which]
-    ops2, c2 = prof2[0], prof2[which]
-    if ops1 is not None and ops1 == ops2:
-        best = {}
-        for a1, a2 in zip(c1, c2):
-            b = (a2 - a1) / (p2 - p1)
-            a = a1 - b * p1
-            key = round(b, 6)
-            if best.get(key, -math.inf) < a:
-                best[key] = a
-        return [(a, b) for b, a in best.items()], True
+    per_allocation = allocation_lines(prof1, prof2, p1, p2, which)
+    if per_allocation is not None:
+        return collapsed(per_allocation), True
+    ops1, c1, c2 = prof1[0], prof1[which], prof2[which]
     peak1, peak2 = max(c1), max(c2)
     m = max((peak2 - peak1) / (p2 - p1), 1.0)
     M0 = max(peak1 - m * p1, 0.0)

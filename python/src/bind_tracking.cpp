@@ -58,6 +58,9 @@ void init_tracking(py::module_& m) {
       .def("drop_meta_kernel_intermediates", &Recorder::drop_meta_kernel_intermediates,
            "From now on, leave out what Meta kernels allocate and free again "
            "inside the op they implement (torch's Python decompositions).")
+      .def("add_card_kernels", &Recorder::add_card_kernels,
+           "From now on, add what a CUDA card's kernels take inside an op and the "
+           "host's do not (a reduction's staging buffer), as temporaries of the op.")
       .def_property_readonly("live_bytes", &Recorder::live_bytes,
                              "tracked bytes live now, since the recording began")
       .def_property_readonly("peak_bytes", &Recorder::peak_bytes,

@@ -150,6 +150,8 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
   Recorder r;
   // See Note [Meta kernels allocate only their outputs] (op_frames.h).
   if (device.is_meta()) r.drop_meta_kernel_intermediates();
+  // See Note [What a card adds inside an op] (card_ops.h).
+  if (o.cuda_target) r.add_card_kernels();
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   Batch b;
   at::Tensor out, loss;

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "memfit/torch/card_ops.h"
 #include "memfit/torch/op_frames.h"
 
 namespace memfit {
@@ -36,6 +37,8 @@ void Recorder::stop() {
     recording_ = false;
     timeline_.end_phase();
   }
+  impl::remove_card_ops(card_ops_);  // outside mu_: its callback takes mu_ under its lock
+  card_ops_ = 0;
   tracking::remove_observer(this);
   tracking_.reset();
   std::lock_guard<std::mutex> lock(g_active_mu);
@@ -109,6 +112,41 @@ void Recorder::drop_meta_kernel_intermediates() {
   drop_meta_kernel_intermediates_ = true;
 }
 
+void Recorder::add_card_kernels() {
+  if (card_ops_ == 0) card_ops_ = impl::add_card_ops(this);
+}
+
+void Recorder::record_transient(int64_t bytes, std::string_view what, Device device) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!recording_ || bytes < 0 || (only_device_ && device != *only_device_)) return;
+  flush_meta_kernel_outputs();
+  // Ids apart from the tracking allocator's, which count up from 1.
+  const uint64_t id = (uint64_t{1} << 63) | ++next_transient_;
+  Event e;
+  e.time_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - start_)
+                  .count();
+  e.bytes = bytes;
+  e.id = id;
+  e.module = module_index_;
+  e.phase = timeline_.current_phase();
+  e.op = timeline_.op_index(what);
+  e.device = device;
+  e.category = Category::kTemporary;
+  e.kind = EventKind::kAlloc;
+  Event f = e;
+  f.kind = EventKind::kFree;
+  // Inside a Meta kernel still running, after the outputs it holds back.
+  if (!held_.empty()) {
+    held_.push_back(e);
+    held_.push_back(f);
+    return;
+  }
+  timeline_.record(e);
+  peak_ = std::max(peak_, live_ + bytes);
+  timeline_.record(f);
+}
+
 void Recorder::flush_meta_kernel_outputs() {
   if (held_.empty() || (held_frame_ != 0 && held_frame_ == impl::meta_kernel_frame())) {
     return;
@@ -120,6 +158,10 @@ void Recorder::flush_meta_kernel_outputs() {
   for (Event& e : held_) {
     e.time_ns = now;
     timeline_.record(e);
+    if (e.kind == EventKind::kFree) {  // a record_transient's, held after its alloc
+      live_ -= e.bytes;
+      continue;
+    }
     if (phase_frees_are_temporary_) phase_allocations_.insert(e.id);
     live_ += e.bytes;
     peak_ = std::max(peak_, live_);
@@ -179,8 +221,9 @@ void Recorder::on_free(const Allocation& a, bool temporary) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!recording_) return;
   flush_meta_kernel_outputs();
-  auto held = std::find_if(held_.begin(), held_.end(),
-                           [&](const Event& e) { return e.id == a.id; });
+  auto held = std::find_if(held_.begin(), held_.end(), [&](const Event& e) {
+    return e.id == a.id && e.kind == EventKind::kAlloc;
+  });
   if (held != held_.end()) {  // an intermediate of a Meta kernel: never was
     held_.erase(held);
     return;

@@ -53,6 +53,14 @@ class Recorder final : private AllocationObserver {
   // op they implement: See Note [Meta kernels allocate only their outputs].
   void drop_meta_kernel_intermediates();
 
+  // From now on, adds what a CUDA card's kernels take inside an op and the
+  // host's do not (a reduction's staging buffer): See Note [What a card adds
+  // inside an op] (card_ops.h).
+  void add_card_kernels();
+  // Records `bytes` (0 too) allocated and freed again now on `device`, a
+  // temporary named `what`: one of those transients.
+  void record_transient(int64_t bytes, std::string_view what, Device device);
+
   // Bytes recorded live now / at most, since the recording started.
   int64_t live_bytes() const;
   int64_t peak_bytes() const;
@@ -79,6 +87,8 @@ class Recorder final : private AllocationObserver {
   bool recording_ = true;
   std::optional<Device> only_device_;
   bool drop_meta_kernel_intermediates_ = false;
+  uint64_t card_ops_ = 0;          // add_card_ops's handle; 0: none
+  uint64_t next_transient_ = 0;    // ids of record_transient's events
   uint64_t held_frame_ = 0;    // the Meta kernel's frame (op_frames.h)
   std::vector<Event> held_;    // its allocations still live, in order
   std::vector<std::string> module_stack_;

@@ -193,6 +193,8 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         t.only_device("meta")
         # See Note [Meta kernels allocate only their outputs] (op_frames.h).
         t.drop_meta_kernel_intermediates()
+    if as_on_cuda:  # See Note [What a card adds inside an op] (card_ops.h).
+        t.add_card_kernels()
     t.watch_modules(model, classes=True)
     step = _StepState(optimizer)
     flops = open_count()  # See Note [FLOPs counted while a step is recorded].

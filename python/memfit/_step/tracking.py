@@ -56,6 +56,11 @@ class Tracking:
         op_frames.h)."""
         self._recorder.drop_meta_kernel_intermediates()
 
+    def add_card_kernels(self) -> None:
+        """Add what a CUDA card's kernels take inside an op and the host's
+        do not (See Note [What a card adds inside an op], card_ops.h)."""
+        self._recorder.add_card_kernels()
+
     def classify(self, tensor: torch.Tensor, category: str) -> bool:
         """Say what a tensor's memory is: "parameter", "optimizer_state", ..."""
         return self._recorder.classify(tensor, category)

@@ -563,16 +563,14 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& given) {
     // Measured on an H200 (torch 2.11, bench/gpu/fit_on_card.py, capped at
     // the budget): with the cuBLAS workspaces counted, 7 of 8 fits ran; the
     // MLP fit for 256 MiB (batch 14712) ran out asking 58 MiB, the CUDA
-    // reduction's staging buffer of its bias gradients (about 8 B per
-    // element of a [batch, 512] input). The CNN's fits ran capped although
-    // free, cuDNN took 2.3x the budget: its workspaces shrink to what is
-    // free. Neither is modelled yet, so the answer says so.
-    f.notes.push_back("not counted for a CUDA card: scratch of CUDA kernels the CPU does not "
-                      "run. A sum over a large batch (a Linear's bias gradient) holds a staging "
-                      "buffer of about twice its input: on an H200 an MLP at the batch fit for "
-                      "256 MiB ran out under that cap. cuDNN convolutions take workspace from "
-                      "free memory and fall back to less when it is short. Keep margin= free "
-                      "for such kernels, or run one step on the card");
+    // reduction's staging buffer of its bias gradients, which memfit counts (Note
+    // [A CUDA reduction's staging buffer], card_kernels.cpp). The CNN's fits
+    // ran capped although free, cuDNN took 2.3x the budget: its workspaces
+    // shrink to what is free. That one is not modelled, so the answer says so.
+    f.notes.push_back("not counted for a CUDA card: cuDNN convolutions' workspaces, which "
+                      "they take from free memory and fall back to less when it is short "
+                      "(a reduction's staging buffer is counted). Keep margin= free for "
+                      "them, or run one step on the card");
   }
   int64_t candidate = best;
   if (!pm.model.phases.empty()) {

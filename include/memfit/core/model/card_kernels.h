@@ -1,0 +1,52 @@
+// What a CUDA card's kernels allocate inside an op beyond its outputs, from
+// the op's shapes: the bytes a rehearsal on the host or on meta never sees.
+// Plain arithmetic, no LibTorch (the torch layer reads the shapes).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace memfit {
+
+// The card a reduction is launched on: its multiprocessors and the threads
+// each can hold decide how many blocks share one output. The default is an
+// H100/H200 (sm_90: 132 SMs, 2048 threads each); see Note [A CUDA
+// reduction's staging buffer] for why a larger card only takes more.
+struct ReduceCard {
+  int sm_count = 132;
+  int max_threads_per_sm = 2048;
+};
+
+// The two blocks torch's reduction kernel (ATen's Reduce.cuh) takes through
+// the caching allocator when one output's inputs are split across thread
+// blocks; zero when they are not.
+struct ReduceBuffers {
+  int64_t buffer = 0;      // partial results, one accumulator per block and lane
+  int64_t semaphores = 0;  // one int per block column
+  int64_t total() const { return buffer + semaphores; }
+};
+
+// A sum or mean over `reduced_dims` of a contiguous tensor of `sizes`, with
+// elements of `element_bytes` accumulated in `acc_bytes` (float: 4 for
+// float, half and bfloat16; 8 for double). See Note [A CUDA reduction's
+// staging buffer] (card_kernels.cpp). Dims may be negative; an empty
+// `reduced_dims` reduces all of them.
+ReduceBuffers cuda_reduce_buffers(const std::vector<int64_t>& sizes,
+                                  std::vector<int64_t> reduced_dims,
+                                  int64_t element_bytes, int64_t acc_bytes,
+                                  ReduceCard card = {});
+
+// A convolution's operands, in elements.
+struct ConvShape {
+  int64_t x_numel = 0;   // the input
+  int64_t dy_numel = 0;  // the output's gradient
+  int64_t w_numel = 0;   // the weight
+};
+
+// A bound of the workspaces cuDNN's engines took in a convolution's
+// backward on an H200: exact for Winograd's, above the others. Not added to
+// a card's rehearsal: See Note [cuDNN's convolution workspace]
+// (card_kernels.cpp) for the measurements and why.
+int64_t cudnn_conv_backward_workspace(const ConvShape& c);
+
+}  // namespace memfit

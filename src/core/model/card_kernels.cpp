@@ -1,0 +1,174 @@
+#include "memfit/core/model/card_kernels.h"
+
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
+namespace memfit {
+namespace {
+
+int64_t div_up(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+int64_t last_pow2(int64_t n) {
+  int64_t p = 1;
+  while (p * 2 <= n) p *= 2;
+  return p;
+}
+
+// One dimension of the reduction's iteration, innermost first.
+struct IterDim {
+  int64_t size;
+  int64_t stride;  // in elements of the input
+  bool reduced;
+};
+
+}  // namespace
+
+// Note [A CUDA reduction's staging buffer]
+// torch's CUDA reductions (sum, mean, ... : ATen's Reduce.cuh) choose a
+// launch (ReduceConfig) from the iteration's shape. The iteration puts the
+// reduced dimensions first, each group innermost first, and merges
+// neighbours that are contiguous. When the innermost dimension is reduced,
+// lanes of a warp split one output's inputs; otherwise they split outputs,
+// four at a time where the sizes allow (output_vec_size). Warps of a block
+// split the inputs too when each thread still has at least
+// min(16 x block height, 256) of them. Then, if a thread would still sum 256
+// or more values and the grid is no larger than the card holds at once,
+// ctas_per_output = max(min(ceil(target grid / grid), ceil(values / 16)),
+// ceil(values / 256)) blocks share each output, and the kernel allocates,
+// through the caching allocator, a buffer of one accumulator per output and
+// block (times block.x x output_vec_size lanes when lanes split outputs) and
+// an int semaphore per block column, both freed as the op returns. A bias's
+// gradient, the sum over the batch of a [batch, 512] float gradient, is
+// such a reduction: 512 outputs in 4 block columns, and about 8 bytes of
+// buffer per input element (58 MiB at batch 14712 on an H200, where a fit
+// that left it out ran out of memory). A card with more multiprocessors
+// only raises min(...) towards ceil(values / 16), so the H200's figure is
+// the smaller card's bound too. A reduction torch splits for 32-bit
+// indexing (over 2^31 elements) is taken as one.
+ReduceBuffers cuda_reduce_buffers(const std::vector<int64_t>& sizes,
+                                  std::vector<int64_t> reduced_dims,
+                                  int64_t element_bytes, int64_t acc_bytes,
+                                  ReduceCard card) {
+  const int64_t ndim = static_cast<int64_t>(sizes.size());
+  std::vector<bool> is_reduced(sizes.size(), reduced_dims.empty());
+  for (int64_t d : reduced_dims) {
+    const int64_t k = d < 0 ? d + ndim : d;
+    if (k < 0 || k >= ndim) {
+      throw std::invalid_argument("[cuda_reduce_buffers] dim " + std::to_string(d) +
+                                  " out of range for " + std::to_string(ndim) + " dims");
+    }
+    is_reduced[k] = true;
+  }
+  // Innermost first, size-1 dims dropped, reduced ones first (stable).
+  std::vector<IterDim> dims;
+  int64_t stride = 1;
+  for (int64_t d = ndim - 1; d >= 0; --d) {
+    if (sizes[d] == 0) return {};
+    if (sizes[d] != 1) dims.push_back({sizes[d], stride, is_reduced[d]});
+    stride *= sizes[d];
+  }
+  std::stable_partition(dims.begin(), dims.end(), [](const IterDim& d) { return d.reduced; });
+  std::vector<IterDim> merged;
+  for (const IterDim& d : dims) {
+    if (!merged.empty() && merged.back().reduced == d.reduced &&
+        merged.back().stride * merged.back().size == d.stride) {
+      merged.back().size *= d.size;
+    } else {
+      merged.push_back(d);
+    }
+  }
+  int64_t num_outputs = 1, inputs_per_output = 1, num_reduce_dims = 0;
+  for (const IterDim& d : merged) {
+    (d.reduced ? inputs_per_output : num_outputs) *= d.size;
+    num_reduce_dims += d.reduced ? 1 : 0;
+  }
+  if (merged.empty() || num_reduce_dims == 0) return {};
+  const int64_t iter_ndim = static_cast<int64_t>(merged.size());
+  const bool on_fastest = num_reduce_dims == iter_ndim ||
+                          merged[0].stride < merged[num_reduce_dims].stride;
+  int64_t dim0 = on_fastest ? inputs_per_output : num_outputs;
+  int64_t dim1 = on_fastest ? num_outputs : inputs_per_output;
+  const int64_t fastest_stride = on_fastest ? merged[0].stride : merged[num_reduce_dims].stride;
+  int64_t output_vec_size = 1;
+  if (fastest_stride == 1) {
+    constexpr int64_t kInputVecSize = 4;
+    if (on_fastest && dim0 > 128 && num_reduce_dims == 1) {
+      dim0 /= kInputVecSize;
+    } else if (!on_fastest) {
+      // get_output_vec_size: 4, halved until it divides the outputs'
+      // innermost size and every other input stride (aligned storage).
+      output_vec_size = 4;
+      auto fit = [&](int64_t n) {
+        while (n % output_vec_size != 0) output_vec_size /= 2;
+      };
+      fit(merged[num_reduce_dims].size);
+      for (int64_t i = 0; i < iter_ndim; ++i) {
+        if (i != num_reduce_dims) fit(merged[i].stride);
+      }
+      dim0 /= output_vec_size;
+    }
+  }
+  // set_block_dimension: 512 threads at most (256 for complex double).
+  const int64_t max_threads = (acc_bytes > 8 ? 256 : 512) / output_vec_size;
+  const int64_t dim0_pow2 = dim0 < max_threads ? last_pow2(dim0) : max_threads;
+  const int64_t dim1_pow2 = dim1 < max_threads ? last_pow2(dim1) : max_threads;
+  int64_t block_width = std::min<int64_t>(dim0_pow2, 32);
+  const int64_t block_height = std::min(dim1_pow2, max_threads / block_width);
+  block_width = std::min(dim0_pow2, max_threads / block_height);
+  const int64_t num_threads = block_width * block_height;
+
+  int64_t step_input = 1, step_output = 1;
+  const bool block_x_reduce = on_fastest;
+  (on_fastest ? step_input : step_output) *= block_width;
+  auto values_per_thread = [&] { return div_up(inputs_per_output, step_input); };
+  bool warps_split_input = false;
+  if (values_per_thread() >= std::min<int64_t>(block_height * 16, 256)) {
+    warps_split_input = true;
+    step_input *= block_height;
+  } else {
+    step_output *= block_height;
+  }
+  const int64_t target_grid = int64_t{card.sm_count} * (card.max_threads_per_sm / num_threads);
+  const int64_t grid_x = div_up(num_outputs / output_vec_size, step_output);
+  const int64_t values = values_per_thread();
+  if (!warps_split_input || values < 256 || grid_x > target_grid) return {};
+  const int64_t ctas = std::max(std::min(div_up(target_grid, grid_x), div_up(values, 16)),
+                                div_up(values, 256));
+  if (ctas <= 1) return {};
+  (void)element_bytes;  // the input's width changes no launch choice above
+  ReduceBuffers r;
+  r.buffer = acc_bytes * num_outputs * ctas * (block_x_reduce ? 1 : block_width * output_vec_size);
+  r.semaphores = 4 * grid_x;
+  return r;
+}
+
+// Note [cuDNN's convolution workspace]
+// A convolution's backward on a card runs cuDNN twice, for the input's
+// gradient and for the weight's, each with a workspace it takes from the
+// caching allocator and frees before the next call. Which engine runs, and
+// so how much it takes, torch leaves to cuDNN: without
+// torch.backends.cudnn.benchmark it tries cuDNN's heuristic ranking in
+// order and runs the first engine whose workspace it can allocate (one that
+// runs out of memory drops to the next, down to engines that need none).
+// So on a free card the workspace is the top engine's, and under a budget a
+// smaller one runs: a workspace never makes a step run out by itself.
+// What the engines took on an H200 (cuDNN 9.19; resnet18 at 16 x 64x64 and
+// the cnn at 32 x 32x32, 14 convolutions): the input's gradient, x + dy + w
+// bytes (+16) or nothing; the weight's gradient, for every 3x3 stride-1
+// convolution where Winograd's non-fused engine ran, exactly its transforms
+// in float, 4 B x (9/4 (x + dy) + 4 w) (each 4x4 output tile of x and dy
+// becomes 6x6, each 3x3 filter 6x6): 5.06 MiB at 64 channels and 16x16,
+// 10.13 MiB at 256 and 4x4. Every other engine took less than that formula,
+// which this function returns: the bound of a backward's two workspaces. It
+// is not added to a card's rehearsal: which engine the heuristic ranks first
+// is not a function of the shapes (at 32 channels and 32x32 it chose one of
+// 10.0 MiB where the bound says 18.1 MiB, which puts the cnn's peak 4% over
+// the card's), and at a 2x2 output (512 channels) the bound is 36.6 MiB where
+// cuDNN took 18 KiB.
+int64_t cudnn_conv_backward_workspace(const ConvShape& c) {
+  constexpr int64_t kFloat = 4;
+  return kFloat * (9 * (c.x_numel + c.dy_numel) / 4 + 4 * c.w_numel);
+}
+
+}  // namespace memfit

@@ -1,0 +1,105 @@
+#include "memfit/torch/card_ops.h"
+
+#include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "memfit/core/model/card_kernels.h"
+#include "memfit/torch/recorder.h"
+
+namespace memfit::impl {
+namespace {
+
+std::mutex g_mu;
+std::vector<Recorder*>& recorders() {
+  static auto* v = new std::vector<Recorder*>;
+  return *v;
+}
+
+// What the op's card kernels will take, computed from its inputs as it
+// enters, recorded as it returns.
+struct CardBytes : at::ObserverContext {
+  int64_t bytes[2] = {0, 0};
+  const char* what = "";
+  Device device = Device::kCPU;
+};
+
+Device device_of(const at::Tensor& t) {
+  if (t.is_meta()) return Device::kMeta;
+  if (t.is_cuda()) return Device::kCUDA;
+  return Device::kCPU;
+}
+
+std::unique_ptr<CardBytes> reduction(const at::RecordFunction& fn) {
+  const auto inputs = fn.inputs();
+  if (inputs.empty() || !inputs[0].isTensor()) return nullptr;
+  const at::Tensor& self = inputs[0].toTensor();
+  if (!self.defined() || !self.is_floating_point()) return nullptr;
+  std::vector<int64_t> dims;
+  if (inputs.size() > 1 && inputs[1].isIntList()) dims = inputs[1].toIntVector();
+  const int64_t element = static_cast<int64_t>(self.element_size());
+  const ReduceBuffers b =
+      cuda_reduce_buffers(self.sizes().vec(), dims, element, element == 8 ? 8 : 4);
+  // Recorded at every batch, 0 B where one block reduces each output: two
+  // steps then make the same allocations (steps_align), the buffer's size
+  // on the line between them. See Note [A card's reserve between two steps].
+  auto c = std::make_unique<CardBytes>();
+  c->bytes[0] = b.buffer;
+  c->bytes[1] = b.semaphores;
+  c->what = "CUDA reduction's staging buffer";
+  c->device = device_of(self);
+  return c;
+}
+
+std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  if (std::strcmp(name, "aten::sum") == 0 || std::strcmp(name, "aten::mean") == 0) {
+    return reduction(fn);
+  }
+  return nullptr;
+}
+
+void on_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
+  auto* c = static_cast<CardBytes*>(ctx);
+  if (c == nullptr) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  for (Recorder* r : recorders()) {
+    for (int64_t bytes : c->bytes) {
+      r->record_transient(bytes, c->what, c->device);
+    }
+  }
+}
+
+uint64_t g_callback = 0;
+
+}  // namespace
+
+uint64_t add_card_ops(Recorder* r) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  recorders().push_back(r);
+  if (g_callback == 0) {
+    g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
+                                           .needsInputs(true)
+                                           .scopes({at::RecordScope::FUNCTION}));
+  }
+  return reinterpret_cast<uint64_t>(r);
+}
+
+void remove_card_ops(uint64_t handle) {
+  if (handle == 0) return;
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto& v = recorders();
+  auto it = std::find(v.begin(), v.end(), reinterpret_cast<Recorder*>(handle));
+  if (it != v.end()) v.erase(it);
+  if (v.empty() && g_callback != 0) {
+    at::removeCallback(g_callback);
+    g_callback = 0;
+  }
+}
+
+}  // namespace memfit::impl

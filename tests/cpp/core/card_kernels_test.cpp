@@ -1,0 +1,72 @@
+#include "memfit/core/model/card_kernels.h"
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+
+namespace memfit {
+namespace {
+
+constexpr int64_t kFloat = 4;
+
+// A Linear's bias gradient: the sum over the batch of a [batch, 512] float
+// gradient. At the batch an H200 ran out on (14712), 230 blocks per output,
+// 128 lanes each: 60293120 B, the 58 MiB the card asked for.
+TEST(CudaReduceBuffersTest, BiasGradientOfAWideBatchTakesEightBytesAnElement) {
+  const ReduceBuffers b = cuda_reduce_buffers({14712, 512}, {0}, kFloat, kFloat);
+  EXPECT_EQ(b.buffer, int64_t{4} * 512 * 230 * 32 * 4);
+  EXPECT_EQ(b.buffer, 60293120);
+  EXPECT_EQ(b.semaphores, 4 * 4);  // 512 outputs / 4 per lane / 32 lanes
+  EXPECT_EQ(b.total(), 60293136);
+}
+
+TEST(CudaReduceBuffersTest, BiasGradientAt1024TakesFourMiB) {
+  // 1024 / 4 warps = 256 values a thread: the least that splits the blocks;
+  // ceil(256 / 16) = 16 blocks per output.
+  const ReduceBuffers b = cuda_reduce_buffers({1024, 512}, {0}, kFloat, kFloat);
+  EXPECT_EQ(b.buffer, int64_t{4} << 20);
+  EXPECT_EQ(b.semaphores, 16);
+}
+
+TEST(CudaReduceBuffersTest, SmallBatchReducesInOneBlock) {
+  EXPECT_EQ(cuda_reduce_buffers({64, 512}, {0}, kFloat, kFloat).total(), 0);
+  EXPECT_EQ(cuda_reduce_buffers({1020, 512}, {0}, kFloat, kFloat).total(), 0);
+}
+
+TEST(CudaReduceBuffersTest, ConvolutionBiasSplitsOnlyAtALargeBatch) {
+  // [N, 64, 32, 32] summed over N, H, W: lanes and warps split the 32x32
+  // plane; 32 images leave 64 values a thread, 256 leave 512.
+  EXPECT_EQ(cuda_reduce_buffers({32, 64, 32, 32}, {0, 2, 3}, kFloat, kFloat).total(), 0);
+  const ReduceBuffers b = cuda_reduce_buffers({256, 64, 32, 32}, {0, 2, 3}, kFloat, kFloat);
+  // min(ceil(528 blocks the card holds / 64 outputs), ceil(512 / 16)) = 9
+  // blocks per output, one accumulator each (lanes reduce).
+  EXPECT_EQ(b.buffer, 4 * 64 * 9);
+  EXPECT_EQ(b.semaphores, 4 * 64);
+}
+
+TEST(CudaReduceBuffersTest, FullReductionKeepsOneAccumulatorPerBlock) {
+  const ReduceBuffers b = cuda_reduce_buffers({1 << 20}, {}, kFloat, kFloat);
+  EXPECT_EQ(b.buffer, 4 * 128);  // ceil(2048 values a thread / 16) blocks
+  EXPECT_EQ(b.semaphores, 4);
+}
+
+TEST(CudaReduceBuffersTest, NegativeDimsCountFromTheEnd) {
+  EXPECT_EQ(cuda_reduce_buffers({14712, 512}, {-2}, kFloat, kFloat).buffer, 60293120);
+  EXPECT_THROW(cuda_reduce_buffers({4, 4}, {2}, kFloat, kFloat), std::invalid_argument);
+}
+
+TEST(CudaReduceBuffersTest, DoubleAccumulatesInEightBytes) {
+  EXPECT_EQ(cuda_reduce_buffers({14712, 512}, {0}, 8, 8).buffer, 2 * 60293120);
+}
+
+// Winograd's transforms, exact where cuDNN ran it on an H200 (resnet18 at
+// 16 x 64x64): 256 channels at 4x4, 64 at 16x16.
+TEST(CudnnConvWorkspaceTest, WinogradTransformsOfEachOperand) {
+  EXPECT_EQ(cudnn_conv_backward_workspace({16 * 256 * 16, 16 * 256 * 16, 256 * 256 * 9}),
+            10616832);
+  EXPECT_EQ(cudnn_conv_backward_workspace({16 * 64 * 256, 16 * 64 * 256, 64 * 64 * 9}),
+            5308416);
+}
+
+}  // namespace
+}  // namespace memfit

@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from .._step.batching import tensors_in
 
-__all__ = ["DistributedError", "DistributedStepReport", "RankPlan"]
+__all__ = ["DistributedError", "DistributedStepReport"]
 
 # Note [Micro-batches under DistributedDataParallel]
 # The micro-batches run on `ddp.module` directly, not through DDP's forward

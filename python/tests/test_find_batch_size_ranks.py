@@ -1,18 +1,12 @@
 """find_batch_size under torch.distributed: two ranks (gloo on CPU), each
 under its own simulated device, get one answer or one error."""
 
-import datetime
-import json
-import multiprocessing
-import os
-import socket
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
 
 import memfit
+from memfit.testing.spawned_ranks import run_cases
 
 # Spawning the two ranks (each imports torch) takes most of 20 s on 2 busy cores.
 pytestmark = [pytest.mark.torch_api, pytest.mark.slow]  # see python/tests/conftest.py
@@ -72,43 +66,19 @@ def _callback_batch(budget):
                               what="Callback").batch_size
 
 
-def _case(name, budget):
+def _case(name, rank, budget):
     if name == "auto_batch_size":
         return _auto_batch_size(budget)
     if name == "callback":
         return dict(batch=_callback_batch(budget))
-    started = time.monotonic()
     try:
         result = dict(fit=_summary(_fit(budget)))
     except Exception as e:  # noqa: B902: every failure goes back to the test
         result = dict(error=type(e).__name__, message=str(e),
                       cause=type(e.__cause__).__name__ if e.__cause__ else None)
-    result["seconds"] = time.monotonic() - started
     if "fit" in result:  # the opt-out: this rank alone
         result["alone"] = _summary(_fit(budget, across_ranks=False))
     return result
-
-
-def _rank_main(rank, port, out_dir):
-    results = {}
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-        for name, budgets in CASES.items():
-            results[name] = _case(name, budgets[rank])
-    except BaseException as e:  # noqa: B902: a failure outside a case ends the run
-        results["setup"] = dict(error=type(e).__name__, message=str(e))
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-    os._exit(0)  # no teardown: a peer that failed could block it
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -118,27 +88,8 @@ def ranks(tmp_path_factory):
     killed)."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    out = tmp_path_factory.mktemp("ranks")
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, str(out))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    end = time.monotonic() + DEADLINE_S
-    try:
-        for p in procs:
-            p.join(max(0.0, end - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
-    per_rank = {}
-    for r in range(WORLD):
-        path = out / f"rank{r}.json"
-        per_rank[r] = json.loads(path.read_text()) if path.exists() else {}
-        assert "setup" not in per_rank[r], per_rank[r]
-    return {name: {r: per_rank[r].get(name) for r in range(WORLD)} for name in CASES}
+    return run_cases(_case, CASES, tmp_path_factory.mktemp("ranks"), world=WORLD,
+                     group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
 
 
 def test_every_rank_gets_the_batch_of_the_rank_with_the_smaller_budget(ranks):

@@ -3,19 +3,13 @@ ranks (gloo on CPU), each with its own budget, start from one micro-batch,
 or every rank raises naming the rank that cannot fit. See Note [One
 micro-batch on every rank] (train/trainer.py)."""
 
-import datetime
-import json
-import multiprocessing
-import os
-import socket
-import time
-
 import pytest
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import memfit
+from memfit.testing.spawned_ranks import run_cases
 
 # Spawning the two ranks (each imports torch) takes most of the time.
 pytestmark = [pytest.mark.torch_api, pytest.mark.slow]  # see python/tests/conftest.py
@@ -68,33 +62,8 @@ def _step(rank, budget):
                 notes=list(trainer.planned.notes), grads=[g.tolist() for g in opt.grads])
 
 
-def _case(rank, budget):
-    try:
-        return _step(rank, budget)
-    except Exception as e:  # noqa: B902: every failure goes back to the test
-        return dict(error=type(e).__name__, message=str(e))
-
-
-def _rank_main(rank, port, out_dir):
-    results = {}
-    try:
-        torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=WORLD,
-                                timeout=datetime.timedelta(seconds=GROUP_TIMEOUT_S))
-        for name, budgets in CASES.items():
-            results[name] = _case(rank, budgets[rank])
-    except BaseException as e:  # noqa: B902: a failure outside a case ends the run
-        results["setup"] = dict(error=type(e).__name__, message=str(e))
-    with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
-        json.dump(results, f)
-    os._exit(0)  # no teardown: a peer that failed could block it
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _case(name, rank, budget):
+    return _step(rank, budget)
 
 
 @pytest.fixture(scope="module")
@@ -103,27 +72,8 @@ def ranks(tmp_path_factory):
     a rank's result None when it did not finish by the deadline."""
     if not dist.is_available() or not dist.is_gloo_available():
         pytest.skip("torch.distributed with gloo is not available")
-    out = tmp_path_factory.mktemp("trainer_ranks")
-    ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
-    procs = [ctx.Process(target=_rank_main, args=(r, port, str(out))) for r in range(WORLD)]
-    for p in procs:
-        p.start()
-    end = time.monotonic() + DEADLINE_S
-    try:
-        for p in procs:
-            p.join(max(0.0, end - time.monotonic()))
-    finally:
-        for p in procs:
-            if p.is_alive():
-                p.kill()
-            p.join()
-    per_rank = {}
-    for r in range(WORLD):
-        path = out / f"rank{r}.json"
-        per_rank[r] = json.loads(path.read_text()) if path.exists() else {}
-        assert "setup" not in per_rank[r], per_rank[r]
-    return {name: {r: per_rank[r].get(name) for r in range(WORLD)} for name in CASES}
+    return run_cases(_case, CASES, tmp_path_factory.mktemp("trainer_ranks"), world=WORLD,
+                     group_timeout_s=GROUP_TIMEOUT_S, deadline_s=DEADLINE_S)
 
 
 def _full_batch_gradients():

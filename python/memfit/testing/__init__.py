@@ -2,6 +2,7 @@
 command's built-in models (mlp, cnn, gpt, lstm, resnet18), with synthetic
 batches (memfit.testing.models.make("gpt", batch=8)); and a truth that is
 not memfit's own, plain training steps on the simulated device
-(memfit.testing.truth)."""
+(memfit.testing.truth); and cases run on spawned gloo ranks, for what
+every rank must agree on (memfit.testing.spawned_ranks)."""
 
 __all__: list = []

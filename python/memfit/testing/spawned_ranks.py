@@ -17,7 +17,7 @@ import os
 import socket
 import time
 
-__all__ = ["run_cases"]
+__all__: list = []
 
 
 def _rank_main(case, cases, rank, world, port, out_dir, group_timeout_s):

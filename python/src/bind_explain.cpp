@@ -10,7 +10,9 @@
 #include <vector>
 
 #include "bindings.h"
+#include "memfit/core/model/allocator_model.h"
 #include "memfit/core/model/allocator_trace.h"
+#include "memfit/core/model/card_kernels.h"
 #include "memfit/core/model/snapshot_events.h"
 #include "memfit/core/model/snapshot_reader.h"
 #include "memfit/core/model/timeline.h"
@@ -230,6 +232,22 @@ void init_explain(py::module_& m) {
      py::arg("iterations") = 2, py::arg("cuda_workspace") = kDefaultCudaWorkspaceBytes,
      "A built-in model's step (`memfit profile --model M --batch B --target cuda`) "
      "recorded on the CPU: (Report with its CUDA estimate, Timeline).");
+
+  m.def("cudnn_conv_backward_workspace", [](int64_t x_numel, int64_t dy_numel,
+                                            int64_t w_numel) {
+    return cudnn_conv_backward_workspace({x_numel, dy_numel, w_numel});
+  }, py::arg("x_numel"), py::arg("dy_numel"), py::arg("w_numel"),
+     "The bound of a convolution's backward workspaces on a card, from its input's, "
+     "output gradient's and weight's elements (Note [cuDNN's convolution workspace]).");
+  m.def("cuda_segment_size", [](int64_t bytes) {
+    return cuda_segment_size(cuda_round_size(bytes));
+  }, py::arg("bytes"),
+     "The segment the caching allocator cudaMallocs for a request of `bytes` no cached "
+     "block serves: the most one request can add to the reserved bytes.");
+  m.def("cudnn_workspace_in_notes", &cudnn_workspace_in_notes, py::arg("notes"),
+        "The bytes a CUDA target's report says cuDNN's workspaces can add to its peak "
+        "(Note [cuDNN's workspace at the step's peak]); -1 where no convolution was "
+        "recorded for a card.");
 }
 
 }  // namespace memfit::python

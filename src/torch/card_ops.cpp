@@ -7,6 +7,7 @@
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "memfit/core/model/card_kernels.h"
@@ -20,6 +21,11 @@ std::vector<Recorder*>& recorders() {
   static auto* v = new std::vector<Recorder*>;
   return *v;
 }
+// Each recorder's convolution bounds, until taken or the recorder stops.
+std::unordered_map<const Recorder*, std::vector<int64_t>>& conv_bounds() {
+  static auto* m = new std::unordered_map<const Recorder*, std::vector<int64_t>>;
+  return *m;
+}
 
 // What the op's card kernels will take, computed from its inputs as it
 // enters, recorded as it returns.
@@ -27,6 +33,7 @@ struct CardBytes : at::ObserverContext {
   int64_t bytes[2] = {0, 0};
   const char* what = "";
   Device device = Device::kCPU;
+  int64_t conv_bound = -1;  // a convolution's backward: its workspaces' bound
 };
 
 Device device_of(const at::Tensor& t) {
@@ -56,11 +63,31 @@ std::unique_ptr<CardBytes> reduction(const at::RecordFunction& fn) {
   return c;
 }
 
+// convolution_backward(grad_output, input, weight, ...): See Note [cuDNN's
+// convolution workspace].
+std::unique_ptr<CardBytes> convolution_backward(const at::RecordFunction& fn) {
+  const auto inputs = fn.inputs();
+  if (inputs.size() < 3 || !inputs[0].isTensor() || !inputs[1].isTensor() ||
+      !inputs[2].isTensor()) {
+    return nullptr;
+  }
+  const at::Tensor& dy = inputs[0].toTensor();
+  const at::Tensor& x = inputs[1].toTensor();
+  const at::Tensor& w = inputs[2].toTensor();
+  if (!dy.defined() || !x.defined() || !w.defined()) return nullptr;
+  auto c = std::make_unique<CardBytes>();
+  c->what = kCudnnWorkspaceMark;
+  c->device = device_of(dy);
+  c->conv_bound = cudnn_conv_backward_workspace({x.numel(), dy.numel(), w.numel()});
+  return c;
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   const char* name = fn.name();
   if (std::strcmp(name, "aten::sum") == 0 || std::strcmp(name, "aten::mean") == 0) {
     return reduction(fn);
   }
+  if (std::strcmp(name, "aten::convolution_backward") == 0) return convolution_backward(fn);
   return nullptr;
 }
 
@@ -69,6 +96,11 @@ void on_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (c == nullptr) return;
   std::lock_guard<std::mutex> lock(g_mu);
   for (Recorder* r : recorders()) {
+    if (c->conv_bound >= 0) {  // a mark, empty: the bound is said, not added
+      r->record_transient(0, c->what, c->device);
+      conv_bounds()[r].push_back(c->conv_bound);
+      continue;
+    }
     for (int64_t bytes : c->bytes) {
       r->record_transient(bytes, c->what, c->device);
     }
@@ -82,6 +114,7 @@ uint64_t g_callback = 0;
 uint64_t add_card_ops(Recorder* r) {
   std::lock_guard<std::mutex> lock(g_mu);
   recorders().push_back(r);
+  conv_bounds().erase(r);  // another recorder's, once at this address
   if (g_callback == 0) {
     g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
                                            .needsInputs(true)
@@ -96,10 +129,20 @@ void remove_card_ops(uint64_t handle) {
   auto& v = recorders();
   auto it = std::find(v.begin(), v.end(), reinterpret_cast<Recorder*>(handle));
   if (it != v.end()) v.erase(it);
+  conv_bounds().erase(reinterpret_cast<Recorder*>(handle));
   if (v.empty() && g_callback != 0) {
     at::removeCallback(g_callback);
     g_callback = 0;
   }
+}
+
+std::vector<int64_t> take_conv_workspaces(const Recorder* r) {
+  std::lock_guard<std::mutex> lock(g_mu);
+  auto it = conv_bounds().find(r);
+  if (it == conv_bounds().end()) return {};
+  std::vector<int64_t> v = std::move(it->second);
+  conv_bounds().erase(it);
+  return v;
 }
 
 }  // namespace memfit::impl

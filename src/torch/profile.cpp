@@ -6,9 +6,11 @@
 #include <optional>
 #include <stdexcept>
 
+#include "memfit/core/model/card_kernels.h"
 #include "memfit/core/model/optimizers.h"
 #include "memfit/core/model/units.h"
 #include "memfit/core/plan/step_protocol.h"
+#include "memfit/torch/card_ops.h"
 #include "memfit/torch/cpu_autocast.h"
 #include "memfit/torch/host_offload.h"
 #include "memfit/torch/move_parameter.h"
@@ -119,7 +121,8 @@ class StepModes {
 // One recorded run of `iterations` training iterations on `device`;
 // `host_bytes`: what an offloading optimizer kept on the host (not recorded).
 Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
-                      const at::Device& device, int64_t& host_bytes) {
+                      const at::Device& device, int64_t& host_bytes,
+                      std::vector<int64_t>& conv_workspaces) {
   auto& module = model.module();
   const StepStrategies& st = o.strategies;
   const bool train = st.step == StepStrategies::Step::kTrain;
@@ -204,6 +207,8 @@ Timeline run_recorded(TrainableModel& model, const ProfileOptions& o,
   };
   run_step_protocol(cb, o.iterations, o.progress,
                     "record batch " + std::to_string(o.batch) + " on " + device.str());
+  // See Note [cuDNN's workspace at the step's peak] (card_kernels.cpp).
+  conv_workspaces = impl::take_conv_workspaces(&r);
   r.stop();
   drop_gradients(module);
   if (auto* offload = dynamic_cast<HostOffloadOptimizer*>(optimizer.get())) {
@@ -254,12 +259,14 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
   std::string mode = options.mode;
   Timeline timeline;
   int64_t host_bytes = 0;
+  std::vector<int64_t> conv_workspaces;
   // Profiling trains (and meta mode empties the weights): the model is given
   // back as it came, whatever happens.
   ModelSnapshot snapshot(model.module());
   if (mode == "meta") {
     try {
-      timeline = run_recorded(model, options, at::Device(at::kMeta), host_bytes);
+      timeline = run_recorded(model, options, at::Device(at::kMeta), host_bytes,
+                              conv_workspaces);
     } catch (const c10::OutOfMemoryError&) {
       throw;
     } catch (const c10::Error& e) {
@@ -281,7 +288,8 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
     }
   }
   if (mode == "cpu") {
-    timeline = run_recorded(model, options, at::Device(at::kCPU), host_bytes);
+    timeline = run_recorded(model, options, at::Device(at::kCPU), host_bytes,
+                            conv_workspaces);
   }
   if (options.progress.enabled()) {
     options.progress.step("explain " + std::to_string(timeline.events().size()) +
@@ -301,6 +309,10 @@ Profile profile_model(TrainableModel& model, const ProfileOptions& options) {
     options.progress.step("replay " + std::to_string(timeline.events().size()) +
                           " allocations and frees through the CUDA caching allocator");
     p.report.cuda = estimate_cuda(timeline, options.cuda_workspace);
+    ConvWorkspaceAtPeak conv_at_peak = cudnn_workspace_at_peak(timeline, conv_workspaces);
+    conv_at_peak.batch = options.batch;
+    const std::string conv = cudnn_workspace_note(conv_at_peak);
+    if (!conv.empty()) p.report.notes.push_back(conv);
   }
   p.timeline = std::move(timeline);
   return p;

@@ -8,6 +8,13 @@ bytes per phase span, and its reserved bytes from memfit's allocator replay
 of those events; the cuBLAS workspace (cuda_workspace, allocated through
 the caching allocator at the first matmul) is added from the first forward
 on, as memfit's CUDA estimate counts it.
+
+Where the prediction recorded convolutions, their cuDNN workspaces are not
+in it: its report's notes say how much they can add at the peak (Note
+[cuDNN's workspace at the step's peak], card_kernels.cpp), and the
+comparison shows the prediction as a range, the point up to the point plus
+that bound, and whether the card's peak falls inside it. The errors stay
+the point's.
 """
 
 import array
@@ -45,6 +52,41 @@ class Comparison:
     workspace_bytes: int
     phases: List[PhaseComparison] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    # What cuDNN's convolution workspaces can add to the allocated peak (the
+    # prediction's note); None: no convolution recorded, the point alone.
+    cudnn_workspace_bytes: Optional[int] = None
+    # The same on the reserved peak: the segment one such request can take.
+    cudnn_reserved_bytes: Optional[int] = None
+
+    @property
+    def predicted_peak_allocated_upper(self) -> int:
+        """The top of the allocated range: the point plus cuDNN's bound."""
+        return self.predicted_peak_allocated + (self.cudnn_workspace_bytes or 0)
+
+    @property
+    def predicted_peak_reserved_upper(self) -> int:
+        return self.predicted_peak_reserved + (self.cudnn_reserved_bytes or 0)
+
+    @property
+    def allocated_upper_error(self) -> Optional[float]:
+        """(top of the range - measured) / measured peak allocated bytes; the
+        point's error where no convolution was recorded."""
+        return _err(self.predicted_peak_allocated_upper, self.measured_peak_allocated)
+
+    @property
+    def reserved_upper_error(self) -> Optional[float]:
+        return _err(self.predicted_peak_reserved_upper, self.measured_peak_reserved)
+
+    @property
+    def allocated_in_range(self) -> bool:
+        """Whether the card's allocated peak lies in [point, point + bound]."""
+        return (self.predicted_peak_allocated <= self.measured_peak_allocated
+                <= self.predicted_peak_allocated_upper)
+
+    @property
+    def reserved_in_range(self) -> bool:
+        return (self.predicted_peak_reserved <= self.measured_peak_reserved
+                <= self.predicted_peak_reserved_upper)
 
     @property
     def reserved_error(self) -> Optional[float]:
@@ -82,8 +124,30 @@ class Comparison:
                                    for i, (c, w) in enumerate(zip(r, widths))).rstrip())
             if k == 0 or k == len(rows) - 2:
                 lines.append("-" * len(lines[-1]))
+        if self.cudnn_workspace_bytes is not None:
+            lines.append(self._range_line("allocated", self.measured_peak_allocated,
+                                          self.predicted_peak_allocated,
+                                          self.predicted_peak_allocated_upper,
+                                          self.allocated_upper_error))
+            lines.append(self._range_line("reserved", self.measured_peak_reserved,
+                                          self.predicted_peak_reserved,
+                                          self.predicted_peak_reserved_upper,
+                                          self.reserved_upper_error))
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
+
+    @staticmethod
+    def _range_line(what, measured, point, upper, upper_error):
+        fb = _memfit.format_bytes
+        if measured < point:
+            where = "below it: the prediction is over"
+        elif measured <= upper:
+            where = "inside it"
+        else:
+            where = "above it: the prediction is under"
+        up = "" if upper_error is None else f" ({upper_error * 100:+.1f}%)"
+        return (f"peak {what} with cuDNN's workspaces: {fb(point)} up to {fb(upper)}{up}; "
+                f"the card's {fb(measured)} is {where}")
 
     def as_dict(self) -> dict:
         return {
@@ -93,6 +157,13 @@ class Comparison:
             "predicted_peak_reserved_bytes": self.predicted_peak_reserved,
             "allocated_error": self.allocated_error, "reserved_error": self.reserved_error,
             "workspace_bytes": self.workspace_bytes,
+            "cudnn_workspace_bytes": self.cudnn_workspace_bytes,
+            "predicted_peak_allocated_upper_bytes": self.predicted_peak_allocated_upper,
+            "predicted_peak_reserved_upper_bytes": self.predicted_peak_reserved_upper,
+            "allocated_upper_error": self.allocated_upper_error,
+            "reserved_upper_error": self.reserved_upper_error,
+            "allocated_in_range": self.allocated_in_range,
+            "reserved_in_range": self.reserved_in_range,
             "phases": [p.as_dict() for p in self.phases], "notes": list(self.notes),
         }
 
@@ -139,6 +210,14 @@ def compare_prediction(measured_timeline, measured_reserved_after, measured_peak
         rows.append(PhaseComparison(name, it, peak, res, None if p is None else p[0],
                                     None if p is None else p[1]))
     notes = ["allocated: the bytes asked for (the snapshot's sizes), not rounded to blocks"]
+    # See Note [cuDNN's workspace at the step's peak] (card_kernels.cpp).
+    cudnn = int(_memfit.cudnn_workspace_in_notes(list(prediction_report.notes)))
+    cudnn_reserved = None
+    if cudnn >= 0:
+        cudnn_reserved = int(_memfit.cuda_segment_size(cudnn)) if cudnn else 0
+        notes.append("the range: cuDNN's convolution workspaces, which the point leaves out, "
+                     "can add up to the top on a free card (capped, cuDNN takes less); the "
+                     "reserved top adds the segment one such request can take")
     other = _another_model(measured_timeline, prediction_timeline)
     if other:
         notes.insert(0, other)
@@ -147,7 +226,8 @@ def compare_prediction(measured_timeline, measured_reserved_after, measured_peak
         measured_peak_reserved=measured_peak_reserved,
         predicted_peak_allocated=int(prediction_report.peak_bytes) + workspace,
         predicted_peak_reserved=int(cuda.peak_reserved),
-        workspace_bytes=workspace, phases=rows, notes=notes)
+        workspace_bytes=workspace, phases=rows, notes=notes,
+        cudnn_workspace_bytes=cudnn if cudnn >= 0 else None, cudnn_reserved_bytes=cudnn_reserved)
 
 
 def _parameter_bytes(timeline):

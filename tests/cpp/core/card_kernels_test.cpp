@@ -68,5 +68,73 @@ TEST(CudnnConvWorkspaceTest, WinogradTransformsOfEachOperand) {
             5308416);
 }
 
+// Note [cuDNN's workspace at the step's peak]: a step live at 100 B where its
+// one convolution's backward returns, peaking at 1100 B later.
+Timeline one_convolution_then_a_peak() {
+  Timeline tl;
+  tl.begin_phase("backward", 1);
+  const uint16_t phase = tl.current_phase();
+  const uint32_t mark = tl.op_index(kCudnnWorkspaceMark);
+  auto ev = [&](uint64_t id, int64_t bytes, EventKind kind, uint32_t op) {
+    Event e;
+    e.id = id;
+    e.bytes = bytes;
+    e.kind = kind;
+    e.op = op;
+    e.phase = phase;
+    tl.record(e);
+  };
+  ev(1, 100, EventKind::kAlloc, 0);
+  ev(2, 0, EventKind::kAlloc, mark);
+  ev(2, 0, EventKind::kFree, mark);
+  ev(3, 1000, EventKind::kAlloc, 0);
+  ev(3, 1000, EventKind::kFree, 0);
+  ev(1, 100, EventKind::kFree, 0);
+  return tl;
+}
+
+TEST(CudnnWorkspaceAtPeakTest, ABoundBelowThePeakAddsNothing) {
+  const ConvWorkspaceAtPeak w = cudnn_workspace_at_peak(one_convolution_then_a_peak(), {1000});
+  EXPECT_EQ(w.convolutions, 1);
+  EXPECT_EQ(w.bytes, 0);  // 100 + 1000 reaches the peak, no more
+}
+
+TEST(CudnnWorkspaceAtPeakTest, ABoundAboveThePeakAddsWhatItPassesItBy) {
+  const ConvWorkspaceAtPeak w = cudnn_workspace_at_peak(one_convolution_then_a_peak(), {1500});
+  EXPECT_EQ(w.bytes, 100 + 1500 - 1100);
+  EXPECT_EQ(w.phase, "backward");
+}
+
+TEST(CudnnWorkspaceAtPeakTest, MarksLeftOutTakeTheLargestBound) {
+  const ConvWorkspaceAtPeak w =
+      cudnn_workspace_at_peak(one_convolution_then_a_peak(), {300, 700});
+  EXPECT_EQ(w.bytes, 700);
+}
+
+TEST(CudnnWorkspaceAtPeakTest, NoConvolutionNoNote) {
+  const ConvWorkspaceAtPeak w = cudnn_workspace_at_peak(one_convolution_then_a_peak(), {});
+  EXPECT_EQ(w.convolutions, 0);
+  EXPECT_EQ(cudnn_workspace_note(w), "");
+  EXPECT_EQ(cudnn_workspace_in_notes({"another note"}), -1);
+}
+
+TEST(CudnnWorkspaceAtPeakTest, TheNoteSaysItsBytesBack) {
+  // 256 channels at 4x4, batch 16 (Note [cuDNN's convolution workspace]).
+  const int64_t bound =
+      cudnn_conv_backward_workspace({16 * 256 * 16, 16 * 256 * 16, 256 * 256 * 9});
+  EXPECT_EQ(bound, 10616832);  // 4 B x (9/4 x 2 x 65536 + 4 x 589824)
+  const std::string note = cudnn_workspace_note({3, bound, "backward", 16});
+  EXPECT_EQ(note.rfind("cuDNN convolutions' workspaces are not counted: at batch 16, on a free "
+                       "card they can raise the peak allocated bytes by up to ",
+                       0),
+            0u)
+      << note;
+  EXPECT_NE(note.find("(10616832 B), in backward"),
+            std::string::npos)
+      << note;
+  EXPECT_EQ(cudnn_workspace_in_notes({"another note", note}), bound);
+  EXPECT_EQ(cudnn_workspace_in_notes({cudnn_workspace_note({1, 0, ""})}), 0);
+}
+
 }  // namespace
 }  // namespace memfit

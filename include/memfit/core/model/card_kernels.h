@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
+
+#include "memfit/core/model/timeline.h"
 
 namespace memfit {
 
@@ -48,5 +51,31 @@ struct ConvShape {
 // a card's rehearsal: See Note [cuDNN's convolution workspace]
 // (card_kernels.cpp) for the measurements and why.
 int64_t cudnn_conv_backward_workspace(const ConvShape& c);
+
+// The op name of the empty temporary a card rehearsal records as each
+// convolution's backward returns: where its workspaces would be taken.
+inline constexpr const char* kCudnnWorkspaceMark = "cuDNN convolution's workspace (not counted)";
+
+// What cuDNN's workspaces may add to a rehearsed step's peak: See Note
+// [cuDNN's workspace at the step's peak] (card_kernels.cpp).
+struct ConvWorkspaceAtPeak {
+  int convolutions = 0;  // convolution backwards recorded; 0: none
+  int64_t bytes = 0;     // the most the step's peak can rise by
+  std::string phase;     // where that bound is reached ("" for none)
+  int64_t batch = 0;     // the step's batch, said in the note; 0: not said
+};
+
+// From `timeline`, whose kCudnnWorkspaceMark temporaries are, in order, the
+// convolutions whose backward bounds (cudnn_conv_backward_workspace) are
+// `bounds`. A timeline holding another number of marks than bounds (a mark
+// left out) gets the largest bound, which holds wherever the peak is.
+ConvWorkspaceAtPeak cudnn_workspace_at_peak(const Timeline& timeline,
+                                            const std::vector<int64_t>& bounds);
+
+// The report's note saying so; "" without convolutions.
+std::string cudnn_workspace_note(const ConvWorkspaceAtPeak& w);
+// The bytes such a note says, read back from a report's notes; -1 where no
+// note says them (no convolution recorded, or not a card's rehearsal).
+int64_t cudnn_workspace_in_notes(const std::vector<std::string>& notes);
 
 }  // namespace memfit

@@ -1,0 +1,85 @@
+"""cuDNN's convolution workspaces, left out of a CUDA target's point
+prediction and said as a range (Note [cuDNN's workspace at the step's peak],
+card_kernels.cpp): the report's note gives the bytes they can add at the
+peak, and a comparison with a card's snapshot shows the point up to the
+point plus them. The H200 fixtures' card peaks lie inside that range."""
+
+import glob
+import json
+import os
+
+import pytest
+
+import memfit
+from memfit import _memfit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+H200 = os.path.join(HERE, "..", "..", "tests", "data", "snapshots", "h200")
+MARK = "cuDNN convolution's workspace (not counted)"
+
+
+def predicted(path):
+    with open(path[: -len(".pickle")] + ".json") as f:
+        return json.load(f).get("predict")
+
+
+PREDICTED = [p for p in sorted(glob.glob(os.path.join(H200, "*.pickle"))) if predicted(p)]
+
+
+def cudnn_notes(report):
+    return [n for n in report.notes if n.startswith("cuDNN")]
+
+
+def test_a_cnn_for_a_card_says_what_cudnn_can_add_at_its_peak():
+    report, timeline = _memfit.profile_builtin("cnn", 2, "sgd", 2, 0)
+    [note] = cudnn_notes(report)
+    said = _memfit.cudnn_workspace_in_notes(report.notes)
+    assert f"up to {_memfit.format_bytes(said)} ({said} B)" in note, note
+    assert "capped, cuDNN falls back to engines that need less" in note
+    # A mark per convolution backward, empty: the point is not moved.
+    marks = [e for e in timeline.events() if e[0] == "alloc" and e[-1] == MARK]
+    assert len(marks) == 2 * 9  # the stem, 2 per block, 2 shortcuts; 2 iterations
+    assert all(e[1] == 0 for e in marks)
+    assert "over the 18 convolution backwards" in note
+
+
+def test_a_model_without_convolutions_says_nothing_of_cudnn():
+    report, _ = _memfit.profile_builtin("mlp", 8, "adam", 2, 0)
+    assert cudnn_notes(report) == []
+    assert _memfit.cudnn_workspace_in_notes(report.notes) == -1
+
+
+def test_a_host_target_says_nothing_of_cudnn():
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.Flatten())
+    x, y = torch.randn(2, 3, 8, 8), torch.zeros(2, 8 * 6 * 6)
+    report = memfit.profile(model, x, y, loss_fn=torch.nn.functional.mse_loss,
+                            optimizer="sgd", iterations=1, target_device="cpu")
+    assert cudnn_notes(report) == []
+    assert not any(e[-1] == MARK for e in report.timeline.events())
+
+
+@pytest.mark.parametrize("path", PREDICTED, ids=os.path.basename)
+@pytest.mark.slow
+def test_the_card_lies_in_the_predicted_range(path):
+    p = predicted(path)
+    report, timeline = _memfit.profile_builtin(
+        p["model"], p["batch"], p.get("optimizer", "adam"), p.get("iterations", 2),
+        p.get("cuda_workspace", _memfit.DEFAULT_CUDA_WORKSPACE))
+    c = memfit.load_snapshot(path).compare(report, timeline)
+    if not cudnn_notes(report):  # no convolution: the point alone
+        assert c.cudnn_workspace_bytes is None
+        assert c.predicted_peak_allocated_upper == c.predicted_peak_allocated
+        assert c.allocated_upper_error == c.allocated_error
+        return
+    # The point stays the point: below the card (the workspace it leaves
+    # out), and the card within the bound above it.
+    assert c.cudnn_workspace_bytes > 0
+    assert c.predicted_peak_allocated == report.peak_bytes + c.workspace_bytes
+    assert c.predicted_peak_allocated < c.measured_peak_allocated, c.table()
+    assert c.measured_peak_allocated <= c.predicted_peak_allocated_upper, c.table()
+    assert c.allocated_in_range
+    assert "is inside it" in c.table()
+    d = c.as_dict()
+    assert d["allocated_error"] == c.allocated_error < 0 < d["allocated_upper_error"]

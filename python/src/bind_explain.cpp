@@ -244,6 +244,16 @@ void init_explain(py::module_& m) {
   }, py::arg("bytes"),
      "The segment the caching allocator cudaMallocs for a request of `bytes` no cached "
      "block serves: the most one request can add to the reserved bytes.");
+  m.def("cudnn_workspace_note", [](const Timeline& timeline, const std::vector<int64_t>& bounds,
+                                   int64_t batch) {
+    ConvWorkspaceAtPeak w = cudnn_workspace_at_peak(timeline, bounds);
+    w.batch = batch;
+    return cudnn_workspace_note(w);
+  }, py::arg("timeline"), py::arg("bounds"), py::arg("batch") = 0,
+     "The note a CUDA target's report carries on cuDNN's workspaces: `timeline` a card "
+     "rehearsal's (its convolution backwards marked), `bounds` each mark's "
+     "cudnn_conv_backward_workspace in order (Note [cuDNN's workspace at the step's "
+     "peak]); \"\" for none.");
   m.def("cudnn_workspace_in_notes", &cudnn_workspace_in_notes, py::arg("notes"),
         "The bytes a CUDA target's report says cuDNN's workspaces can add to its peak "
         "(Note [cuDNN's workspace at the step's peak]); -1 where no convolution was "

@@ -83,3 +83,32 @@ def test_the_card_lies_in_the_predicted_range(path):
     assert "is inside it" in c.table()
     d = c.as_dict()
     assert d["allocated_error"] == c.allocated_error < 0 < d["allocated_upper_error"]
+
+
+def test_a_profiled_convolution_for_a_card_is_marked_and_its_note_has_the_exact_bytes():
+    # memfit.profile records the marks as the built-in profile does; the note
+    # is made from them and each mark's bound. One 3x3 convolution, 8
+    # channels, on [4, 8, 16, 16]: x 8192, dy 6272, w 576 elements.
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Conv2d(8, 8, 3, bias=False), torch.nn.Flatten())
+    x, y = torch.randn(4, 8, 16, 16), torch.zeros(4, 8 * 14 * 14)
+    report = memfit.profile(model, x, y, loss_fn=torch.nn.functional.mse_loss,
+                            optimizer="sgd", iterations=2, target_device="cuda", mode="cpu")
+    bound = 4 * (9 * (8192 + 6272) // 4 + 4 * 576)
+    assert bound == _memfit.cudnn_conv_backward_workspace(8192, 6272, 576) == 139392
+    live = peak = 0
+    at_marks = []
+    for e in report.timeline.events():
+        live += e[1] if e[0] == "alloc" else -e[1]
+        peak = max(peak, live)
+        if e[0] == "alloc" and e[-1] == MARK:
+            at_marks.append(live)
+    assert len(at_marks) == 2 and peak == report.peak_bytes
+    want = max(at_marks) + bound - peak
+    assert want > 0  # the bound passes this step's peak
+    note = _memfit.cudnn_workspace_note(report.timeline, [bound, bound], 4)
+    assert "at batch 4, on a free card" in note
+    assert _memfit.cudnn_workspace_in_notes([note]) == want
+    assert _memfit.cudnn_workspace_note(report.timeline, [], 4) == ""

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "bindings.h"
+#include "memfit/torch/card_ops.h"
 #include "memfit/torch/move_parameter.h"
 #include "memfit/torch/recorder.h"
 #include "memfit/torch/tracking.h"
@@ -61,6 +62,11 @@ void init_tracking(py::module_& m) {
       .def("add_card_kernels", &Recorder::add_card_kernels,
            "From now on, add what a CUDA card's kernels take inside an op and the "
            "host's do not (a reduction's staging buffer), as temporaries of the op.")
+      .def("take_conv_workspaces", [](const Recorder& r) {
+        return impl::take_conv_workspaces(&r);
+      }, "The workspace bound of each convolution backward recorded since "
+         "add_card_kernels, in the order of their marks, taken (Note [cuDNN's "
+         "workspace at the step's peak]); call it before stop(), which drops them.")
       .def_property_readonly("live_bytes", &Recorder::live_bytes,
                              "tracked bytes live now, since the recording began")
       .def_property_readonly("peak_bytes", &Recorder::peak_bytes,

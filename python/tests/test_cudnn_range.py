@@ -112,3 +112,6 @@ def test_a_profiled_convolution_for_a_card_is_marked_and_its_note_has_the_exact_
     assert "at batch 4, on a free card" in note
     assert _memfit.cudnn_workspace_in_notes([note]) == want
     assert _memfit.cudnn_workspace_note(report.timeline, [], 4) == ""
+    # The profile's own report carries that note, and a comparison reads it.
+    assert cudnn_notes(report) == [note]
+    assert _memfit.cudnn_workspace_in_notes(report.notes) == want

@@ -39,6 +39,9 @@ class RecordedStep:
     # Wall time of the forward, loss and backward phases, all iterations:
     # what a compiled model's warm-up runs besides compiling.
     train_seconds: float = 0.0
+    # For a card (as_on_cuda): each convolution backward's cuDNN workspace
+    # bound, in the order of its mark in the timeline.
+    conv_workspaces: list = dataclasses.field(default_factory=list)
 
 
     @property
@@ -274,8 +277,10 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     finally:
         if flops is not None:
             flops.stop()
+        conv_workspaces = t.take_conv_workspaces() if as_on_cuda else []
         t.stop()
     optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.
     host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
-    return RecordedStep(t, ran_foreach, host_bytes, train_seconds=timed[0])
+    return RecordedStep(t, ran_foreach, host_bytes, train_seconds=timed[0],
+                        conv_workspaces=conv_workspaces)

@@ -61,6 +61,12 @@ class Tracking:
         do not (See Note [What a card adds inside an op], card_ops.h)."""
         self._recorder.add_card_kernels()
 
+    def take_conv_workspaces(self) -> list:
+        """Each convolution backward's cuDNN workspace bound since
+        add_card_kernels, taken; before stop() (See Note [cuDNN's workspace
+        at the step's peak], card_kernels.cpp)."""
+        return list(self._recorder.take_conv_workspaces())
+
     def classify(self, tensor: torch.Tensor, category: str) -> bool:
         """Say what a tensor's memory is: "parameter", "optimizer_state", ..."""
         return self._recorder.classify(tensor, category)

@@ -582,6 +582,10 @@ class _StepRecorder:
             native = _memfit.make_report(timeline, model, n, optimizer_name(self.optimizer), mode)
             if self.target_device == "cuda":  # every batch recorded, for the same card
                 native.set_cuda_estimate(timeline, self.cuda_workspace)
+                # A flagged range: See Note [cuDNN's workspace at the step's peak].
+                cudnn = _memfit.cudnn_workspace_note(timeline, rec.conv_workspaces, n)
+                if cudnn:
+                    notes.append(cudnn)
         if rec.host_bytes:
             notes.append(f"optimizer state and step on the host: "
                          f"{_memfit.format_bytes(rec.host_bytes)} of host memory (parameter "

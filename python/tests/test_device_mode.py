@@ -84,13 +84,16 @@ def test_an_example_the_device_cannot_run_is_cut_and_the_answer_runs_plain_steps
         return m, torch.optim.Adam(m.parameters())
 
     def fits(n):
-        xs, ys = _batch(n)
-        return plain_steps_run(BUDGET, build, lambda m, o: _plain_step(m, o, xs, ys))
+        xs, ys = _batch(n)  # on the host; each step moves it to the device, as x.to("cuda")
+        return plain_steps_run(BUDGET, build,
+                               lambda m, o: _plain_step(m, o, xs.clone(), ys.clone()))
 
     true_max = largest_that_fits(fits, fit.max_batch)
-    # The plain steps' batch is made outside the device, as the example is.
     assert fit.max_batch <= true_max
-    assert fit.max_batch >= 0.9 * true_max, (fit.max_batch, true_max)
+    # Close to it: 370 of 380 measured (the search stops with 133 KB of the
+    # budget unused, about 13 samples); before the batch was counted on the
+    # device, the truth was 412 and the bar 0.9.
+    assert fit.max_batch >= 0.97 * true_max, (fit.max_batch, true_max)
 
 
 def test_a_cards_phase_counters_make_a_report_with_their_peaks():

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 import torch
 
+from .._native import tracked_live_bytes
 from ..memory.device import simulated_device
 
 __all__: list = []
@@ -21,10 +22,19 @@ def plain_steps_run(budget: int, build: Callable[[], Any], step: Callable[..., N
     optimizer, whatever the loop keeps) is made on that device; an
     out-of-memory error says False. The simulated device counts what is
     allocated as a card's allocator does: the truth does not rest on
-    memfit's own measurement."""
+    memfit's own measurement.
+
+    The device starts empty: the simulated device counts every tracked byte
+    alive in the process, as a card counts its other tenants, so what the
+    caller left there (garbage first collected; then what is still alive,
+    such as an earlier test's tensors) is added to the budget. Without it a
+    tight answer's truth came out by the 16 KiB an unrelated earlier test
+    left alive, and depended on the order tests ran in."""
+    gc.collect()
+    left = tracked_live_bytes("cpu")
     torch.manual_seed(seed)
     try:
-        with simulated_device(budget):
+        with simulated_device(budget + left):
             state = build()
             for _ in range(steps):
                 step(*state)

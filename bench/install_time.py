@@ -10,9 +10,10 @@ Without --install it runs `pip wheel --no-build-isolation --no-deps` (the
 build half of pip install; no venv changes); with --install, the real
 `pip install --no-build-isolation .` into that Python's environment. Each
 --variant adds a build with extra pip arguments, measured in the same run
-against the default, e.g. the build before memfit's precompiled headers:
+against the default, e.g. the build with precompiled torch headers (Note
+[Precompiled torch headers]; the wheel's default is without):
 
-    --variant no-pch=-Ccmake.define.MEMFIT_PRECOMPILE_HEADERS=OFF
+    --variant pch=-Ccmake.define.MEMFIT_PRECOMPILE_HEADERS=ON
 
 The machine's load average is printed beside each build: on a shared
 machine the wall times move with it, the CPU times much less.

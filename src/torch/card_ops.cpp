@@ -36,7 +36,9 @@ struct CardBytes : at::ObserverContext {
   int64_t conv_bound = -1;  // a convolution's backward: its workspaces' bound
 };
 
-Device device_of(const at::Tensor& t) {
+// Not device_of: at::device_of(const Tensor&) is found by argument lookup
+// wherever torch/torch.h is included (the precompiled header), ambiguous.
+Device memfit_device(const at::Tensor& t) {
   if (t.is_meta()) return Device::kMeta;
   if (t.is_cuda()) return Device::kCUDA;
   return Device::kCPU;
@@ -59,7 +61,7 @@ std::unique_ptr<CardBytes> reduction(const at::RecordFunction& fn) {
   c->bytes[0] = b.buffer;
   c->bytes[1] = b.semaphores;
   c->what = "CUDA reduction's staging buffer";
-  c->device = device_of(self);
+  c->device = memfit_device(self);
   return c;
 }
 
@@ -77,7 +79,7 @@ std::unique_ptr<CardBytes> convolution_backward(const at::RecordFunction& fn) {
   if (!dy.defined() || !x.defined() || !w.defined()) return nullptr;
   auto c = std::make_unique<CardBytes>();
   c->what = kCudnnWorkspaceMark;
-  c->device = device_of(dy);
+  c->device = memfit_device(dy);
   c->conv_bound = cudnn_conv_backward_workspace({x.numel(), dy.numel(), w.numel()});
   return c;
 }

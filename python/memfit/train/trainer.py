@@ -531,9 +531,10 @@ class Trainer:
     def _plan_micro_batch(self, native, inputs, target, n):
         """Sets the micro-batch the step starts from, measured: see Note [The
         first micro-batch from the fit]."""
-        self.planned = MicroBatchPlan(batch=n, room_bytes=self._room()[0])
+        where = self._room()  # once: every question against the same room
+        self.planned = MicroBatchPlan(batch=n, room_bytes=where[0])
         try:
-            self.planned = self._measure_plan(inputs, target, n)
+            self.planned = self._measure_plan(inputs, target, n, where)
         except StepError:
             raise  # the step itself would fail the same way
         except (ValueError, RuntimeError) as e:  # DoesNotFit is a ValueError
@@ -545,10 +546,10 @@ class Trainer:
             return
         native.set_micro_batch(self.planned.micro_batch)
 
-    def _fitter(self, inputs, target, n):
-        """fit(set_to_none, max_batch) -> the BatchFit of this step on this
-        device; verified only where a step measured here verifies it."""
-        room, on_device = self._room()
+    def _fitter(self, inputs, target, n, room, on_device):
+        """fit(set_to_none, max_batch) -> the BatchFit of this step in `room`
+        bytes (self._room()); verified only where a step measured here
+        (on_device) verifies it."""
         k = min(n, 2)
         example = narrow_batch(inputs, 0, k, self.batch_dim)
         example_target = None if target is None else map_tensors(
@@ -567,12 +568,13 @@ class Trainer:
 
         return fit
 
-    def _measure_plan(self, inputs, target, n):
-        """The MicroBatchPlan of this batch on this device (the two
-        questions of Note [The first micro-batch from the fit]); raises
-        what the measurement raised."""
-        fit = self._fitter(inputs, target, n)
-        plan = MicroBatchPlan(batch=n, room_bytes=self._room()[0])
+    def _measure_plan(self, inputs, target, n, where):
+        """The MicroBatchPlan of this batch in `where` (self._room(): the
+        room, whether a step here verifies), the two questions of Note [The
+        first micro-batch from the fit]; raises what the measurement raised."""
+        room, on_device = where
+        fit = self._fitter(inputs, target, n, room, on_device)
+        plan = MicroBatchPlan(batch=n, room_bytes=room)
         plan.whole = fit(True, n)
         plan.max_batch = plan.whole.max_batch
         if plan.max_batch < n:
@@ -748,10 +750,11 @@ class Trainer:
         micro-batch on every rank]. Every rank calls it together."""
 
         def answer():
+            where = self._room()
             measured = self.seq_dim is None and self._plan and self._can_plan(target, n) \
-                and self._room() is not None
+                and where is not None
             # Nothing to measure here: this rank's own micro-batch, or no limit.
-            mine = (self._measure_plan(inputs, target, n) if measured
+            mine = (self._measure_plan(inputs, target, n, where) if measured
                     else MicroBatchPlan(batch=n, max_batch=native.micro_batch or n))
             if mine.max_batch >= n:  # the batch fits whole here: no limit on the others
                 mine.max_batch = max(batches)
@@ -759,7 +762,7 @@ class Trainer:
             def capped(m):  # this device's own truth at the ranks' micro-batch
                 if m >= n or not measured:
                     return dataclasses.replace(mine, max_batch=m)
-                split = self._fitter(inputs, target, n)(False, m)
+                split = self._fitter(inputs, target, n, *where)(False, m)
                 return dataclasses.replace(mine, split=split, max_batch=split.max_batch)
 
             return LocalAnswer(mine, capped)

@@ -48,9 +48,13 @@ def test_lazy_fits_wherever_eager_fits(factor):
             model.zero_grad(set_to_none=True)
             lx, ly = memfit.lazy(x, y)
             F.cross_entropy(model(lx), ly).backward()
+        run = memfit.last_lazy_run()
         got = [p.grad.clone() for p in model.parameters()]
-    for g, w in zip(got, want):
-        assert ((g - w).norm() / w.norm()).item() < 1e-5
+    # Where eager fits and no split does, lazy runs the whole batch as one
+    # chunk (Note [Never worse than eager], lazy_mode/run/chunking.py): the
+    # eager step's own kernels on the same inputs, so equal to the bit.
+    assert run.chunks == [(0, len(x))] and run.ooms == 0
+    assert all(torch.equal(g, w) for g, w in zip(got, want))
 
 
 def test_lazy_names_what_does_not_fit():
@@ -96,7 +100,9 @@ def test_lazy_counts_the_targets_of_a_huge_batch_without_a_buffer_per_sample():
     torch.manual_seed(0)
     model = nn.Linear(4, 2)
     x, y = torch.randn(2**22, 4), torch.randint(0, 2, (2**22,))
-    y[::3] = -100
+    # Every third target ignored in the first half only: the chunks' shares
+    # of counted targets differ from their shares of samples (see below).
+    y[: 2**21 : 3] = -100
     with memfit.simulated_device("16MiB"):
         lx, ly = memfit.lazy(x, y)
         loss = F.cross_entropy(model(lx), ly)
@@ -106,4 +112,19 @@ def test_lazy_counts_the_targets_of_a_huge_batch_without_a_buffer_per_sample():
     got = model.weight.grad.clone()
     model.zero_grad()
     F.cross_entropy(model(x), y).backward()
-    assert torch.allclose(got, model.weight.grad, rtol=1e-4, atol=1e-7)
+    want = model.weight.grad
+    # Each entry is a mean over C = 3.5M counted targets: 7 chunks, each
+    # weighted by its share and the 7 partial sums added, against eager's one
+    # kernel, two orders of one sum of fp32 terms (u = 2**-24) that add up to
+    # kappa = sum |t_s| / max |g| = 14 (measured). The worst case,
+    # gamma_C * kappa, exceeds 1, and even the probabilistic lambda sqrt(C)
+    # u kappa (Higham and Mary 2019; see Note [How close chunked gradients
+    # are to the whole batch's] in test_lazy.py) is 7.8e4 u: what keeps the
+    # error small is that the kernels sum in blocks. Measured at most 17 u
+    # of max |g| (AMX and AVX2), 34 u on one thread (pytest -n). What the
+    # check must catch is a wrong count: a chunk weighted by its share of
+    # samples instead of counted targets (5,300 u here), a 65536-target
+    # slice of the count lost (1.3%). 2**-15 (512 u) sits between: 15x the
+    # rounding measured, 10x below the smallest such mistake.
+    err = (got - want).abs().max().item()
+    assert err <= 2**-15 * want.abs().max().item(), err / want.abs().max().item()

@@ -14,20 +14,19 @@ import datetime
 import json
 import multiprocessing
 import os
-import socket
 import time
 
 __all__: list = []
 
 
-def _rank_main(case, cases, rank, world, port, out_dir, group_timeout_s):
+def _rank_main(case, cases, rank, world, store, out_dir, group_timeout_s):
     import torch
     import torch.distributed as dist
 
     results = {}
     try:
         torch.set_num_threads(1)
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
                                 world_size=world,
                                 timeout=datetime.timedelta(seconds=group_timeout_s))
         for name, args in cases.items():
@@ -42,12 +41,6 @@ def _rank_main(case, cases, rank, world, port, out_dir, group_timeout_s):
     os._exit(0)  # no teardown: a peer that failed could block it
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_cases(case, cases, out_dir, world=2, group_timeout_s=60, deadline_s=180):
     """{name: {rank: result}} of `case` over `cases` ({name: one arg per rank})
     on `world` spawned ranks. A rank left in a collective fails after
@@ -55,9 +48,14 @@ def run_cases(case, cases, out_dir, world=2, group_timeout_s=60, deadline_s=180)
     process start-up (each rank imports torch) included. Raises
     RuntimeError when a rank could not join the group."""
     ctx = multiprocessing.get_context("spawn")
-    port = _free_port()
+    # The group meets in a file of out_dir, not on a TCP port: a port found
+    # free here could be taken, before rank 0 binds it, by the gloo pairs of
+    # a run beside this one (pytest -n).
+    store = os.path.join(str(out_dir), "store")
+    if os.path.exists(store):
+        os.remove(store)
     procs = [ctx.Process(target=_rank_main,
-                         args=(case, cases, r, world, port, str(out_dir), group_timeout_s))
+                         args=(case, cases, r, world, store, str(out_dir), group_timeout_s))
              for r in range(world)]
     for p in procs:
         p.start()

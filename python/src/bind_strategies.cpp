@@ -324,7 +324,7 @@ void init_strategies(py::module_& m) {
         m.record = [record](const StepVariant& v, int64_t b, bool cheap) {
           // (report, timeline, meta), or a str: why this variant cannot be recorded.
           py::object r = record(v, b, cheap);
-          RecordedStep out;
+          VariantRecording out;
           if (py::isinstance<py::str>(r)) {
             out.unavailable = r.cast<std::string>();
             return out;

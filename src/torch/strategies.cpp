@@ -208,7 +208,7 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
     p.cuda_target = o.cuda_target;
     p.cuda_workspace = o.cuda_workspace;
     Profile prof = profile_model(model, p);
-    return RecordedStep{prof.report, std::move(prof.timeline), prof.report.mode == "meta"};
+    return VariantRecording{prof.report, std::move(prof.timeline), prof.report.mode == "meta"};
   };
   if (o.timing_repeats > 0) {
     m.time_ratio = [&](const StepVariant& v, int64_t micro_batch) {

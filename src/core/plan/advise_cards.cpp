@@ -34,7 +34,7 @@ class CachedMeasurer {
             e.variant.setting_exact == v.setting_exact)
           return e.step;
       }
-      RecordedStep r = m_.record(v, batch, cheap);
+      VariantRecording r = m_.record(v, batch, cheap);
       entries_.push_back({v, batch, cheap, r});
       return r;
     };
@@ -54,7 +54,7 @@ class CachedMeasurer {
     StepVariant variant;
     int64_t batch;
     bool cheap;
-    RecordedStep step;
+    VariantRecording step;
   };
   const AdviseMeasurer& m_;
   AdviseMeasurer cached_;

@@ -39,7 +39,7 @@ int64_t weights_peak(const Report& r);
 
 // Bytes of the recorded step's peak that no batch size changes: the larger
 // of weights_peak and batch_independent_at_peak (step_transform.h).
-int64_t independent_bytes(const RecordedStep& r);
+int64_t independent_bytes(const VariantRecording& r);
 
 // The step under the front's setting `st`, nothing else.
 StepVariant variant_of(const AdviseSetting& st);
@@ -76,16 +76,16 @@ class Planner {
   // Nothing fits: the notes and the one line a front raises
   // (advise_finish.cpp).
   void note_nothing_fits();
-  RecordedStep record(const StepVariant& v, int64_t batch, bool cheap) {
+  VariantRecording record(const StepVariant& v, int64_t batch, bool cheap) {
     s_.progress.step((cheap ? "record " : "record on the device ") +
                      describe(v, s_.optimizer, s_.offload_label) + " at batch " +
                      std::to_string(batch));
-    RecordedStep r = m_.record(v, batch, cheap);
+    VariantRecording r = m_.record(v, batch, cheap);
     if (!r.meta) ++a_.recordings;
     return r;
   }
-  const RecordedStep& plain_like(bool meta) const { return meta ? *plain_cheap_ : plain_; }
-  double estimate_ratio(const RecordedStep& r, int64_t micro_batch) const;
+  const VariantRecording& plain_like(bool meta) const { return meta ? *plain_cheap_ : plain_; }
+  double estimate_ratio(const VariantRecording& r, int64_t micro_batch) const;
   // The front's estimate (FLOPs) where the plain step has no recorded times;
   // -1 otherwise.
   double counted_ratio(const StepVariant& v, int64_t micro_batch) {
@@ -94,27 +94,27 @@ class Planner {
     return m_.estimate_ratio(v, micro_batch);
   }
   void add_row(std::string name, StrategyKind kind, const StepVariant& v,
-               std::optional<RecordedStep> given = std::nullopt, bool predicted = false);
+               std::optional<VariantRecording> given = std::nullopt, bool predicted = false);
   // See Note [Rows advise predicts]: `base` (a recording without the
   // choice) as the step with gradients kept and zeroed in place, or with
   // the optimizer's state on the host; nullopt where rows are not
   // predicted or `base` has no timeline to predict from.
   enum class Prediction { kGradientsKept, kStateOnHost };
-  std::optional<RecordedStep> predict(const RecordedStep& base, Prediction p) const;
+  std::optional<VariantRecording> predict(const VariantRecording& base, Prediction p) const;
   void checkpoint_rows();
   void combination_rows();
   struct Choice {
     double recompute_ns = 0;
     StepVariant variant;
-    RecordedStep recording;  // cheap: on meta when the front could
+    VariantRecording recording;  // cheap: on meta when the front could
   };
   std::vector<Choice> fitting_choices(const std::vector<ChainSegment>& segs,
                                       const ChainMemory& mem, const StepVariant& base, int64_t c,
-                                      const RecordedStep& every,
+                                      const VariantRecording& every,
                                       std::optional<std::pair<StepVariant, int64_t>>* first);
   bool search(StepVariant base, bool approximate_only_every);
   bool try_level(const StepVariant& base, int64_t c, bool every_only);
-  bool verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real = std::nullopt);
+  bool verify(const StepVariant& v, int64_t c, std::optional<VariantRecording> real = std::nullopt);
   void finish_plan();
   const AdviseSetting* setting_of(const StepVariant& v) const;
   std::string does_not_fit_message(int64_t outside) const;
@@ -134,14 +134,14 @@ class Planner {
   int64_t limit_ = 0;
   size_t n_ = 0;
   Advice a_;
-  RecordedStep plain_;
-  std::optional<RecordedStep> plain_cheap_;
+  VariantRecording plain_;
+  std::optional<VariantRecording> plain_cheap_;
   StepTimes plain_times_;
   std::vector<double> forward_ns_;
-  std::optional<RecordedStep> every_cheap_;
+  std::optional<VariantRecording> every_cheap_;
   std::optional<Tried> accepted_;
   std::optional<Tried> closest_;
-  std::optional<RecordedStep> accepted_recording_;
+  std::optional<VariantRecording> accepted_recording_;
   bool accepted_verified_ = false;
   // batch_free_floor of each optimizer and setting (the front's setting,
   // optimizer, state on the host) recorded at the whole batch: a search it
@@ -158,7 +158,7 @@ class Planner {
     int64_t independent = 0;
     int64_t weights = 0;
   };
-  void add_whole(const StepVariant& v, const RecordedStep& r) {
+  void add_whole(const StepVariant& v, const VariantRecording& r) {
     wholes_.push_back({v, r.report.budget_peak(), independent_bytes(r), weights_peak(r.report)});
   }
   std::vector<Whole> wholes_;

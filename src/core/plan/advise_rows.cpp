@@ -58,7 +58,7 @@ int64_t weights_peak(const Report& r) {
   return w;
 }
 
-int64_t independent_bytes(const RecordedStep& r) {
+int64_t independent_bytes(const VariantRecording& r) {
   return std::max(weights_peak(r.report), batch_independent_at_peak(r.timeline));
 }
 
@@ -73,7 +73,7 @@ StepVariant variant_of(const AdviseSetting& st) {
 void Planner::record_plain() {
   // The plain step: cheap first, since a front that cannot record on meta
   // returns a real recording there, which is all the plain step needs.
-  RecordedStep first = record(StepVariant{}, s_.batch, true);
+  VariantRecording first = record(StepVariant{}, s_.batch, true);
   if (!first.unavailable.empty()) {
     throw std::invalid_argument("[advise] the plain step cannot be recorded: " + first.unavailable);
   }
@@ -120,7 +120,7 @@ void Planner::strategy_rows() {
   if (s_.has_optimizer) {
     StepVariant v;
     v.zero_grad_in_place = true;
-    std::optional<RecordedStep> p = predict(*plain_cheap_, Prediction::kGradientsKept);
+    std::optional<VariantRecording> p = predict(*plain_cheap_, Prediction::kGradientsKept);
     const bool predicted = p.has_value();
     add_row("zero_grad in place", StrategyKind::kMemory, v, std::move(p), predicted);
   } else {
@@ -147,7 +147,7 @@ void Planner::strategy_rows() {
   if (s_.can_offload) {
     StepVariant v;
     v.host_state = true;
-    std::optional<RecordedStep> p = predict(*plain_cheap_, Prediction::kStateOnHost);
+    std::optional<VariantRecording> p = predict(*plain_cheap_, Prediction::kStateOnHost);
     const bool predicted = p.has_value();
     add_row(s_.optimizer + "'s state and step on the host (" + s_.offload_label + ")",
             StrategyKind::kOptimizer, v, std::move(p), predicted);
@@ -167,7 +167,7 @@ void Planner::strategy_rows() {
   setting_rows();
   // Inference mode allocates what no_grad does (it only skips autograd's
   // bookkeeping): its row is no_grad's recording, predicted.
-  std::optional<RecordedStep> no_grad;
+  std::optional<VariantRecording> no_grad;
   for (StepKind k : {StepKind::kEvalNoGrad, StepKind::kEvalInference}) {
     StepVariant v;
     v.step = k;
@@ -176,7 +176,7 @@ void Planner::strategy_rows() {
       add_row(name, StrategyKind::kEval, v, std::move(no_grad), true);
       continue;
     }
-    RecordedStep r = record(v, s_.batch, true);
+    VariantRecording r = record(v, s_.batch, true);
     if (r.unavailable.empty()) no_grad = r;
     add_row(name, StrategyKind::kEval, v, std::move(r));
   }
@@ -184,7 +184,7 @@ void Planner::strategy_rows() {
   note_unrecorded();
 }
 
-double Planner::estimate_ratio(const RecordedStep& r, int64_t micro_batch) const {
+double Planner::estimate_ratio(const VariantRecording& r, int64_t micro_batch) const {
   if (r.meta || plain_times_.total <= 0) return -1;
   const StepTimes t = step_times(r.timeline);
   if (micro_batch <= 0) return t.total / plain_times_.total;
@@ -211,12 +211,12 @@ double Planner::estimate_ratio(const RecordedStep& r, int64_t micro_batch) const
 // bench/advise_predicted_rows.py records every row as well
 // (AdviseSettings::predict_rows false, --record-every-row) and prints the
 // error of each prediction.
-std::optional<RecordedStep> Planner::predict(const RecordedStep& base, Prediction p) const {
+std::optional<VariantRecording> Planner::predict(const VariantRecording& base, Prediction p) const {
   if (!s_.predict_rows || !base.unavailable.empty() || base.timeline.empty()) return std::nullopt;
   std::optional<Timeline> t = p == Prediction::kGradientsKept ? with_gradients_kept(base.timeline)
                                                               : with_state_on_host(base.timeline);
   if (!t || t->empty()) return std::nullopt;
-  RecordedStep r;
+  VariantRecording r;
   std::string optimizer = base.report.optimizer;
   if (p == Prediction::kStateOnHost && !optimizer_on_host(optimizer)) optimizer += "-offload";
   r.report = make_report(*t, {base.report.model, base.report.batch, optimizer, base.report.mode});
@@ -227,8 +227,8 @@ std::optional<RecordedStep> Planner::predict(const RecordedStep& base, Predictio
 }
 
 void Planner::add_row(std::string name, StrategyKind kind, const StepVariant& v,
-                      std::optional<RecordedStep> given, bool predicted) {
-  const RecordedStep r = given ? std::move(*given) : record(v, s_.batch, true);
+                      std::optional<VariantRecording> given, bool predicted) {
+  const VariantRecording r = given ? std::move(*given) : record(v, s_.batch, true);
   if (!r.unavailable.empty()) {
     auto same = std::find_if(unrecorded_.begin(), unrecorded_.end(),
                              [&](const auto& u) { return u.first == r.unavailable; });
@@ -278,7 +278,7 @@ void Planner::checkpoint_rows() {
     every_cheap_.reset();
     return;
   }
-  const RecordedStep& base = plain_like(every_cheap_->meta);
+  const VariantRecording& base = plain_like(every_cheap_->meta);
   calibrate_chain(base.report, base.timeline, every_cheap_->report, every_cheap_->timeline,
                   s_.chain, forward_ns_, a_.segments, a_.chain_memory);
   a_.chain_batch = s_.batch;
@@ -286,7 +286,7 @@ void Planner::checkpoint_rows() {
           StrategyKind::kCheckpointing, every, *every_cheap_);
   // Every block with gradients kept: no row, a bound for the search's
   // micro-batches, which keep them (Note [Levels the search skips]).
-  if (std::optional<RecordedStep> kept = predict(*every_cheap_, Prediction::kGradientsKept)) {
+  if (std::optional<VariantRecording> kept = predict(*every_cheap_, Prediction::kGradientsKept)) {
     StepVariant v = every;
     v.zero_grad_in_place = true;
     add_whole(v, *kept);
@@ -338,7 +338,8 @@ void Planner::checkpoint_rows() {
 // `first` gets the planner's first choice and its predicted peak.
 std::vector<Planner::Choice> Planner::fitting_choices(
     const std::vector<ChainSegment>& segs, const ChainMemory& mem, const StepVariant& base,
-    int64_t c, const RecordedStep& every, std::optional<std::pair<StepVariant, int64_t>>* first) {
+    int64_t c, const VariantRecording& every,
+    std::optional<std::pair<StepVariant, int64_t>>* first) {
   StepVariant every_v = base;
   every_v.checkpoint.assign(n_, true);
   std::vector<Choice> fitting;
@@ -354,7 +355,7 @@ std::vector<Planner::Choice> Planner::fitting_choices(
     if (first && !*first) *first = std::make_pair(v, cp.predicted_peak);
     if (std::find(tried.begin(), tried.end(), cp.checkpointed) != tried.end()) break;
     tried.push_back(cp.checkpointed);
-    RecordedStep r = record(v, c, true);
+    VariantRecording r = record(v, c, true);
     if (!r.unavailable.empty()) break;
     const int64_t peak = r.report.budget_peak();
     if (peak <= limit_) fitting.push_back({cp.recompute_ns, v, std::move(r)});
@@ -425,7 +426,7 @@ void Planner::combination_rows() {
     }
     // Every block with gradients kept, or with the state on the host:
     // predicted from every block's recording.
-    std::optional<RecordedStep> p;
+    std::optional<VariantRecording> p;
     StepVariant rest = v;
     rest.zero_grad_in_place = false;
     rest.host_state = false;

@@ -51,8 +51,8 @@ bool Planner::search_settings(bool exact) {
 }
 
 // Records `v` at micro-batch c on a real device; accepts it if it fits.
-bool Planner::verify(const StepVariant& v, int64_t c, std::optional<RecordedStep> real) {
-  RecordedStep r = real ? std::move(*real) : record(v, c, false);
+bool Planner::verify(const StepVariant& v, int64_t c, std::optional<VariantRecording> real) {
+  VariantRecording r = real ? std::move(*real) : record(v, c, false);
   if (!r.unavailable.empty()) return false;
   const int64_t peak = r.report.budget_peak();
   const int64_t mb = c < s_.batch ? c : 0;
@@ -116,7 +116,7 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   const bool users_whole = c == s_.batch && base == StepVariant{};
   // The step without checkpointing at c, recorded cheaply: a candidate
   // itself, and the chain's baseline.
-  std::optional<RecordedStep> plain_c;
+  std::optional<VariantRecording> plain_c;
   if (users_whole) {
     plain_c = *plain_cheap_;
     if (!every_only && verify(base, c, plain_)) return true;
@@ -135,7 +135,8 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   StepVariant every = base;
   every.checkpoint.assign(n_, true);
   if (!users_whole && bounded_over(every, c)) return false;
-  const RecordedStep every_c = users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
+  const VariantRecording every_c =
+      users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
   if (!every_c.unavailable.empty()) return false;
   if (every_c.report.budget_peak() > limit_) {
     if (!closest_ || every_c.report.budget_peak() < closest_->peak)
@@ -144,7 +145,7 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   }
   if (every_only) return verify(every, c, every_c.meta ? std::nullopt : std::optional(every_c));
   if (!plain_c || plain_c->meta != every_c.meta) plain_c = record(base, c, every_c.meta);
-  const RecordedStep& base_c = *plain_c;
+  const VariantRecording& base_c = *plain_c;
   // The chain at this micro-batch, and the least recompute that fits.
   std::vector<ChainSegment> segs;
   ChainMemory mem;

@@ -26,7 +26,7 @@ namespace {
 // checkpoints itself) 15 a sample; bf16 weights halve everything; LoRA
 // keeps 60 and 20 a sample. The lighter optimizers lower the floor;
 // autocast halves the activations.
-RecordedStep fake(const StepVariant& v, int64_t batch) {
+VariantRecording fake(const StepVariant& v, int64_t batch) {
   int64_t floor = 400, weights = 100, per_sample = v.checkpointed() == 2 ? 20 : 50;
   if (v.setting == "recompute") per_sample = 15;
   if (v.setting == "bf16 weights") floor /= 2, weights /= 2, per_sample /= 2;
@@ -36,7 +36,7 @@ RecordedStep fake(const StepVariant& v, int64_t batch) {
   if (v.host_state) floor = 250;
   if (v.autocast_bf16) per_sample /= 2;
   if (v.step != StepKind::kTrain) floor = 100;
-  RecordedStep r;
+  VariantRecording r;
   const int64_t inside = weights + per_sample * batch;
   r.report.peak_bytes = std::max(floor, inside);
   r.report.peak_phase = inside >= floor ? kPhaseBackward : kPhaseOptimizerStep;

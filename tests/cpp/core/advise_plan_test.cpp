@@ -35,9 +35,9 @@ Shape shape_of(const StepVariant& v) {
   return s;
 }
 
-RecordedStep fake(const StepVariant& v, int64_t batch) {
+VariantRecording fake(const StepVariant& v, int64_t batch) {
   const Shape s = shape_of(v);
-  RecordedStep r;
+  VariantRecording r;
   r.report.peak_bytes = s.floor + s.per_sample * batch;
   r.report.peak_phase = kPhaseBackward;
   // The weights: within the floor (the optimizer's state comes on top).
@@ -56,7 +56,7 @@ struct Fake {
     m.record = [this](const StepVariant& v, int64_t batch, bool) {
       recorded.push_back({v, batch});
       if (!eval && v.step != StepKind::kTrain) {
-        RecordedStep r;
+        VariantRecording r;
         r.unavailable = "no eval here";
         return r;
       }
@@ -296,7 +296,7 @@ TEST(AdvisePlanTest, ACudaTargetHoldsTheBudgetAgainstReservedBytes) {
   for (const bool cuda : {false, true}) {
     AdviseMeasurer m;
     m.record = [cuda](const StepVariant& v, int64_t batch, bool) {
-      RecordedStep r = fake(v, batch);
+      VariantRecording r = fake(v, batch);
       if (cuda) r.report.cuda = CudaEstimate{r.report.peak_bytes, r.report.peak_bytes + 100, 0};
       return r;
     };
@@ -332,7 +332,7 @@ TEST(AdvisePlanTest, WhenNothingFitsThePlanIsTheLowestPeakReached) {
   m.record = [](const StepVariant& v, int64_t batch, bool) {
     StepVariant plain = v;
     plain.host_state = false;
-    RecordedStep r = fake(plain, batch);
+    VariantRecording r = fake(plain, batch);
     if (v.host_state) {
       r.report.peak_bytes -= 10;
       r.report.phases[1].peak_bytes -= 10;

@@ -31,7 +31,7 @@ struct Front {
       Timeline t = testing::training_step();
       if (v.zero_grad_in_place) t = *with_gradients_kept(t);
       if (v.host_state && host_saves) t = *with_state_on_host(t);
-      RecordedStep r;
+      VariantRecording r;
       r.report = make_report(t, {"step", batch, v.host_state ? "adam-offload" : "adam", "cpu"});
       r.timeline = std::move(t);
       return r;

@@ -64,7 +64,7 @@ struct StepVariant {
 };
 
 // What a front recorded of a variant.
-struct RecordedStep {
+struct VariantRecording {
   Report report;
   Timeline timeline;
   bool meta = false;  // recorded on the meta device (no real compute)
@@ -80,7 +80,7 @@ struct AdviseMeasurer {
   // iterations). cheap=true: the front may record it on the meta device and
   // says so in `meta`; the planner verifies every plan it returns on a real
   // recording (cheap=false).
-  std::function<RecordedStep(const StepVariant&, int64_t batch, bool cheap)> record;
+  std::function<VariantRecording(const StepVariant&, int64_t batch, bool cheap)> record;
   // Median time of a training step of the whole batch under the variant, in
   // micro-batches of `micro_batch` samples (0: whole), over the plain
   // step's, both timed now. Empty: the plan's time is an estimate.

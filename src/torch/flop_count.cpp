@@ -73,7 +73,7 @@ int64_t flops_of(Formula f, c10::ArrayRef<const c10::IValue> in, bool& known) {
   return 0;
 }
 
-std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+std::unique_ptr<at::ObserverContext> count_on_enter(const at::RecordFunction& fn) {
   Counts* c = g_counts.load();
   if (c == nullptr) return nullptr;
   std::lock_guard<std::mutex> lock(c->mu);
@@ -96,7 +96,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   return std::make_unique<RegistryOp>();
 }
 
-void on_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
+void count_on_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
   if (ctx != nullptr && t_registry_depth > 0) --t_registry_depth;
 }
 
@@ -121,7 +121,7 @@ FlopCount::FlopCount(const std::vector<std::string>& registry_ops)
   if (!g_counts.compare_exchange_strong(expected, c)) {
     throw std::logic_error("[FlopCount] another FlopCount is counting: one at a time");
   }
-  handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
+  handle_ = at::addGlobalCallback(at::RecordFunctionCallback(&count_on_enter, &count_on_exit)
                                       .needsInputs(true)
                                       .scopes({at::RecordScope::FUNCTION}));
 }

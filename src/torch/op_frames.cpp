@@ -45,7 +45,7 @@ bool is_frame(const at::RecordFunction& fn) {
          fn.scope() == at::RecordScope::BACKWARD_FUNCTION;
 }
 
-std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
+std::unique_ptr<at::ObserverContext> push_frame(const at::RecordFunction& fn) {
   if (is_frame(fn)) {
     if (t_frames.names.empty()) t_frames.outermost = g_next_frame++;
     t_frames.names.push_back(fn.name());
@@ -58,7 +58,7 @@ std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   return nullptr;
 }
 
-void on_exit(const at::RecordFunction& fn, at::ObserverContext*) {
+void pop_frame(const at::RecordFunction& fn, at::ObserverContext*) {
   // An op entered before the callback was added is never pushed; the stack
   // may be empty when it exits.
   if (is_frame(fn) && !t_frames.names.empty()) {
@@ -93,7 +93,7 @@ const char* innermost_op_name() {
 }
 
 uint64_t add_op_frame_callback() {
-  return at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
+  return at::addGlobalCallback(at::RecordFunctionCallback(&push_frame, &pop_frame)
                                    .scopes({at::RecordScope::FUNCTION,
                                             at::RecordScope::BACKWARD_FUNCTION}));
 }

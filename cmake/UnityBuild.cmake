@@ -1,0 +1,42 @@
+# Note [Unity builds]
+# A unity (jumbo) build compiles a target's .cpp files in batches, each batch
+# one translation unit that #includes its files, so the headers they share
+# are parsed, and the inline functions they share compiled, once per batch
+# instead of once per file. That pays where headers dominate: memfit_torch's
+# and the CLI library's units parse torch's C++ API (10-20 s of CPU each
+# before any memfit code), the extension's parse pybind11 (and two of them
+# torch's Python headers). memfit_core gets none: it includes no torch
+# header, and was not measured batched.
+#
+# On for pip's builds (MEMFIT_WHEEL), which are always cold: no ccache, no
+# precompiled header (Note [Precompiled torch headers]). A cold `pip wheel`,
+# both ways in one run (bench/install_time.py --variant
+# nounity=-Ccmake.define.MEMFIT_UNITY_BUILD=OFF, 2026-11-29, load 2-8 from
+# other jobs): 553 CPU s with batches of 4, 699 without (0.79x).
+# Off for make's build: there one edited file would recompile its whole
+# batch (a minute, not 15 s), and ccache would keep a batch only until any
+# of its four files changes. -DMEMFIT_UNITY_BUILD=ON asks for it in any
+# build folder (a cold CI build, say; it combines with precompiled headers).
+#
+# A batch is one translation unit: names in anonymous namespaces, `using`
+# declarations and macros of one file are seen by the files after it, so two
+# files of these targets must not define the same internal name. Batches of
+# 4 give memfit_torch 4 units and the extension 5, so both cores stay busy
+# within a target; larger ones parse less but leave a core idle at the end.
+set(MEMFIT_UNITY_DEFAULT OFF)
+if(MEMFIT_WHEEL)
+  set(MEMFIT_UNITY_DEFAULT ON)
+endif()
+option(MEMFIT_UNITY_BUILD "Compile the torch and binding targets in batches (Note [Unity builds])"
+       ${MEMFIT_UNITY_DEFAULT})
+set(MEMFIT_UNITY_BATCH 4 CACHE STRING "Files per unity batch (Note [Unity builds])")
+
+if(MEMFIT_UNITY_BUILD)
+  foreach(target memfit_torch memfit_cli_lib _memfit)
+    if(TARGET ${target})
+      set_target_properties(${target} PROPERTIES UNITY_BUILD ON
+                            UNITY_BUILD_BATCH_SIZE ${MEMFIT_UNITY_BATCH})
+    endif()
+  endforeach()
+  message(STATUS "memfit: unity build, ${MEMFIT_UNITY_BATCH} files a batch (MEMFIT_UNITY_BUILD)")
+endif()

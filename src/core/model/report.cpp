@@ -149,8 +149,11 @@ Report make_report(const Timeline& t, const ReportInputs& in) {
 }
 
 CudaEstimate estimate_cuda(const Timeline& timeline, int64_t workspace_bytes) {
+  // The replay's allocated bytes hold cuBLASLt's block: See Note
+  // [cuBLASLt's block in the replay] (allocator_model.cpp).
   const CudaReplay c = replay_cuda(timeline, std::nullopt, workspace_bytes);
-  return CudaEstimate{c.peak_allocated + workspace_bytes, c.peak_reserved, workspace_bytes};
+  return CudaEstimate{c.peak_allocated + cuda_workspace_held(workspace_bytes), c.peak_reserved,
+                      workspace_bytes};
 }
 
 }  // namespace memfit

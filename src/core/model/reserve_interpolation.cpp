@@ -102,7 +102,8 @@ int64_t budget_peak_at(const RecordedStep& a, const std::vector<size_t>& xa,
   }
   // Reserved bytes hold every live block, each at least its request: the
   // replay's peak is also over the live bytes' (Report::budget_peak).
-  return replay_cuda(events, std::nullopt, std::max(a.workspace_bytes, b.workspace_bytes))
+  return replay_cuda(events, std::nullopt, std::max(a.workspace_bytes, b.workspace_bytes),
+                     cublaslt_event(*b.timeline))
       .peak_reserved;
 }
 

@@ -4,6 +4,8 @@
 
 #include <stdexcept>
 
+#include "memfit/core/model/report.h"
+
 namespace memfit {
 namespace {
 
@@ -283,6 +285,57 @@ TEST(ReplayCudaTest, CapacityMinusOverheadBoundsReservedAndCountsOoms) {
   EXPECT_EQ(r.peak_allocated, 13 * MiB);
   EXPECT_THROW(replay_cuda(replay_timeline(), std::nullopt, -1),
                std::invalid_argument);
+}
+
+// Two 768 KiB parameters share a small segment (512 KiB free); the forward
+// takes 512 KiB and 1 MiB. See Note [cuBLASLt's block in the replay].
+Timeline cublaslt_timeline() {
+  Timeline t;
+  uint64_t id = 0;
+  auto alloc = [&t, &id](int64_t bytes) {
+    Event e;
+    e.kind = EventKind::kAlloc;
+    e.id = ++id;
+    e.bytes = bytes;
+    e.device = Device::kCUDA;
+    e.phase = t.current_phase();
+    t.record(e);
+  };
+  t.begin_phase("parameters", 1);
+  alloc(768 * KiB);
+  alloc(768 * KiB);
+  t.begin_phase("forward", 1);
+  alloc(512 * KiB);
+  alloc(MiB);
+  t.end_phase();
+  return t;
+}
+
+TEST(ReplayCudaTest, CublasLtBlockIsASmallBlockTakenAtTheForward) {
+  const Timeline t = cublaslt_timeline();
+  EXPECT_EQ(cublaslt_event(t), 2u);
+  // 66 MiB: 64 MiB held aside, cuBLASLt's 1 MiB in a segment of its own
+  // (the parameters' has 512 KiB free), where the 512 KiB block takes the
+  // parameters' free 512 KiB and the 1 MiB block the other half of
+  // cuBLASLt's: two small segments. Held flat, the step needed the same
+  // two and 2 MiB more beside them.
+  const CudaReplay r = replay_cuda(t, std::nullopt, kDefaultCudaWorkspaceBytes);
+  EXPECT_EQ(r.peak_reserved, 4 * MiB + 64 * MiB);
+  EXPECT_EQ(r.peak_allocated, 3 * MiB + MiB);
+  EXPECT_EQ(r.peak_reserved_event, 2u);  // cuBLASLt's segment, taken before it
+  const CudaEstimate c = estimate_cuda(t, kDefaultCudaWorkspaceBytes);
+  EXPECT_EQ(c.peak_allocated, 4 * MiB + 64 * MiB);
+  EXPECT_EQ(c.peak_reserved, 68 * MiB);
+  EXPECT_EQ(c.workspace_bytes, 66 * MiB);
+  EXPECT_EQ(cuda_workspace_allocated(kDefaultCudaWorkspaceBytes), 65 * MiB);
+  EXPECT_EQ(cuda_workspace_held(kDefaultCudaWorkspaceBytes), 64 * MiB);
+  // Taken first instead, cuBLASLt's block would leave the parameters'
+  // second block a segment of its own, and the 1 MiB block a third.
+  EXPECT_EQ(replay_cuda(t.events(), std::nullopt, kDefaultCudaWorkspaceBytes, 0).peak_reserved,
+            6 * MiB + 64 * MiB);
+  // Under 2 MiB the overhead is held aside whole, as before.
+  EXPECT_EQ(cuda_workspace_allocated(MiB), MiB);
+  EXPECT_EQ(replay_cuda(t, std::nullopt, MiB).peak_reserved, 4 * MiB + MiB);
 }
 
 TEST(ReplayCudaTest, EmptyTimeline) {

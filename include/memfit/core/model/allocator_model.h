@@ -115,20 +115,36 @@ struct CudaReplay {
   size_t first_oom_event = kNoEvent;
 };
 
+// cuBLASLt's workspace, one block of the small pool: of a card's fixed
+// workspace bytes the replay allocates it, and holds the rest aside. See
+// Note [cuBLASLt's block in the replay] (allocator_model.cpp).
+inline constexpr int64_t kCublasLtWorkspaceBytes = 1 << 20;
+// The part of `workspace_bytes` held aside from the replayed allocator: all
+// of it, less cuBLASLt's 2 MiB segment where it is that large.
+int64_t cuda_workspace_held(int64_t workspace_bytes);
+// The part counted as allocated: the held bytes and cuBLASLt's block.
+int64_t cuda_workspace_allocated(int64_t workspace_bytes);
+// The event before which the replay takes cuBLASLt's block: the first of
+// the timeline's forward phase, 0 where it has none.
+size_t cublaslt_event(const Timeline& timeline);
+
 // Replays the timeline's allocs and frees (every device, in order) through
 // a CudaAllocatorModel. `fixed_overhead_bytes` (cuBLAS workspace, ...) is
 // held from the start: it counts against `capacity` and is included in
-// peak_reserved, not in peak_allocated. An allocation that does not fit is
-// counted as an OOM and skipped (its free is then ignored), so one replay
-// reports how many allocations would fail. Throws std::invalid_argument
-// for a negative overhead or capacity.
+// peak_reserved, not in peak_allocated, except cuBLASLt's block, which the
+// replay allocates before its forward (cublaslt_event) where the overhead
+// includes its 2 MiB: see Note [cuBLASLt's block in the replay]. An
+// allocation that does not fit is counted as an OOM and skipped (its free
+// is then ignored), so one replay reports how many allocations would fail.
+// Throws std::invalid_argument for a negative overhead or capacity.
 CudaReplay replay_cuda(const Timeline& timeline,
                        std::optional<int64_t> capacity = {},
                        int64_t fixed_overhead_bytes = 0);
 // The same, on events that no Timeline holds (a step synthesized at a batch
-// no step ran at: reserve_interpolation.h).
+// no step ran at: reserve_interpolation.h), cuBLASLt's block taken before
+// event `cublaslt_at`.
 CudaReplay replay_cuda(const std::vector<Event>& events,
                        std::optional<int64_t> capacity = {},
-                       int64_t fixed_overhead_bytes = 0);
+                       int64_t fixed_overhead_bytes = 0, size_t cublaslt_at = 0);
 
 }  // namespace memfit

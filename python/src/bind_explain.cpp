@@ -244,6 +244,13 @@ void init_explain(py::module_& m) {
   }, py::arg("bytes"),
      "The segment the caching allocator cudaMallocs for a request of `bytes` no cached "
      "block serves: the most one request can add to the reserved bytes.");
+  m.def("cuda_workspace_allocated", &cuda_workspace_allocated, py::arg("workspace_bytes"),
+        "Of a card's fixed workspace bytes, those counted as allocated: all but the free half "
+        "of cuBLASLt's small segment (Note [cuBLASLt's block in the replay]).");
+  m.def("cuda_workspace_held", &cuda_workspace_held, py::arg("workspace_bytes"),
+        "Of a card's fixed workspace bytes, those the replay holds aside: all but "
+        "cuBLASLt's 2 MiB segment, whose 1 MiB block it allocates before the forward.");
+  m.attr("CUBLASLT_WORKSPACE") = kCublasLtWorkspaceBytes;
   m.def("cudnn_workspace_note", [](const Timeline& timeline, const std::vector<int64_t>& bounds,
                                    int64_t batch) {
     ConvWorkspaceAtPeak w = cudnn_workspace_at_peak(timeline, bounds);

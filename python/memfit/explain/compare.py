@@ -7,7 +7,9 @@ reserved bytes, peak per phase span. Predicted: the recorded step's live
 bytes per phase span, and its reserved bytes from memfit's allocator replay
 of those events; the cuBLAS workspace (cuda_workspace, allocated through
 the caching allocator at the first matmul) is added from the first forward
-on, as memfit's CUDA estimate counts it.
+on, as memfit's CUDA estimate counts it: cuBLASLt's block replayed in the
+small pool, the rest beside it (Note [cuBLASLt's block in the replay],
+allocator_model.cpp).
 
 Where the prediction recorded convolutions, their cuDNN workspaces are not
 in it: its report's notes say how much they can add at the peak (Note
@@ -49,7 +51,7 @@ class Comparison:
     measured_peak_reserved: int
     predicted_peak_allocated: int
     predicted_peak_reserved: int
-    workspace_bytes: int
+    workspace_bytes: int  # the fixed workspace counted in the predicted allocated bytes
     phases: List[PhaseComparison] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     # What cuDNN's convolution workspaces can add to the allocated peak (the
@@ -179,10 +181,21 @@ def compare_prediction(measured_timeline, measured_reserved_after, measured_peak
         raise ValueError("[compare] the prediction has no CUDA estimate: profile it with "
                          "target_device='cuda' (memfit profile --target cuda)")
     workspace = int(cuda.workspace_bytes)
-    # The prediction's reserved bytes after each of its events, replayed.
+    allocated_workspace = int(_memfit.cuda_workspace_allocated(workspace))
+    held = int(_memfit.cuda_workspace_held(workspace))
+    pred_spans = _spans_of(prediction_timeline)
+    # The prediction's reserved bytes after each of its events, replayed as
+    # memfit's estimate is: cuBLASLt's block taken before the forward's
+    # first event (See Note [cuBLASLt's block in the replay]).
+    cublaslt_at = next((first for name, _, first, _, _ in pred_spans if name == "forward"), 0)
     kinds, ids, nbytes, streams = (array.array("B"), array.array("Q"), array.array("q"),
                                    array.array("q"))
-    for kind, b, i, *_ in prediction_timeline.events():
+    for k, (kind, b, i, *_) in enumerate(prediction_timeline.events()):
+        if k == cublaslt_at and held != workspace:
+            kinds.append(0)
+            ids.append(2**64 - 1)  # no event's id
+            nbytes.append(int(_memfit.CUBLASLT_WORKSPACE))
+            streams.append(0)
         kinds.append(0 if kind == "alloc" else 1)
         ids.append(i)
         nbytes.append(b)
@@ -190,14 +203,15 @@ def compare_prediction(measured_timeline, measured_reserved_after, measured_peak
     rep, _, _, _ = _memfit.replay_allocator_ops(kinds, ids, nbytes, streams)
     pred_reserved = array.array("q")
     pred_reserved.frombytes(rep)
-    pred_spans = _spans_of(prediction_timeline)
+    if len(pred_reserved) > len(prediction_timeline):  # after each event, not the block
+        del pred_reserved[cublaslt_at]
     pred = {}
     forward_seen = False
     for name, it, first, end, peak in pred_spans:
         forward_seen |= name == "forward"
-        extra = workspace if forward_seen else 0
         res = max(pred_reserved[first:end], default=pred_reserved[first - 1] if first else 0)
-        pred[(name, it)] = (peak + extra, res + extra)
+        pred[(name, it)] = ((peak + allocated_workspace, res + held) if forward_seen else
+                            (peak, res))
     rows = []
     meas_spans = _spans_of(measured_timeline)
     for name, it, first, end, peak in meas_spans:
@@ -224,9 +238,9 @@ def compare_prediction(measured_timeline, measured_reserved_after, measured_peak
     return Comparison(
         measured_peak_allocated=measured_peak_allocated,
         measured_peak_reserved=measured_peak_reserved,
-        predicted_peak_allocated=int(prediction_report.peak_bytes) + workspace,
+        predicted_peak_allocated=int(prediction_report.peak_bytes) + allocated_workspace,
         predicted_peak_reserved=int(cuda.peak_reserved),
-        workspace_bytes=workspace, phases=rows, notes=notes,
+        workspace_bytes=allocated_workspace, phases=rows, notes=notes,
         cudnn_workspace_bytes=cudnn if cudnn >= 0 else None, cudnn_reserved_bytes=cudnn_reserved)
 
 

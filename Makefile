@@ -39,8 +39,15 @@ build: deps venv configure
 test-cpp: build
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
+# The Python tests in PYTEST_JOBS processes (pytest-xdist), each test file
+# whole in one of them (--dist loadfile: a module's fixtures are made once),
+# each with torch's own thread count (see conftest.py). PYTEST_JOBS=0 runs
+# them in pytest's own process, one after another.
+PYTEST_JOBS ?= $(JOBS)
+PYTEST := PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile
+
 test-python: build
-	@PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q python/tests
+	@$(PYTEST) python/tests
 
 test: test-cpp test-python
 
@@ -52,13 +59,13 @@ test: test-cpp test-python
 QUICK_CPP_SKIP := ^(cli|consumer)\.|^BuiltinModels/|TwoHundredSteps|PlanTrainsWhereOneSampleDoesNotFit
 test-quick: build
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -E '$(QUICK_CPP_SKIP)'
-	@PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q -x -m 'not slow' python/tests
+	@$(PYTEST) -x -m 'not slow' python/tests
 
 # The tests marked numerics (python/tests/conftest.py) with oneDNN held to
 # AVX2: what a CPU without native bf16 runs. .ci/run runs them beside `make
 # test`, which runs them on the machine's own ISA.
 test-numerics: build
-	@ONEDNN_MAX_CPU_ISA=AVX2 PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q -m numerics python/tests
+	@ONEDNN_MAX_CPU_ISA=AVX2 $(PYTEST) -m numerics python/tests
 
 demo: build
 	@PATH=$(abspath $(VENV))/bin:$$PATH scripts/demo.sh $(BUILD)

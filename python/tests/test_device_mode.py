@@ -58,6 +58,7 @@ def _plain_step(model, opt, x, y):
     opt.step()
 
 
+@pytest.mark.slow  # 18-37 s on 2 busy cores
 def test_an_example_the_device_cannot_run_is_cut_and_the_answer_runs_plain_steps():
     # The example (3200 samples) runs out of memory on the device: the fit
     # goes on from a cut that runs, and its answer runs plain steps (no

@@ -3,12 +3,14 @@ by bench/fit_corpus.py and the tests): plain training steps on the simulated
 device, no memfit recorder, and the largest batch that runs, found by
 bisection around a starting guess."""
 
+import pytest
 import torch
 
 from memfit.testing.models import Mlp
 from memfit.testing.truth import largest_that_fits, plain_steps_run
 
 
+@pytest.mark.slow  # three bisections of real steps: 70-80 s on 2 busy cores
 def test_plain_step_truth_is_the_last_batch_whose_steps_run():
     budget = 24 << 20  # the mlp and its Adam state hold about 11 MiB
 

@@ -53,6 +53,7 @@ def advised():
     return model, x, advice
 
 
+@pytest.mark.slow  # the advised fixture: 25 s on 2 busy cores
 def test_the_new_settings_are_rows(advised):
     _, _, advice = advised
     names = [r.name for r in advice.rows if r.kind == "setting"]
@@ -65,6 +66,7 @@ def test_the_new_settings_are_rows(advised):
     assert any("paged" in n and "CUDA" in n for n in notes)
 
 
+@pytest.mark.slow  # the advised fixture: 25 s on 2 busy cores
 def test_each_new_row_equals_memfit_profile_of_the_changed_copy(advised):
     model, x, advice = advised
     user = torch.optim.AdamW(model.parameters())
@@ -81,6 +83,7 @@ def test_each_new_row_equals_memfit_profile_of_the_changed_copy(advised):
     assert checked == 4  # chunked; AdamW 8-bit; QLoRA; QLoRA with the chunked loss
 
 
+@pytest.mark.slow  # the advised fixture: 25 s on 2 busy cores
 def test_the_rows_order_what_each_setting_saves(advised):
     _, _, advice = advised
     peak = {r.name: r.peak_bytes for r in advice.rows}

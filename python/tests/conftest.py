@@ -6,7 +6,7 @@ _build = os.path.join(os.path.dirname(__file__), "..", "..", "build", "python")
 if os.path.isdir(_build) and _build not in sys.path:
     sys.path.insert(0, os.path.abspath(_build))
 
-# Under pytest -n N (pytest-xdist: make test, test-quick, test-numerics) each
+# Under pytest -n N (pytest-xdist: make test and test-quick) each
 # worker keeps torch's own thread count, as a run in one process has: peaks
 # depend on it (per-thread buffers of CPU kernels: one thread fit the card
 # plan of micro-batches of 1 in test_advise_apply_plan.py, two do not), and

@@ -76,7 +76,7 @@ namespace {
 
 // kStepTemp: the optimizer step's own allocations (on the host under
 // FSDP2's CPU offload); every other sharding counts them with kRest.
-enum Kind : uint8_t { kParam, kParamGrad, kState, kRest, kStepTemp, kNumKinds };
+enum MemoryKind : uint8_t { kParam, kParamGrad, kState, kRest, kStepTemp, kNumKinds };
 
 int64_t ceil_div(int64_t x, int64_t w) { return (x + w - 1) / w; }
 int64_t sharded_away(int64_t x, int64_t w) { return x - ceil_div(x, w); }
@@ -120,9 +120,9 @@ std::vector<const PhaseSpan*> span_of_events(const Timeline& t) {
 }
 
 // Which kind each allocation event is; frees get their allocation's kind.
-std::vector<Kind> classify(const Timeline& t, const std::vector<const PhaseSpan*>& span_of) {
+std::vector<MemoryKind> classify(const Timeline& t, const std::vector<const PhaseSpan*>& span_of) {
   const auto& ev = t.events();
-  std::vector<Kind> kind(ev.size(), kRest);
+  std::vector<MemoryKind> kind(ev.size(), kRest);
   for (size_t i = 0; i < ev.size(); ++i) {
     const Event& e = ev[i];
     const size_t partner = t.partner(i);
@@ -161,7 +161,7 @@ std::vector<Kind> classify(const Timeline& t, const std::vector<const PhaseSpan*
 // old rule: one gradient at a time.
 class ArrivingGradients {
  public:
-  void add(const Event& e, Kind kind, bool in_backward) {
+  void add(const Event& e, MemoryKind kind, bool in_backward) {
     if (!in_backward) {
       bytes_ = 0;
       last_was_grad_ = false;
@@ -223,7 +223,7 @@ std::vector<RankPeak> per_rank_peaks(const Timeline& t, const DataParallelSetup&
 
   const auto& ev = t.events();
   const std::vector<const PhaseSpan*> span_of = span_of_events(t);
-  const std::vector<Kind> kind = classify(t, span_of);
+  const std::vector<MemoryKind> kind = classify(t, span_of);
   std::array<int64_t, kNumKinds> live_by{};
   int64_t live = 0;
   ArrivingGradients arriving;
@@ -534,7 +534,7 @@ RankPeak fsdp2_rank_peak(const Timeline& t, const Fsdp2Setup& d) {
                 ", s: padded shard (Note [One rank's memory under FSDP2])";
   const auto& ev = t.events();
   const std::vector<const PhaseSpan*> span_of = span_of_events(t);
-  const std::vector<Kind> kind = classify(t, span_of);
+  const std::vector<MemoryKind> kind = classify(t, span_of);
   std::array<int64_t, kNumKinds> live_by{};
   int64_t live = 0;
   bool first = true;

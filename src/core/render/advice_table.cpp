@@ -13,7 +13,7 @@
 namespace memfit {
 namespace {
 
-std::string ratio(double r) {
+std::string advice_ratio(double r) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2fx", r);
   return buf;
@@ -22,7 +22,7 @@ std::string ratio(double r) {
 // "1.25x" measured, "~1.25x" estimated from the recorded times, "-" unknown.
 std::string time_cell(double r, bool measured) {
   if (!(r >= 0)) return "-";
-  return (measured ? "" : "~") + ratio(r);
+  return (measured ? "" : "~") + advice_ratio(r);
 }
 
 // `text` cut at spaces, and a list of blocks ("0,1,2,...") after its
@@ -178,7 +178,7 @@ std::string to_text(const Advice& a) {
       const double share =
           every && every->recompute_ns > 0 ? p.recompute_ns / every->recompute_ns : 0;
       add_wrapped_row(c,
-                      {p.rule, p.indices(), format_bytes(p.predicted_peak), ratio(share),
+                      {p.rule, p.indices(), format_bytes(p.predicted_peak), advice_ratio(share),
                        has_budget ? (p.fits ? "yes" : "no") : "-"},
                       1, kBlocksWidth);
     }

@@ -46,7 +46,7 @@ std::string td(std::string_view text, const char* cls = nullptr) {
          "</td>";
 }
 
-std::string ratio(double r) {
+std::string report_ratio(double r) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2fx", r);
   return buf;
@@ -353,7 +353,7 @@ std::string data_parallel_section(const DataParallelEstimate& dp, int64_t peak_b
     h += "<tr>" + td(to_string(rp.sharding)) +
          td_bytes("report.data_parallel.per_rank." + std::to_string(i) + ".peak_bytes",
                   rp.peak_bytes) +
-         td(ratio(static_cast<double>(rp.peak_bytes) /
+         td(report_ratio(static_cast<double>(rp.peak_bytes) /
                   static_cast<double>(std::max<int64_t>(peak_bytes, 1))),
             "num") +
          td(rp.phase + " " + std::to_string(rp.iteration)) + td(rp.formula, "note") +
@@ -412,7 +412,7 @@ std::string advice_section(const AdviceTable& a) {
                               "</td>"
                         : td_bytes(f + "peak_bytes", row.peak_bytes)) +
          td_bytes(f + "saving_bytes", row.saving_bytes) +
-         td(ratio(row.time_ratio), "num") +
+         td(report_ratio(row.time_ratio), "num") +
          td(row.fits ? (*row.fits ? "yes" : "no") : "-") + td(row.result) +
          "</tr>\n";
   }

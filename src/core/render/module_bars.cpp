@@ -10,7 +10,7 @@
 namespace memfit {
 namespace {
 
-constexpr double kMargin = 12;
+constexpr double kBarsMargin = 12;
 constexpr double kTop = 54;  // first bar's row
 constexpr double kRow = 22;  // one bar's row
 constexpr double kBar = 14;  // a bar's height
@@ -58,7 +58,7 @@ ModuleBars module_bars(const std::vector<ModuleRow>& modules,
   }
 
   const double W = o.width;
-  const TextLabel title = title_label(o.title, W, kMargin, 14);
+  const TextLabel title = title_label(o.title, W, kBarsMargin, 14);
   if (!title.text.empty()) c.labels.push_back(title);
   const TextLabel sub = subtitle_label(
       rows.empty()
@@ -66,7 +66,7 @@ ModuleBars module_bars(const std::vector<ModuleRow>& modules,
           : format_bytes(c.total) + " in " + std::to_string(rows.size()) +
                 (rows.size() == 1 ? " module" : " modules") +
                 ": checkpointing a module frees what it saved",
-      W, kMargin);
+      W, kBarsMargin);
   if (!sub.text.empty()) c.labels.push_back(sub);
 
   // Columns: names (at most 40% of the width), bars, values.
@@ -78,8 +78,8 @@ ModuleBars module_bars(const std::vector<ModuleRow>& modules,
     value_w = std::max(value_w, text_width(values.back(), 11));
   }
   name_w = std::min(name_w, 0.4 * W);
-  const double bar_x = kMargin + name_w + 8;
-  const double bar_max = std::max(1.0, W - kMargin - value_w - 6 - bar_x);
+  const double bar_x = kBarsMargin + name_w + 8;
+  const double bar_max = std::max(1.0, W - kBarsMargin - value_w - 6 - bar_x);
   const int64_t largest =
       c.bars.empty() ? 1 : std::max<int64_t>(c.bars.front().bytes, 1);
   for (size_t i = 0; i < c.bars.size(); ++i) {

@@ -9,7 +9,7 @@
 namespace memfit {
 namespace {
 
-constexpr double kMargin = 12;
+constexpr double kPlotMargin = 12;
 constexpr int64_t kMaxDrawnBatch = int64_t{1} << 30;
 
 // The first of `candidates` (anchor points for a label of `text`) whose box
@@ -109,7 +109,7 @@ PredictionPlot prediction_plot(const PeakModel& pm,
   p.y_ticks = yticks;
 
   const double W = o.width, H = o.height;
-  const TextLabel title = title_label(o.title, W, kMargin, 14);
+  const TextLabel title = title_label(o.title, W, kPlotMargin, 14);
   if (!title.text.empty()) p.labels.push_back(title);
   std::string probes_text;
   for (size_t i = 0; i < p.probes.size(); ++i) {
@@ -118,12 +118,12 @@ PredictionPlot prediction_plot(const PeakModel& pm,
   const TextLabel sub =
       subtitle_label("line: predicted from " + pm.mode + " probes at batches " +
                          probes_text + " (dots: their measured peaks)",
-                     W, kMargin);
+                     W, kPlotMargin);
   if (!sub.text.empty()) p.labels.push_back(sub);
 
-  p.area.x = kMargin + byte_ticks_width(yticks) + 8;
+  p.area.x = kPlotMargin + byte_ticks_width(yticks) + 8;
   p.area.y = 54;
-  p.area.w = W - kMargin - 8 - p.area.x;
+  p.area.w = W - kPlotMargin - 8 - p.area.x;
   p.area.h = H - 40 - p.area.y;
   for (int64_t v : yticks) {
     p.labels.push_back(byte_tick_label(v, p.area.x - 6, p.y_at(v) + 4));

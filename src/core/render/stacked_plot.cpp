@@ -10,7 +10,7 @@
 namespace memfit {
 namespace {
 
-constexpr double kMargin = 12;  // picture edge to text
+constexpr double kStackMargin = 12;  // picture edge to text
 constexpr double kTitleSize = 15;
 constexpr double kPhaseRow = 16;  // one row of phase labels
 constexpr int kPhaseRows = 2;
@@ -189,13 +189,13 @@ bool timed(const std::vector<Event>& events) {
 // last legend row's baseline.
 double place_title_and_legend(StackedPlot& p) {
   const double W = p.options.width;
-  const TextLabel title = title_label(p.options.title, W, kMargin, kTitleSize);
+  const TextLabel title = title_label(p.options.title, W, kStackMargin, kTitleSize);
   if (!title.text.empty()) p.labels.push_back(title);
-  double lx = kMargin, ly = 42;
+  double lx = kStackMargin, ly = 42;
   for (Category c : kStackOrder) {
     if (!p.shown[static_cast<int>(c)]) continue;
     const double w = 14 + text_width(category_label(c), 11);
-    if (lx > kMargin && lx + w > W - kMargin) lx = kMargin, ly += 16;
+    if (lx > kStackMargin && lx + w > W - kStackMargin) lx = kStackMargin, ly += 16;
     TextLabel l;
     l.text = category_label(c);
     l.x = lx + 14;
@@ -316,8 +316,8 @@ void place_y_axis(StackedPlot& p, const std::vector<double>& positions,
   std::vector<int64_t> yticks = axis_ticks(p.peak.bytes);
   for (int attempt = 0;; ++attempt) {
     p.y_top = yticks.back();
-    p.area.x = kMargin + byte_ticks_width(yticks) + 8;
-    p.area.w = W - kMargin - 8 - p.area.x;
+    p.area.x = kStackMargin + byte_ticks_width(yticks) + 8;
+    p.area.w = W - kStackMargin - 8 - p.area.x;
     for (size_t i = 0; i < p.points.size(); ++i) {
       p.points[i].x = xs.x(p.area, positions[i]);
     }

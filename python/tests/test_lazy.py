@@ -657,6 +657,34 @@ def test_chunk_losses_are_weighted_so_gradients_equal_the_full_batch(kind):
     assert loss.item() == pytest.approx(want_loss, rel=1e-5)
 
 
+@pytest.mark.numerics
+def test_a_float64_loss_with_ignored_targets_is_weighted_in_float64():
+    # A chunk's share of the counted targets is an int64 count over another:
+    # divided as tensors that is float32, and a float64 model's gradients
+    # were off by the share's rounding (2^-25, 3e-8). In float64 the 3
+    # chunks' weighted sums of 30 samples differ from the unsplit batch's by
+    # (n + 3) u = 3.7e-15 at most; 1e-13 leaves room for the few additions
+    # after, and catches float32's share by 5 orders of magnitude.
+    torch.manual_seed(11)
+    n = 30
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).double()
+    X = torch.randn(n, 8, dtype=torch.float64)
+    Y = torch.randint(0, 4, (n,))
+    Y[:7] = -100  # the first chunk counts 3 targets of its 10, the others 10
+
+    F.cross_entropy(model(X), Y).backward()
+    want = grads_of(model)
+    want_loss = F.cross_entropy(model(X), Y)
+    def lazy_loss():
+        x, y = memfit.lazy(X, Y)
+        return F.cross_entropy(model(x), y)
+
+    got, loss = _chunked_grads(model, lazy_loss, 3, n)
+    assert loss.dtype == torch.float64
+    assert_grads_close(got, want, rel=1e-13)
+    assert loss.item() == pytest.approx(want_loss.item(), rel=1e-13)
+
+
 class _ScratchAboveEightRows(torch.autograd.Function):
     """The identity, whose backward takes a scratch buffer only above 8 rows,
     as oneDNN's bf16 matmul does above m*k*n = 16**3: lazy's fit, measured

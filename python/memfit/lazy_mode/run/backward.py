@@ -168,7 +168,7 @@ def _backward(T, gradient, retain_graph, inputs, info):
         vals = execute_nodes(corder, csources, ccounts, keep, start, size, B, True)
         terms, rvals = [], []
         for r in grad_roots:
-            w = chunk_weight(weights[r], vals, start, size, B)
+            w = chunk_weight(weights[r], vals, start, size, B, vals[r].dtype)
             R = vals[r]
             terms.append(_term(R, coefs.get(r), w))
             rvals.append(R.detach() if w is None else R.detach() * w)

@@ -52,8 +52,8 @@ def prepare_weights(roots, read):
     return out
 
 
-def chunk_weight(spec, env, start, size, B):
-    """The weight of a chunk's root value (None: 1)."""
+def chunk_weight(spec, env, start, size, B, dtype):
+    """The weight of a chunk's root value (None: 1), in the root's dtype."""
     if spec.kind == "sum":
         return None
     if spec.kind == "mean":
@@ -64,7 +64,10 @@ def chunk_weight(spec, env, start, size, B):
         spec.denominator = counted_targets(_full_target(spec.target, spec.read), spec.weight,
                                         spec.ignore_index)
     target = subst(spec.target, ChunkCtx(env, start, size))
-    return counted_targets(target, spec.weight, spec.ignore_index) / spec.denominator
+    # Divided in float64, then the loss's dtype: two int64 counts divided as
+    # tensors give float32, which rounded a float64 model's weights.
+    counted = counted_targets(target, spec.weight, spec.ignore_index)
+    return (counted.double() / spec.denominator.double()).to(dtype)
 
 
 def weight_targets(weights):

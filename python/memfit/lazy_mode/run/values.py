@@ -141,7 +141,7 @@ def _read_reduced(T, plan, info, overrides):
         vals = execute_nodes(order, sources, counts, keep, start, size, B, False, overrides)
         out = []
         for r in plan.roots:
-            w = chunk_weight(weights[r], vals, start, size, B)
+            w = chunk_weight(weights[r], vals, start, size, B, vals[r].dtype)
             v = vals[r] if w is None else vals[r] * w
             out.append(v if r not in acc else acc[r] + v)
         return out

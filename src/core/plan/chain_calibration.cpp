@@ -48,45 +48,50 @@ std::vector<int64_t> block_activations(const Timeline& t,
   return bytes;
 }
 
-// From the block's first event to the first event after its last one.
-// Blocks that allocate alike (the same count and bytes of allocations in
-// their forward: a stack of identical layers) get their median time: a
-// recorded forward is one sample of a noisy clock, and identical blocks
-// must tie, or the planner's choice among them follows the noise.
+// From the block's first event to the first event after its last one, the
+// least over the recorded forwards: a recorded forward is one sample of a
+// noisy clock, and noise only adds time (a core taken away for a few
+// milliseconds made a 0.3 ms block 60 ms, and the planner's choice follows
+// it). Blocks that allocate alike (the same count and bytes of allocations
+// in their forward: a stack of identical layers) get their median time:
+// identical blocks must tie, or the planner's choice among them follows the
+// noise.
 std::vector<double> block_forward_ns(const Timeline& t,
                                      const std::vector<std::string>& chain) {
   std::vector<double> ns(chain.size(), 1.0);
-  const PhaseSpan* fwd = nullptr;
-  for (const auto& span : t.phase_spans()) {
-    if (t.phase_name(span.phase) == kPhaseForward) fwd = &span;
-  }
-  if (!fwd) return ns;
-  const auto& ev = t.events();
-  std::vector<size_t> first(chain.size(), kNoEvent),
-      last(chain.size(), kNoEvent);
+  std::vector<bool> seen(chain.size(), false);
   std::vector<std::pair<int64_t, int64_t>> alike(chain.size(), {0, 0});
-  for (size_t e = fwd->first_event; e < fwd->end_event; ++e) {
-    const int i = block_of(t.module_name(ev[e].module), chain);
-    if (i < 0) continue;
-    const auto b = static_cast<size_t>(i);
-    if (first[b] == kNoEvent) first[b] = e;
-    last[b] = e;
-    if (ev[e].kind == EventKind::kAlloc) {
-      alike[b].first += 1;
-      alike[b].second += ev[e].bytes;
+  const auto& ev = t.events();
+  for (const auto& span : t.phase_spans()) {
+    if (t.phase_name(span.phase) != kPhaseForward) continue;
+    std::vector<size_t> first(chain.size(), kNoEvent), last(chain.size(), kNoEvent);
+    std::vector<std::pair<int64_t, int64_t>> counted(chain.size(), {0, 0});
+    for (size_t e = span.first_event; e < span.end_event; ++e) {
+      const int i = block_of(t.module_name(ev[e].module), chain);
+      if (i < 0) continue;
+      const auto b = static_cast<size_t>(i);
+      if (first[b] == kNoEvent) first[b] = e;
+      last[b] = e;
+      if (ev[e].kind == EventKind::kAlloc) {
+        counted[b].first += 1;
+        counted[b].second += ev[e].bytes;
+      }
     }
-  }
-  for (size_t i = 0; i < chain.size(); ++i) {
-    if (first[i] == kNoEvent) continue;
-    const size_t after = std::min(last[i] + 1, ev.size() - 1);
-    ns[i] = std::max<double>(
-        1.0, static_cast<double>(ev[after].time_ns - ev[first[i]].time_ns));
+    for (size_t i = 0; i < chain.size(); ++i) {
+      if (first[i] == kNoEvent) continue;
+      const size_t after = std::min(last[i] + 1, ev.size() - 1);
+      const double took = std::max<double>(
+          1.0, static_cast<double>(ev[after].time_ns - ev[first[i]].time_ns));
+      ns[i] = seen[i] ? std::min(ns[i], took) : took;
+      seen[i] = true;
+      alike[i] = counted[i];  // the last forward's, as before
+    }
   }
   std::vector<double> out = ns;
   for (size_t i = 0; i < chain.size(); ++i) {
     std::vector<double> group;
     for (size_t j = 0; j < chain.size(); ++j) {
-      if (alike[j] == alike[i] && first[j] != kNoEvent) group.push_back(ns[j]);
+      if (alike[j] == alike[i] && seen[j]) group.push_back(ns[j]);
     }
     if (group.size() < 2) continue;
     std::sort(group.begin(), group.end());

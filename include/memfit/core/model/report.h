@@ -63,12 +63,13 @@ struct ModuleRow {
 
 // What the CUDA caching allocator would make of the same step.
 // The cuBLAS workspaces go through the caching allocator (torch 2.x), so
-// they are counted in both allocated and reserved (Note [cuBLAS workspaces
-// on the card]).
+// they are counted in allocated and reserved: all of them in reserved, in
+// allocated all but the other half of cuBLASLt's 2 MiB segment, which the
+// step's own small blocks fill (Note [cuBLAS workspaces on the card]).
 struct CudaEstimate {
   int64_t peak_allocated = 0;  // requests rounded as the allocator does
   int64_t peak_reserved = 0;   // segments held from the device
-  int64_t workspace_bytes = 0; // fixed per-device extra, in both of the above
+  int64_t workspace_bytes = 0; // fixed per-device extra, as reserved
 };
 
 // Note [cuBLAS workspaces on the card]
@@ -77,7 +78,8 @@ struct CudaEstimate {
 // autograd's device thread, so a step that multiplies matrices in both holds
 // two. Each is 32 MiB on Hopper (sm_90) and 8 MiB + 128 KiB on older cards
 // (CUBLAS_WORKSPACE_CONFIG changes it); a Linear with a bias adds
-// cuBLASLt's 1 MiB, a small block in a 2 MiB segment of its own. All stay
+// cuBLASLt's 1 MiB, a small block whose 2 MiB segment the step's small
+// blocks share (Note [cuBLASLt's block in the replay]). All stay
 // allocated from their first use on. Seen on an H200 (torch 2.11, CUDA 13):
 // 32 MiB at the forward's first Linear, 1 MiB beside it, 32 MiB at the
 // backward's first matmul, and nothing else persistent

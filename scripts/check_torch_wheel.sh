@@ -100,8 +100,8 @@ if [[ $steps == *tests* ]]; then
   # MEMFIT_WHEEL_TESTS="" runs every test.
   marks=${MEMFIT_WHEEL_TESTS-torch_api or numerics}
   say "python tests (python/tests${marks:+, -m \"$marks\"}) against the installed memfit"
-  # In JOBS processes, as make test runs them (pytest-xdist; see the Makefile).
-  (cd "$work/tree" && "$py" -m pytest -q -p no:cacheprovider -rs -n "${JOBS:-2}" \
+  # In PYTEST_JOBS processes, as make test runs them (see the Makefile).
+  (cd "$work/tree" && "$py" -m pytest -q -p no:cacheprovider -rs -n "${PYTEST_JOBS:-0}" \
     --dist loadfile ${marks:+-m "$marks"} python/tests) 2>&1 | sed "s/^/$tag /"
   say "python tests passed"
 fi

@@ -113,31 +113,21 @@ def plain_steps(model, make_batch, loss_fn, b):
 
 
 def true_max(model, make_batch, loss_fn, start):
-    """The largest batch whose plain steps run under the cap, by bisection
-    around `start`. Returns (batch, trials, whether `start` ran)."""
-    trials = 0
+    """The largest batch whose plain steps run under the cap, searched from
+    `start` (memfit.testing.truth.largest_that_fits, the search the CPU
+    truth uses). Returns (batch, trials, whether `start` ran)."""
+    from memfit.testing.truth import largest_that_fits
+
+    ran = {}
 
     def runs(b):
-        nonlocal trials
-        trials += 1
-        ok = plain_steps(model, make_batch, loss_fn, b)
+        ran[b] = plain_steps(model, make_batch, loss_fn, b)
         clean()
-        return ok
+        return ran[b]
 
     start = max(1, start)
-    start_ran = runs(start)
-    if start_ran:  # grow until a batch fails
-        lo, hi = start, start + max(1, start // 8)
-        while runs(hi):
-            lo, hi = hi, 2 * hi
-    else:  # halve until one runs
-        lo, hi = start // 2, start
-        while lo >= 1 and not runs(lo):
-            lo, hi = lo // 2, lo
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if runs(mid) else (lo, mid)
-    return lo, trials, start_ran
+    batch = largest_that_fits(runs, start)
+    return batch, len(ran), ran[start]
 
 
 def memfit_fit(model, make_batch, loss_fn, budget):

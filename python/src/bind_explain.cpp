@@ -251,6 +251,17 @@ void init_explain(py::module_& m) {
         "Of a card's fixed workspace bytes, those the replay holds aside: all but "
         "cuBLASLt's 2 MiB segment, whose 1 MiB block it allocates before the forward.");
   m.attr("CUBLASLT_WORKSPACE") = kCublasLtWorkspaceBytes;
+  m.def("cuda_reserved_after", [](const Timeline& timeline, int64_t workspace_bytes) {
+    std::vector<int64_t> after;
+    {
+      py::gil_scoped_release no_gil;
+      after = cuda_reserved_after(timeline, workspace_bytes);
+    }
+    return column(after);
+  }, py::arg("timeline"), py::arg("workspace_bytes"),
+     "The reserved bytes after each of the timeline's events as memfit's CUDA estimate "
+     "replays them (i64 bytes; the held-aside workspace not included, cuBLASLt's block "
+     "from the forward on: Note [cuBLASLt's block in the replay]).");
   m.def("cudnn_workspace_note", [](const Timeline& timeline, const std::vector<int64_t>& bounds,
                                    int64_t batch) {
     ConvWorkspaceAtPeak w = cudnn_workspace_at_peak(timeline, bounds);

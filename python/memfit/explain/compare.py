@@ -185,26 +185,9 @@ def compare_prediction(measured_timeline, measured_reserved_after, measured_peak
     held = int(_memfit.cuda_workspace_held(workspace))
     pred_spans = _spans_of(prediction_timeline)
     # The prediction's reserved bytes after each of its events, replayed as
-    # memfit's estimate is: cuBLASLt's block taken before the forward's
-    # first event (See Note [cuBLASLt's block in the replay]).
-    cublaslt_at = next((first for name, _, first, _, _ in pred_spans if name == "forward"), 0)
-    kinds, ids, nbytes, streams = (array.array("B"), array.array("Q"), array.array("q"),
-                                   array.array("q"))
-    for k, (kind, b, i, *_) in enumerate(prediction_timeline.events()):
-        if k == cublaslt_at and held != workspace:
-            kinds.append(0)
-            ids.append(2**64 - 1)  # no event's id
-            nbytes.append(int(_memfit.CUBLASLT_WORKSPACE))
-            streams.append(0)
-        kinds.append(0 if kind == "alloc" else 1)
-        ids.append(i)
-        nbytes.append(b)
-        streams.append(0)
-    rep, _, _, _ = _memfit.replay_allocator_ops(kinds, ids, nbytes, streams)
+    # memfit's estimate is (See Note [cuBLASLt's block in the replay]).
     pred_reserved = array.array("q")
-    pred_reserved.frombytes(rep)
-    if len(pred_reserved) > len(prediction_timeline):  # after each event, not the block
-        del pred_reserved[cublaslt_at]
+    pred_reserved.frombytes(_memfit.cuda_reserved_after(prediction_timeline, workspace))
     pred = {}
     forward_seen = False
     for name, it, first, end, peak in pred_spans:

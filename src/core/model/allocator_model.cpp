@@ -278,9 +278,14 @@ CudaReplay replay_cuda(const Timeline& timeline,
                      cublaslt_event(timeline));
 }
 
-CudaReplay replay_cuda(const std::vector<Event>& events,
-                       std::optional<int64_t> capacity,
-                       int64_t fixed_overhead_bytes, size_t cublaslt_at) {
+namespace {
+
+// replay_cuda's loop; `reserved_after`, where given, gets the model's
+// reserved bytes after each event.
+CudaReplay replay_cuda_events(const std::vector<Event>& events,
+                              std::optional<int64_t> capacity,
+                              int64_t fixed_overhead_bytes, size_t cublaslt_at,
+                              std::vector<int64_t>* reserved_after) {
   if (fixed_overhead_bytes < 0) {
     throw std::invalid_argument("[replay_cuda] fixed overhead " +
                                 std::to_string(fixed_overhead_bytes) +
@@ -321,11 +326,29 @@ CudaReplay replay_cuda(const std::vector<Event>& events,
       peak_reserved = model.reserved();
       r.peak_reserved_event = i;
     }
+    if (reserved_after) reserved_after->push_back(model.reserved());
   }
   if (cublaslt && cublaslt_at >= events.size()) take_cublaslt(events.size());
   r.peak_allocated = model.peak_allocated();
   r.peak_reserved = model.peak_reserved() + held;
   return r;
+}
+
+}  // namespace
+
+CudaReplay replay_cuda(const std::vector<Event>& events,
+                       std::optional<int64_t> capacity,
+                       int64_t fixed_overhead_bytes, size_t cublaslt_at) {
+  return replay_cuda_events(events, capacity, fixed_overhead_bytes, cublaslt_at, nullptr);
+}
+
+std::vector<int64_t> cuda_reserved_after(const Timeline& timeline,
+                                         int64_t fixed_overhead_bytes) {
+  std::vector<int64_t> after;
+  after.reserve(timeline.events().size());
+  replay_cuda_events(timeline.events(), std::nullopt, fixed_overhead_bytes,
+                     cublaslt_event(timeline), &after);
+  return after;
 }
 
 }  // namespace memfit

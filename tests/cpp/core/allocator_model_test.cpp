@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <stdexcept>
+#include <vector>
 
 #include "memfit/core/model/report.h"
 
@@ -336,6 +338,19 @@ TEST(ReplayCudaTest, CublasLtBlockIsASmallBlockTakenAtTheForward) {
   // Under 2 MiB the overhead is held aside whole, as before.
   EXPECT_EQ(cuda_workspace_allocated(MiB), MiB);
   EXPECT_EQ(replay_cuda(t, std::nullopt, MiB).peak_reserved, 4 * MiB + MiB);
+}
+
+TEST(ReplayCudaTest, ReservedAfterEachEventIsTheReplaysOwn) {
+  const Timeline t = cublaslt_timeline();
+  const std::vector<int64_t> after = cuda_reserved_after(t, kDefaultCudaWorkspaceBytes);
+  ASSERT_EQ(after.size(), t.events().size());
+  // cuBLASLt's segment is taken before event 2, so from there on the
+  // column holds its 2 MiB; its top is the replay's peak less the 64 MiB
+  // held aside.
+  EXPECT_EQ(after[2] - after[1], 2 * MiB);
+  EXPECT_EQ(*std::max_element(after.begin(), after.end()),
+            replay_cuda(t, std::nullopt, kDefaultCudaWorkspaceBytes).peak_reserved -
+                cuda_workspace_held(kDefaultCudaWorkspaceBytes));
 }
 
 TEST(ReplayCudaTest, EmptyTimeline) {

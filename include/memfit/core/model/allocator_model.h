@@ -146,5 +146,11 @@ CudaReplay replay_cuda(const Timeline& timeline,
 CudaReplay replay_cuda(const std::vector<Event>& events,
                        std::optional<int64_t> capacity = {},
                        int64_t fixed_overhead_bytes = 0, size_t cublaslt_at = 0);
+// The reserved bytes after each of the timeline's events in the replay above
+// (no capacity; the held-aside part of `fixed_overhead_bytes` not included,
+// cuBLASLt's block included from its event on): the column Snapshot.compare
+// sets beside a card's trace, so the two replay one way.
+std::vector<int64_t> cuda_reserved_after(const Timeline& timeline,
+                                         int64_t fixed_overhead_bytes);
 
 }  // namespace memfit

@@ -27,7 +27,6 @@ for the heavy ones, so that the whole corpus runs on a 2-core CPU.
 import argparse
 import gc
 import os
-import re
 import statistics
 import sys
 import time
@@ -39,6 +38,8 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import memfit  # noqa: E402
 from _peer_models import Spec, _classes, fit_specs, hf_specs  # noqa: E402
+from memfit.testing.corpus_log import (COLUMNS, PLAIN_TRUTH, REPLAY_TRUTH,  # noqa: E402
+                                       format_failed, format_row, rows_from_logs)
 from memfit.testing.truth import largest_that_fits, plain_steps_run  # noqa: E402
 
 
@@ -304,11 +305,6 @@ def corpus(quick, groups=GROUPS):
     return specs, missing
 
 
-# The header's words for the truth of --target cpu: scripts/corpus_gate.py
-# passes only logs whose every header says them.
-PLAIN_TRUTH = "plain steps on memfit.simulated_device(budget), no recorder"
-
-
 def plain_steps_fit(spec, batch, budget, steps=2):
     """Whether `steps` plain training steps at `batch` (forward, loss,
     backward, Adam, zero_grad; no memfit recorder) run on a simulated device
@@ -427,27 +423,6 @@ def report(rows, failed, threads_list):
     return 1 if any(r["overshoot"] for _, _, r in rows) else 0
 
 
-ROW = re.compile(r"^(\S+)\s+(\d+)\s+(\d+)\s+(\d+)\s+[\d.]+\s+(YES|no)\s+(\d+)\s+(True|False)\s+"
-                 r"([-+\d.]+)%\s+([\d.]+)x\s+(\d+)\s+\d+\s*$")
-
-
-def rows_from_logs(paths):
-    """The rows printed by earlier runs (a run cut short, or split by thread
-    count or by model): the last row of each (model, threads) wins."""
-    rows = {}
-    for path in paths:
-        for line in open(path):
-            m = ROW.match(line.rstrip("\n"))
-            if not m:
-                continue
-            name, thr, found, truth, over, trials, affine, err, cost, b = m.groups()
-            rows[(name, int(thr))] = dict(
-                found=int(found), truth=int(truth), overshoot=over == "YES", self_over_bytes=0,
-                trials=int(trials), affine=affine == "True", pred_err=float(err) / 100,
-                cost=float(cost), large=2 * int(b))
-    return [(name, thr, r) for (name, thr), r in rows.items()]
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -476,7 +451,7 @@ def main():
         specs = {k: v for k, v in specs.items() if k not in args.skip.split(",")}
     print(f"torch {torch.__version__}; {len(specs)} models, threads {threads_list}; "
           f"budget = the measured peak at B, prediction checked at 2B; true max: "
-          f"{PLAIN_TRUTH if args.target == 'cpu' else 'memfit own allocator replay (memfit measuring itself: no card here)'}"
+          f"{PLAIN_TRUTH if args.target == 'cpu' else REPLAY_TRUTH}"
           f"{'; a CUDA card: reserved bytes (the prediction: allocated bytes where the two largest probes allocate differently)' if args.target == 'cuda' else ''}",
           flush=True)
     for group, why in missing.items():
@@ -485,8 +460,7 @@ def main():
         for name, why in TV_SKIPPED.items():
             print(f"skipped {name}: {why}", flush=True)
     rows, failed = [], []
-    print(f"{'model':<30} thr {'found':>6} {'true':>6} {'ratio':>6} over trials affine "
-          f"{'pred@2B':>9} {'cost':>6} {'B':>4} {'secs':>5}", flush=True)
+    print(COLUMNS, flush=True)
     for name, spec in specs.items():
         for threads in threads_list:
             t0 = time.perf_counter()
@@ -494,16 +468,12 @@ def main():
                 r = measure(spec, threads, budget_batch, args.target)
             except Exception as e:  # noqa: BLE001 (report and go on: a corpus run is long)
                 failed.append((name, threads, f"{type(e).__name__}: {str(e)[:200]}"))
-                print(f"{name:<30} {threads:>3} FAILED {failed[-1][2]}", flush=True)
+                print(format_failed(*failed[-1]), flush=True)
                 continue
             finally:
                 gc.collect()
             rows.append((name, threads, r))
-            print(f"{name:<30} {threads:>3} {r['found']:>6} {r['truth']:>6} "
-                  f"{r['found'] / r['truth']:>6.3f} {'YES' if r['overshoot'] else 'no':>4} "
-                  f"{r['trials']:>6} {str(r['affine']):>6} {100 * r['pred_err']:>+8.2f}% "
-                  f"{r['cost']:>5.1f}x {r['large'] // 2:>4} {time.perf_counter() - t0:>5.0f}",
-                  flush=True)
+            print(format_row(name, threads, r, time.perf_counter() - t0), flush=True)
     return report(rows, failed, threads_list)
 
 

@@ -7,28 +7,21 @@ plain steps (--target cuda's is memfit's own replay) fail too.
 """
 
 import argparse
-import os
-import re
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bench"))
-from fit_corpus import PLAIN_TRUTH, rows_from_logs  # noqa: E402
+from memfit.testing.corpus_log import PLAIN_TRUTH, failures_in_log, rows_from_logs
 
 __all__ = ["problems", "main"]
-
-FAILED = re.compile(r"^(\S+)\s+(\d+)\s+FAILED\s+(.*)$")
 
 
 def problems(log: str, min_models: int, min_ratio: float, expect: list) -> tuple:
     """(the rows, one line per reason to fail)."""
     rows = rows_from_logs([log])
-    why = []
+    why = [f"{name} ({threads} thr) failed: {reason}"
+           for name, threads, reason in failures_in_log(log)]
     headers = 0
     with open(log) as f:
         for line in f:
-            m = FAILED.match(line.rstrip("\n"))
-            if m:
-                why.append(f"{m.group(1)} ({m.group(2)} thr) failed: {m.group(3)}")
             if "true max: " in line:
                 headers += 1
                 if PLAIN_TRUTH not in line:

@@ -2,6 +2,8 @@
 search, measured with the gradients accumulated, not from running out of
 memory: see Note [The first micro-batch from the fit]."""
 
+import gc
+
 import pytest
 import torch
 
@@ -128,7 +130,10 @@ def budget_that_splits(make, x, y, loss_fn, parts=4, **kwargs):
     n = len(y)
     whole, split = peak(n), peak(-(-n // parts))
     assert split < whole  # the activations weigh more than a second copy of the gradients
-    return (whole + split) // 2
+    # The budget is the whole simulated device: what earlier tests left alive
+    # and tracked in this process is beside the step, on top of it.
+    gc.collect()
+    return (whole + split) // 2 + memfit._memfit.tracked_live_bytes("cpu")
 
 
 @pytest.mark.slow
@@ -155,6 +160,33 @@ def test_the_first_step_under_a_budget_that_splits_recovers_no_oom(name):
     second = t.step(x, y)
     assert second.ooms_recovered == 0 and second.chunks == first.chunks
     assert_close(opt.grads, want)
+
+
+def test_tensors_kept_from_a_track_block_are_beside_the_trainers_own_budget():
+    # The Trainer's budget on the CPU is a simulated device its steps run on,
+    # and that device counts the tracked tensors kept beside the step: so
+    # does its plan, and the step then fits.
+    x, y = mnist_batch()
+    budget = budget_that_splits(mnist_mlp, x, y, CE) * 4  # roomy
+
+    def planned_room():
+        model = mnist_mlp()
+        t = memfit.Trainer(model, Capture(model.parameters()), CE, budget=budget)
+        r = t.step(x, y)
+        assert r.ooms_recovered == 0 and r.samples == len(y)
+        return t.planned.room_bytes
+
+    alone = planned_room()
+    with memfit.track():
+        kept = torch.zeros(budget // 4, dtype=torch.uint8)
+    assert planned_room() == alone - kept.nbytes
+    with memfit.track():
+        kept = torch.zeros(budget, dtype=torch.uint8)
+    model = mnist_mlp()
+    t = memfit.Trainer(model, Capture(model.parameters()), CE, budget=budget)
+    with pytest.warns(RuntimeWarning, match="is full already"):
+        with pytest.raises(torch.OutOfMemoryError):
+            t.step(x, y)
 
 
 def test_a_batch_that_fits_whole_runs_whole_after_the_probes_only():

@@ -30,7 +30,11 @@ __all__: list = []
 # - budget: the user's; without one, capacity.
 # Where memfit does not see the device (a card planned from the CPU, or the
 # host without a simulated device), nothing is beside the step and the budget
-# is the room; for a card the notes say what memfit cannot see.
+# is the room; for a card the notes say what memfit cannot see. memfit.Trainer's
+# own budget on the CPU is a simulated device its steps run on, and that device
+# counts every tracked byte alive (a tensor kept from a memfit.track() block,
+# a loss kept with its graph): planned as the room of the whole budget, the
+# plan left them out and the first step ran out of memory in the forward.
 
 
 class DeviceFull(ValueError):
@@ -64,11 +68,14 @@ def _on_cuda(model):
 
 
 def resolve_budget(budget, model: torch.nn.Module, optimizer=None, what: str = "find_batch_size",
-                   target_device: str = "cpu", held: bool = True) -> Room:
+                   target_device: str = "cpu", held: bool = True,
+                   simulates: bool = False) -> Room:
     """The Room of `budget` (bytes, "16GiB" or None) for `model`'s step with
     `optimizer`: See Note [The budget is the whole device]. held=False: the
     step re-creates the weights and buffers only (an eval step), so the
-    .grad and optimizer state are beside it. Raises one-line
+    .grad and optimizer state are beside it. simulates=True: the caller
+    runs the step on a simulated device of `budget` (memfit.Trainer on the
+    CPU), which is then the device seen. Raises one-line
     ValueErrors tagged `what` for a budget that is 0, negative or unreadable,
     none where no device is seen, and DeviceFull for a device already full."""
     given = None if budget is None else to_bytes(budget, what)
@@ -77,6 +84,8 @@ def resolve_budget(budget, model: torch.nn.Module, optimizer=None, what: str = "
                          f"the memory the step may use, e.g. budget='16GiB'")
     fmt = _memfit.format_bytes
     simulated = _memfit.budget("cpu")
+    if simulated is None and simulates and given is not None and not _on_cuda(model):
+        simulated = given
     if _on_cuda(model):
         seen = "cuda"
         capacity = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()

@@ -519,14 +519,17 @@ class Trainer:
                 device.type == "cpu" and self._native.budget is None
                 and _memfit.budget("cpu") is None):
             return None
-        # The rehearsal counts its own copy of every weight, .grad and state
-        # tensor: See Note [The budget is the whole device] (plan/budget.py).
         try:
-            room = resolve_budget(self._native.budget, self._module, self.optimizer,
-                                  "Trainer.step", device.type).room_bytes
+            room = self._resolved_budget(device).room_bytes
         except DeviceFull:
             room = 0
         return room, device.type == "cpu"
+
+    def _resolved_budget(self, device):
+        # The rehearsal counts its own copy of every weight, .grad and state
+        # tensor: See Note [The budget is the whole device] (plan/budget.py).
+        return resolve_budget(self._native.budget, self._module, self.optimizer,
+                              "Trainer.step", device.type, simulates=device.type == "cpu")
 
     def _plan_micro_batch(self, native, inputs, target, n):
         """Sets the micro-batch the step starts from, measured: see Note [The
@@ -573,6 +576,8 @@ class Trainer:
         room, whether a step here verifies), the two questions of Note [The
         first micro-batch from the fit]; raises what the measurement raised."""
         room, on_device = where
+        if room == 0:  # a full device: DeviceFull's own line, naming what fills it
+            self._resolved_budget(self._device())
         fit = self._fitter(inputs, target, n, room, on_device)
         plan = MicroBatchPlan(batch=n, room_bytes=room)
         plan.whole = fit(True, n)

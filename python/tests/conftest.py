@@ -6,11 +6,22 @@ _build = os.path.join(os.path.dirname(__file__), "..", "..", "build", "python")
 if os.path.isdir(_build) and _build not in sys.path:
     sys.path.insert(0, os.path.abspath(_build))
 
-# Under pytest -n N (pytest-xdist: make test and test-quick) each
-# worker keeps torch's own thread count, as a run in one process has: peaks
-# depend on it (per-thread buffers of CPU kernels: one thread fit the card
-# plan of micro-batches of 1 in test_advise_apply_plan.py, two do not), and
-# a test must see the same memory however the suite is run.
+# Under pytest -n N (pytest-xdist: make test and test-quick) each worker
+# runs torch on its share of the cores (2 cores, 2 workers: one thread each),
+# not on all of them: N workers of all the cores' threads each oversubscribe
+# the cores, and OpenMP's threads spin waiting for each other (on 2 cores,
+# two workers of two threads were slower than one process). A test must pass
+# at any thread count, as users run any: peaks depend on it (per-thread
+# buffers of CPU kernels), so a test compares a step with one measured in
+# the same process, never with a number another thread count gave.
+# The scripts and commands a test starts get the same count.
+_workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0") or 0)
+if _workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+    import torch
+
+    _cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    os.environ["OMP_NUM_THREADS"] = str(max(1, (_cores or 1) // _workers))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
 def pytest_configure(config):

@@ -13,22 +13,56 @@ memfit = sys.argv[1]
 package = sys.argv[2] if len(sys.argv) > 2 else None
 
 
-def profile(command, model):
-    done = subprocess.run(command + ["profile", "--model", model, "--batch", "8", "--mode",
-                                     "meta", "--json", "--quiet"],
-                          capture_output=True, text=True, timeout=600,
-                          env=dict(os.environ, PYTHONPATH=package or ""))
+MODELS = ["mlp", "cnn", "gpt", "resnet18"]
+
+
+def flags(model):
+    return ["profile", "--model", model, "--batch", "8", "--mode", "meta", "--json", "--quiet"]
+
+
+def alone(model):
+    done = subprocess.run([memfit] + flags(model), capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, (model, done.stderr)
     return json.loads(done.stdout)
 
 
-for model in ["mlp", "cnn", "gpt", "resnet18"]:
-    alone = profile([memfit], model)
-    assert alone["mode"] == "meta", (model, alone["mode"], alone.get("notes"))
-    assert "notes" not in alone, (model, alone["notes"])
+# `python -m memfit` is memfit.command.main: one interpreter runs it for each
+# model in turn, so Python starts, imports torch (2.5 s on two cores) and
+# loads torch's Python meta kernels (1.7 s) once, not once per model. Each
+# run's JSON is the output between two marker lines.
+INSIDE = """
+import sys
+from memfit.command import main
+for model in sys.argv[1:]:
+    print("@@ begin " + model, flush=True)
+    try:
+        main([model if a == "MODEL" else a for a in %r])
+    except SystemExit as e:
+        print("@@ exit", model, e.code, flush=True)
+""" % flags("MODEL")
+
+
+def inside(models):
+    done = subprocess.run([sys.executable, "-c", INSIDE] + models, capture_output=True,
+                          text=True, timeout=600, env=dict(os.environ, PYTHONPATH=package))
+    assert done.returncode == 0, done.stderr
+    out, lines = {}, done.stdout.splitlines()
+    for model in models:
+        begin = lines.index("@@ begin " + model) + 1
+        end = next(i for i in range(begin, len(lines)) if lines[i].startswith("@@ exit " + model))
+        assert lines[end] == f"@@ exit {model} 0", (lines[end], done.stderr)
+        out[model] = json.loads("\n".join(lines[begin:end]))
+    return out
+
+
+inside_reports = inside(MODELS) if package else {}
+for model in MODELS:
+    report = alone(model)
+    assert report["mode"] == "meta", (model, report["mode"], report.get("notes"))
+    assert "notes" not in report, (model, report["notes"])
     if package:
-        inside = profile([sys.executable, "-m", "memfit"], model)
-        assert inside["mode"] == "meta", (model, inside.get("notes"))
+        other = inside_reports[model]
+        assert other["mode"] == "meta", (model, other.get("notes"))
         for key in ["peak_bytes", "phases", "categories_at_peak", "modules"]:
-            assert alone[key] == inside[key], (model, key)
-    print(f"{model}: meta, peak {alone['peak_bytes']} bytes")
+            assert report[key] == other[key], (model, key)
+    print(f"{model}: meta, peak {report['peak_bytes']} bytes")

@@ -21,14 +21,18 @@ $(VENV)/.requirements: requirements.txt
 
 venv: $(VENV)/.requirements
 
-# Precompiled torch headers (Note [Precompiled torch headers]) where ccache
-# has nothing to give: not installed, or its cache empty (a new machine, CI);
-# PCH=ON or PCH=OFF decides. Read when the build folder is configured.
-PCH ?=
+# Unity batches (Note [Unity builds]) where the build is cold: ccache not
+# installed, or its cache empty (a new machine, CI; scripts/cold_build.sh);
+# per file where ccache holds objects, so an edit recompiles its own file.
+# UNITY=ON|OFF decides; PCH=ON adds precompiled torch headers (Note
+# [Precompiled torch headers]), which no longer pay beside the batches. Read
+# when the build folder is configured: `make clean` to decide again.
+PCH ?= OFF
+UNITY ?=
 $(BUILD)/CMakeCache.txt: | deps venv
 	@cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) \
 	  -DPython_EXECUTABLE=$(abspath $(PY)) -DMEMFIT_BUILD_TESTS=ON \
-	  -DMEMFIT_PRECOMPILE_HEADERS=$${PCH:-$$(scripts/pch_default.sh)} \
+	  -DMEMFIT_UNITY_BUILD=$${UNITY:-$$(scripts/cold_build.sh)} -DMEMFIT_PRECOMPILE_HEADERS=$(PCH) \
 	  $$(command -v ninja >/dev/null && echo -G Ninja) >/dev/null
 
 configure: $(BUILD)/CMakeCache.txt

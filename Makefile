@@ -43,13 +43,14 @@ build: deps venv configure
 test-cpp: build
 	@cd $(BUILD) && ctest --output-on-failure -j$(JOBS)
 
-# The Python tests in pytest's own process by default (PYTEST_JOBS=0); with
-# PYTEST_JOBS=N in N processes (pytest-xdist), each test file whole in one
-# of them (--dist loadfile: a module's fixtures are made once), each with
-# torch's own thread count (see conftest.py). On 2 idle cores two workers
-# were slower, 46 s against 35 s on 11 of the files, the same minutes: each
-# worker's torch runs 2 threads, so 4 threads share the 2 cores.
-PYTEST_JOBS ?= 0
+# The Python tests in one process per core (pytest-xdist), each test file
+# whole in one of them (--dist loadfile: a module's fixtures are made once),
+# each worker's torch on its share of the cores (python/tests/conftest.py).
+# On 2 cores, 22 of the test files, the same minutes (load 2.4-3.5): 47 and
+# 89 s against 132 and 142 s in one process of two threads, where one
+# process keeps one core busy with Python and OpenMP's threads spin.
+# PYTEST_JOBS=0 runs them in pytest's own process.
+PYTEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 1 ] && echo $$n || echo 0)
 PYTEST := PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile
 
 test-python: build

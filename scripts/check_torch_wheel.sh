@@ -100,8 +100,11 @@ if [[ $steps == *tests* ]]; then
   # MEMFIT_WHEEL_TESTS="" runs every test.
   marks=${MEMFIT_WHEEL_TESTS-torch_api or numerics}
   say "python tests (python/tests${marks:+, -m \"$marks\"}) against the installed memfit"
-  # In PYTEST_JOBS processes, as make test runs them (see the Makefile).
-  (cd "$work/tree" && "$py" -m pytest -q -p no:cacheprovider -rs -n "${PYTEST_JOBS:-0}" \
+  # In PYTEST_JOBS processes, one per core by default, as make test runs
+  # them (see the Makefile).
+  jobs=${PYTEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
+  [ "$jobs" -gt 1 ] || jobs=0
+  (cd "$work/tree" && "$py" -m pytest -q -p no:cacheprovider -rs -n "$jobs" \
     --dist loadfile ${marks:+-m "$marks"} python/tests) 2>&1 | sed "s/^/$tag /"
   say "python tests passed"
 fi

@@ -102,6 +102,19 @@ def device_for_chunks(run, n, B, collect=True):
     return memfit.simulated_device(budget_for_chunks(run, n, B, live(), tight=False))
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _frozen_heap():
+    """The module's 34 or so collections (no_gc's and lazy's plans') each
+    walk every object alive: most of its time in a process that ran earlier
+    tests. What was alive before the module is collected once and frozen,
+    left out of those walks; none of it becomes garbage here (what the
+    tests make is not frozen), so each collection frees the same bytes."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
 @pytest.fixture
 def no_gc():
     """Collect garbage once, then keep the collector from freeing tracked

@@ -5,7 +5,8 @@
 # caches); there batches save a third of a cold build's CPU and half its
 # wall time. OFF where ccache holds objects: a rebuild from its cache beats
 # any batch, and an edited file recompiles alone, not with its batch.
-if command -v ccache >/dev/null &&
+# CCACHE_DISABLE set: ccache gives nothing either.
+if [ -z "${CCACHE_DISABLE:-}" ] && command -v ccache >/dev/null &&
   ccache --print-stats 2>/dev/null | awk '$1 == "files_in_cache" && $2 > 0 {f = 1} END {exit !f}'; then
   echo OFF
 else

@@ -162,24 +162,26 @@ def test_the_first_step_under_a_budget_that_splits_recovers_no_oom(name):
     assert_close(opt.grads, want)
 
 
+def planned_room(budget, x, y):
+    """The room the Trainer's plan had for one step under `budget`, the
+    step run without an OOM."""
+    model = mnist_mlp()
+    t = memfit.Trainer(model, Capture(model.parameters()), CE, budget=budget)
+    r = t.step(x, y)
+    assert r.ooms_recovered == 0 and r.samples == len(y)
+    return t.planned.room_bytes
+
+
 def test_tensors_kept_from_a_track_block_are_beside_the_trainers_own_budget():
     # The Trainer's budget on the CPU is a simulated device its steps run on,
     # and that device counts the tracked tensors kept beside the step: so
     # does its plan, and the step then fits.
     x, y = mnist_batch()
     budget = budget_that_splits(mnist_mlp, x, y, CE) * 4  # roomy
-
-    def planned_room():
-        model = mnist_mlp()
-        t = memfit.Trainer(model, Capture(model.parameters()), CE, budget=budget)
-        r = t.step(x, y)
-        assert r.ooms_recovered == 0 and r.samples == len(y)
-        return t.planned.room_bytes
-
-    alone = planned_room()
+    alone = planned_room(budget, x, y)
     with memfit.track():
         kept = torch.zeros(budget // 4, dtype=torch.uint8)
-    assert planned_room() == alone - kept.nbytes
+    assert planned_room(budget, x, y) == alone - kept.nbytes
     with memfit.track():
         kept = torch.zeros(budget, dtype=torch.uint8)
     model = mnist_mlp()
@@ -187,6 +189,24 @@ def test_tensors_kept_from_a_track_block_are_beside_the_trainers_own_budget():
     with pytest.warns(RuntimeWarning, match="is full already"):
         with pytest.raises(torch.OutOfMemoryError):
             t.step(x, y)
+
+
+def test_garbage_beside_the_trainers_own_budget_is_collected_before_the_plan():
+    # A reference cycle an earlier step left holds its tensor until Python's
+    # GC runs; the plan collects it rather than plan around it (or find the
+    # device full, as a budget smaller than the garbage did).
+    x, y = mnist_batch()
+    budget = budget_that_splits(mnist_mlp, x, y, CE) * 4  # roomy
+    alone = planned_room(budget, x, y)
+    gc.disable()  # no collection but the plan's
+    try:
+        with memfit.track():
+            cycle = {"tensor": torch.zeros(budget, dtype=torch.uint8)}
+            cycle["self"] = cycle
+        del cycle
+        assert planned_room(budget, x, y) == alone
+    finally:
+        gc.enable()
 
 
 def test_a_batch_that_fits_whole_runs_whole_after_the_probes_only():

@@ -5,6 +5,7 @@ budget is the whole device]."""
 from __future__ import annotations
 
 import dataclasses
+import gc
 
 import torch
 
@@ -35,6 +36,11 @@ __all__: list = []
 # counts every tracked byte alive (a tensor kept from a memfit.track() block,
 # a loss kept with its graph): planned as the room of the whole budget, the
 # plan left them out and the first step ran out of memory in the forward.
+# Garbage (cycles an earlier step or test left) holds device bytes until
+# Python's GC runs, so where anything is beside the step it is counted after
+# a collection, as lazy's plan does (Note [Garbage and the plan],
+# chunking.py): before, 688 KiB of an earlier test's garbage left a 20 KiB
+# budget no room, and the plan and the step ran out of memory.
 
 
 class DeviceFull(ValueError):
@@ -89,14 +95,18 @@ def resolve_budget(budget, model: torch.nn.Module, optimizer=None, what: str = "
     if _on_cuda(model):
         seen = "cuda"
         capacity = torch.cuda.mem_get_info()[0] + torch.cuda.memory_reserved()
-        beside = max(0, torch.cuda.memory_allocated()
-                     - step_bytes(model, optimizer, lambda t: t.is_cuda, held))
+
+        def beside_now():
+            return max(0, torch.cuda.memory_allocated()
+                       - step_bytes(model, optimizer, lambda t: t.is_cuda, held))
     elif simulated is not None:
         seen = "simulated"
         capacity = simulated
-        tracked = step_bytes(model, optimizer, lambda t: _memfit.allocation_id(t) is not None,
-                             held)
-        beside = max(0, _memfit.tracked_live_bytes("cpu") - tracked)
+
+        def beside_now():
+            tracked = step_bytes(model, optimizer,
+                                 lambda t: _memfit.allocation_id(t) is not None, held)
+            return max(0, _memfit.tracked_live_bytes("cpu") - tracked)
     elif given is None and torch.cuda.is_available():  # a model on the host, sized for the card
         return Room(cuda_free_bytes(), cuda_free_bytes())
     elif given is None:
@@ -110,6 +120,10 @@ def resolve_budget(budget, model: torch.nn.Module, optimizer=None, what: str = "
                          "you keep on it beside this step (an EMA copy, a teacher model) "
                          "must fit in the budget too")
         return Room(given, given, notes=notes)
+    beside = beside_now()
+    if beside:  # garbage holds device bytes until collected: See the Note
+        gc.collect()
+        beside = beside_now()
     top = capacity if given is None else min(given, capacity)
     if beside >= top:
         where = "the simulated device's" if seen == "simulated" else "the card's"

@@ -49,9 +49,8 @@ test-cpp: build
 # On 2 cores, 22 of the test files, the same minutes (load 2.4-3.5): 47 and
 # 89 s against 132 and 142 s in one process of two threads, where one
 # process keeps one core busy with Python and OpenMP's threads spin.
-# PYTEST_JOBS=0 runs them in pytest's own process.
-PYTEST_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 1); [ $$n -gt 1 ] && echo $$n || echo 0)
-PYTEST := PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q -n $(PYTEST_JOBS) --dist loadfile
+# PYTEST_JOBS=0 runs them in pytest's own process (scripts/pytest_jobs.sh).
+PYTEST := PYTHONPATH=$(BUILD)/python $(PY) -m pytest -q -n $$(scripts/pytest_jobs.sh) --dist loadfile
 
 test-python: build
 	@$(PYTEST) python/tests

@@ -100,10 +100,8 @@ if [[ $steps == *tests* ]]; then
   # MEMFIT_WHEEL_TESTS="" runs every test.
   marks=${MEMFIT_WHEEL_TESTS-torch_api or numerics}
   say "python tests (python/tests${marks:+, -m \"$marks\"}) against the installed memfit"
-  # In PYTEST_JOBS processes, one per core by default, as make test runs
-  # them (see the Makefile).
-  jobs=${PYTEST_JOBS:-$(nproc 2>/dev/null || echo 1)}
-  [ "$jobs" -gt 1 ] || jobs=0
+  # In as many processes as make test runs them (scripts/pytest_jobs.sh).
+  jobs=$("$src/scripts/pytest_jobs.sh")
   (cd "$work/tree" && "$py" -m pytest -q -p no:cacheprovider -rs -n "$jobs" \
     --dist loadfile ${marks:+-m "$marks"} python/tests) 2>&1 | sed "s/^/$tag /"
   say "python tests passed"

@@ -242,3 +242,34 @@ def test_a_compiled_step_function_is_recorded_warm_without_the_compilers_memory(
     eager = memfit.profile(model, x, step=step_fn).peak_bytes
     compiled = memfit.profile(model, x, step=torch.compile(step_fn)).peak_bytes
     assert 0 < compiled <= 2 * eager, (compiled, eager)
+
+
+def test_the_warm_up_runs_the_forward_alone_and_the_recording_compiles_nothing():
+    # AOTAutograd compiles each backward at its first call unless told to
+    # compile it with the forward: memfit's warm-up tells it, so the warm-up
+    # runs the forward alone and the recording's first backward finds its
+    # graph compiled (a recording that compiled would be made again: more
+    # forwards). Counted by a backend whose compiled graphs count their calls.
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    calls = {"forward": 0, "backward": 0, "compiled backward": 0}
+
+    def counting(kind):
+        def compiler(gm, example_inputs):
+            if kind == "backward":
+                calls["compiled backward"] += 1
+
+            def run(*args):
+                calls[kind] += 1
+                return gm(*args)
+            return make_boxed_func(run)
+        return compiler
+
+    torch._dynamo.reset()
+    model = torch.compile(make(), backend=aot_autograd(fw_compiler=counting("forward"),
+                                                       bw_compiler=counting("backward")))
+    report = memfit.profile(model, *batch(B), optimizer="adam", iterations=2)
+    assert calls == {"forward": 1 + 2, "backward": 2, "compiled backward": 1}, calls
+    assert report.compile.compiled and report.compile.recorded_warm
+    assert report.compile.recompiles == []

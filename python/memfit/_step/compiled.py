@@ -26,11 +26,14 @@ __all__: list = []
 # objects) and how long it takes are the compiler's, not the step's: a
 # profile that recorded them reported 20x the warm step. So memfit records a
 # compiled step warm:
-# - the first time memfit records a model, one forward, loss and backward
-#   run first, outside the recording (the optimizer's step is left out: its
-#   state must be made inside the recording), under CompileWatch, which
-#   counts what compiling cost (time, host memory, graphs, breaks,
-#   recompiles);
+# - the first time memfit records a model, one forward and loss run first,
+#   outside the recording, under CompileWatch, which counts what compiling
+#   cost (time, host memory, graphs, breaks, recompiles). AOTAutograd is
+#   told to compile each backward with its forward (the same graphs; by
+#   default it compiles a backward at its first call), so the warm-up's
+#   backward need not run; a torch without that switch runs the backward
+#   too. The optimizer's step is left out: its state must be made inside
+#   the recording;
 # - a recording during which anything compiled (a new batch shape, an
 #   optimizer step compiled by the user) is thrown away and made again,
 #   warm: the compiled graph it ran is the one the next step runs;
@@ -473,34 +476,52 @@ class CompileWatch:
 _warmed = weakref.WeakSet()
 
 
+@contextlib.contextmanager
+def backward_compiled_with_forward():
+    """Inside the block AOTAutograd compiles each graph's backward together
+    with its forward, not at its first backward: the same graphs, compiled
+    sooner. Yields whether it does (a torch without the switch: False)."""
+    try:
+        from torch._functorch import config
+    except ImportError:
+        config = None
+    if config is None or not hasattr(config, "force_non_lazy_backward_lowering"):
+        yield False
+        return
+    with config.patch(force_non_lazy_backward_lowering=True):
+        yield True
+
+
 def record_warm(model, record, reset, iterations=1):
     """A recording of a compiled step, warm (See Note [Recording a compiled
-    step]): record(warm_up) records the step (warm_up=True: one forward,
-    loss and backward, thrown away); reset() drops what a thrown-away run
-    left (.grad, the optimizer's state). Returns (the recording, the
-    CompileCost of what compiled on the way, whether the kept recording
-    ran warm).
+    step]): record(warm_up) records the step (warm_up "forward": its
+    forward and loss, thrown away; "backward": its backward too); reset()
+    drops what a thrown-away run left (.grad, the optimizer's state).
+    Returns (the recording, the CompileCost of what compiled on the way,
+    whether the kept recording ran warm).
+
+    The warm-up runs the forward alone where AOTAutograd can compile the
+    backward with it: running the backward too cost a warm backward
+    beyond compiling, a third of the profile's cost.
 
     The compile time is the larger of torch's compilation metrics and the
-    warm-up's wall time less what its forward and backward take warm (the
-    recording's train_seconds over its `iterations`): the metrics leave out
-    loading the compiled code and building guards, which the first call
-    pays too."""
+    warm-up's wall time less what the phases it ran take warm (the
+    recording's over its `iterations`): the metrics leave out loading the
+    compiled code and building guards, which the first call pays too."""
     cost = CompileCost()
     warm_up_s = None
     if model not in _warmed:
         t0 = time.perf_counter()
-        with CompileWatch() as w:
-            record(True)
+        with CompileWatch() as w, backward_compiled_with_forward() as forward_only:
+            warm_up = "forward" if forward_only else "backward"
+            record(warm_up)
         warm_up_s = time.perf_counter() - t0
         cost += w.cost
         reset()
     rec, warm = None, False
     for attempt in range(2):
-        t0 = time.perf_counter()
         with CompileWatch() as w:
-            rec = record(False)
-        recorded_s = getattr(rec, "train_seconds", time.perf_counter() - t0)
+            rec = record(None)
         if not w.cost.compiled:
             warm = True
             break
@@ -513,7 +534,8 @@ def record_warm(model, record, reset, iterations=1):
     if warm:
         _warmed.add(model)
         if warm_up_s is not None and cost.compiled:
-            cost.seconds = max(cost.seconds, warm_up_s - recorded_s / max(1, iterations))
+            ran_s = rec.forward_seconds + (rec.backward_seconds if warm_up == "backward" else 0.0)
+            cost.seconds = max(cost.seconds, warm_up_s - ran_s / max(1, iterations))
     return rec, cost, warm
 
 

@@ -36,9 +36,10 @@ class RecordedStep:
     ran_foreach: bool
     host_bytes: int
     compile: CompileCost | None = None
-    # Wall time of the forward, loss and backward phases, all iterations:
+    # Wall time of the forward and of the backward phases, all iterations:
     # what a compiled model's warm-up runs besides compiling.
-    train_seconds: float = 0.0
+    forward_seconds: float = 0.0
+    backward_seconds: float = 0.0
     # For a card (as_on_cuda): each convolution backward's cuDNN workspace
     # bound, in the order of its mark in the timeline.
     conv_workspaces: list = dataclasses.field(default_factory=list)
@@ -84,7 +85,7 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop
     if autocast:  # See Note [A rehearsal inside the user's autocast].
         torch.clear_autocast_cache()
 
-    def record(warm_up=False):
+    def record(warm_up=None):
         if counters is not None:  # a compiled model's warm-up records first
             counters.restart()
         return record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
@@ -151,13 +152,19 @@ def _record_compiled(model, record, reset, device, eager, iterations):
     """The recording of a compiled model's step: warm, or eager where it
     cannot compile (the meta device, no C++ compiler for inductor), the
     CompileCost saying which."""
+    t0 = time.perf_counter()
     why = ("eager step asked for (compare_eager)" if eager
            else "recorded the eager step on the meta device (inductor does not compile for "
                 "meta tensors); compiled may differ" if device.type == "meta"
            else compiler_unavailable(model))
+    # Looking for the C++ compiler (once a process) is what inductor's first
+    # compile would do: counted as compiling.
+    search_s = time.perf_counter() - t0
     if why is None:
         try:
             rec, cost, warm = record_warm(model, record, reset, iterations)
+            if cost.compiled:
+                cost.seconds += search_s
             cost.recorded_warm = warm
             rec.compile = cost
             return rec
@@ -174,7 +181,7 @@ def _record_compiled(model, record, reset, device, eager, iterations):
 
 
 def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, device,
-                loop=Loop(), say=None, as_on_cuda=False, warm_up=False, counters=None):
+                loop=Loop(), say=None, as_on_cuda=False, warm_up=None, counters=None):
     """Runs `iterations` optimizer steps of `loop`'s shape (See Note [The
     loop the user runs], step_protocol.h) under a recorder; returns a
     RecordedStep. loop.set_to_none=False zeroes the gradients in place: they
@@ -184,7 +191,9 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     optimizer named by a string runs foreach, as on CUDA parameters (See
     Note [The optimizer a GPU would run]). warm_up: one iteration without
     the optimizer's step, to compile a compiled model (See Note [Recording
-    a compiled step])."""
+    a compiled step]): "backward" runs its forward, loss and backward,
+    "forward" its forward and loss only (the backward compiled with the
+    forward), None records the step."""
     how = as_user_step(loss_fn)  # See Note [The step function's contract].
     if warm_up:
         iterations, optimizer, loop = 1, None, Loop()
@@ -217,7 +226,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         step.y = None if target is None else private_copy(target, device)
         step.held = [private_copy(inputs, device) for _ in range(how.held_batches)]
 
-    timed = [0.0]
+    timed = [0.0, 0.0]  # forward, backward
 
     def forward():
         if flops is not None:
@@ -229,9 +238,12 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     def backward():
         if flops is not None:
             flops.backward_begins()
+        if warm_up == "forward":
+            step.loss = None  # drops the graph: its backward was compiled with the forward
+            return
         t0 = time.perf_counter()
         step.loss.backward()
-        timed[0] += time.perf_counter() - t0
+        timed[1] += time.perf_counter() - t0
         if flops is not None:
             flops.step_begins()
 
@@ -282,5 +294,6 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.
     host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
-    return RecordedStep(t, ran_foreach, host_bytes, train_seconds=timed[0],
+    return RecordedStep(t, ran_foreach, host_bytes, forward_seconds=timed[0],
+                        backward_seconds=timed[1],
                         conv_workspaces=conv_workspaces)

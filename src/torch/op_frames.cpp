@@ -3,6 +3,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/record_function.h>
 
+#include <array>
 #include <atomic>
 #include <cstring>
 #include <mutex>
@@ -12,32 +13,47 @@
 namespace memfit::impl {
 namespace {
 
+constexpr size_t kKernelFrames = 2;  // the KernelFrames
+
+// The outermost open op of a KernelFrames: its serial, and the depth of the
+// names stack it was pushed at.
+struct KernelFrame {
+  uint64_t serial = 0;
+  size_t depth = 0;
+};
+
 struct Frames {
   std::vector<const char*> names;
   uint64_t outermost = 0;
-  // See Note [Meta kernels allocate only their outputs].
-  uint64_t meta_kernel = 0;
-  size_t meta_kernel_depth = 0;
+  std::array<KernelFrame, kKernelFrames> kernels;
 };
 
 thread_local Frames t_frames;
 std::atomic<uint64_t> g_next_frame{1};
 
-// Whether the op has a kernel of its own for the Meta key (not the
-// composite that runs on every device); cached per name.
-bool has_own_meta_kernel(const at::RecordFunction& fn) {
+// Which KernelFrames the op opens, a bit each; cached per name. See Note
+// [Meta kernels allocate only their outputs] and Note [A card's rehearsal
+// drops the host's convolution temporaries] (op_frames.h).
+unsigned kernel_frames_of(const at::RecordFunction& fn) {
   static std::mutex mu;
-  static auto* cache = new std::unordered_map<const char*, bool>;
+  static auto* cache = new std::unordered_map<const char*, unsigned>;
   std::lock_guard<std::mutex> lock(mu);
   auto it = cache->find(fn.name());
   if (it != cache->end()) return it->second;
-  bool own = false;
+  unsigned kinds = 0;
   if (auto name = fn.operator_name()) {
     auto op = c10::Dispatcher::singleton().findOp(*name);
-    own = op && op->hasKernelForDispatchKey(c10::DispatchKey::Meta) &&
-          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd);
+    // A composite decomposes on every device: its intermediates are real.
+    if (op && !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeImplicitAutograd)) {
+      if (op->hasKernelForDispatchKey(c10::DispatchKey::Meta)) {
+        kinds |= 1u << static_cast<unsigned>(KernelFrames::kMeta);
+      }
+      if (std::strstr(fn.name(), "convolution") != nullptr) {
+        kinds |= 1u << static_cast<unsigned>(KernelFrames::kHostConvolution);
+      }
+    }
   }
-  return cache->emplace(fn.name(), own).first->second;
+  return cache->emplace(fn.name(), kinds).first->second;
 }
 
 bool is_frame(const at::RecordFunction& fn) {
@@ -49,10 +65,14 @@ std::unique_ptr<at::ObserverContext> push_frame(const at::RecordFunction& fn) {
   if (is_frame(fn)) {
     if (t_frames.names.empty()) t_frames.outermost = g_next_frame++;
     t_frames.names.push_back(fn.name());
-    if (t_frames.meta_kernel == 0 && fn.scope() == at::RecordScope::FUNCTION &&
-        has_own_meta_kernel(fn)) {
-      t_frames.meta_kernel = g_next_frame++;
-      t_frames.meta_kernel_depth = t_frames.names.size();
+    const unsigned kinds =
+        fn.scope() == at::RecordScope::FUNCTION ? kernel_frames_of(fn) : 0;
+    for (size_t k = 0; k < kKernelFrames; ++k) {
+      KernelFrame& f = t_frames.kernels[k];
+      if (f.serial == 0 && (kinds & (1u << k)) != 0) {
+        f.serial = g_next_frame++;
+        f.depth = t_frames.names.size();
+      }
     }
   }
   return nullptr;
@@ -64,9 +84,8 @@ void pop_frame(const at::RecordFunction& fn, at::ObserverContext*) {
   if (is_frame(fn) && !t_frames.names.empty()) {
     t_frames.names.pop_back();
     if (t_frames.names.empty()) t_frames.outermost = 0;
-    if (t_frames.names.size() < t_frames.meta_kernel_depth) {
-      t_frames.meta_kernel = 0;
-      t_frames.meta_kernel_depth = 0;
+    for (KernelFrame& f : t_frames.kernels) {
+      if (t_frames.names.size() < f.depth) f = KernelFrame{};
     }
   }
 }
@@ -79,7 +98,9 @@ bool is_open_op_frame(uint64_t frame) {
   return frame != 0 && t_frames.outermost == frame;
 }
 
-uint64_t meta_kernel_frame() { return t_frames.meta_kernel; }
+uint64_t kernel_frame(KernelFrames which) {
+  return t_frames.kernels[static_cast<size_t>(which)].serial;
+}
 
 const char* innermost_op_name() {
   const auto& names = t_frames.names;

@@ -33,7 +33,7 @@ void Recorder::stop() {
     std::lock_guard<std::mutex> lock(mu_);
     if (!recording_) return;
     held_frame_ = 0;  // whatever is held now is an output: record it
-    flush_meta_kernel_outputs();
+    flush_kernel_outputs();
     recording_ = false;
     timeline_.end_phase();
   }
@@ -53,7 +53,7 @@ bool Recorder::recording() const {
 
 void Recorder::begin_phase(std::string_view name, int iteration) {
   std::lock_guard<std::mutex> lock(mu_);
-  flush_meta_kernel_outputs();
+  flush_kernel_outputs();
   timeline_.begin_phase(name, iteration);
   phase_category_ = default_category(name);
   phase_frees_are_temporary_ = name == "optimizer_step" || name == "zero_grad";
@@ -62,7 +62,7 @@ void Recorder::begin_phase(std::string_view name, int iteration) {
 
 void Recorder::end_phase() {
   std::lock_guard<std::mutex> lock(mu_);
-  flush_meta_kernel_outputs();
+  flush_kernel_outputs();
   timeline_.end_phase();
   phase_category_ = Category::kOther;
   phase_frees_are_temporary_ = false;
@@ -98,7 +98,7 @@ bool Recorder::classify(const at::Tensor& t, Category c) {
   auto a = tracking::allocation_of(t);
   if (!a) return false;
   std::lock_guard<std::mutex> lock(mu_);
-  flush_meta_kernel_outputs();
+  flush_kernel_outputs();
   return timeline_.set_category(a->id, c);
 }
 
@@ -113,13 +113,17 @@ void Recorder::drop_meta_kernel_intermediates() {
 }
 
 void Recorder::add_card_kernels() {
-  if (card_ops_ == 0) card_ops_ = impl::add_card_ops(this);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    drop_host_convolution_intermediates_ = true;
+  }
+  if (card_ops_ == 0) card_ops_ = impl::add_card_ops(this);  // outside mu_, as in stop()
 }
 
 void Recorder::record_transient(int64_t bytes, std::string_view what, Device device) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!recording_ || bytes < 0 || (only_device_ && device != *only_device_)) return;
-  flush_meta_kernel_outputs();
+  flush_kernel_outputs();
   // Ids apart from the tracking allocator's, which count up from 1.
   const uint64_t id = (uint64_t{1} << 63) | ++next_transient_;
   Event e;
@@ -136,7 +140,7 @@ void Recorder::record_transient(int64_t bytes, std::string_view what, Device dev
   e.kind = EventKind::kAlloc;
   Event f = e;
   f.kind = EventKind::kFree;
-  // Inside a Meta kernel still running, after the outputs it holds back.
+  // Inside a kernel frame still running, after the outputs it holds back.
   if (!held_.empty()) {
     held_.push_back(e);
     held_.push_back(f);
@@ -147,8 +151,19 @@ void Recorder::record_transient(int64_t bytes, std::string_view what, Device dev
   timeline_.record(f);
 }
 
-void Recorder::flush_meta_kernel_outputs() {
-  if (held_.empty() || (held_frame_ != 0 && held_frame_ == impl::meta_kernel_frame())) {
+uint64_t Recorder::dropping_frame(Device d, impl::KernelFrames& kind) const {
+  if (d == Device::kMeta && drop_meta_kernel_intermediates_) {
+    kind = impl::KernelFrames::kMeta;
+  } else if (d == Device::kCPU && drop_host_convolution_intermediates_) {
+    kind = impl::KernelFrames::kHostConvolution;
+  } else {
+    return 0;
+  }
+  return impl::kernel_frame(kind);
+}
+
+void Recorder::flush_kernel_outputs() {
+  if (held_.empty() || (held_frame_ != 0 && held_frame_ == impl::kernel_frame(held_kind_))) {
     return;
   }
   // Stamped now: frees recorded while the kernel ran must not follow them.
@@ -170,13 +185,15 @@ void Recorder::flush_meta_kernel_outputs() {
   held_frame_ = 0;
 }
 
-int64_t Recorder::live_bytes() const {
+int64_t Recorder::live_bytes() {
   std::lock_guard<std::mutex> lock(mu_);
+  flush_kernel_outputs();
   return live_;
 }
 
-int64_t Recorder::peak_bytes() const {
+int64_t Recorder::peak_bytes() {
   std::lock_guard<std::mutex> lock(mu_);
+  flush_kernel_outputs();
   return peak_;
 }
 
@@ -198,16 +215,18 @@ Event Recorder::stamped(const Allocation& a, EventKind kind) const {
 void Recorder::on_alloc(const Allocation& a) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!recording_ || (only_device_ && a.device != *only_device_)) return;
-  flush_meta_kernel_outputs();
+  flush_kernel_outputs();
   Event e = stamped(a, EventKind::kAlloc);
   const char* op = impl::innermost_op_name();
   e.op = op ? timeline_.op_index(op) : 0;
   e.category = phase_category_;
-  const uint64_t frame = drop_meta_kernel_intermediates_ && a.device == Device::kMeta
-                             ? impl::meta_kernel_frame()
-                             : 0;
-  if (frame != 0) {  // See Note [Meta kernels allocate only their outputs].
+  // See Note [Meta kernels allocate only their outputs] and Note [A card's
+  // rehearsal drops the host's convolution temporaries] (op_frames.h).
+  impl::KernelFrames kind{};
+  const uint64_t frame = dropping_frame(a.device, kind);
+  if (frame != 0) {
     held_frame_ = frame;
+    held_kind_ = kind;
     held_.push_back(e);
     return;
   }
@@ -220,11 +239,11 @@ void Recorder::on_alloc(const Allocation& a) {
 void Recorder::on_free(const Allocation& a, bool temporary) {
   std::lock_guard<std::mutex> lock(mu_);
   if (!recording_) return;
-  flush_meta_kernel_outputs();
+  flush_kernel_outputs();
   auto held = std::find_if(held_.begin(), held_.end(), [&](const Event& e) {
     return e.id == a.id && e.kind == EventKind::kAlloc;
   });
-  if (held != held_.end()) {  // an intermediate of a Meta kernel: never was
+  if (held != held_.end()) {  // an intermediate of a kernel frame: never was
     held_.erase(held);
     return;
   }

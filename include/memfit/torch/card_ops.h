@@ -13,8 +13,10 @@ class Recorder;
 namespace memfit::impl {
 
 // Note [What a card adds inside an op]
-// A step rehearsed on the host or on meta records what its kernels allocate;
-// a card's kernels take more inside some ops. For a card target the recorder
+// A step rehearsed on the host or on meta records what its kernels allocate
+// (less the host's convolution temporaries: See Note [A card's rehearsal
+// drops the host's convolution temporaries], op_frames.h); a card's kernels
+// take more inside some ops. For a card target the recorder
 // adds the staging buffer of a sum or mean split across thread blocks (Note
 // [A CUDA reduction's staging buffer], card_kernels.cpp) from the op's
 // shapes, as a temporary of the op recorded as it returns (its output live,

@@ -31,9 +31,38 @@ bool is_open_op_frame(uint64_t frame);
 // and frees again before it returns is no memory of the real step, and the
 // recorder drops it (Recorder::drop_meta_kernel_intermediates).
 
-// Serial of the outermost op open on this thread that runs a Meta kernel of
-// its own; 0 when none.
-uint64_t meta_kernel_frame();
+// Note [A card's rehearsal drops the host's convolution temporaries]
+// A step for a CUDA card rehearsed on the host runs the host's convolution
+// kernels, and oneDNN's take scratchpads and reorders of the input, weight
+// and gradients into its blocked layouts, freed before the op returns. Their
+// size is the host CPU's: in two steps of resnet18 x 16 the convolution
+// backwards allocate 731 MiB of them under oneDNN's AVX2 kernels and 280 MiB
+// under its AVX-512 ones, which put the predicted peak +19.5% or -2.9% off
+// the H200's. A card never
+// has them: what cuDNN takes inside the op is its workspace, said apart
+// (Note [cuDNN's workspace at the step's peak], card_kernels.cpp). So for a
+// card target (Recorder::add_card_kernels) an op of the convolution family
+// is one frame, as a Meta kernel is: what it allocates on the host and frees
+// before it returns is dropped, its outputs kept. The family: a name with
+// "convolution" (aten::convolution and convolution_backward, through which
+// every convolution dispatches, and the backends' kernels under them), not
+// CompositeImplicitAutograd (_convolution_mode pads the input of a "same"
+// convolution, on a card too). Only that family: widened to every op with a
+// kernel of its own, mlp's and gpt's H200 predictions stay exact, but cnn's
+// falls from -4.9% to -6.5% of the card's (its peak is in the backward):
+// what other host kernels free inside the op is not the host's alone. A
+// card's own in-op memory is added from the shapes (Note [What a card adds
+// inside an op], card_ops.h).
+
+// The kernels whose intermediates a recorder can drop: See the Notes above.
+enum class KernelFrames : uint8_t {
+  kMeta,             // ops with a Meta kernel of their own
+  kHostConvolution,  // the convolution family, run on the host for a card
+};
+
+// Serial of the outermost op open on this thread that is a frame of
+// `which`; 0 when none.
+uint64_t kernel_frame(KernelFrames which);
 // Name of the innermost op open on this thread; nullptr when none. Valid only
 // while that op runs.
 const char* innermost_op_name();

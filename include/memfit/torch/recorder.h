@@ -14,6 +14,7 @@
 
 #include "memfit/core/model/phase_category.h"
 #include "memfit/core/model/timeline.h"
+#include "memfit/torch/op_frames.h"
 #include "memfit/torch/tracking.h"
 
 namespace memfit {
@@ -55,15 +56,18 @@ class Recorder final : private AllocationObserver {
 
   // From now on, adds what a CUDA card's kernels take inside an op and the
   // host's do not (a reduction's staging buffer): See Note [What a card adds
-  // inside an op] (card_ops.h).
+  // inside an op] (card_ops.h); and drops what the host's convolution kernels
+  // allocate and free again inside the op: See Note [A card's rehearsal drops
+  // the host's convolution temporaries] (op_frames.h).
   void add_card_kernels();
   // Records `bytes` (0 too) allocated and freed again now on `device`, a
   // temporary named `what`: one of those transients.
   void record_transient(int64_t bytes, std::string_view what, Device device);
 
-  // Bytes recorded live now / at most, since the recording started.
-  int64_t live_bytes() const;
-  int64_t peak_bytes() const;
+  // Bytes recorded live now / at most, since the recording started; the
+  // outputs of a kernel frame that has returned on this thread count.
+  int64_t live_bytes();
+  int64_t peak_bytes();
 
   // The recorded events. Read it after stop(), or while no other thread runs
   // torch ops.
@@ -74,9 +78,12 @@ class Recorder final : private AllocationObserver {
   Event stamped(const Allocation& a, EventKind kind) const;
   void on_alloc(const Allocation& a) override;
   void on_free(const Allocation& a, bool temporary) override;
-  // Records the allocations held back while a Meta kernel ran, once it has
+  // The kernel frame open on this thread whose intermediates on `d` are
+  // dropped, 0 when none; `kind` set to its KernelFrames (mu_ held).
+  uint64_t dropping_frame(Device d, impl::KernelFrames& kind) const;
+  // Records the allocations held back while a kernel frame ran, once it has
   // returned (mu_ held).
-  void flush_meta_kernel_outputs();
+  void flush_kernel_outputs();
 
   // Released by stop(): a stopped recorder whose timeline is still read must
   // not keep every later allocation tracked.
@@ -87,9 +94,11 @@ class Recorder final : private AllocationObserver {
   bool recording_ = true;
   std::optional<Device> only_device_;
   bool drop_meta_kernel_intermediates_ = false;
+  bool drop_host_convolution_intermediates_ = false;
   uint64_t card_ops_ = 0;          // add_card_ops's handle; 0: none
   uint64_t next_transient_ = 0;    // ids of record_transient's events
-  uint64_t held_frame_ = 0;    // the Meta kernel's frame (op_frames.h)
+  uint64_t held_frame_ = 0;    // the kernel frame holding back (op_frames.h)
+  impl::KernelFrames held_kind_ = impl::KernelFrames::kMeta;  // held_frame_'s
   std::vector<Event> held_;    // its allocations still live, in order
   std::vector<std::string> module_stack_;
   uint32_t module_index_ = 0;  // interned module_stack_.back()

@@ -58,7 +58,10 @@ class Tracking:
 
     def add_card_kernels(self) -> None:
         """Add what a CUDA card's kernels take inside an op and the host's
-        do not (See Note [What a card adds inside an op], card_ops.h)."""
+        do not (See Note [What a card adds inside an op], card_ops.h), and
+        leave out what the host's convolution kernels take and free inside
+        the op (See Note [A card's rehearsal drops the host's convolution
+        temporaries], op_frames.h)."""
         self._recorder.add_card_kernels()
 
     def take_conv_workspaces(self) -> list:

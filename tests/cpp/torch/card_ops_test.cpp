@@ -99,6 +99,53 @@ TEST(CardOpsTest, AConvolutionsBackwardMarksItsWorkspaceBoundWithoutAddingIt) {
   EXPECT_EQ(marks, 1);
 }
 
+// A 3x3 convolution, 16 channels in and out, padded, on [4, 16, 16, 16]:
+// for a card the recording holds its outputs alone, y and its gradient's
+// seed (65536 B each), x's gradient (65536 B) and w's (16 x 16 x 9 floats,
+// 9216 B); what oneDNN's kernels take inside the ops is the host's (Note
+// [A card's rehearsal drops the host's convolution temporaries]).
+TEST(CardOpsTest, ACardsRecordingHoldsAConvolutionsOutputsAlone) {
+  auto x = torch::randn({4, 16, 16, 16}, torch::requires_grad());
+  auto w = torch::randn({16, 16, 3, 3}, torch::requires_grad());
+  Recorder r;
+  r.add_card_kernels();
+  auto y = torch::conv2d(x, w, {}, 1, 1);
+  EXPECT_EQ(r.live_bytes(), 65536);  // read as the op has returned
+  EXPECT_EQ(r.peak_bytes(), 65536);
+  y.backward(torch::ones_like(y));
+  r.stop();
+  EXPECT_EQ(r.peak_bytes(), 3 * 65536 + 9216);
+  std::vector<int64_t> allocated;
+  for (const Event& e : r.timeline().events()) {
+    if (e.kind == EventKind::kAlloc && e.bytes > 0) allocated.push_back(e.bytes);
+  }
+  EXPECT_EQ(allocated, (std::vector<int64_t>{65536, 65536, 65536, 9216}));
+}
+
+// The same convolution for the host: oneDNN's reorders into its blocked
+// layouts are real there, taken and freed inside the ops.
+TEST(CardOpsTest, AHostsRecordingKeepsItsConvolutionsTemporaries) {
+  if (!at::globalContext().userEnabledMkldnn() || !at::hasMKLDNN()) {
+    GTEST_SKIP() << "convolutions run without oneDNN here";
+  }
+  auto x = torch::randn({4, 16, 16, 16}, torch::requires_grad());
+  auto w = torch::randn({16, 16, 3, 3}, torch::requires_grad());
+  Recorder r;
+  auto y = torch::conv2d(x, w, {}, 1, 1);
+  y.backward(torch::ones_like(y));
+  r.stop();
+  int64_t temporaries = 0;
+  for (const Event& e : r.timeline().events()) {
+    const std::string op = r.timeline().op_name(e.op);
+    if (e.kind == EventKind::kAlloc && e.category == Category::kTemporary &&
+        op.find("convolution") != std::string::npos) {
+      temporaries += e.bytes;
+    }
+  }
+  EXPECT_GT(temporaries, 0);
+  EXPECT_GT(r.peak_bytes(), 3 * 65536 + 9216);
+}
+
 // One 3x3 convolution, 8 channels in and out, on [batch, 8, 16, 16]: its
 // workspaces' bound passes the step's peak.
 class OneConvolution final : public TrainableModel {

@@ -247,8 +247,7 @@ def record_one(name, out_dir):
         meta["sequence"] = LLAMA_SEQ
     if case.get("predict") and not case.get("expandable") and not oom:
         meta["predict"] = {"model": case["predict"], "batch": case["batch"],
-                           "optimizer": "adam", "iterations": ITERATIONS,
-                           "tolerance": 0.10}
+                           "optimizer": "adam", "iterations": ITERATIONS}
     with open(os.path.join(out_dir, name + ".json"), "w") as f:
         json.dump(meta, f, indent=2)
     print(json.dumps({k: meta[k] for k in ("case", "trace_entries", "file_bytes", "oom",

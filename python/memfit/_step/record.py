@@ -236,11 +236,11 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         timed[0] += time.perf_counter() - t0
 
     def backward():
-        if flops is not None:
-            flops.backward_begins()
         if warm_up == "forward":
             step.loss = None  # drops the graph: its backward was compiled with the forward
             return
+        if flops is not None:
+            flops.backward_begins()
         t0 = time.perf_counter()
         step.loss.backward()
         timed[1] += time.perf_counter() - t0

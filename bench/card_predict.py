@@ -43,7 +43,7 @@ def top_transient(snapshot):
 
 def live_at_marks(timeline, offset):
     """The point's live bytes (plus `offset`, what the comparison adds to it)
-    at each convolution backward's mark."""
+    at each convolution's marks, its forward's and its backward's."""
     live, at = 0, set()
     for e in timeline.events():
         live += e[1] if e[0] == "alloc" else -e[1]

@@ -33,7 +33,9 @@ struct CardBytes : at::ObserverContext {
   int64_t bytes[2] = {0, 0};
   const char* what = "";
   Device device = Device::kCPU;
-  int64_t conv_bound = -1;  // a convolution's backward: its workspaces' bound
+  int64_t conv_bound = -1;  // a convolution's mark: its workspaces' bound
+  ConvShape forward;        // a convolution's forward: x and w, y on return
+  bool is_forward = false;
 };
 
 // Not device_of: at::device_of(const Tensor&) is found by argument lookup
@@ -84,18 +86,43 @@ std::unique_ptr<CardBytes> convolution_backward(const at::RecordFunction& fn) {
   return c;
 }
 
+// convolution(input, weight, bias, ...), the op every convolution's forward
+// dispatches through once (conv2d and the rest call it; it calls
+// _convolution and the backend's kernel, not itself): its output's size is
+// read as it returns. See Note [cuDNN's convolution workspace].
+std::unique_ptr<CardBytes> convolution(const at::RecordFunction& fn) {
+  const auto inputs = fn.inputs();
+  if (inputs.size() < 2 || !inputs[0].isTensor() || !inputs[1].isTensor()) return nullptr;
+  const at::Tensor& x = inputs[0].toTensor();
+  const at::Tensor& w = inputs[1].toTensor();
+  if (!x.defined() || !w.defined()) return nullptr;
+  auto c = std::make_unique<CardBytes>();
+  c->what = kCudnnWorkspaceMark;
+  c->device = memfit_device(x);
+  c->forward = {x.numel(), 0, w.numel()};
+  c->is_forward = true;
+  return c;
+}
+
 std::unique_ptr<at::ObserverContext> on_enter(const at::RecordFunction& fn) {
   const char* name = fn.name();
   if (std::strcmp(name, "aten::sum") == 0 || std::strcmp(name, "aten::mean") == 0) {
     return reduction(fn);
   }
   if (std::strcmp(name, "aten::convolution_backward") == 0) return convolution_backward(fn);
+  if (std::strcmp(name, "aten::convolution") == 0) return convolution(fn);
   return nullptr;
 }
 
-void on_exit(const at::RecordFunction&, at::ObserverContext* ctx) {
+void on_exit(const at::RecordFunction& fn, at::ObserverContext* ctx) {
   auto* c = static_cast<CardBytes*>(ctx);
   if (c == nullptr) return;
+  if (c->is_forward) {
+    const auto outputs = fn.outputs();
+    if (outputs.empty() || !outputs[0].isTensor() || !outputs[0].toTensor().defined()) return;
+    c->forward.dy_numel = outputs[0].toTensor().numel();
+    c->conv_bound = cudnn_conv_forward_workspace(c->forward);
+  }
   std::lock_guard<std::mutex> lock(g_mu);
   for (Recorder* r : recorders()) {
     if (c->conv_bound >= 0) {  // a mark, empty: the bound is said, not added
@@ -120,6 +147,7 @@ uint64_t add_card_ops(Recorder* r) {
   if (g_callback == 0) {
     g_callback = at::addGlobalCallback(at::RecordFunctionCallback(&on_enter, &on_exit)
                                            .needsInputs(true)
+                                           .needsOutputs(true)
                                            .scopes({at::RecordScope::FUNCTION}));
   }
   return reinterpret_cast<uint64_t>(r);

@@ -23,17 +23,18 @@ namespace memfit::impl {
 // as on the card, where the buffer is allocated after the output and freed
 // before the op returns), named after what takes it. cuDNN's convolution
 // workspace is not added: See Note [cuDNN's convolution workspace] for why.
-// Each convolution's backward records an empty temporary instead
-// (kCudnnWorkspaceMark) and its workspaces' bound, which the report says as
-// a range: See Note [cuDNN's workspace at the step's peak].
+// Each convolution's forward and each backward records an empty temporary
+// instead (kCudnnWorkspaceMark) and its workspaces' bound, which the report
+// says as a range: See Note [cuDNN's workspace at the step's peak].
 
 // Makes `r` receive those transients (Recorder::record_transient) from the
 // ops every thread runs; returns a handle for remove_card_ops.
 uint64_t add_card_ops(Recorder* r);
 void remove_card_ops(uint64_t handle);
 
-// The bounds of the convolution backwards `r` recorded since add_card_ops,
-// in the order of their marks (cudnn_conv_backward_workspace), taken: a
+// The bounds of the convolution forwards and backwards `r` recorded since
+// add_card_ops, in the order of their marks (cudnn_conv_forward_workspace,
+// cudnn_conv_backward_workspace), taken: a
 // second call returns none. Take them before the recorder stops, which
 // drops them.
 std::vector<int64_t> take_conv_workspaces(const Recorder* r);

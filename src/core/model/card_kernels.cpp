@@ -146,46 +146,74 @@ ReduceBuffers cuda_reduce_buffers(const std::vector<int64_t>& sizes,
 }
 
 // Note [cuDNN's convolution workspace]
-// A convolution's backward on a card runs cuDNN twice, for the input's
-// gradient and for the weight's, each with a workspace it takes from the
-// caching allocator and frees before the next call. Which engine runs, and
-// so how much it takes, torch leaves to cuDNN: without
-// torch.backends.cudnn.benchmark it tries cuDNN's heuristic ranking in
-// order and runs the first engine whose workspace it can allocate (one that
-// runs out of memory drops to the next, down to engines that need none).
-// So on a free card the workspace is the top engine's, and under a budget a
-// smaller one runs: a workspace never makes a step run out by itself.
+// A convolution on a card runs cuDNN once in its forward and twice in its
+// backward, for the input's gradient and for the weight's, each call with a
+// workspace it takes from the caching allocator and frees before the next
+// call. Which engine runs, and so how much it takes, torch leaves to cuDNN:
+// without torch.backends.cudnn.benchmark it tries cuDNN's heuristic ranking
+// in order and runs the first engine whose workspace it can allocate (one
+// that runs out of memory drops to the next, down to engines that need
+// none). So on a free card the workspace is the top engine's, and under a
+// budget a smaller one runs: a workspace never makes a step run out by
+// itself.
 // What the engines took on an H200 (cuDNN 9.19; resnet18 at 16 x 64x64 and
-// the cnn at 32 x 32x32, 14 convolutions): the input's gradient, x + dy + w
-// bytes (+16) or nothing; the weight's gradient, for every 3x3 stride-1
-// convolution where Winograd's non-fused engine ran, exactly its transforms
-// in float, 4 B x (9/4 (x + dy) + 4 w) (each 4x4 output tile of x and dy
-// becomes 6x6, each 3x3 filter 6x6): 5.06 MiB at 64 channels and 16x16,
-// 10.13 MiB at 256 and 4x4. Every other engine took less than that formula,
-// which this function returns: the bound of a backward's two workspaces. It
-// is not added to a card's rehearsal: which engine the heuristic ranks first
-// is not a function of the shapes (at 32 channels and 32x32 it chose one of
-// 10.0 MiB where the bound says 18.1 MiB, which puts the cnn's peak 4% over
-// the card's), and at a 2x2 output (512 channels) the bound is 36.6 MiB where
-// cuDNN took 18 KiB. The report says it as a range above the point instead:
-// See Note [cuDNN's workspace at the step's peak].
+// the cnn at 32 x 32x32, 14 convolutions): in the backward, the input's
+// gradient, x + dy + w bytes (+16) or nothing; the weight's gradient, for
+// every 3x3 stride-1 convolution where Winograd's non-fused engine ran,
+// exactly its transforms in float, 4 B x (9/4 (x + dy) + 4 w) (each 4x4
+// output tile of x and dy becomes 6x6, each 3x3 filter 6x6): 5.06 MiB at 64
+// channels and 16x16, 10.13 MiB at 256 and 4x4. Every other engine took less
+// than that formula, which cudnn_conv_backward_workspace returns: the bound
+// of a backward's two workspaces.
+// A forward's Winograd transforms the same tiles, x's and y's (4x4 -> 6x6)
+// and each 3x3 filter (-> 6x6), so cudnn_conv_forward_workspace is the same
+// formula with y, the output, in place of dy. What each forward took in the
+// H200 fixtures (both iterations alike), against that bound: cnn_adam, the
+// stem (3 -> 32, 32x32) none of 10335744 B; 32 -> 32 at 32x32, 4231184 of
+// 19021824 (twice); 32 -> 64 stride 2, 4268048 of 14450688; 64 -> 64 at
+// 16x16, 4341776 of 10027008; 64 -> 128 stride 2, 3440656 of 8257536;
+// 128 -> 128 at 8x8, 2686992 of 7077888; the 1x1 shortcuts none. resnet18_adam:
+// the 7x7 stem, 5018384 of 11357184; 64 -> 64 at 16x16, 1196048 of 5308416
+// (x4); 64 -> 128 stride 2, 1867792 of 4718592; 128 -> 128 at 8x8, 1114128
+// of 4718592 (x3); 128 -> 256 stride 2, 1703952 of 6488064; 256 -> 256 at
+// 4x4, 2884015 of 10616832 (x3); 256 -> 512 stride 2, 4980752 of 19759104;
+// 512 -> 512 at 2x2, 9699631 (9.25 MiB) of 38338560 (x3); the 1x1
+// shortcuts, 64 -> 128 none, 128 -> 256 786448 of 2293760, 256 -> 512
+// 393232 of 2981888. Each is at most 44% of its bound (the stem's): the
+// forwards' engines were not Winograd's non-fused one, and took less.
+// Neither bound is added to a card's rehearsal: which engine the heuristic
+// ranks first is not a function of the shapes (at 32 channels and 32x32 it
+// chose one of 10.0 MiB where the backward's bound says 18.1 MiB, which puts
+// the cnn's peak 4% over the card's), and at a 2x2 output (512 channels) the
+// bound is 36.6 MiB where cuDNN's backward took 18 KiB (its forward 9.25
+// MiB). The report says it as a range above the point instead: See Note
+// [cuDNN's workspace at the step's peak].
 int64_t cudnn_conv_backward_workspace(const ConvShape& c) {
   constexpr int64_t kFloat = 4;
   return kFloat * (9 * (c.x_numel + c.dy_numel) / 4 + 4 * c.w_numel);
 }
 
+// See Note [cuDNN's convolution workspace]: Winograd's forward transforms
+// x's tiles, w and y's tiles as the backward does x's, w and dy's.
+int64_t cudnn_conv_forward_workspace(const ConvShape& c) {
+  return cudnn_conv_backward_workspace(c);
+}
+
 // Note [cuDNN's workspace at the step's peak]
-// A convolution's workspaces are temporaries of its backward: taken and
-// freed inside the op, they raise the live bytes only while it runs. So what
-// they can add to the step's peak is not the sum, nor simply the largest
-// bound, but max over the convolutions of (live bytes there + its bound),
-// less the peak without them, and never below 0: a bound reached where
-// little is live (an early layer's backward while the step peaks in the
-// optimizer's step) adds nothing. The live bytes are read at the mark the
-// rehearsal records as the op returns, its gradients live: the workspaces
-// are taken before or beside those outputs, so this is the most that was
-// live around them. With Note [cuDNN's convolution workspace]'s bound per
-// convolution, the card's peak on a free card lies between the point
+// A convolution's workspaces are temporaries of its forward and of its
+// backward: taken and freed inside the op, they raise the live bytes only
+// while it runs. So what they can add to the step's peak is not the sum,
+// nor simply the largest bound, but max over the convolutions' forwards and
+// backwards of (live bytes there + its bound), less the peak without them,
+// and never below 0: a bound reached where little is live (an early layer's
+// backward while the step peaks in the optimizer's step) adds nothing,
+// while a forward's can reach past every backward's (a frozen convolution
+// has no backward; a late one's forward has every earlier activation
+// live). The live bytes are read at the mark the rehearsal records as the
+// op returns (aten::convolution's, the output live; convolution_backward's,
+// the gradients live): the workspaces are taken before or beside those
+// outputs, so this is the most that was live around them. With Note
+// [cuDNN's convolution workspace]'s bound per convolution, the card's peak on a free card lies between the point
 // prediction and the point plus this; capped, cuDNN takes less. It is said
 // in the report's notes, not added: the point stays the point.
 ConvWorkspaceAtPeak cudnn_workspace_at_peak(const Timeline& timeline,
@@ -225,8 +253,9 @@ constexpr const char* kCudnnNote = "cuDNN convolutions' workspaces are not count
 
 std::string cudnn_workspace_note(const ConvWorkspaceAtPeak& w) {
   if (w.convolutions == 0) return "";
-  const std::string convs = std::to_string(w.convolutions) + " convolution backward" +
-                            (w.convolutions > 1 ? "s" : "");
+  const std::string convs = std::to_string(w.convolutions) +
+                            (w.convolutions > 1 ? " convolution forwards and backwards"
+                                                : " convolution forward or backward");
   std::string s = kCudnnNote;
   if (w.batch > 0) s += "at batch " + std::to_string(w.batch) + ", ";
   s += "on a free card they can raise the peak allocated bytes by up to " +

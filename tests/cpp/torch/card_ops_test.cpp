@@ -76,17 +76,18 @@ TEST(CardOpsTest, SmallSumAddsNothing) {
   EXPECT_EQ(r.peak_bytes(), 512 * 4);
 }
 
-// A 3x3 convolution's backward on [1, 1, 8, 8]: x 64, dy 36 (6x6), w 9
-// elements, 4 B x (9/4 (64 + 36) + 4 x 9) = 1044 B (Note [cuDNN's
-// convolution workspace]), said and not added: an empty mark at the op.
-TEST(CardOpsTest, AConvolutionsBackwardMarksItsWorkspaceBoundWithoutAddingIt) {
+// A 3x3 convolution on [1, 1, 8, 8]: x 64, y and dy 36 (6x6), w 9
+// elements, 4 B x (9/4 (64 + 36) + 4 x 9) = 1044 B in its forward and in its
+// backward (Note [cuDNN's convolution workspace]), said and not added: an
+// empty mark at each op, the forward's first.
+TEST(CardOpsTest, AConvolutionsForwardAndBackwardMarkTheirWorkspaceBoundsWithoutAddingThem) {
   auto x = torch::randn({1, 1, 8, 8}, torch::requires_grad());
   auto w = torch::randn({1, 1, 3, 3}, torch::requires_grad());
   Recorder r;
   r.add_card_kernels();
   auto y = torch::conv2d(x, w);
   y.backward(torch::ones_like(y));
-  EXPECT_EQ(impl::take_conv_workspaces(&r), (std::vector<int64_t>{1044}));
+  EXPECT_EQ(impl::take_conv_workspaces(&r), (std::vector<int64_t>{1044, 1044}));
   EXPECT_TRUE(impl::take_conv_workspaces(&r).empty());  // taken
   r.stop();
   int marks = 0;
@@ -96,7 +97,7 @@ TEST(CardOpsTest, AConvolutionsBackwardMarksItsWorkspaceBoundWithoutAddingIt) {
       ++marks;
     }
   }
-  EXPECT_EQ(marks, 1);
+  EXPECT_EQ(marks, 2);
 }
 
 // A 3x3 convolution, 16 channels in and out, padded, on [4, 16, 16, 16]:
@@ -186,8 +187,10 @@ TEST(CardOpsTest, ACardsProfileSaysWhatCudnnCanAddAtThePeak) {
   const int64_t bound = 4 * (9 * (4 * 8 * 16 * 16 + 4 * 8 * 14 * 14) / 4 + 4 * 8 * 8 * 9);
   EXPECT_EQ(bound, 139392);
   EXPECT_EQ(bound, cudnn_conv_backward_workspace({4 * 8 * 16 * 16, 4 * 8 * 14 * 14, 8 * 8 * 9}));
-  // Live at each of the two backwards' marks, plus the bound, over the
-  // step's peak (Note [cuDNN's workspace at the step's peak]).
+  EXPECT_EQ(bound, cudnn_conv_forward_workspace({4 * 8 * 16 * 16, 4 * 8 * 14 * 14, 8 * 8 * 9}));
+  // Live at each of the two forwards' and two backwards' marks, plus the
+  // bound (the forward's the same: y has dy's elements), over the step's
+  // peak (Note [cuDNN's workspace at the step's peak]).
   int64_t live = 0, peak = 0, with = 0;
   int marks = 0;
   for (const Event& e : p.timeline.events()) {
@@ -198,7 +201,7 @@ TEST(CardOpsTest, ACardsProfileSaysWhatCudnnCanAddAtThePeak) {
       ++marks;
     }
   }
-  EXPECT_EQ(marks, 2);
+  EXPECT_EQ(marks, 4);
   EXPECT_EQ(peak, p.report.peak_bytes);  // the point is the recorded step's
   ASSERT_GT(with, peak);
   const int64_t said = cudnn_workspace_in_notes(p.report.notes);

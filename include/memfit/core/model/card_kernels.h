@@ -42,7 +42,7 @@ ReduceBuffers cuda_reduce_buffers(const std::vector<int64_t>& sizes,
 // A convolution's operands, in elements.
 struct ConvShape {
   int64_t x_numel = 0;   // the input
-  int64_t dy_numel = 0;  // the output's gradient
+  int64_t dy_numel = 0;  // the output's gradient (for a forward, the output)
   int64_t w_numel = 0;   // the weight
 };
 
@@ -51,22 +51,28 @@ struct ConvShape {
 // a card's rehearsal: See Note [cuDNN's convolution workspace]
 // (card_kernels.cpp) for the measurements and why.
 int64_t cudnn_conv_backward_workspace(const ConvShape& c);
+// The same for a convolution's forward, from x, its output y (dy_numel) and
+// w: above what each forward took on an H200 (See Note [cuDNN's convolution
+// workspace]).
+int64_t cudnn_conv_forward_workspace(const ConvShape& c);
 
 // The op name of the empty temporary a card rehearsal records as each
-// convolution's backward returns: where its workspaces would be taken.
+// convolution's forward and each backward returns: where its workspaces
+// would be taken.
 inline constexpr const char* kCudnnWorkspaceMark = "cuDNN convolution's workspace (not counted)";
 
 // What cuDNN's workspaces may add to a rehearsed step's peak: See Note
 // [cuDNN's workspace at the step's peak] (card_kernels.cpp).
 struct ConvWorkspaceAtPeak {
-  int convolutions = 0;  // convolution backwards recorded; 0: none
+  int convolutions = 0;  // convolution forwards and backwards recorded; 0: none
   int64_t bytes = 0;     // the most the step's peak can rise by
   std::string phase;     // where that bound is reached ("" for none)
   int64_t batch = 0;     // the step's batch, said in the note; 0: not said
 };
 
 // From `timeline`, whose kCudnnWorkspaceMark temporaries are, in order, the
-// convolutions whose backward bounds (cudnn_conv_backward_workspace) are
+// convolution forwards and backwards whose bounds
+// (cudnn_conv_forward_workspace, cudnn_conv_backward_workspace) are
 // `bounds`. A timeline holding another number of marks than bounds (a mark
 // left out) gets the largest bound, which holds wherever the peak is.
 ConvWorkspaceAtPeak cudnn_workspace_at_peak(const Timeline& timeline,

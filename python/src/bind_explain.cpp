@@ -269,8 +269,8 @@ void init_explain(py::module_& m) {
     return cudnn_workspace_note(w);
   }, py::arg("timeline"), py::arg("bounds"), py::arg("batch") = 0,
      "The note a CUDA target's report carries on cuDNN's workspaces: `timeline` a card "
-     "rehearsal's (its convolution backwards marked), `bounds` each mark's "
-     "cudnn_conv_backward_workspace in order (Note [cuDNN's workspace at the step's "
+     "rehearsal's (its convolutions' forwards and backwards marked), `bounds` "
+     "each mark's workspace bound in order (Note [cuDNN's workspace at the step's "
      "peak]); \"\" for none.");
   m.def("cudnn_workspace_in_notes", &cudnn_workspace_in_notes, py::arg("notes"),
         "The bytes a CUDA target's report says cuDNN's workspaces can add to its peak "

@@ -64,7 +64,7 @@ void init_tracking(py::module_& m) {
            "host's do not (a reduction's staging buffer), as temporaries of the op.")
       .def("take_conv_workspaces", [](const Recorder& r) {
         return impl::take_conv_workspaces(&r);
-      }, "The workspace bound of each convolution backward recorded since "
+      }, "The workspace bound of each convolution forward and backward recorded since "
          "add_card_kernels, in the order of their marks, taken (Note [cuDNN's "
          "workspace at the step's peak]); call it before stop(), which drops them.")
       .def_property_readonly("live_bytes", &Recorder::live_bytes,

@@ -40,8 +40,8 @@ class RecordedStep:
     # what a compiled model's warm-up runs besides compiling.
     forward_seconds: float = 0.0
     backward_seconds: float = 0.0
-    # For a card (as_on_cuda): each convolution backward's cuDNN workspace
-    # bound, in the order of its mark in the timeline.
+    # For a card (as_on_cuda): each convolution forward's and backward's
+    # cuDNN workspace bound, in the order of its mark in the timeline.
     conv_workspaces: list = dataclasses.field(default_factory=list)
 
 

@@ -65,7 +65,7 @@ class Tracking:
         self._recorder.add_card_kernels()
 
     def take_conv_workspaces(self) -> list:
-        """Each convolution backward's cuDNN workspace bound since
+        """Each convolution forward's and backward's cuDNN workspace bound since
         add_card_kernels, taken; before stop() (See Note [cuDNN's workspace
         at the step's peak], card_kernels.cpp)."""
         return list(self._recorder.take_conv_workspaces())

@@ -30,6 +30,19 @@ def cudnn_notes(report):
     return [n for n in report.notes if n.startswith("cuDNN")]
 
 
+def live_at_marks(timeline):
+    """The bytes live at each cuDNN workspace mark, in order, and the
+    timeline's peak, by walking its events."""
+    live = peak = 0
+    at_marks = []
+    for e in timeline.events():
+        live += e[1] if e[0] == "alloc" else -e[1]
+        peak = max(peak, live)
+        if e[0] == "alloc" and e[-1] == MARK:
+            at_marks.append(live)
+    return at_marks, peak
+
+
 def test_a_cnn_for_a_card_says_what_cudnn_can_add_at_its_peak():
     report, timeline = _memfit.profile_builtin("cnn", 2, "sgd", 2, 0)
     [note] = cudnn_notes(report)
@@ -105,13 +118,7 @@ def test_a_profiled_convolution_for_a_card_is_marked_and_its_note_has_the_exact_
                             optimizer="sgd", iterations=2, target_device="cuda", mode="cpu")
     bound = 4 * (9 * (8192 + 6272) // 4 + 4 * 576)
     assert bound == _memfit.cudnn_conv_backward_workspace(8192, 6272, 576) == 139392
-    live = peak = 0
-    at_marks = []
-    for e in report.timeline.events():
-        live += e[1] if e[0] == "alloc" else -e[1]
-        peak = max(peak, live)
-        if e[0] == "alloc" and e[-1] == MARK:
-            at_marks.append(live)
+    at_marks, peak = live_at_marks(report.timeline)
     # Each iteration's forward and backward, the forward's bound the same:
     # x 8192 and y 6272 elements, as dy.
     assert len(at_marks) == 4 and peak == report.peak_bytes
@@ -148,13 +155,7 @@ def test_a_frozen_convolutions_forward_workspace_is_in_the_range():
     assert (stem_bound, head_bound) == (336384, 235584)
     assert head_bound == _memfit.cudnn_conv_backward_workspace(25088, 576, 288)
     bounds = [stem_bound, head_bound, head_bound] * 2  # the marks' order, 2 iterations
-    live = peak = 0
-    at_marks = []
-    for e in report.timeline.events():
-        live += e[1] if e[0] == "alloc" else -e[1]
-        peak = max(peak, live)
-        if e[0] == "alloc" and e[-1] == MARK:
-            at_marks.append(live)
+    at_marks, peak = live_at_marks(report.timeline)
     assert len(at_marks) == len(bounds) and peak == report.peak_bytes
     with_bounds = [m + b for m, b in zip(at_marks, bounds)]
     want = max(with_bounds) - peak

@@ -244,7 +244,8 @@ def test_a_compiled_step_function_is_recorded_warm_without_the_compilers_memory(
     assert 0 < compiled <= 2 * eager, (compiled, eager)
 
 
-def test_the_warm_up_runs_the_forward_alone_and_the_recording_compiles_nothing():
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_the_warm_up_runs_the_forward_alone_and_the_recording_compiles_nothing(how):
     # AOTAutograd compiles each backward at its first call unless told to
     # compile it with the forward: memfit's warm-up tells it, so the warm-up
     # runs the forward alone and the recording's first backward finds its
@@ -267,8 +268,12 @@ def test_the_warm_up_runs_the_forward_alone_and_the_recording_compiles_nothing()
         return compiler
 
     torch._dynamo.reset()
-    model = torch.compile(make(), backend=aot_autograd(fw_compiler=counting("forward"),
-                                                       bw_compiler=counting("backward")))
+    backend = aot_autograd(fw_compiler=counting("forward"), bw_compiler=counting("backward"))
+    if how == "model.compile()":
+        model = make()
+        model.compile(backend=backend)
+    else:
+        model = torch.compile(make(), backend=backend)
     report = memfit.profile(model, *batch(B), optimizer="adam", iterations=2)
     assert calls == {"forward": 1 + 2, "backward": 2, "compiled backward": 1}, calls
     assert report.compile.compiled and report.compile.recorded_warm

@@ -213,9 +213,10 @@ int64_t cudnn_conv_forward_workspace(const ConvShape& c) {
 // op returns (aten::convolution's, the output live; convolution_backward's,
 // the gradients live): the workspaces are taken before or beside those
 // outputs, so this is the most that was live around them. With Note
-// [cuDNN's convolution workspace]'s bound per convolution, the card's peak on a free card lies between the point
-// prediction and the point plus this; capped, cuDNN takes less. It is said
-// in the report's notes, not added: the point stays the point.
+// [cuDNN's convolution workspace]'s bound per convolution, the card's peak
+// on a free card lies between the point prediction and the point plus this;
+// capped, cuDNN takes less. It is said in the report's notes, not added: the
+// point stays the point.
 ConvWorkspaceAtPeak cudnn_workspace_at_peak(const Timeline& timeline,
                                             const std::vector<int64_t>& bounds) {
   ConvWorkspaceAtPeak w;

@@ -163,6 +163,28 @@ def test_a_boolean_read_of_a_meta_tensor_answers_true_and_the_note_names_where()
                             "(checks True") and "test_meta_models.py:" in n for n in r.notes)
 
 
+def test_meta_mode_answers_reads_where_torch_refuses_to_replace_its_kernel_unless_asked(
+        monkeypatch):
+    # torch registers a Python meta kernel for _local_scalar_dense (it
+    # raises). torch 2.11's Library.impl refuses to replace a Python kernel
+    # unless passed allow_override=True; 2.13's replaces it by default. This
+    # torch's impl with 2.11's default: meta mode must not fall back.
+    impl = torch.library.Library.impl
+
+    def impl_as_in_2_11(self, op_name, fn, dispatch_key="", *, with_keyset=False,
+                        allow_override=False):
+        return impl(self, op_name, fn, dispatch_key, with_keyset=with_keyset,
+                    allow_override=allow_override)
+
+    monkeypatch.setattr(torch.library.Library, "impl", impl_as_in_2_11)
+    with torch.device("meta"):
+        model = Checks()
+    x = torch.empty(8, 16, device="meta")
+    r = memfit.profile(model, x, loss_fn=lambda out: out.sum(), optimizer="sgd", mode="meta")
+    assert r.mode == "meta"
+    assert not any("meta mode unavailable" in n for n in r.notes), r.notes
+
+
 def test_a_number_read_of_a_meta_tensor_is_refused_naming_where():
     with torch.device("meta"):
         model = Checks(read_a_number=True)

@@ -46,6 +46,7 @@ beside a card plan it so.
 """
 
 import contextlib
+import inspect
 import os
 import sys
 
@@ -171,7 +172,13 @@ class MetaReads:
     @contextlib.contextmanager
     def answering(self):
         lib = torch.library.Library("aten", "IMPL")
-        lib.impl("_local_scalar_dense", self._read, "Meta")
+        # torch registers a Python meta kernel of its own here (it raises).
+        # Library.impl replaces it by default from torch 2.13; torch 2.11
+        # refuses unless asked (allow_override=False by default), and meta
+        # mode was then unavailable as a whole.
+        override = ({"allow_override": True}
+                    if "allow_override" in inspect.signature(lib.impl).parameters else {})
+        lib.impl("_local_scalar_dense", self._read, "Meta", **override)
         math_sdpa = F.scaled_dot_product_attention
         F.scaled_dot_product_attention = _fused_on_meta(math_sdpa)
         try:

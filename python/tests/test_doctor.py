@@ -402,7 +402,21 @@ def test_model_zero_grad_after_the_step_keeps_no_gradients():
 # -- tensors the step makes ------------------------------------------------------
 
 
+def _mse_loss_takes_a_float64_target():
+    """Whether this torch runs the loop below at all: torch 2.11's mse_loss
+    refuses a float64 target for a float32 output in backward ("Found
+    dtype Double but expected Float"), 2.13 promotes it."""
+    out = torch.zeros(2, 1, requires_grad=True)
+    try:
+        F.mse_loss(out, torch.zeros(2, 1, dtype=torch.float64)).backward()
+    except RuntimeError:
+        return False
+    return True
+
+
 def test_a_float64_target_from_numpy_is_found_at_its_line():
+    if not _mse_loss_takes_a_float64_target():
+        pytest.skip("this torch's mse_loss refuses a float64 target: the user's loop fails itself")
     model = mlp(out=1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     targets = [np.random.default_rng(i).standard_normal((16, 1)) for i in range(STEPS)]

@@ -21,11 +21,14 @@
 # same (stamp VENV/.requirements), as make does with .venv; memfit is
 # reinstalled into it on every run. CORPUS_MODELS=a,b,... overrides the corpus
 # subset; MEMFIT_WHEEL_STEPS=install,tests,corpus,meta picks steps;
-# MEMFIT_WHEEL_TESTS is step 1's -m expression ("" runs every test).
+# MEMFIT_WHEEL_TESTS is step 1's -m expression ("" runs every test);
+# MEMFIT_WHEEL_REQUIREMENTS names the torch pins in place of
+# requirements-torch-wheel.txt (requirements-torch-2.11.txt: the card's).
 set -euo pipefail
 src=$(cd "$(dirname "$0")/.." && pwd)
 venv=${1:-$src/.venv-torch-wheel}
 steps=${MEMFIT_WHEEL_STEPS:-install,tests,corpus,meta}
+wheel_requirements=${MEMFIT_WHEEL_REQUIREMENTS:-$src/requirements-torch-wheel.txt}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 start=$(date +%s)
@@ -41,7 +44,7 @@ export PATH
 unset CUDA_HOME CUDA_PATH CUDA_ROOT CUDAToolkit_ROOT CUDACXX PYTHONPATH
 
 # 1. The venv: requirements.txt less its torch, plus the torch wheel's pins.
-{ grep -vE '^torch==' "$src/requirements.txt"; cat "$src/requirements-torch-wheel.txt"; } \
+{ grep -vE '^torch==' "$src/requirements.txt"; cat "$wheel_requirements"; } \
   >"$work/requirements.txt"
 if ! cmp -s "$work/requirements.txt" "$venv/.requirements" 2>/dev/null; then
   "$src/scripts/make_venv.sh" "$venv" "$work/requirements.txt"

@@ -21,7 +21,9 @@
 #   memfit_find_torch([PYTHON exe])
 # sets, in the caller's scope: TORCH_LIBRARIES (MemfitTorch::libtorch, what
 # memfit_torch links), MEMFIT_TORCH_VERSION, MEMFIT_TORCH_FROM (python or cmake), MEMFIT_TORCH_CXX_FEATURE (cxx_std_17 or cxx_std_20) and
-# MEMFIT_TORCH_CUDA (the wheel's CUDA version, empty for a CPU build); makes
+# MEMFIT_TORCH_CUDA (the wheel's CUDA version, empty for a CPU build),
+# MEMFIT_TORCH_CXX11_ABI (torch's _GLIBCXX_USE_CXX11_ABI, 0 or 1; empty when
+# a hand-given torch's flags do not say); makes
 # MemfitTorch::libtorch and, where torch has it, MemfitTorch::torch_python.
 include_guard(GLOBAL)
 set(MEMFIT_TORCH_FLAGS_PY ${CMAKE_CURRENT_LIST_DIR}/torch_flags.py)
@@ -79,6 +81,11 @@ function(_memfit_torch_from_cmake)
       INTERFACE_LINK_LIBRARIES "${TORCH_LIBRARIES}")
   endif()
   _memfit_torch_cxx_feature("${TORCH_INCLUDE_DIRS}" feature)
+  set(abi "")
+  if(TORCH_CXX_FLAGS MATCHES "_GLIBCXX_USE_CXX11_ABI=([01])")
+    set(abi ${CMAKE_MATCH_1})
+  endif()
+  set(MEMFIT_TORCH_CXX11_ABI "${abi}" PARENT_SCOPE)
   set(MEMFIT_TORCH_VERSION ${Torch_VERSION} PARENT_SCOPE)
   set(MEMFIT_TORCH_CXX_FEATURE ${feature} PARENT_SCOPE)
   set(MEMFIT_TORCH_CUDA "" PARENT_SCOPE)
@@ -112,6 +119,7 @@ function(_memfit_torch_from_python python)
     INTERFACE_LINK_LIBRARIES MemfitTorch::torch)
   set(MEMFIT_TORCH_VERSION ${MEMFIT_TORCH_VERSION} PARENT_SCOPE)
   set(MEMFIT_TORCH_CXX_FEATURE ${feature} PARENT_SCOPE)
+  set(MEMFIT_TORCH_CXX11_ABI ${MEMFIT_TORCH_CXX11_ABI} PARENT_SCOPE)
   set(MEMFIT_TORCH_CUDA "${MEMFIT_TORCH_CUDA}" PARENT_SCOPE)
   set(MEMFIT_TORCH_WHERE "${MEMFIT_TORCH_ROOT} (${python})" PARENT_SCOPE)
 endfunction()
@@ -144,7 +152,7 @@ function(memfit_find_torch)
     set(cuda " (a CUDA ${MEMFIT_TORCH_CUDA} build; memfit compiles no CUDA code and needs no toolkit)")
   endif()
   message(STATUS "memfit: torch ${MEMFIT_TORCH_VERSION}${cuda} from ${MEMFIT_TORCH_WHERE}, ${MEMFIT_TORCH_CXX_FEATURE}")
-  foreach(v VERSION CXX_FEATURE CUDA)
+  foreach(v VERSION CXX_FEATURE CUDA CXX11_ABI)
     set(MEMFIT_TORCH_${v} "${MEMFIT_TORCH_${v}}" PARENT_SCOPE)
   endforeach()
   set(MEMFIT_TORCH_FROM ${from} PARENT_SCOPE)

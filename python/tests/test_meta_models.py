@@ -3,6 +3,7 @@ meta mode: a model larger than the machine is planned with no real memory,
 and its parameter, gradient and optimizer-state bytes are exact."""
 
 import contextlib
+import inspect
 import os
 import subprocess
 import sys
@@ -163,26 +164,45 @@ def test_a_boolean_read_of_a_meta_tensor_answers_true_and_the_note_names_where()
                             "(checks True") and "test_meta_models.py:" in n for n in r.notes)
 
 
-def test_meta_mode_answers_reads_where_torch_refuses_to_replace_its_kernel_unless_asked(
-        monkeypatch):
-    # torch registers a Python meta kernel for _local_scalar_dense (it
-    # raises). torch 2.11's Library.impl refuses to replace a Python kernel
-    # unless passed allow_override=True; 2.13's replaces it by default. This
-    # torch's impl with 2.11's default: meta mode must not fall back.
-    impl = torch.library.Library.impl
-
-    def impl_as_in_2_11(self, op_name, fn, dispatch_key="", *, with_keyset=False,
-                        allow_override=False):
+def _impl_as_in_2_11(impl):
+    # allow_override=False by default: refuses to replace a Python kernel.
+    def impl_2_11(self, op_name, fn, dispatch_key="", *, with_keyset=False,
+                  allow_override=False):
         return impl(self, op_name, fn, dispatch_key, with_keyset=with_keyset,
                     allow_override=allow_override)
+    return impl_2_11
 
-    monkeypatch.setattr(torch.library.Library, "impl", impl_as_in_2_11)
+
+def _impl_as_in_2_4(impl):
+    # No allow_override in its signature: refuses while the key is in
+    # _impls. (torch's own imports, dynamo's, pass it by keyword: kept.)
+    def impl_2_4(self, op_name, fn, dispatch_key="", **torchs_own):
+        return impl(self, op_name, fn, dispatch_key,
+                    **{"allow_override": False, **torchs_own})
+    return impl_2_4
+
+
+@pytest.mark.parametrize("impl_as", [_impl_as_in_2_11, _impl_as_in_2_4], ids=["2.11", "2.4"])
+def test_meta_mode_answers_reads_where_torch_refuses_to_replace_its_kernel(monkeypatch, impl_as):
+    # torch registers a Python meta kernel for _local_scalar_dense (it
+    # raises). Library.impl replaces it by default from torch 2.13; 2.11
+    # refuses unless passed allow_override=True, 2.4 has no such argument.
+    # This torch's impl made to act as theirs: meta mode must not fall back,
+    # and torch's own kernel and its registry entry are back after.
+    if "allow_override" not in inspect.signature(torch.library.Library.impl).parameters:
+        pytest.skip("this torch's Library.impl is the oldest kind: meta mode meets it for real")
+    monkeypatch.setattr(torch.library.Library, "impl", impl_as(torch.library.Library.impl))
+    key = "aten/_local_scalar_dense/Meta"
+    registered = key in torch.library._impls
     with torch.device("meta"):
         model = Checks()
     x = torch.empty(8, 16, device="meta")
     r = memfit.profile(model, x, loss_fn=lambda out: out.sum(), optimizer="sgd", mode="meta")
     assert r.mode == "meta"
     assert not any("meta mode unavailable" in n for n in r.notes), r.notes
+    assert (key in torch.library._impls) == registered
+    with pytest.raises(RuntimeError, match="cannot be called on meta tensors"):
+        torch.ones(1, device="meta").item()
 
 
 def test_a_number_read_of_a_meta_tensor_is_refused_naming_where():

@@ -162,6 +162,33 @@ def _innermost_in(directory):
     return None
 
 
+@contextlib.contextmanager
+def _meta_kernel_over_torchs(name, fn):
+    """fn as aten::name's Meta kernel while active, over the Python one torch
+    registers (its _local_scalar_dense raises). Library.impl replaces that
+    kernel by default from torch 2.13 and when asked (allow_override) in
+    2.11; torch 2.4's impl has no such argument and refuses while torch's
+    key is in torch.library._impls, so there the key is set aside for the
+    registration. Either way torch's kernel, and its key, are back after:
+    meta mode was unavailable as a whole on those torches before."""
+    key = f"aten/{name}/Meta"
+    impls = getattr(torch.library, "_impls", set())
+    held = key in impls
+    lib = torch.library.Library("aten", "IMPL")
+    try:
+        if "allow_override" in inspect.signature(lib.impl).parameters:
+            lib.impl(name, fn, "Meta", allow_override=True)
+        else:
+            impls.discard(key)
+            lib.impl(name, fn, "Meta")
+        yield
+    finally:
+        lib._destroy()
+        del lib  # its finalizer takes the key out of _impls again: put back after
+        if held:
+            impls.add(key)
+
+
 class MetaReads:
     """Where reads of meta tensors were answered (file:line, in the order
     first seen), while answering() is active."""
@@ -171,22 +198,14 @@ class MetaReads:
 
     @contextlib.contextmanager
     def answering(self):
-        lib = torch.library.Library("aten", "IMPL")
-        # torch registers a Python meta kernel of its own here (it raises).
-        # Library.impl replaces it by default from torch 2.13; torch 2.11
-        # refuses unless asked (allow_override=False by default), and meta
-        # mode was then unavailable as a whole.
-        override = ({"allow_override": True}
-                    if "allow_override" in inspect.signature(lib.impl).parameters else {})
-        lib.impl("_local_scalar_dense", self._read, "Meta", **override)
         math_sdpa = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = _fused_on_meta(math_sdpa)
-        try:
-            with _memfit.NativeMetaKernels():
-                yield self
-        finally:
-            F.scaled_dot_product_attention = math_sdpa
-            lib._destroy()
+        with _meta_kernel_over_torchs("_local_scalar_dense", self._read):
+            F.scaled_dot_product_attention = _fused_on_meta(math_sdpa)
+            try:
+                with _memfit.NativeMetaKernels():
+                    yield self
+            finally:
+                F.scaled_dot_product_attention = math_sdpa
 
     def _read(self, t):
         in_optimizer = None if t.dtype == torch.bool else _innermost_in(_OPTIM_DIR)

@@ -28,6 +28,8 @@ from .offload import OffloadedOptimizer
 
 __all__ = ["kept_rng"]
 
+_MISSING = object()
+
 
 def kept_rng():
     """A block after which the CPU's generator and each initialized CUDA
@@ -88,6 +90,20 @@ def storage_leaves(t):
 # waits on the host meanwhile. A step count torch keeps on the host (the
 # "step" of a group neither capturable nor fused) is copied where it is.
 # A default budget takes out only what lives beside these (step_bytes).
+#
+# A tensor a module keeps as a plain attribute (self.table = torch.randn(...),
+# not a buffer) is the model's too: its plain step holds it on the device
+# from the first step on. So it is a step tensor of kind "buffer": copied in,
+# counted, put back. Left out, a fit ran the step beside 2 MiB it never
+# counted, "verified", and the user's plain steps ran out of memory at it.
+#
+# A forward may also put a new tensor in a buffer's or attribute's place
+# (self.n = self.n + 1, self.ema = 0.9 * self.ema + ..., a cache made at the
+# first call): the rehearsal's steps then left their counts, their
+# averages, or a meta tensor on the user's model. ModelTensors keeps each
+# module's buffers and tensor attributes as they were (the objects, whose
+# values restore() puts back) and restore() puts those objects back in
+# place, dropping the ones the rehearsal added.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,6 +132,8 @@ def step_tensors(model, optimizer=None, held=True):
     params = list(model.parameters())
     out = [StepTensor(leaf, "parameter") for p in params for leaf in storage_leaves(p)]
     out += [StepTensor(leaf, "buffer") for b in model.buffers() for leaf in storage_leaves(b)]
+    out += [StepTensor(leaf, "buffer") for t in plain_tensor_attributes(model)
+            for leaf in storage_leaves(t)]
     if not held:
         return out
     out += [StepTensor(p.grad, "gradient") for p in params if p.grad is not None]
@@ -130,6 +148,65 @@ def step_tensors(model, optimizer=None, held=True):
                     out += [StepTensor(leaf, "optimizer_state", host)
                             for leaf in storage_leaves(v)]
     return out
+
+
+def _storage_key(t):
+    try:
+        return t.untyped_storage().data_ptr() if not t.is_meta else None
+    except (RuntimeError, NotImplementedError):  # a wrapper subclass: see storage_leaves
+        return None
+
+
+def plain_tensor_attributes(model):
+    """The tensors `model`'s modules keep as plain attributes (not
+    parameters or buffers, nor views of them), each once: See Note [State
+    the step starts with]. Only leaves (no autograd history): a tensor kept
+    with its graph is the last step's, not the model's."""
+    registered = [*model.parameters(), *model.buffers()]
+    ids = {id(t) for t in registered}
+    storages = {_storage_key(t) for t in registered} - {None}
+    out = []
+    for module in model.modules():
+        for value in vars(module).values():
+            if (not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter)
+                    or value.grad_fn is not None or id(value) in ids):
+                continue
+            key = _storage_key(value)
+            if key is not None and key in storages:
+                continue
+            ids.add(id(value))
+            if key is not None:
+                storages.add(key)
+            out.append(value)
+    return out
+
+
+def _tensor_slots(model):
+    """Each module's buffers and tensor attributes (and those set to None,
+    a cache not made yet): what restore() puts back in place."""
+    return [(m, dict(m._buffers),
+             {k: v for k, v in vars(m).items()
+              if v is None or (isinstance(v, torch.Tensor)
+                               and not isinstance(v, torch.nn.Parameter))})
+            for m in model.modules()]
+
+
+def _put_slots_back(slots):
+    for module, buffers, attributes in slots:
+        now = module._buffers
+        for name in [n for n in now if n not in buffers]:
+            del now[name]  # registered by the rehearsal's forward
+        for name, b in buffers.items():
+            if now.get(name, _MISSING) is not b:
+                now[name] = b
+        d = vars(module)
+        for name in [n for n, v in d.items() if n not in attributes
+                     and isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]:
+            del d[name]  # a tensor attribute the rehearsal's forward made
+        for name, v in attributes.items():
+            now_v = d.get(name, _MISSING)
+            if now_v is not v and (v is not None or isinstance(now_v, torch.Tensor)):
+                d[name] = v  # a None stays replaced unless a tensor took its place
 
 
 def step_bytes(model, optimizer=None, counted=None, held=True):
@@ -171,6 +248,7 @@ class ModelTensors:
 
     def __init__(self, model, optimizer=None, held=False):
         self.parameters = list(model.parameters())
+        self.slots = _tensor_slots(model)  # See Note [State the step starts with]
         self.entries = step_tensors(model, optimizer, held)
         self.tensors = [e.tensor for e in self.entries]
         self.saved = [(_to_host(t), t.device) for t in self.tensors]
@@ -226,6 +304,7 @@ class ModelTensors:
         for p in self.parameters:
             p.grad = None  # the rehearsal's
         self.reset_optimizer_state()
+        _put_slots_back(self.slots)  # the very tensors, before their values
         with torch.no_grad():
             for t, (value, device) in zip(self.tensors, self.saved):
                 _memfit.set_data(t, value if value.is_meta else value.to(device, copy=True))
@@ -238,9 +317,6 @@ def _empty_like(t):
     """No storage, on `t`'s device and of its dtype: what a tensor whose
     values wait on the host holds meanwhile."""
     return torch.empty(0, dtype=t.dtype, device=t.device)
-
-
-_MISSING = object()
 
 
 class OptimizerState:

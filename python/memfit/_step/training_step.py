@@ -2,6 +2,7 @@
 advise and the strategies: calling the model on a batch, the loss, the
 built-in optimizers by name, and the checks made before anything runs."""
 
+import inspect
 from collections.abc import Mapping
 
 import torch
@@ -175,6 +176,13 @@ def check_optimizer(model, optimizer, what, instance_only=False):
             f"{'' if instance_only else ', one of ' + str(sorted(OPTIMIZERS)) + ', or None'}, "
             f"got {type(optimizer).__name__}"
         )
+    if _needs_closure(optimizer):
+        raise ValueError(
+            f"[{what}] {type(optimizer).__name__}.step() needs a closure (it evaluates the "
+            f"loss again itself): memfit's step ends with optimizer.step() after one "
+            f"backward, as a first-order optimizer's loop does; pass a first-order "
+            f"optimizer such as torch.optim.Adam, or none (optimizer=None)"
+        )
     trainable = [p for p in model.parameters() if p.requires_grad]
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     if trainable and not any(id(p) in held for p in trainable):
@@ -183,6 +191,15 @@ def check_optimizer(model, optimizer, what, instance_only=False):
             f"{len(trainable)} trainable parameters: it was made over other parameters "
             f"(another model, or a copy of this one); make it over model.parameters()"
         )
+
+
+def _needs_closure(optimizer):
+    """Whether optimizer.step() cannot run without a closure (LBFGS)."""
+    try:
+        closure = inspect.signature(optimizer.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return closure is not None and closure.default is inspect.Parameter.empty
 
 
 def optimizer_name(optimizer):

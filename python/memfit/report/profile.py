@@ -462,7 +462,16 @@ def _checked_inputs(model, inputs, target, batch_dim, how, place):
     what holds meta tensors ("inputs are", ...) or None."""
     b = batch_size(inputs, batch_dim, "profile")
     if target is not None:
-        tb = batch_size(target, first_batch_dim(batch_dim), "profile target")
+        d = first_batch_dim(batch_dim)
+        lowest = min((t.dim() for t in tensors_in(target)), default=d + 1)
+        if d > 0 and d >= lowest:  # a (batch,) target beside seq-first inputs (T, batch, ...)
+            raise ValueError(
+                f"[profile] the target is cut along batch_dim's first dimension, {d}, which "
+                f"a target of {lowest} dimension(s) does not have: for a target batched along "
+                f"another dimension than the inputs, pass it inside the batch with a step, "
+                f"e.g. inputs=(x, y), target=None, batch_dim=({d}, 0), "
+                f"step=lambda model, b: loss_fn(model(b[0]), b[1])")
+        tb = batch_size(target, d, "profile target")
         if tb != b:
             raise ValueError(
                 f"[profile] inputs hold {b} samples but target holds {tb}: "

@@ -161,15 +161,19 @@ def plain_tensor_attributes(model):
     """The tensors `model`'s modules keep as plain attributes (not
     parameters or buffers, nor views of them), each once: See Note [State
     the step starts with]. Only leaves (no autograd history): a tensor kept
-    with its graph is the last step's, not the model's."""
+    with its graph is the last step's, not the model's; and only on a device
+    the weights are on: a table a CUDA model keeps on the host is host
+    memory."""
     registered = [*model.parameters(), *model.buffers()]
+    devices = {t.device for t in registered}
     ids = {id(t) for t in registered}
     storages = {_storage_key(t) for t in registered} - {None}
     out = []
     for module in model.modules():
         for value in vars(module).values():
             if (not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter)
-                    or value.grad_fn is not None or id(value) in ids):
+                    or value.grad_fn is not None or id(value) in ids
+                    or (devices and value.device not in devices)):
                 continue
             key = _storage_key(value)
             if key is not None and key in storages:

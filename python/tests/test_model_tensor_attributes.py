@@ -90,3 +90,41 @@ def test_buffers_and_attributes_a_forward_replaces_are_left_as_they_were(mode):
     assert all(t.device.type == "cpu" and torch.equal(t, v) for t, v in zip(after, values))
     assert model.cache is None
     assert set(dict(model.named_buffers())) == {"n", "ema"}
+
+
+def test_an_attribute_that_names_a_weights_memory_still_does_after_two_fits():
+    """The old torch.nn.utils.spectral_norm keeps `weight` as weight_orig's
+    memory under another name until a forward recomputes it: after memfit's
+    rehearsals it is that memory still (no stale second copy, nothing of the
+    rehearsal's graph), and a second fit answers as plain steps run."""
+    def build():
+        model = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                                    torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                    torch.nn.Linear(512, 10))
+        torch.nn.utils.spectral_norm(model[2])
+        return model
+
+    torch.manual_seed(0)
+    model = build()
+    x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))
+    budget = 14 << 20
+    fits = [memfit.find_batch_size(model, x, y, optimizer=torch.optim.Adam(model.parameters()),
+                                   budget=budget).max_batch for _ in range(2)]
+    layer = model[2]
+    assert layer.weight.grad_fn is None
+    assert layer.weight.data_ptr() == layer.weight_orig.data_ptr()
+
+    def runs(b):
+        def made():
+            m = build()
+            return m, torch.optim.Adam(m.parameters()), b
+
+        def step(m, opt, n):
+            F.cross_entropy(m(torch.randn(n, 256)), torch.randint(0, 10, (n,))).backward()
+            opt.step()
+            opt.zero_grad()
+
+        return plain_steps_run(budget, made, step, steps=3)
+
+    assert fits[0] == fits[1] and runs(fits[1])
+    assert not runs(int(fits[1] * 1.05) + 1)

@@ -195,6 +195,25 @@ def _tensor_slots(model):
             for m in model.modules()]
 
 
+def _exact_aliases(slots, tensors):
+    """(attribute, step tensor) for each tensor attribute that is another
+    name for the whole of a step tensor (self.weight = weight.data, as the
+    old spectral_norm keeps it): restore() gives the step tensor new memory,
+    and the attribute is made to share it again, not left holding a stale
+    second copy."""
+    by_ptr = {t.data_ptr(): t for t in tensors if not t.is_meta and t.layout == torch.strided}
+    out = []
+    for _, _, attributes in slots:
+        for v in attributes.values():
+            if v is None or v.is_meta or v.layout != torch.strided:
+                continue
+            t = by_ptr.get(v.data_ptr())
+            if (t is not None and t is not v and v.dtype == t.dtype and v.shape == t.shape
+                    and v.stride() == t.stride() and v.device == t.device):
+                out.append((v, t))
+    return out
+
+
 def _put_slots_back(slots):
     for module, buffers, attributes in slots:
         now = module._buffers
@@ -254,6 +273,7 @@ class ModelTensors:
         self.parameters = list(model.parameters())
         self.slots = _tensor_slots(model)  # See Note [State the step starts with]
         self.entries = step_tensors(model, optimizer, held)
+        self.aliases = _exact_aliases(self.slots, [e.tensor for e in self.entries])
         self.tensors = [e.tensor for e in self.entries]
         self.saved = [(_to_host(t), t.device) for t in self.tensors]
         self.grads = [p.grad for p in self.parameters]
@@ -315,6 +335,9 @@ class ModelTensors:
         # After the data: a .grad must match its parameter's device and dtype.
         for p, g in zip(self.parameters, self.grads):
             p.grad = g
+        for alias, t in self.aliases:  # still the weight's memory, not a second copy
+            if not t.is_meta and alias.data_ptr() != t.data_ptr():
+                _memfit.set_data(alias, t.detach())
 
 
 def _empty_like(t):

@@ -74,10 +74,10 @@ def test_oom_forced_at_every_allocation_is_recovered_exactly():
     step = opt.step
     opt.step = lambda: (at_step.append(count()), step())
     counting = memfit.Trainer(model, opt, loss_fn, micro_batch=7)
-    opt.step = step
     with memfit.track():
         start = count()
         counting.step(x, y)
+    opt.step = step
     n = at_step[0] - start
     assert n > 20
     for k in range(1, n + 1):

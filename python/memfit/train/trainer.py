@@ -119,6 +119,18 @@ def _check_scaler(scaler):
             f"{type(scaler).__name__} {scaler!r:.60}, which has no {', '.join(missing)}")
 
 
+def _current_step(optimizer):
+    """optimizer.step as it is when the step runs, not when the Trainer was
+    made: a wrapper set on it later (an LR scheduler's, which counts the
+    calls; the user's, which clips the gradients) runs, as in the user's
+    own loop. A closure over the optimizer only, as _scaled_step."""
+
+    def step():
+        optimizer.step()
+
+    return step
+
+
 def _scaled_step(optimizer, scaler):
     """GradScaler's step: unscale the accumulated gradients, step unless
     one is inf/NaN, update the scale. A closure over the optimizer and the
@@ -434,7 +446,7 @@ class Trainer:
         # See Note [Probing how the loss reduces] (loss_weighting.py): the
         # chunks come weighted, the native step adds them as they are.
         self._weighting = LossWeighting(loss_fn, reduction)
-        opt_step = optimizer.step if scaler is None else _scaled_step(optimizer, scaler)
+        opt_step = _current_step(optimizer) if scaler is None else _scaled_step(optimizer, scaler)
         opt_step = _weighted_step(opt_step, optimizer, self._weighting)
         self._options = (
             self._dist.optimizer_step(opt_step) if self._dist else opt_step,

@@ -82,6 +82,16 @@ def _quiet_log(pl_module):
     return block()
 
 
+def _accumulates(trainer: pl.Trainer) -> bool:
+    """Whether the fit loop accumulates gradients over micro-batches: the
+    trainer's accumulate_grad_batches, or a GradientAccumulationScheduler
+    (which sets it per epoch, after on_fit_start) asking for more than one."""
+    if trainer.accumulate_grad_batches > 1:
+        return True
+    return any(type(c).__name__ == "GradientAccumulationScheduler"
+               and max(getattr(c, "scheduling", {1: 1}).values()) > 1 for c in trainer.callbacks)
+
+
 def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
                    what: str = "FitBatchSize", accumulating: bool = False) -> LoopStep:
     """The LightningModule's training_step as memfit's step (Note [The step
@@ -250,8 +260,12 @@ class FitBatchSize(pl.Callback):
         if self.keep_effective_batch is not None:
             before += f" x {trainer.accumulate_grad_batches}"
         batch = _first_batch(trainer, pl_module, what, self.batch_dim)
+        # The user's own accumulate_grad_batches (or a scheduler of it): every
+        # micro-batch after the first keeps the gradients through its backward.
+        accumulating = self.keep_effective_batch is None and _accumulates(trainer)
         plan = plan_batch(pl_module, batch, _optimizer(trainer, what),
-                          whole=lightning_step(trainer, pl_module, what),
+                          whole=lightning_step(trainer, pl_module, what,
+                                               accumulating=accumulating),
                           accumulated=lightning_step(trainer, pl_module, what, accumulating=True),
                           budget=self.budget, what=what, batch_dim=self.batch_dim,
                           effective=self.keep_effective_batch,
@@ -275,7 +289,7 @@ class FitBatchSize(pl.Callback):
         """on_fit_start with lengths=: See Note [A loader batched by length]."""
         what = "FitBatchSize"
         batch = _first_batch(trainer, pl_module, what, self.batch_dim)
-        accumulating = self.tokens_per_step is not None or trainer.accumulate_grad_batches > 1
+        accumulating = self.tokens_per_step is not None or _accumulates(trainer)
         fit = fit_per_length(pl_module, batch, _optimizer(trainer, what),
                              lightning_step(trainer, pl_module, what, accumulating=accumulating),
                              seq_dim=self.seq_dim, lengths=self.lengths, budget=self.budget,

@@ -68,8 +68,9 @@ void init_fit(py::module_& m) {
       .def_readwrite("trials", &BatchFit::trials, "full-size steps run to verify the answer")
       .def_readonly("mode", &BatchFit::mode, "the mode the probes ran in: cpu or meta")
       .def_readonly("peak_phase", &BatchFit::peak_phase, "the phase holding the peak at max_batch")
-      .def_readonly("verified", &BatchFit::verified,
-                    "a whole step ran at max_batch and stayed under budget - margin")
+      .def_readwrite("verified", &BatchFit::verified,
+                     "a whole step ran at max_batch and stayed under budget - margin (False "
+                     "too where that step could not stand for the user's data: the notes say)")
       .def_readonly("measured_peak_bytes", &BatchFit::measured_peak_bytes,
                     "the peak measured at max_batch; -1 when no step ran there")
       .def_readonly("probes", &BatchFit::probes,

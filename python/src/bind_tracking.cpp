@@ -67,6 +67,9 @@ void init_tracking(py::module_& m) {
       }, "The workspace bound of each convolution forward and backward recorded since "
          "add_card_kernels, in the order of their marks, taken (Note [cuDNN's "
          "workspace at the step's peak]); call it before stop(), which drops them.")
+      .def_property_readonly("value_sized_ops", &Recorder::value_sized_ops,
+                             "the ops that size their output by the batch's values (unique, "
+                             "nonzero, sparse gradients) that ran while recording, each once")
       .def_property_readonly("live_bytes", &Recorder::live_bytes,
                              "tracked bytes live now, since the recording began")
       .def_property_readonly("peak_bytes", &Recorder::peak_bytes,

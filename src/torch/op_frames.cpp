@@ -30,6 +30,18 @@ struct Frames {
 
 thread_local Frames t_frames;
 std::atomic<uint64_t> g_next_frame{1};
+std::atomic<ValueSizedListener> g_value_sized{nullptr};
+
+// A bit of kernel_frames_of's answer beside the KernelFrames: the op sizes
+// its output by the values (See Note [Memory that depends on the batch's
+// values], op_frames.h).
+constexpr unsigned kValueSized = 1u << 7;
+constexpr std::array<const char*, 13> kValueSizedOps = {
+    "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+    "aten::unique_dim_consecutive", "aten::nonzero", "aten::argwhere",
+    "aten::masked_select", "aten::bincount", "aten::repeat_interleave",
+    "aten::embedding_sparse_backward", "aten::_embedding_bag_sparse_backward",
+    "aten::_coalesce"};
 
 // Which KernelFrames the op opens, a bit each; cached per name. See Note
 // [Meta kernels allocate only their outputs] and Note [A card's rehearsal
@@ -41,6 +53,9 @@ unsigned kernel_frames_of(const at::RecordFunction& fn) {
   auto it = cache->find(fn.name());
   if (it != cache->end()) return it->second;
   unsigned kinds = 0;
+  for (const char* op : kValueSizedOps) {
+    if (std::strcmp(fn.name(), op) == 0) kinds |= kValueSized;
+  }
   if (auto name = fn.operator_name()) {
     auto op = c10::Dispatcher::singleton().findOp(*name);
     // A composite decomposes on every device: its intermediates are real.
@@ -67,6 +82,9 @@ std::unique_ptr<at::ObserverContext> push_frame(const at::RecordFunction& fn) {
     t_frames.names.push_back(fn.name());
     const unsigned kinds =
         fn.scope() == at::RecordScope::FUNCTION ? kernel_frames_of(fn) : 0;
+    if ((kinds & kValueSized) != 0) {
+      if (ValueSizedListener tell = g_value_sized.load()) tell(fn.name());
+    }
     for (size_t k = 0; k < kKernelFrames; ++k) {
       KernelFrame& f = t_frames.kernels[k];
       if (f.serial == 0 && (kinds & (1u << k)) != 0) {
@@ -91,6 +109,8 @@ void pop_frame(const at::RecordFunction& fn, at::ObserverContext*) {
 }
 
 }  // namespace
+
+void set_value_sized_listener(ValueSizedListener listener) { g_value_sized = listener; }
 
 uint64_t outermost_op_frame() { return t_frames.outermost; }
 

@@ -19,11 +19,28 @@ std::vector<Recorder*>& active_recorders() {
 
 }  // namespace
 
+// See Note [Memory that depends on the batch's values] (op_frames.h).
+void note_value_sized(const char* op_name) {
+  std::lock_guard<std::mutex> active(g_active_mu);
+  for (Recorder* r : active_recorders()) {
+    std::lock_guard<std::mutex> lock(r->mu_);
+    if (!r->recording_) continue;
+    auto& seen = r->value_sized_ops_;
+    if (std::find(seen.begin(), seen.end(), op_name) == seen.end()) seen.emplace_back(op_name);
+  }
+}
+
 Recorder::Recorder() : start_(std::chrono::steady_clock::now()) {
+  impl::set_value_sized_listener(&note_value_sized);
   tracking_.emplace();
   tracking::add_observer(this);
   std::lock_guard<std::mutex> lock(g_active_mu);
   active_recorders().push_back(this);
+}
+
+std::vector<std::string> Recorder::value_sized_ops() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return value_sized_ops_;
 }
 
 Recorder::~Recorder() { stop(); }

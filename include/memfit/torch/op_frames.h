@@ -63,6 +63,23 @@ enum class KernelFrames : uint8_t {
 // Serial of the outermost op open on this thread that is a frame of
 // `which`; 0 when none.
 uint64_t kernel_frame(KernelFrames which);
+// Note [Memory that depends on the batch's values]
+// memfit measures a batch larger than the user's example by repeating its
+// samples (resize_batch): faithful where memory follows shapes alone. Some
+// ops size their output by the values: torch.unique, nonzero (and boolean
+// indexing, which calls it), masked_select, bincount, repeat_interleave, and
+// sparse gradients (nn.Embedding(sparse=True): coalescing keeps a row per
+// distinct id). Repeated samples bring no new values, so a probe or a
+// verification above the example's batch allocates less there than the
+// user's data would: under SparseAdam, find_batch_size answered 507,
+// verified, where plain steps on fresh ids ran out above 164. The recorder
+// is told each time such an op runs (set_value_sized_listener), and the
+// fit says so, its answer above the example unverified.
+using ValueSizedListener = void (*)(const char* op_name);
+// `listener` is called with the op's name whenever one of those ops begins
+// on any thread (nullptr: none). Set once; it must be thread-safe.
+void set_value_sized_listener(ValueSizedListener listener);
+
 // Name of the innermost op open on this thread; nullptr when none. Valid only
 // while that op runs.
 const char* innermost_op_name();

@@ -64,6 +64,11 @@ class Recorder final : private AllocationObserver {
   // temporary named `what`: one of those transients.
   void record_transient(int64_t bytes, std::string_view what, Device device);
 
+  // The ops that size their output by the batch's values that ran while
+  // recording, each once, in the order first seen: See Note [Memory that
+  // depends on the batch's values] (op_frames.h).
+  std::vector<std::string> value_sized_ops() const;
+
   // Bytes recorded live now / at most, since the recording started; the
   // outputs of a kernel frame that has returned on this thread count.
   int64_t live_bytes();
@@ -78,6 +83,8 @@ class Recorder final : private AllocationObserver {
   Event stamped(const Allocation& a, EventKind kind) const;
   void on_alloc(const Allocation& a) override;
   void on_free(const Allocation& a, bool temporary) override;
+  // Called for every active recorder when a value-sized op begins.
+  friend void note_value_sized(const char* op_name);
   // The kernel frame open on this thread whose intermediates on `d` are
   // dropped, 0 when none; `kind` set to its KernelFrames (mu_ held).
   uint64_t dropping_frame(Device d, impl::KernelFrames& kind) const;
@@ -107,6 +114,7 @@ class Recorder final : private AllocationObserver {
   // a phase allocates and frees again is a temporary (Adam's sqrt buffers).
   bool phase_frees_are_temporary_ = false;
   std::unordered_set<uint64_t> phase_allocations_;
+  std::vector<std::string> value_sized_ops_;
   int64_t live_ = 0;
   int64_t peak_ = 0;
 };

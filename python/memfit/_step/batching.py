@@ -170,7 +170,9 @@ def resize_batch(obj, n, batch_dim=0):
     """`obj` with `n` samples: the first n, or the samples repeated to n;
     tensors shared by every sample are copied as they are.
 
-    Only shapes matter to memory, so repeating samples is a faithful probe.
+    Repeating samples keeps the shapes and the example's values: faithful
+    where memory follows shapes, not where it follows values (See Note
+    [Memory that depends on the batch's values], op_frames.h).
     """
 
     def resize(t, d):
@@ -248,8 +250,9 @@ def sequence_length(obj, seq_dim, what="inputs"):
 def resize_length(obj, n, seq_dim, length, what="inputs"):
     """`obj` with every tensor that is `length` long along its seq_dim (see
     _length_dims) cut to its first `n` positions, or repeated to n; other
-    tensors as they are. Only shapes matter to memory: a repeated sequence
-    is a faithful probe of a longer one. The target of a token-level loss
+    tensors as they are. A repeated sequence is a faithful probe of a longer
+    one where memory follows shapes (See Note [Memory that depends on the
+    batch's values], op_frames.h). The target of a token-level loss
     (labels of shape (batch, length)) is resized with its inputs this way;
     a class label of shape (batch,) is left alone."""
 

@@ -36,6 +36,13 @@ class Tracking:
         """Every allocation and free, with phase, module and op."""
         return self._recorder.timeline
 
+    @property
+    def value_sized_ops(self) -> list:
+        """The ops that ran inside the block and size their output by the
+        values (torch.unique, nonzero, sparse gradients), each once: See
+        Note [Memory that depends on the batch's values], op_frames.h."""
+        return list(self._recorder.value_sized_ops)
+
     def phase(self, name: str, iteration: int = 0) -> None:
         """Start the named phase ("forward", "backward", ...)."""
         self._recorder.begin_phase(name, iteration)

@@ -22,6 +22,7 @@ from .._step.progress import as_progress
 from .._step.training_step import check_optimizer
 from .._step.user_step import as_user_step
 from ..report.compiled import search_notes
+from ..report.value_sized import settle_fit
 from ..report.data_parallel import trainable_sizes
 from ..report.places import place_of
 from ..report.profile import profile
@@ -49,9 +50,11 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
 
     `inputs`/`target` are an example batch of any size: memfit records the
     step (forward, loss, backward, optimizer step, two iterations) at batches
-    made from them (cut, or repeated: only shapes matter to memory), grown
-    from 2, 4, 8 toward the answer, each first predicted from the smaller
-    ones; fits each event's memory as M0 + m*batch on the largest, solves for
+    made from them (cut, or repeated: other batches' shapes, the example's
+    values; a step whose memory follows the values says so and is not
+    verified above the example, See Note [Memory that depends on the batch's
+    values]), grown from 2, 4, 8 toward the answer, each first predicted
+    from the smaller ones; fits each event's memory as M0 + m*batch on the largest, solves for
     the budget, and runs one whole step at the answer to verify it (see
     Note [Verifying the answer]). If that step does not fit, the next batch
     comes from its measured peak, and is verified again: the answer is always
@@ -164,6 +167,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         notes = room.notes + report.loop_notes + search_notes(report, fit)
         if notes:
             fit.notes = list(fit.notes) + notes
+        # See Note [Memory that depends on the batch's values] (op_frames.h).
+        settle_fit(fit, report.value_sized_ops, report.batch)
         return fit
 
     return LocalAnswer(fit_at_most(), fit_at_most)

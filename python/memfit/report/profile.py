@@ -28,6 +28,7 @@ from .._step.user_state import kept_rng, step_tensors
 from . import data_parallel as _dp
 from . import page as report_page
 from .places import CARD_NOTE, place_of
+from .value_sized import profile_note
 from .workspace_note import workspace_note
 
 __all__ = ["DEFAULT_CUDA_WORKSPACE", "Report", "profile"]
@@ -44,9 +45,13 @@ class Report:
 
     def __init__(self, native: _memfit.Report, timeline: _memfit.Timeline,
                  model_sizes: tuple = ((), 0), record_at: Callable | None = None,
-                 compiled: Any = None, loop_notes: tuple = ()) -> None:
+                 compiled: Any = None, loop_notes: tuple = (),
+                 value_sized_ops: tuple = ()) -> None:
         self._native = native
         self.loop_notes = list(loop_notes)  # the loop's and the held state's notes
+        # The ops of the step that size their output by the batch's values:
+        # See Note [Memory that depends on the batch's values] (op_frames.h).
+        self.value_sized_ops = list(value_sized_ops)
         self.timeline = timeline
         self._record_at = record_at
         self._probed = None  # see prediction()
@@ -209,12 +214,12 @@ class Report:
 
     def at_batch(self, batch: int) -> Report:
         """The same step recorded at `batch` samples (the example batch cut
-        or repeated: only shapes matter to memory), as a Report."""
+        or repeated: its shapes, the example's values), as a Report."""
         if self._record_at is None:
             raise ValueError("[at_batch] this report cannot record other batches")
         native, timeline = self._record_at(count(batch, "at_batch", "batch"))
         return Report(native, timeline, (self._trainable_sizes, self._largest_unit_bytes),
-                      self._record_at, self._compiled, self.loop_notes)
+                      self._record_at, self._compiled, self.loop_notes, self.value_sized_ops)
 
     def measure_step(self, batch: int) -> tuple[_memfit.Report, _memfit.Timeline] | None:
         """(C++ report, timeline) of the step at `batch`, or None when it ran
@@ -454,7 +459,8 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         return recorder.run(x, y)
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
-    return Report(native, timeline, sizes, record_at, recorder.compiled, recorder.loop_notes)
+    return Report(native, timeline, sizes, record_at, recorder.compiled, recorder.loop_notes,
+                  recorder.value_sized_ops)
 
 
 def _checked_inputs(model, inputs, target, batch_dim, how, place):
@@ -514,6 +520,7 @@ class _StepRecorder:
         self.target_device, self.cuda_workspace = target_device, cuda_workspace
         self.meta, self.batch_dim, self.loop_notes = meta, batch_dim, loop_notes
         self.compiled = None
+        self.value_sized_ops = []  # the first recording's: the example batch's
 
     def run(self, inputs, target, eager=False):
         """(C++ report, timeline) of the step on `inputs`."""
@@ -574,6 +581,10 @@ class _StepRecorder:
         if mode == "meta" and reads.note():
             notes.append(reads.note())
         n = batch_size(inputs, self.batch_dim, "profile")
+        ops = rec.tracking.value_sized_ops
+        if ops:  # See Note [Memory that depends on the batch's values] (op_frames.h).
+            notes.append(profile_note(ops, n))
+            self.value_sized_ops = self.value_sized_ops or ops
         if self.compiled is not None and not eager:
             notes.extend(self.compiled.add(n, rec.compile))
         model = type(getattr(self.model, "_orig_mod", self.model)).__name__  # torch.compile's

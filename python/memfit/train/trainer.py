@@ -170,7 +170,7 @@ def _scaled_step(optimizer, scaler):
 #    above the measured answer, and no more micro-batches.
 #
 # The probes run on the first two samples of the user's batch repeated to
-# each probe's size (only shapes matter to memory), under the user's
+# each probe's size (their shapes; the values are those samples'), under the user's
 # autocast, on copies: the weights, .grad, buffers, optimizer state, inputs
 # and RNG are left as they were (Note [A rehearsed step leaves no trace],
 # _step/user_state.py). The room is the budget less the live tracked tensors that

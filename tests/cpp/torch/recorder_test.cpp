@@ -65,6 +65,20 @@ TEST(RecorderTest, OnlyDeviceLeavesOtherDevicesAllocationsOut) {
   EXPECT_EQ(r.live_bytes(), 8 * 4 * 4);
 }
 
+TEST(RecorderTest, SaysWhichOpsSizedTheirOutputByTheValues) {
+  Recorder r;
+  auto x = torch::tensor({3, 1, 3, 2});
+  auto mm = torch::mm(torch::ones({2, 2}), torch::ones({2, 2}));
+  EXPECT_TRUE(r.value_sized_ops().empty());
+  auto u = at::_unique2(x);
+  auto nz = torch::nonzero(x > 1);
+  auto again = at::_unique2(x);
+  r.stop();
+  auto after = torch::nonzero(x);  // after stop(): not this recording's
+  EXPECT_EQ(r.value_sized_ops(),
+            (std::vector<std::string>{"aten::_unique2", "aten::nonzero"}));
+}
+
 TEST(RecorderTest, ClassifyChangesTheCategory) {
   Recorder r;
   r.begin_phase("forward");

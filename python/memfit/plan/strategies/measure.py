@@ -56,7 +56,7 @@ class Bench:
     def profile(self, s, batch=None, mode="cpu"):
         """The memfit Report of the step transformed by strategy `s`, at
         `batch` samples (None: the user's; others repeat or cut the samples:
-        only shapes matter to memory), on the CPU or on meta. For a CUDA
+        their shapes, the example's values), on the CPU or on meta. For a CUDA
         target_device the Report has the caching allocator's estimate."""
         m = self.model
         x, y = self.inputs, self.target

@@ -29,6 +29,7 @@ except ImportError:
 from .api import Size, UserStep, host_memory, kept_rng, sequence_length
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
+from .._step.batching import resize_length
 from ..train.length_sampler import LengthBatchSampler
 from .length_batches import (check_length_options, fit_per_length, rebatched, sample_lengths,
                              token_accumulation)
@@ -82,6 +83,60 @@ def _first_batch(dataloader):
     seed is put back, so training draws the same order."""
     with kept_rng(), host_memory():
         return example_of(next(iter(dataloader)))
+
+
+# Note [A first batch shorter than the data]
+# A collator that pads each batch to its own longest sample
+# (DataCollatorWithPadding, the default with a tokenizer) makes the first
+# batch only as long as its samples: the batch fitted there runs out of
+# memory at the first batch holding a longer sample. Without lengths= the
+# callback reads the training samples' input_ids lengths (a dataset with
+# len(); up to _SCANNED samples) and, where one is longer than the first
+# batch, fits the batch at that length (the example's tokens and token
+# labels repeated to it, as fit_lengths does; rounded up to the collator's
+# pad_to_multiple_of): every batch, padded to its longest, fits.
+_SCANNED = 200_000
+
+
+def _longest_sample(dataset, collator):
+    """The longest input_ids among the training samples, rounded up to the
+    collator's pad_to_multiple_of; None where samples are not dicts with
+    input_ids or the dataset has no len()."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        return None
+    longest = 0
+    with host_memory():
+        for i in range(min(n, _SCANNED)):
+            sample = dataset[i]
+            ids = sample.get("input_ids") if hasattr(sample, "get") else None
+            if ids is None:
+                return None
+            longest = max(longest, int(ids.shape[-1]) if isinstance(ids, torch.Tensor)
+                          else len(ids))
+    multiple = getattr(collator, "pad_to_multiple_of", None)
+    if isinstance(multiple, int) and multiple > 1:
+        longest = -(-longest // multiple) * multiple
+    return longest
+
+
+def _at_longest(trainer, batch, what):
+    """(batch, note): the example batch as long as the longest training
+    sample where it is shorter: See Note [A first batch shorter than the
+    data]."""
+    ids = batch.get("input_ids") if hasattr(batch, "get") else None
+    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
+        return batch, None
+    have = int(ids.shape[1])
+    longest = _longest_sample(trainer.train_dataset, trainer.data_collator)
+    if longest is None or longest <= have:
+        return batch, None
+    with host_memory():
+        batch = resize_length(batch, longest, 1, have, what)
+    return batch, (f"the first batch is {have} tokens long and a training sample {longest}: "
+                   f"the batch is fitted at {longest} tokens (seq_dim=1, lengths=[...] fits "
+                   f"one per length and batches the data by length)")
 
 
 def _optimizer_for(trainer, model, given):
@@ -164,7 +219,7 @@ class FitBatchSize(TrainerCallback):
         before = f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps}"
         effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
         how = trainer_step(trainer, what)
-        batch = _first_batch(trainer.get_train_dataloader())
+        batch, longer = _at_longest(trainer, _first_batch(trainer.get_train_dataloader()), what)
         reserve = int(batch_bytes_per_sample(batch) * effective)
         opt = _optimizer_for(trainer, model, optimizer)
         # The optimizer's step and zero_grad end each optimizer step; between
@@ -173,6 +228,8 @@ class FitBatchSize(TrainerCallback):
                           accumulated=LoopStep(how, False), budget=self.budget, what=what,
                           effective=effective, reserve_bytes=reserve,
                           target_device=self.target_device)
+        if longer:
+            plan.notes.append(longer)
         args.per_device_train_batch_size = plan.batch_size
         args.gradient_accumulation_steps = plan.accumulation
         trainer._train_batch_size = args.train_batch_size  # See Note [Where the HF ...]

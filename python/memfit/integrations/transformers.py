@@ -115,10 +115,14 @@ def _longest_sample(dataset, collator):
                 return None
             longest = max(longest, int(ids.shape[-1]) if isinstance(ids, torch.Tensor)
                           else len(ids))
+    multiple = _pad_to_multiple_of(collator)
+    return longest if multiple is None else -(-longest // multiple) * multiple
+
+
+def _pad_to_multiple_of(collator):
+    """The collator's pad_to_multiple_of (DataCollatorWithPadding's), or None."""
     multiple = getattr(collator, "pad_to_multiple_of", None)
-    if isinstance(multiple, int) and multiple > 1:
-        longest = -(-longest // multiple) * multiple
-    return longest
+    return multiple if isinstance(multiple, int) and multiple > 1 else None
 
 
 def _at_longest(trainer, batch, what):
@@ -273,7 +277,8 @@ class FitBatchSize(TrainerCallback):
         sampler = LengthBatchSampler(
             sample_lengths(trainer.train_dataset, self.seq_dim, self.sample_lengths, what), fit,
             seed=args.seed, max_tokens=max_tokens, num_replicas=args.world_size,
-            rank=args.process_index)
+            rank=args.process_index,
+            pad_to_multiple_of=_pad_to_multiple_of(trainer.data_collator))
         built = trainer.get_train_dataloader
 
         def get_train_dataloader():

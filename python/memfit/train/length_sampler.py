@@ -63,11 +63,15 @@ class LengthBatchSampler(Sampler[list[int]]):
     longer goes alone). num_replicas, rank: each rank's share of the
     batches, as DistributedSampler (default: torch.distributed's world size
     and rank when it is initialized, else 1 and 0); the same seed on every
-    rank (See Note [Batches by length])."""
+    rank (See Note [Batches by length]). pad_to_multiple_of: the collate
+    function pads each batch to its longest sample rounded up to this
+    multiple (DataCollatorWithPadding(pad_to_multiple_of=8)): each batch
+    holds what fits at that padded length."""
 
     def __init__(self, lengths: Sequence[int], fit: Any, shuffle: bool = True, seed: int = 0,
                  drop_last: bool = False, megabatch: int = 50, max_tokens: int | None = None,
-                 num_replicas: int | None = None, rank: int | None = None) -> None:
+                 num_replicas: int | None = None, rank: int | None = None,
+                 pad_to_multiple_of: int | None = None) -> None:
         what = "LengthBatchSampler"
         self.lengths = [count(n, what, "each length") for n in lengths]
         if not self.lengths:
@@ -82,6 +86,8 @@ class LengthBatchSampler(Sampler[list[int]]):
         self.seed = int(seed)
         self.megabatch = count(megabatch, what, "megabatch")
         self.max_tokens = None if max_tokens is None else count(max_tokens, what, "max_tokens")
+        self.pad_to_multiple_of = (1 if pad_to_multiple_of is None else
+                                   count(pad_to_multiple_of, what, "pad_to_multiple_of"))
         self.num_replicas, self.rank = _replicas(num_replicas, rank, what)
         self.epoch = 0
         self._caps = {}
@@ -97,20 +103,27 @@ class LengthBatchSampler(Sampler[list[int]]):
         """The order of epoch `epoch` (shuffle=True): a new one per epoch."""
         self.epoch = int(epoch)
 
+    def padded(self, length: int) -> int:
+        """The length a batch whose longest sample is `length` is padded
+        to: rounded up to pad_to_multiple_of."""
+        return -(-length // self.pad_to_multiple_of) * self.pad_to_multiple_of
+
     def capacity(self, length: int) -> int:
-        """How many samples padded to `length` a batch holds: what fits
-        there, and no more than max_tokens // length (at least one)."""
+        """How many samples a batch whose longest sample is `length` holds:
+        what fits at its padded length, and no more than max_tokens // that
+        length (at least one)."""
         if length not in self._caps:
-            cap = count(self.fit.at(length), "LengthBatchSampler", f"fit.at({length})")
+            padded = self.padded(length)
+            cap = count(self.fit.at(padded), "LengthBatchSampler", f"fit.at({padded})")
             if self.max_tokens is not None:
-                cap = max(1, min(cap, self.max_tokens // length))
+                cap = max(1, min(cap, self.max_tokens // padded))
             self._caps[length] = cap
         return self._caps[length]
 
     def predicted_peak_bytes(self, batch: list[int]) -> int:
         """The predicted peak of `batch` padded to its longest sample; its
         padded tokens when the fit predicts no bytes."""
-        longest = max(self.lengths[i] for i in batch)
+        longest = self.padded(max(self.lengths[i] for i in batch))
         predict = getattr(self.fit, "predict_peak_bytes", None)
         if predict is None:
             return len(batch) * longest

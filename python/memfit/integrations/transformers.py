@@ -10,6 +10,7 @@ Needs transformers (`pip install transformers`)."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
@@ -143,6 +144,35 @@ def _at_longest(trainer, batch, what):
                    f"one per length and batches the data by length)")
 
 
+# Note [Checkpointing the Trainer turns on]
+# TrainingArguments(gradient_checkpointing=True) is applied by train(), after
+# on_init_end, where the callback plans: measured as it was, the step kept
+# every activation, and the batch set was about half what the Trainer's
+# loop runs. So the callback turns checkpointing on as train() does (the
+# same arguments) for the training step's fit, and off again after, with
+# the input-grad hook it adds: the model is left as it was.
+@contextlib.contextmanager
+def _checkpointing_as_trained(trainer):
+    model, args = trainer.model, trainer.args
+    turn_on = (args.gradient_checkpointing
+               and callable(getattr(model, "gradient_checkpointing_enable", None))
+               and not getattr(model, "is_gradient_checkpointing", True))
+    if not turn_on:
+        yield
+        return
+    had_hook = hasattr(model, "_require_grads_hook")
+    kwargs = dict(args.gradient_checkpointing_kwargs or {})
+    every_n_layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None,
+                                        every_n_layers=every_n_layers, offload=offload)
+    try:
+        yield
+    finally:
+        model.gradient_checkpointing_disable()
+        if not had_hook and hasattr(model, "_require_grads_hook"):
+            model.disable_input_require_grads()
+
+
 def _optimizer_for(trainer, model, given):
     if given is not None:
         return given
@@ -228,10 +258,11 @@ class FitBatchSize(TrainerCallback):
         opt = _optimizer_for(trainer, model, optimizer)
         # The optimizer's step and zero_grad end each optimizer step; between
         # accumulated micro-batches the gradients stay.
-        plan = plan_batch(model, batch, opt, whole=LoopStep(how, True),
-                          accumulated=LoopStep(how, False), budget=self.budget, what=what,
-                          effective=effective, reserve_bytes=reserve,
-                          target_device=self.target_device)
+        with _checkpointing_as_trained(trainer):  # See Note [Checkpointing the Trainer ...]
+            plan = plan_batch(model, batch, opt, whole=LoopStep(how, True),
+                              accumulated=LoopStep(how, False), budget=self.budget, what=what,
+                              effective=effective, reserve_bytes=reserve,
+                              target_device=self.target_device)
         if longer:
             plan.notes.append(longer)
         args.per_device_train_batch_size = plan.batch_size
@@ -266,10 +297,11 @@ class FitBatchSize(TrainerCallback):
         tokens = self.tokens_per_step or args.per_device_train_batch_size * accumulation * length
         reserve = int(batch_bytes_per_sample(batch) / length * tokens)
         kept = self.tokens_per_step is not None or accumulation > 1  # gradients between
-        fit = fit_per_length(model, batch, _optimizer_for(trainer, model, optimizer),
-                             LoopStep(how, not kept), seq_dim=self.seq_dim, lengths=self.lengths,
-                             budget=self.budget, what=what, reserve_bytes=reserve,
-                             target_device=self.target_device)
+        with _checkpointing_as_trained(trainer):  # See Note [Checkpointing the Trainer ...]
+            fit = fit_per_length(model, batch, _optimizer_for(trainer, model, optimizer),
+                                 LoopStep(how, not kept), seq_dim=self.seq_dim,
+                                 lengths=self.lengths, budget=self.budget, what=what,
+                                 reserve_bytes=reserve, target_device=self.target_device)
         max_tokens = None
         if self.tokens_per_step is not None:
             accumulation, max_tokens = token_accumulation(self.tokens_per_step, fit)

@@ -10,6 +10,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 from .._step.loss_rule import LossRule, bind_arguments, counted_targets, loss_rule
+from .._step.user_state import kept_rng
 
 __all__: list = []
 
@@ -42,6 +43,21 @@ __all__: list = []
 # given is used for such losses; one that contradicts what the loss does
 # (reduction="sum" with nn.CrossEntropyLoss()) is refused. A step that
 # runs whole weighs its loss 1 whatever the rule, so nothing is probed.
+#
+# A loss whose rule is known can still mix the samples before it reduces
+# them: an in-batch contrastive loss (cross_entropy over z @ z.T), a batch
+# statistic (o.std(0)). Split, each micro-batch's loss sees only its own
+# samples: the gradients are not the whole batch's (off by 75% for the
+# contrastive loss), and nothing said so. So the first split step checks
+# it once, on the first micro-batch's output: the loss of up to 8 samples
+# together against each alone, combined by the rule (their mean, their sum,
+# or for cross_entropy/nll_loss each weighted by its counted targets), to
+# 64 k ulps of the loss's dtype. A loss that fails it is refused as
+# BatchNorm is, naming coupled="allow" (each micro-batch's loss over its
+# own samples). A loss made inside the forward, an output that is not one
+# tensor of the batch's samples, or a loss that cannot run on them without
+# grad, is not checked. The check's calls of loss_fn run without grad and
+# put the RNG back; a loss that counts its calls sees them.
 
 _REDUCTIONS = {torch.mean: "mean", torch.Tensor.mean: "mean", torch.sum: "sum",
                torch.Tensor.sum: "sum", torch.nansum: "sum", torch.Tensor.nansum: "sum"}
@@ -120,10 +136,13 @@ class LossWeighting:
     Holds no reference to the Trainer (the native Trainer's optimizer-step
     callback holds this object)."""
 
-    def __init__(self, loss_fn, reduction):
+    def __init__(self, loss_fn, reduction, coupled_allowed=False):
         self._loss_fn = loss_fn
         self._declared = declared_reduction(loss_fn, reduction)
         self._probed = None  # the numeric probe's answer, "mean" or "sum"
+        # Whether the loss was checked to count its samples apart (or
+        # coupled="allow" says not to); see Note [Probing how the loss reduces].
+        self._separable = coupled_allowed
         self._counts = {}  # start -> counted targets of this step's chunk there
         self._sum_chunks = False
         self._full_target = None
@@ -161,6 +180,8 @@ class LossWeighting:
             kind = self._declared or self._probe(output, target, target_dim)
             return loss * (n / batch) if kind == "mean" else loss
         rule, count = found
+        if not self._separable:
+            self._check_separable(output, target, target_dim, rule)
         if self._declared is not None and self._declared != ("sum" if rule.kind == "sum" else
                                                               "mean"):
             raise ValueError(
@@ -201,6 +222,56 @@ class LossWeighting:
         total = _partition_total(self._counts)
         return 1.0 / total if total else math.nan
 
+    def _check_separable(self, output, target, target_dim, rule):
+        """Raises ValueError when the loss of up to 8 samples together is
+        not their losses alone combined by `rule` (See Note [Probing how the
+        loss reduces]); returns quietly where it cannot be checked."""
+        sample = _samples(output, target, target_dim)
+        if sample is None:
+            self._separable = True
+            return
+        o, tgt, k = sample
+
+        def value(a, b):  # (the loss, its counted targets or None), as chunk_loss sees it
+            y = None if tgt is None else tgt.narrow(target_dim, a, b - a)
+            mode = _Reductions()
+            with mode:
+                v = self._loss_fn(o[a:b], y) if y is not None else self._loss_fn(o[a:b])
+            c = next((c for out, _, c in mode.calls if out is v and c is not None), None)
+            return float(v), (None if c is None else float(c))
+
+        try:
+            with torch.no_grad(), kept_rng():
+                together, _ = value(0, k)
+                alone = [value(i, i + 1) for i in range(k)]
+        except torch.cuda.OutOfMemoryError:
+            raise  # the step's to recover from, as any of its allocations
+        except Exception:  # noqa: BLE001 - a loss that cannot run so is not checked
+            self._separable = True
+            return
+        if rule.kind == "sum":
+            combined = sum(v for v, _ in alone)
+        elif rule.kind == "mean":
+            combined = sum(v for v, _ in alone) / k
+        else:  # classes: each weighted by its counted targets
+            counts = [c for _, c in alone]
+            if any(c is None for c in counts) or sum(counts) == 0:
+                self._separable = True
+                return
+            combined = sum(v * c for (v, _), c in zip(alone, counts)) / sum(counts)
+        scale = max(max(abs(v) for v, _ in alone), abs(together), 1e-30)
+        tol = 64 * k * torch.finfo(o.dtype if o.is_floating_point() else torch.float32).eps
+        if abs(together - combined) <= tol * scale:
+            self._separable = True
+            return
+        raise ValueError(
+            f"[Trainer.step] the loss mixes the batch's samples before it reduces them (on {k} "
+            f"samples together it gave {together:.6g}; alone, combined as its {rule.name} "
+            f"reduces them, {combined:.6g}): split into micro-batches, each would see only its "
+            f"own samples (an in-batch contrastive loss, a batch statistic) and the gradients "
+            f"would not be the whole batch's; run the batch whole (a larger budget), or pass "
+            f"coupled='allow' to split anyway")
+
     def _probe(self, output, target, target_dim):
         """"mean" or "sum" from the loss's values on up to 8 samples together
         against each alone; raises ValueError when they say neither."""
@@ -208,16 +279,11 @@ class LossWeighting:
             return self._probed
         ask = ("pass reduction='mean' or 'sum' to the Trainer (how loss_fn reduces the "
                "batch), or return a torch loss function's result or a .mean()/.sum()")
-        out = output if isinstance(output, torch.Tensor) else None
-        tgt = target if target is None or isinstance(target, torch.Tensor) else None
-        if (out is None or out.dim() == 0 or out.shape[0] < 2 or
-                (target is not None and (tgt is None or tgt.dim() <= target_dim
-                                         or tgt.shape[target_dim] != out.shape[0]))):
+        sample = _samples(output, target, target_dim)
+        if sample is None:
             raise ValueError(f"[Trainer.step] cannot tell how loss_fn reduces the batch: {ask}")
-        k = min(8, out.shape[0])
+        o, tgt, k = sample
         with torch.no_grad():
-            o = out.detach()
-
             def value(a, b):
                 y = None if target is None else tgt.narrow(target_dim, a, b - a)
                 v = self._loss_fn(o[a:b], y) if y is not None else self._loss_fn(o[a:b])
@@ -250,3 +316,15 @@ def _partition_total(counts):
         total += float(count)
         at = start + n
     return total
+
+
+def _samples(output, target, target_dim):
+    """(output detached, target, k): up to 8 samples of one output tensor
+    and its target to probe the loss on, or None where there are not."""
+    out = output if isinstance(output, torch.Tensor) else None
+    tgt = target if target is None or isinstance(target, torch.Tensor) else None
+    if (out is None or out.dim() == 0 or out.shape[0] < 2 or
+            (target is not None and (tgt is None or tgt.dim() <= target_dim
+                                     or tgt.shape[target_dim] != out.shape[0]))):
+        return None
+    return out.detach(), tgt, min(8, out.shape[0])

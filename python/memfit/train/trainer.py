@@ -345,8 +345,11 @@ class Trainer:
       size (the model's parameters count); on CUDA leave it None: the card
       is the limit.
     - coupled: "error" (default) refuses to split a model with BatchNorm in
-      training mode, naming the layers; "allow" splits anyway (each
-      micro-batch uses its own statistics).
+      training mode, naming the layers, or a loss that mixes the batch's
+      samples before it reduces them (an in-batch contrastive loss, checked
+      once on the first split micro-batch, Note [Probing how the loss
+      reduces]); "allow" splits anyway (each micro-batch uses its own
+      statistics, its loss its own samples).
     - reduction: None (default) or "mean"/"sum". Each micro-batch's loss is
       weighted by how the loss reduces the batch, found by watching it run
       (Note [Probing how the loss reduces], loss_weighting.py): a torch loss
@@ -445,7 +448,7 @@ class Trainer:
         self._module = model.module if self._dist else model
         # See Note [Probing how the loss reduces] (loss_weighting.py): the
         # chunks come weighted, the native step adds them as they are.
-        self._weighting = LossWeighting(loss_fn, reduction)
+        self._weighting = LossWeighting(loss_fn, reduction, coupled == "allow")
         opt_step = _current_step(optimizer) if scaler is None else _scaled_step(optimizer, scaler)
         opt_step = _weighted_step(opt_step, optimizer, self._weighting)
         self._options = (

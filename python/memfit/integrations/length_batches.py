@@ -12,7 +12,8 @@ from typing import Any, Callable, Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from .._step.batching import count
+from .._step.batching import count, resize_length, sequence_length
+from ..memory.device import host_memory
 from ..plan.lengths import LengthFit, fit_lengths
 from ..train.length_sampler import LengthBatchSampler
 from .sizing import LoopStep, plan_batch
@@ -131,3 +132,75 @@ def rebatched(loader: DataLoader, sampler: LengthBatchSampler) -> DataLoader:
     return DataLoader(loader.dataset, batch_sampler=sampler, collate_fn=loader.collate_fn,
                       num_workers=workers, pin_memory=loader.pin_memory,
                       worker_init_fn=loader.worker_init_fn, **extra)
+
+
+# Note [A first batch shorter than the data]
+# A collate function that pads each batch to its own longest sample
+# (DataCollatorWithPadding, pad_sequence) makes the first batch, the one a
+# callback measures, only as long as its samples: the batch fitted there ran
+# out of memory at the first batch holding a longer sample. Without
+# lengths= a callback reads the training samples' shapes (a dataset with
+# len(); up to SCANNED samples: a dict's input_ids or first value, a tuple's
+# first tensor, a list of ids); where they differ along one dimension
+# alone, that is the length, and where a sample is longer than the first
+# batch the batch is fitted at the longest (the example's tokens and token
+# labels repeated to it, as fit_lengths does; rounded up to the collate
+# function's pad_to_multiple_of): every batch, padded to its longest, fits.
+SCANNED = 200_000
+
+
+def _shape_of(sample):
+    """The shape of a sample's first tensor (or list of ids), or None."""
+    if hasattr(sample, "keys") and hasattr(sample, "__getitem__"):
+        keys = list(sample.keys())
+        if not keys:
+            return None
+        sample = sample["input_ids"] if "input_ids" in keys else sample[keys[0]]
+    elif isinstance(sample, (tuple, list)) and sample and isinstance(sample[0], torch.Tensor):
+        sample = sample[0]
+    if isinstance(sample, torch.Tensor):
+        return tuple(sample.shape)
+    if isinstance(sample, (list, tuple)) and all(isinstance(v, int) for v in sample[:8]):
+        return (len(sample),)
+    return None
+
+
+def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
+                      batch_dim: int = 0) -> tuple[Any, str | None]:
+    """(batch, note): the example batch as long as the longest training
+    sample, where it is shorter; else (batch, None). See Note [A first batch
+    shorter than the data]."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        return batch, None
+    if batch_dim != 0 or n == 0:
+        return batch, None
+    shapes = set()
+    with host_memory():
+        for i in range(min(n, SCANNED)):
+            shape = _shape_of(dataset[i])
+            if shape is None:
+                return batch, None
+            shapes.add(shape)
+    if len(shapes) < 2 or len({len(s) for s in shapes}) != 1:
+        return batch, None
+    varying = [d for d in range(len(next(iter(shapes)))) if len({s[d] for s in shapes}) > 1]
+    if len(varying) != 1:
+        return batch, None
+    seq_dim = varying[0] + 1
+    longest = max(s[varying[0]] for s in shapes)
+    multiple = getattr(collate_fn, "pad_to_multiple_of", None)
+    if isinstance(multiple, int) and multiple > 1:
+        longest = -(-longest // multiple) * multiple
+    try:
+        have = sequence_length(batch, seq_dim, what)
+    except ValueError:
+        return batch, None
+    if longest <= have:
+        return batch, None
+    with host_memory():
+        batch = resize_length(batch, longest, seq_dim, have, what)
+    return batch, (f"the first batch is {have} long along dimension {seq_dim} and a training "
+                   f"sample {longest}: the batch is fitted at {longest} (seq_dim={seq_dim}, "
+                   f"lengths=[...] fits one per length and batches the data by length)")

@@ -39,8 +39,8 @@ from ..report.profile import Report, profile
 from .sizing import (BatchPlan, LoopStep, check_options, example_of, plan_batch,
                      tell_change)
 from ..train.length_sampler import LengthBatchSampler
-from .length_batches import (check_length_options, fit_per_length, rebatched, sample_lengths,
-                             token_accumulation)
+from .length_batches import (at_longest_sample, check_length_options, fit_per_length,
+                             rebatched, sample_lengths, token_accumulation)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -123,10 +123,12 @@ def _loader_source(trainer, pl_module):
     return dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
 
 
-def _first_batch(trainer, pl_module, what, batch_dim=0):
+def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False):
     """The first samples of the first training batch as training_step gets
     them (the module's transfer hooks, on its device); the generators are
-    put back, so the fit loop draws the same order."""
+    put back, so the fit loop draws the same order. longest=True: (batch,
+    note), the batch as long as the longest training sample (See Note [A
+    first batch shorter than the data], length_batches.py)."""
     source = _loader_source(trainer, pl_module)
     if not is_overridden("train_dataloader", source):
         raise ValueError(
@@ -135,9 +137,16 @@ def _first_batch(trainer, pl_module, what, batch_dim=0):
         )
     # On the host, as beside a GPU: only the few samples memfit keeps go to
     # the device.
+    note = None
     with kept_rng(), host_memory():
-        batch = example_of(next(iter(source.train_dataloader())), batch_dim)
-    return trainer.strategy.batch_to_device(batch)
+        loader = source.train_dataloader()
+        batch = example_of(next(iter(loader)), batch_dim)
+        if longest:
+            batch, note = at_longest_sample(getattr(loader, "dataset", None),
+                                            getattr(loader, "collate_fn", None), batch, what,
+                                            batch_dim)
+    batch = trainer.strategy.batch_to_device(batch)
+    return (batch, note) if longest else batch
 
 
 def _optimizer(trainer, what):
@@ -259,7 +268,7 @@ class FitBatchSize(pl.Callback):
         before = str(lightning_getattr(pl_module, self.batch_arg_name))
         if self.keep_effective_batch is not None:
             before += f" x {trainer.accumulate_grad_batches}"
-        batch = _first_batch(trainer, pl_module, what, self.batch_dim)
+        batch, longer = _first_batch(trainer, pl_module, what, self.batch_dim, longest=True)
         # The user's own accumulate_grad_batches (or a scheduler of it): every
         # micro-batch after the first keeps the gradients through its backward.
         accumulating = self.keep_effective_batch is None and _accumulates(trainer)
@@ -270,6 +279,8 @@ class FitBatchSize(pl.Callback):
                           budget=self.budget, what=what, batch_dim=self.batch_dim,
                           effective=self.keep_effective_batch,
                           target_device=self.target_device)
+        if longer:
+            plan.notes.append(longer)
         lightning_setattr(pl_module, self.batch_arg_name, plan.batch_size)
         if self.keep_effective_batch is not None:
             trainer.accumulate_grad_batches = plan.accumulation

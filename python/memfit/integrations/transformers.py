@@ -30,10 +30,9 @@ except ImportError:
 from .api import Size, UserStep, host_memory, kept_rng, sequence_length
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
-from .._step.batching import resize_length
 from ..train.length_sampler import LengthBatchSampler
-from .length_batches import (check_length_options, fit_per_length, rebatched, sample_lengths,
-                             token_accumulation)
+from .length_batches import (at_longest_sample, check_length_options, fit_per_length,
+                             rebatched, sample_lengths, token_accumulation)
 
 __all__ = ["FitBatchSize", "trainer_step"]
 
@@ -86,40 +85,6 @@ def _first_batch(dataloader):
         return example_of(next(iter(dataloader)))
 
 
-# Note [A first batch shorter than the data]
-# A collator that pads each batch to its own longest sample
-# (DataCollatorWithPadding, the default with a tokenizer) makes the first
-# batch only as long as its samples: the batch fitted there runs out of
-# memory at the first batch holding a longer sample. Without lengths= the
-# callback reads the training samples' input_ids lengths (a dataset with
-# len(); up to _SCANNED samples) and, where one is longer than the first
-# batch, fits the batch at that length (the example's tokens and token
-# labels repeated to it, as fit_lengths does; rounded up to the collator's
-# pad_to_multiple_of): every batch, padded to its longest, fits.
-_SCANNED = 200_000
-
-
-def _longest_sample(dataset, collator):
-    """The longest input_ids among the training samples, rounded up to the
-    collator's pad_to_multiple_of; None where samples are not dicts with
-    input_ids or the dataset has no len()."""
-    try:
-        n = len(dataset)
-    except TypeError:
-        return None
-    longest = 0
-    with host_memory():
-        for i in range(min(n, _SCANNED)):
-            sample = dataset[i]
-            ids = sample.get("input_ids") if hasattr(sample, "get") else None
-            if ids is None:
-                return None
-            longest = max(longest, int(ids.shape[-1]) if isinstance(ids, torch.Tensor)
-                          else len(ids))
-    multiple = _pad_to_multiple_of(collator)
-    return longest if multiple is None else -(-longest // multiple) * multiple
-
-
 def _pad_to_multiple_of(collator):
     """The collator's pad_to_multiple_of (DataCollatorWithPadding's), or None."""
     multiple = getattr(collator, "pad_to_multiple_of", None)
@@ -127,21 +92,9 @@ def _pad_to_multiple_of(collator):
 
 
 def _at_longest(trainer, batch, what):
-    """(batch, note): the example batch as long as the longest training
-    sample where it is shorter: See Note [A first batch shorter than the
-    data]."""
-    ids = batch.get("input_ids") if hasattr(batch, "get") else None
-    if not isinstance(ids, torch.Tensor) or ids.dim() != 2:
-        return batch, None
-    have = int(ids.shape[1])
-    longest = _longest_sample(trainer.train_dataset, trainer.data_collator)
-    if longest is None or longest <= have:
-        return batch, None
-    with host_memory():
-        batch = resize_length(batch, longest, 1, have, what)
-    return batch, (f"the first batch is {have} tokens long and a training sample {longest}: "
-                   f"the batch is fitted at {longest} tokens (seq_dim=1, lengths=[...] fits "
-                   f"one per length and batches the data by length)")
+    """(batch, note): See Note [A first batch shorter than the data]
+    (length_batches.py)."""
+    return at_longest_sample(trainer.train_dataset, trainer.data_collator, batch, what)
 
 
 # Note [Checkpointing the Trainer turns on]

@@ -139,7 +139,10 @@ def rebatched(loader: DataLoader, sampler: LengthBatchSampler) -> DataLoader:
 # (DataCollatorWithPadding, pad_sequence) makes the first batch, the one a
 # callback measures, only as long as its samples: the batch fitted there ran
 # out of memory at the first batch holding a longer sample. Without
-# lengths= a callback reads the training samples' shapes (a dataset with
+# lengths= and with a collate function that may pad (not torch's
+# default_collate nor HF's default_data_collator, which only stack samples
+# of one shape: an image set is not read through), a callback reads the
+# training samples' shapes (a dataset with
 # len(); up to SCANNED samples: a dict's input_ids or first value, a tuple's
 # first tensor, a list of ids); where they differ along one dimension
 # alone, that is the length, and where a sample is longer than the first
@@ -165,11 +168,21 @@ def _shape_of(sample):
     return None
 
 
+def _stacks_only(collate_fn):
+    """Whether collate_fn is torch's default_collate or Hugging Face's
+    default_data_collator, which stack samples without padding them."""
+    return collate_fn is None or (
+        getattr(collate_fn, "__name__", "") in ("default_collate", "default_data_collator")
+        and getattr(collate_fn, "__module__", "").split(".")[0] in ("torch", "transformers"))
+
+
 def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
                       batch_dim: int = 0) -> tuple[Any, str | None]:
     """(batch, note): the example batch as long as the longest training
     sample, where it is shorter; else (batch, None). See Note [A first batch
     shorter than the data]."""
+    if _stacks_only(collate_fn):  # samples of one shape: nothing to read
+        return batch, None
     try:
         n = len(dataset)
     except TypeError:

@@ -70,3 +70,17 @@ def quiet_and_collected():
         warnings.simplefilter("ignore")
         yield
     gc.collect()
+
+
+@pytest.fixture
+def quiet_lightning(quiet_and_collected):
+    """quiet_and_collected, with Lightning's loggers at ERROR for the test."""
+    import logging
+
+    names = ("lightning", "lightning.pytorch", "lightning.fabric")
+    levels = {n: logging.getLogger(n).level for n in names}
+    for n in names:
+        logging.getLogger(n).setLevel(logging.ERROR)
+    yield
+    for n, level in levels.items():
+        logging.getLogger(n).setLevel(level)

@@ -5,10 +5,8 @@ effective batch exactly, follows BatchSizeFinder's attribute conventions;
 MemoryReport writes the first step's page; MemoryDoctor reports the loop."""
 
 import gc
-import logging
 import subprocess
 import sys
-import warnings
 
 import pytest
 import torch
@@ -24,18 +22,7 @@ X = torch.randn(1024, 64, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 10, (1024,), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(autouse=True)
-def quiet_lightning():
-    names = ("lightning", "lightning.pytorch", "lightning.fabric")
-    levels = {n: logging.getLogger(n).level for n in names}
-    for n in names:
-        logging.getLogger(n).setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-    for n, level in levels.items():
-        logging.getLogger(n).setLevel(level)
-    gc.collect()  # the simulated device counts what earlier tests left alive
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
 
 
 class Samples(torch.utils.data.Dataset):

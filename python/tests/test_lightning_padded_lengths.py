@@ -4,9 +4,7 @@ only as long as its samples, and the batch it sets must still run
 Lightning's own loop on the longest samples of the training set."""
 
 import gc
-import logging
 import math
-import warnings
 
 import pytest
 import torch
@@ -21,18 +19,7 @@ from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 VOCAB, SHORT, LONG, N, BUDGET = 100, 12, 64, 1024, 16 << 20
 
 
-@pytest.fixture(autouse=True)
-def quiet_lightning():
-    names = ("lightning", "lightning.pytorch", "lightning.fabric")
-    levels = {n: logging.getLogger(n).level for n in names}
-    for n in names:
-        logging.getLogger(n).setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-    for n, level in levels.items():
-        logging.getLogger(n).setLevel(level)
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
 
 
 def samples(only=None):

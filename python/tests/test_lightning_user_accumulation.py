@@ -4,8 +4,6 @@ micro-batches after the first keep the gradients through their backward, so
 the batch set must run in Lightning's own loop with them kept."""
 
 import gc
-import logging
-import warnings
 
 import pytest
 import torch
@@ -21,18 +19,7 @@ X = torch.randn(512, 64, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 10, (512,), generator=torch.Generator().manual_seed(1))
 
 
-@pytest.fixture(autouse=True)
-def quiet_lightning():
-    names = ("lightning", "lightning.pytorch", "lightning.fabric")
-    levels = {n: logging.getLogger(n).level for n in names}
-    for n in names:
-        logging.getLogger(n).setLevel(logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        yield
-    for n, level in levels.items():
-        logging.getLogger(n).setLevel(level)
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
 
 
 class Samples(torch.utils.data.Dataset):

@@ -5,6 +5,7 @@ run (see Note [Probing how the loss reduces])."""
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -241,7 +242,10 @@ class LossWeighting:
             return float(v), (None if c is None else float(c))
 
         try:
-            with torch.no_grad(), kept_rng():
+            # On single samples a batch statistic warns (std of one): memfit's
+            # probe, not the user's step, so not shown.
+            with torch.no_grad(), kept_rng(), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
                 together, _ = value(0, k)
                 alone = [value(i, i + 1) for i in range(k)]
         except torch.cuda.OutOfMemoryError:

@@ -71,3 +71,27 @@ def test_the_batch_is_fitted_with_the_checkpointing_train_turns_on(tmp_path):
     assert loop_runs(tmp_path, batch, checkpointing=True)
     # The checkpointing counted: without it that batch runs out of memory.
     assert not loop_runs(tmp_path, batch, checkpointing=False), batch
+
+
+def test_a_transformers_whose_enable_takes_only_the_kwargs_is_fitted_the_same(tmp_path):
+    # transformers 4 has gradient_checkpointing_enable(gradient_checkpointing_kwargs)
+    # alone: the callback passes every_n_layers= and offload= only where taken.
+    args = arguments(tmp_path, 20, 2, True)
+    model = bert()
+    enable = model.gradient_checkpointing_enable
+
+    def older(gradient_checkpointing_kwargs=None):
+        return enable(gradient_checkpointing_kwargs=gradient_checkpointing_kwargs)
+
+    model.gradient_checkpointing_enable = older
+    with memfit.simulated_device(BUDGET):
+        transformers.Trainer(model=model, args=args, train_dataset=Texts(),
+                             callbacks=[FitBatchSize()])
+    assert not model.is_gradient_checkpointing
+    fitted = args.per_device_train_batch_size
+    model = None
+    args = arguments(tmp_path, 20, 2, True)
+    with memfit.simulated_device(BUDGET):
+        transformers.Trainer(model=bert(), args=args, train_dataset=Texts(),
+                             callbacks=[FitBatchSize()])
+    assert fitted == args.per_device_train_batch_size

@@ -11,6 +11,7 @@ Needs transformers (`pip install transformers`)."""
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import sys
 import time
@@ -115,9 +116,11 @@ def _checkpointing_as_trained(trainer):
         return
     had_hook = hasattr(model, "_require_grads_hook")
     kwargs = dict(args.gradient_checkpointing_kwargs or {})
-    every_n_layers, offload = kwargs.pop("every_n_layers", 1), kwargs.pop("offload", False)
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None,
-                                        every_n_layers=every_n_layers, offload=offload)
+    layered = {}  # transformers 5's own arguments, taken out of the kwargs as train() does
+    if "every_n_layers" in inspect.signature(model.gradient_checkpointing_enable).parameters:
+        layered = dict(every_n_layers=kwargs.pop("every_n_layers", 1),
+                       offload=kwargs.pop("offload", False))
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs or None, **layered)
     try:
         yield
     finally:

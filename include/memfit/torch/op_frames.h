@@ -77,7 +77,8 @@ uint64_t kernel_frame(KernelFrames which);
 // fit says so, its answer above the example unverified.
 using ValueSizedListener = void (*)(const char* op_name);
 // `listener` is called with the op's name whenever one of those ops begins
-// on any thread (nullptr: none). Set once; it must be thread-safe.
+// on any thread (nullptr: none). Each Recorder sets it, always to the same
+// function; it must be thread-safe.
 void set_value_sized_listener(ValueSizedListener listener);
 
 // Name of the innermost op open on this thread; nullptr when none. Valid only

@@ -16,7 +16,7 @@ from .._step.batching import count, resize_length, sequence_length
 from ..memory.device import host_memory
 from ..plan.lengths import LengthFit, fit_lengths
 from ..train.length_sampler import LengthBatchSampler
-from .sizing import LoopStep, plan_batch
+from .sizing import LoopStep, one_step_peak, plan_batch
 
 __all__: list = []
 
@@ -75,7 +75,9 @@ def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: Loo
                           target_device=target_device)
         return plan.fits[-1]
 
-    return fit_lengths(fit_one, batch, None, seq_dim, lengths, batch_dim)
+    checked = one_step_peak(model, optimizer, loop, batch_dim=batch_dim,
+                            target_device=target_device, what=what)
+    return fit_lengths(fit_one, batch, None, seq_dim, lengths, batch_dim, step_peak=checked)
 
 
 def token_accumulation(tokens_per_step: int, fit: LengthFit) -> tuple[int, int]:

@@ -22,8 +22,8 @@ from ..plan.ranks import LocalAnswer, agree
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 
-__all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "plan_batch",
-           "plan_eval_batch", "check_options", "tell_change"]
+__all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "one_step_peak",
+           "plan_batch", "plan_eval_batch", "check_options", "tell_change"]
 
 
 @dataclasses.dataclass
@@ -220,6 +220,24 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
             f"would run fewer, larger steps"
         )
     return plan
+
+
+def one_step_peak(model: torch.nn.Module, optimizer, loop: LoopStep, *, batch_dim=0,
+                  target_device: str | None = None, what: str):
+    """batch -> the peak the budget is held against of one step of `loop`
+    on it, None where it ran out of memory (a fit per length checks its
+    gaps with it: Note [Between measured lengths], plan/lengths.py)."""
+    target = budget_target(model, target_device, what)
+
+    def peak(batch, _target=None):
+        try:
+            with kept_rng():
+                return profile(model, batch, loss_fn=loop.how, optimizer=optimizer,
+                               batch_dim=batch_dim, set_to_none=loop.set_to_none,
+                               target_device=target).budget_peak_bytes
+        except torch.cuda.OutOfMemoryError:
+            return None
+    return peak
 
 
 def plan_eval_batch(model: torch.nn.Module, batch, how: UserStep, *, budget, what: str,

@@ -136,8 +136,11 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     target_device=target_device, step=step, set_to_none=set_to_none,
                     accumulation_steps=accumulation_steps, zero_grad=zero_grad,
                     train_mode=train_mode, across_ranks=across_ranks)
+        checked = _one_step_peak(model, loss_fn, step, optimizer, batch_dim, mode,
+                                 target_device, args) if flag(verify, "find_batch_size",
+                                                              "verify") else None
         return fit_lengths(lambda x, y: find_batch_size(model, x, y, **args), inputs, target,
-                           seq_dim, lengths, batch_dim)
+                           seq_dim, lengths, batch_dim, step_peak=checked)
     optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
     check_optimizer(model, optimizer, "find_batch_size")
     verify = flag(verify, "find_batch_size", "verify")
@@ -172,6 +175,32 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         return fit
 
     return LocalAnswer(fit_at_most(), fit_at_most)
+
+
+def _one_step_peak(model, loss_fn, step, optimizer, batch_dim, mode, target_device, args):
+    """(inputs, target) -> the peak the budget is held against of one step
+    of this loop on them, None where it ran out of memory: how a fit per
+    length checks between its lengths (See Note [Between measured
+    lengths], lengths.py)."""
+    optimizer = unwrapped_optimizer(optimizer)
+    how = as_user_step(loss_fn, step, "find_batch_size", model)
+    target_device = budget_target(model, target_device, "find_batch_size")
+    loop = as_loop(args["set_to_none"], args["accumulation_steps"], args["zero_grad"],
+                   args["train_mode"], "find_batch_size")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module  # the fits' budget has DDP's buckets out already
+
+    def peak(x, y):
+        try:
+            return profile(model, x, y, loss_fn=how, optimizer=optimizer, batch_dim=batch_dim,
+                           mode=mode, target_device=target_device,
+                           set_to_none=loop.set_to_none,
+                           accumulation_steps=loop.accumulation_steps,
+                           zero_grad=loop.zero_grad, train_mode=loop.train_mode
+                           ).budget_peak_bytes
+        except torch.cuda.OutOfMemoryError:
+            return None
+    return peak
 
 
 def example_that_runs(profile_at, inputs, target, batch_dim, who):

@@ -10,7 +10,8 @@ import math
 from typing import Any, Callable
 
 from .._native import native as _memfit
-from .._step.batching import count, first_batch_dim, resize_length, sequence_length
+from .._step.batching import (count, first_batch_dim, resize_batch, resize_length,
+                              sequence_length)
 from .._step.device import host_memory
 
 __all__: list = []
@@ -35,6 +36,17 @@ __all__: list = []
 # at(L, between="next") takes the fit of the next measured length instead
 # (safe for any peak that grows with the length), and the sampler's first
 # batch is its largest, so a jump shows at once.
+#
+# A peak can also jump between two measured lengths, where no measured
+# length shows it: a model that pads its input to a multiple inside forward
+# (Longformer's attention window, a kernel's tile) runs 129 tokens as 256.
+# So each gap is checked where the fit can answer: one step is run at the
+# chord's answer one token past the shorter length (a multiple padded
+# upward jumps there) and half way. A check whose peak is above what the
+# budget leaves (or that runs out of memory) marks the gap: at() there
+# answers the longer length's batch, as between="next", and a note names
+# the length, the batch and the bytes. The checks are samples, not a
+# proof: a jump elsewhere in a gap is found only by measuring more lengths.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +90,7 @@ class LengthFit:
     fits: dict
     seq_dim: Any
     notes: tuple = ()
+    jumps: tuple = ()  # (lo, hi) gaps whose check ran above the chord: See Note [Between measured lengths]
 
     @property
     def lengths(self) -> list[int]:
@@ -124,7 +137,7 @@ class LengthFit:
                              f"{between!r}")
         lo, hi = self._neighbours(length)
         high = self.fits[hi].max_batch
-        if lo is None or lo == hi or between == "next":
+        if lo is None or lo == hi or between == "next" or (lo, hi) in self.jumps:
             return high
         low = self.fits[lo].max_batch
         a, b = _line(self.fits[lo]), _line(self.fits[hi])
@@ -156,7 +169,7 @@ class LengthFit:
         if b is None:
             return int(self.fits[hi].measured_peak_bytes)
         a = _line(self.fits[lo]) if lo is not None else None
-        if a is None or lo == hi:
+        if a is None or lo == hi or (lo, hi) in self.jumps:  # the longer length's: an upper bound
             return int(round(b.fixed + b.per_sample * batch))
         t = (length - lo) / (hi - lo)
         return int(round((1 - t) * (a.fixed + a.per_sample * batch)
@@ -207,12 +220,17 @@ class LengthFit:
                 f"verified={self.verified})")
 
 
-def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0) -> LengthFit:
+def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0,
+                step_peak: Callable | None = None) -> LengthFit:
     """find_batch_size at each of `lengths`: `fit_one(inputs, target)`
     fits one example batch (find_batch_size with the user's other
     arguments); the example is cut or repeated along `seq_dim` to each
     length (see resize_length: its target too where it has that length).
-    Raises DoesNotFit naming the length where even one sample does not fit."""
+    step_peak(inputs, target): the peak the budget is held against of one
+    step on that batch, None where it ran out of memory; given, each gap
+    between measured lengths is checked (See Note [Between measured
+    lengths]). Raises DoesNotFit naming the length where even one sample
+    does not fit."""
     what = "find_batch_size"
     if seq_dim is None or lengths is None:
         raise ValueError(f"[{what}] a fit per length takes both seq_dim= (the dimension of the "
@@ -240,4 +258,59 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     notes = []
     if len(asked) == 1:
         notes.append("one length measured: at(L) below it is its batch, above it refused")
-    return LengthFit(fits=fits, seq_dim=seq_dim, notes=tuple(notes))
+    fit = LengthFit(fits=fits, seq_dim=seq_dim, notes=tuple(notes))
+    if step_peak is None or len(asked) == 1:
+        return fit
+    example = _Example(inputs, target, seq_dim, have, batch_dim)
+    return _checked_between(fit, lambda n, b: step_peak(*example.at(n, b)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _Example:
+    """The user's example batch, made `batch` samples `length` long."""
+    inputs: Any
+    target: Any
+    seq_dim: Any
+    length: int
+    batch_dim: Any
+
+    def at(self, length, batch):
+        what = "find_batch_size"
+        with host_memory():  # memfit's copies: only the step's own count
+            x = resize_length(self.inputs, length, self.seq_dim, self.length, what)
+            x = resize_batch(x, batch, self.batch_dim)
+            if self.target is None:
+                return x, None
+            y = resize_length(self.target, length, first_batch_dim(self.seq_dim), self.length,
+                              what)
+            return x, resize_batch(y, batch, first_batch_dim(self.batch_dim))
+
+
+def _checked_between(fit: LengthFit, peak_at: Callable) -> LengthFit:
+    """`fit` with each gap between its measured lengths checked by one step
+    at the chord's answer one token past the shorter length and half way
+    (peak_at(length, batch): the step's peak, None where it ran out of
+    memory); a gap whose step ran above the budget left is a jump. See Note
+    [Between measured lengths]."""
+    fmt = _memfit.format_bytes
+    jumps, notes = [], []
+    for lo, hi in zip(fit.lengths, fit.lengths[1:]):
+        for n in sorted({lo + 1, (lo + hi) // 2}):
+            batch = fit.at(n)
+            if n >= hi or batch <= fit.fits[hi].max_batch:
+                continue  # the longer length's own batch: fits while the peak grows
+            peak, room = peak_at(n, batch), fit._room(lo, hi)
+            if peak is None or peak > room:
+                took = "ran out of memory" if peak is None else f"took {fmt(peak)}"
+                jumps.append((lo, hi))
+                notes.append(
+                    f"between {lo} and {hi}: a step of {batch} x {n} tokens {took}, above the "
+                    f"{fmt(room)} the budget leaves: the peak jumps with the length there (a "
+                    f"model that pads inside forward?), so at() answers {hi}'s batch, "
+                    f"{fit.fits[hi].max_batch}, up to {hi}; measure more lengths in between "
+                    f"for larger batches")
+                break
+    checked = ("between measured lengths: checked one step past each shorter length and "
+               "half way" + (f"; {len(jumps)} gap(s) jump, see above" if jumps else ""))
+    return dataclasses.replace(fit, jumps=tuple(jumps),
+                               notes=fit.notes + tuple(notes) + (checked,))

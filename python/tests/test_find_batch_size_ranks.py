@@ -41,7 +41,10 @@ def _summary(fit):
 # processes runs them in turn (spawning a rank imports torch: seconds).
 # None: rank 1's batch does not fit its model (a RuntimeError in the step).
 CASES = {"agree": [ROOMY, SMALL], "does_not_fit": [ROOMY, BELOW_ONE], "raises": [ROOMY, None],
-         "auto_batch_size": [ROOMY, SMALL], "callback": [ROOMY, SMALL]}
+         "auto_batch_size": [ROOMY, SMALL], "callback": [ROOMY, SMALL],
+         "lengths": [ROOMY, SMALL], "gathered_raises": [False, True]}
+BETWEEN = [9, 20, 33, 80, 127]  # lengths between LENGTHS'
+LENGTHS = [8, 32, 128]
 WHOLE = 1024  # auto_batch_size's batch: alone, rank 0 fits it whole, rank 1 accumulates
 
 
@@ -66,7 +69,37 @@ def _callback_batch(budget):
                               what="Callback").batch_size
 
 
+def _per_length(budget, **kwargs):
+    """A fit per length of a per-token model: between its lengths, at()
+    comes from each rank's own lines, and those differ with the budget."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 16), torch.nn.Linear(16, 128),
+                                torch.nn.GELU(), torch.nn.Linear(128, 50))
+    x = torch.randint(0, 50, (4, 12))
+    with memfit.simulated_device(budget):
+        fit = memfit.find_batch_size(
+            model, x, x.clone(), optimizer="sgd", seq_dim=1, lengths=LENGTHS,
+            loss_fn=lambda out, y: torch.nn.functional.cross_entropy(out.flatten(0, 1),
+                                                                     y.flatten()), **kwargs)
+    return dict(at=[fit.at(n) for n in BETWEEN], measured=[fit.at(n) for n in LENGTHS],
+                jumps=[list(g) for g in fit.jumps])
+
+
+def _gathered_raises(fail):
+    from memfit.plan.ranks import gathered_from_ranks
+
+    def local():
+        if fail:
+            raise ValueError("this rank's check failed")
+        return 1
+    return gathered_from_ranks(local)[1]
+
+
 def _case(name, rank, budget):
+    if name == "lengths":
+        return dict(fit=_per_length(budget), alone=_per_length(budget, across_ranks=False))
+    if name == "gathered_raises":
+        return _gathered_raises(budget)
     if name == "auto_batch_size":
         return _auto_batch_size(budget)
     if name == "callback":
@@ -149,3 +182,26 @@ def test_a_callbacks_batch_is_the_same_on_every_rank(ranks):
     # callback's step function holds a few bytes more), half the roomy one's.
     small, roomy = agree[1]["alone"]["max_batch"], agree[0]["alone"]["max_batch"]
     assert 0.9 * small <= results[0]["batch"] <= small < roomy
+
+
+def test_between_measured_lengths_every_rank_answers_the_smallest_ranks_batch(ranks):
+    # A LengthBatchSampler on each rank builds its batches from at(L): ranks
+    # whose at(L) differ build different batches, step unevenly, and leave
+    # one waiting in DDP's all-reduce.
+    results = ranks["lengths"]
+    assert all(r is not None and "fit" in r for r in results.values()), results
+    roomy, small = results[0], results[1]
+    assert roomy["fit"] == small["fit"]
+    # Alone the roomy rank answers more, at the lengths measured and between
+    # them; together every length answers the small rank's own batch.
+    assert all(a > b for a, b in zip(roomy["alone"]["at"], small["alone"]["at"]))
+    assert roomy["fit"]["measured"] == small["alone"]["measured"]
+    assert roomy["fit"]["at"] == small["alone"]["at"]
+
+
+def test_what_ranks_share_beside_the_batch_fails_on_every_rank_naming_the_one_that_raised(ranks):
+    results = ranks["gathered_raises"]
+    for rank, r in results.items():
+        assert r is not None, f"rank {rank} did not finish: left waiting in a collective?"
+        assert r.get("error") == "RankFailed", r
+        assert "rank 1 " in r["message"] and "this rank's check failed" in r["message"]

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import memfit
-from memfit.testing.truth import plain_steps_run
+from memfit.testing.truth import largest_that_fits, plain_steps_run
 
 BUDGET = 12 << 20
 LENGTHS = [16, 64, 256]
@@ -49,18 +49,18 @@ def fit(make, verify=True):
                                   budget=BUDGET, seq_dim=1, lengths=LENGTHS, verify=verify)
 
 
-def runs(make, batch, length):
+def runs(make, batch, length, budget=BUDGET, optimizer=torch.optim.Adam):
     def build():
         torch.manual_seed(0)
         model = make()
         x = torch.randint(0, VOCAB, (batch, length))
-        return model, torch.optim.Adam(model.parameters()), x
+        return model, optimizer(model.parameters(), lr=1e-3), x, x.clone()
 
-    def step(model, opt, x):
-        token_loss(model(x), x).backward()
+    def step(model, opt, x, y):
+        token_loss(model(x), y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-    return plain_steps_run(BUDGET, build, step)
+    return plain_steps_run(budget, build, step)
 
 
 def test_a_peak_that_jumps_inside_a_gap_gets_the_longer_lengths_batch_and_plain_steps_fit():
@@ -97,3 +97,30 @@ def test_without_verify_no_gap_is_checked_and_the_fit_says_it_is_not_verified():
     unchecked = fit(PadsToMultiple, verify=False)
     assert unchecked.jumps == () and not unchecked.verified
     assert not any("checked one step" in n for n in unchecked.notes)
+
+
+def small_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Embedding(VOCAB, 16), torch.nn.Linear(16, 128),
+                               torch.nn.GELU(), torch.nn.Linear(128, VOCAB))
+
+
+def test_on_a_device_that_rounds_each_block_a_check_backs_off_and_stays_close_to_plain_steps():
+    # The simulated device rounds each block as a card's allocator does.
+    # The chord's answer at 9 tokens is the plain steps' largest batch, and
+    # memfit's check of it, a recorded step at the budget's very edge, ran
+    # out there: the gap backs off a 32nd and checks again.
+    budget = 6 << 20
+    x = torch.randint(0, VOCAB, (4, 12))
+    with memfit.simulated_device(budget):
+        fit = memfit.find_batch_size(small_mlp(), x, x.clone(), loss_fn=token_loss,
+                                     optimizer="sgd", seq_dim=1, lengths=[8, 32, 128])
+    assert fit.jumps == ()
+    assert 0.9 <= dict(fit.scales)[(8, 32)] < 1
+    assert any("at() answers" in n and "less there, checked" in n for n in fit.notes)
+    largest = largest_that_fits(lambda b: runs(small_mlp, b, 9, budget, torch.optim.SGD),
+                                fit.at(9))
+    assert 0.9 * largest <= fit.at(9) <= largest
+    for n in (20, 33, 80):
+        assert fit.at(n) > fit.fits[next(m for m in fit.lengths if m >= n)].max_batch
+        assert runs(small_mlp, fit.at(n), n, budget, torch.optim.SGD), n

@@ -140,7 +140,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                                  target_device, args) if flag(verify, "find_batch_size",
                                                               "verify") else None
         return fit_lengths(lambda x, y: find_batch_size(model, x, y, **args), inputs, target,
-                           seq_dim, lengths, batch_dim, step_peak=checked)
+                           seq_dim, lengths, batch_dim, step_peak=checked,
+                           across_ranks=across_ranks)
     optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
     check_optimizer(model, optimizer, "find_batch_size")
     verify = flag(verify, "find_batch_size", "verify")

@@ -13,6 +13,7 @@ from .._native import native as _memfit
 from .._step.batching import (count, first_batch_dim, resize_batch, resize_length,
                               sequence_length)
 from .._step.device import host_memory
+from .ranks import gathered_from_ranks
 
 __all__: list = []
 
@@ -42,11 +43,15 @@ __all__: list = []
 # (Longformer's attention window, a kernel's tile) runs 129 tokens as 256.
 # So each gap is checked where the fit can answer: one step is run at the
 # chord's answer one token past the shorter length (a multiple padded
-# upward jumps there) and half way. A check whose peak is above what the
-# budget leaves (or that runs out of memory) marks the gap: at() there
-# answers the longer length's batch, as between="next", and a note names
-# the length, the batch and the bytes. The checks are samples, not a
-# proof: a jump elsewhere in a gap is found only by measuring more lengths.
+# upward jumps there) and half way. A check above what the budget leaves
+# backs off by its overshoot and runs again, as the search's verification
+# does: a card's allocator rounds each block, so the chord's bytes can be
+# a few blocks short at a batch no probe ran. Where the gap keeps 90% of
+# the chord's batch or more, at() answers that fraction of it there; past
+# that the gap jumps: at() there answers the longer length's batch, as
+# between="next", and a note names the length, the batch and the bytes.
+# The checks are samples, not a proof: a jump elsewhere in a gap is found
+# only by measuring more lengths.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,6 +78,51 @@ def _line(fit) -> _Line | None:
 
 
 @dataclasses.dataclass(frozen=True)
+class _View:
+    """What one rank measured that at() reads between lengths: each
+    length's line (None when one batch ran) and what its budget leaves,
+    how the lines predict the lengths between (between_error), the gaps
+    that jump. Plain values: ranks send theirs to each other."""
+    lines: dict
+    rooms: dict
+    between_error: float | None
+    jumps: tuple
+    scales: tuple = ()  # ((lo, hi), f): the chord's batch times f there, checked
+
+    def chord(self, lo, hi, length):
+        """(fixed, per_sample) of the step at `length` between lo and hi, as
+        the chord of their lines; None where a line is missing."""
+        a, b = self.lines[lo], self.lines[hi]
+        if a is None or b is None:
+            return None
+        t = (length - lo) / (hi - lo)
+        return ((1 - t) * a.fixed + t * b.fixed, (1 - t) * a.per_sample + t * b.per_sample)
+
+
+def _between_error(fits) -> float | None:
+    """See LengthFit.between_error."""
+    measured = list(fits)
+    worst = None
+    for lo, mid, hi in zip(measured, measured[1:], measured[2:]):
+        f = fits[mid]
+        a, b = _line(fits[lo]), _line(fits[hi])
+        if a is None or b is None or f.measured_peak_bytes <= 0:
+            continue
+        t = (mid - lo) / (hi - lo)
+        predicted = ((1 - t) * (a.fixed + a.per_sample * f.max_batch)
+                     + t * (b.fixed + b.per_sample * f.max_batch))
+        error = (predicted - f.measured_peak_bytes) / f.measured_peak_bytes
+        worst = error if worst is None or error < worst else worst
+    return worst
+
+
+def _view_of(fits, jumps, scales) -> _View:
+    return _View(lines={n: _line(f) for n, f in fits.items()},
+                 rooms={n: f.budget_bytes - f.margin_bytes for n, f in fits.items()},
+                 between_error=_between_error(fits), jumps=tuple(jumps), scales=tuple(scales))
+
+
+@dataclasses.dataclass(frozen=True)
 class LengthFit:
     """The largest batch at each measured length, from find_batch_size(...,
     seq_dim=, lengths=).
@@ -85,12 +135,16 @@ class LengthFit:
     longest measured is not covered: attention over it grows with its
     square; measure its length); between_error: how the lines of two
     measured lengths predict the one between them (None under three
-    lengths); table(): one line per length."""
+    lengths); jumps: the gaps (lo, hi) where a checked step ran above the
+    chord; table(): one line per length. Under torch.distributed at(L) is
+    the same on every rank: the smallest of every rank's answer."""
 
     fits: dict
     seq_dim: Any
     notes: tuple = ()
-    jumps: tuple = ()  # (lo, hi) gaps whose check ran above the chord: See Note [Between measured lengths]
+    jumps: tuple = ()
+    scales: tuple = ()  # ((lo, hi), f): See Note [Between measured lengths]
+    ranks: tuple = ()  # every rank's _View under torch.distributed, else ()
 
     @property
     def lengths(self) -> list[int]:
@@ -125,6 +179,9 @@ class LengthFit:
         lower = [m for m in measured if m <= length]
         return (lower[-1] if lower else None), hi
 
+    def _views(self):
+        return self.ranks or (_view_of(self.fits, self.jumps, self.scales),)
+
     def at(self, length: int, between: str = "surface") -> int:
         """The largest batch whose step fits at `length` tokens per sample
         (padded): measured at a length asked; between two, from their lines
@@ -136,22 +193,28 @@ class LengthFit:
             raise ValueError(f"[LengthFit.at] between must be 'surface' or 'next', got "
                              f"{between!r}")
         lo, hi = self._neighbours(length)
-        high = self.fits[hi].max_batch
-        if lo is None or lo == hi or between == "next" or (lo, hi) in self.jumps:
+        if lo is None or lo == hi or between == "next":
+            return self.fits[hi].max_batch
+        return min(self._chord_batch(view, lo, hi, length) for view in self._views())
+
+    def _chord_batch(self, view, lo, hi, length, scaled=True):
+        """One rank's largest batch at `length` between lo and hi; unscaled,
+        the chord's own (not clamped to the measured batches)."""
+        high, low = self.fits[hi].max_batch, self.fits[lo].max_batch
+        chord = None if (lo, hi) in view.jumps else view.chord(lo, hi, length)
+        if chord is None:
             return high
-        low = self.fits[lo].max_batch
-        a, b = _line(self.fits[lo]), _line(self.fits[hi])
-        if a is None or b is None:
-            return high
-        t = (length - lo) / (hi - lo)
-        fixed = (1 - t) * a.fixed + t * b.fixed
-        per_sample = (1 - t) * a.per_sample + t * b.per_sample
-        # A length whose peak the chord missed from below: see Note
-        # [Between measured lengths].
-        room = self._room(lo, hi) / (1 + max(0.0, -(self.between_error or 0.0))) - fixed
+        fixed, per_sample = chord
         if per_sample <= 0:
             return low
-        return max(high, min(low, math.floor(room / per_sample)))
+        # A length whose peak the chord missed from below: see Note
+        # [Between measured lengths].
+        room = (min(view.rooms[lo], view.rooms[hi])
+                / (1 + max(0.0, -(view.between_error or 0.0))) - fixed)
+        if not scaled:
+            return room / per_sample
+        scale = dict(view.scales).get((lo, hi), 1.0)
+        return max(high, min(low, math.floor(scale * room / per_sample)))
 
     def _room(self, lo, hi):
         """What the step may take at lengths between lo and hi: the budget
@@ -161,19 +224,23 @@ class LengthFit:
     def predict_peak_bytes(self, batch: int, length: int) -> int:
         """The peak of a step of `batch` samples padded to `length`, from
         the lines of the measured lengths around it (see Note [Between
-        measured lengths]); below the shortest, the shortest's line."""
+        measured lengths]); below the shortest, the shortest's line; in a
+        gap that jumps, the longer length's line; under torch.distributed
+        the largest of the ranks'."""
         batch = count(batch, "LengthFit.predict_peak_bytes", "batch")
         length = self._check(length, "LengthFit.predict_peak_bytes")
         lo, hi = self._neighbours(length)
-        b = _line(self.fits[hi])
-        if b is None:
-            return int(self.fits[hi].measured_peak_bytes)
-        a = _line(self.fits[lo]) if lo is not None else None
-        if a is None or lo == hi or (lo, hi) in self.jumps:  # the longer length's: an upper bound
-            return int(round(b.fixed + b.per_sample * batch))
-        t = (length - lo) / (hi - lo)
-        return int(round((1 - t) * (a.fixed + a.per_sample * batch)
-                         + t * (b.fixed + b.per_sample * batch)))
+        predicted = []
+        for view in self._views():
+            b = view.lines[hi]
+            if b is None:
+                predicted.append(int(self.fits[hi].measured_peak_bytes))
+                continue
+            chord = (None if lo is None or lo == hi or (lo, hi) in view.jumps
+                     else view.chord(lo, hi, length))
+            fixed, per_sample = chord or (b.fixed, b.per_sample)  # the longer: an upper bound
+            predicted.append(int(round(fixed + per_sample * batch)))
+        return max(predicted)
 
     @property
     def between_error(self) -> float | None:
@@ -182,19 +249,7 @@ class LengthFit:
         side as at() does between them: positive is the margin at(L)
         keeps, negative a length where the peak is not convex (at() may
         then be above what fits: use between="next")."""
-        measured = self.lengths
-        worst = None
-        for lo, mid, hi in zip(measured, measured[1:], measured[2:]):
-            f = self.fits[mid]
-            a, b = _line(self.fits[lo]), _line(self.fits[hi])
-            if a is None or b is None or f.measured_peak_bytes <= 0:
-                continue
-            t = (mid - lo) / (hi - lo)
-            predicted = ((1 - t) * (a.fixed + a.per_sample * f.max_batch)
-                         + t * (b.fixed + b.per_sample * f.max_batch))
-            error = (predicted - f.measured_peak_bytes) / f.measured_peak_bytes
-            worst = error if worst is None or error < worst else worst
-        return worst
+        return _between_error(self.fits)
 
     def table(self) -> str:
         """One line per measured length: its largest batch, the tokens a
@@ -221,7 +276,7 @@ class LengthFit:
 
 
 def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0,
-                step_peak: Callable | None = None) -> LengthFit:
+                step_peak: Callable | None = None, across_ranks: Any = True) -> LengthFit:
     """find_batch_size at each of `lengths`: `fit_one(inputs, target)`
     fits one example batch (find_batch_size with the user's other
     arguments); the example is cut or repeated along `seq_dim` to each
@@ -229,7 +284,8 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     step_peak(inputs, target): the peak the budget is held against of one
     step on that batch, None where it ran out of memory; given, each gap
     between measured lengths is checked (See Note [Between measured
-    lengths]). Raises DoesNotFit naming the length where even one sample
+    lengths]). across_ranks: as find_batch_size's (each fit_one agrees
+    already). Raises DoesNotFit naming the length where even one sample
     does not fit."""
     what = "find_batch_size"
     if seq_dim is None or lengths is None:
@@ -259,10 +315,27 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     if len(asked) == 1:
         notes.append("one length measured: at(L) below it is its batch, above it refused")
     fit = LengthFit(fits=fits, seq_dim=seq_dim, notes=tuple(notes))
-    if step_peak is None or len(asked) == 1:
-        return fit
-    example = _Example(inputs, target, seq_dim, have, batch_dim)
-    return _checked_between(fit, lambda n, b: step_peak(*example.at(n, b)))
+
+    def checked():
+        if step_peak is None or len(asked) == 1:
+            return fit
+        example = _Example(inputs, target, seq_dim, have, batch_dim)
+        return _checked_between(fit, lambda n, b: step_peak(*example.at(n, b)))
+
+    # Each rank's lines differ with its device; the batches between lengths
+    # must not (a sampler per rank builds the same batches): every rank
+    # takes the smallest rank's answer (See Note [One answer on every rank]).
+    done = {}
+
+    def view():
+        done["fit"] = checked()
+        return _view_of(done["fit"].fits, done["fit"].jumps, done["fit"].scales)
+
+    _, views = gathered_from_ranks(view, across_ranks, what)
+    if views is None:
+        return done["fit"]
+    jumps = tuple(sorted({gap for v in views for gap in v.jumps}))
+    return dataclasses.replace(done["fit"], jumps=jumps, ranks=tuple(views))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,27 +363,45 @@ def _checked_between(fit: LengthFit, peak_at: Callable) -> LengthFit:
     """`fit` with each gap between its measured lengths checked by one step
     at the chord's answer one token past the shorter length and half way
     (peak_at(length, batch): the step's peak, None where it ran out of
-    memory); a gap whose step ran above the budget left is a jump. See Note
-    [Between measured lengths]."""
+    memory). A check above the budget left backs off by its measured
+    overshoot (a 32nd on an out-of-memory, which measures none) and checks
+    again; the gap keeps that fraction of the chord's batch. Past a tenth,
+    the gap jumps. See Note [Between measured lengths]."""
     fmt = _memfit.format_bytes
-    jumps, notes = [], []
+    jumps, scales, notes = [], {}, []
     for lo, hi in zip(fit.lengths, fit.lengths[1:]):
-        for n in sorted({lo + 1, (lo + hi) // 2}):
-            batch = fit.at(n)
-            if n >= hi or batch <= fit.fits[hi].max_batch:
-                continue  # the longer length's own batch: fits while the peak grows
-            peak, room = peak_at(n, batch), fit._room(lo, hi)
-            if peak is None or peak > room:
+        high, room = fit.fits[hi].max_batch, fit._room(lo, hi)
+        for n in sorted({lo + 1, (lo + hi) // 2} - {hi}):
+            for _ in range(4):
+                now = dataclasses.replace(fit, scales=tuple(scales.items()))
+                batch = now.at(n)
+                if batch <= high:
+                    break  # the longer length's own batch: fits while the peak grows
+                peak = peak_at(n, batch)
+                if peak is not None and peak <= room:
+                    break
                 took = "ran out of memory" if peak is None else f"took {fmt(peak)}"
+                fewer = min(batch - 1, math.floor(batch * (room / peak if peak else 31 / 32)))
+                scales[(lo, hi)] = fewer / now._chord_batch(now._views()[0], lo, hi, n,
+                                                            scaled=False)
+                if scales[(lo, hi)] < 0.9:
+                    break
+            else:
+                scales[(lo, hi)] = 0.0  # four tries above the budget
+            if scales.get((lo, hi), 1.0) < 0.9:
                 jumps.append((lo, hi))
+                del scales[(lo, hi)]
                 notes.append(
                     f"between {lo} and {hi}: a step of {batch} x {n} tokens {took}, above the "
                     f"{fmt(room)} the budget leaves: the peak jumps with the length there (a "
                     f"model that pads inside forward?), so at() answers {hi}'s batch, "
-                    f"{fit.fits[hi].max_batch}, up to {hi}; measure more lengths in between "
-                    f"for larger batches")
+                    f"{high}, up to {hi}; measure more lengths in between for larger batches")
                 break
+        if (lo, hi) in scales:
+            notes.append(f"between {lo} and {hi}: a step at the chord's batch did not fit (the "
+                         f"allocator's rounding?): at() answers {1 - scales[(lo, hi)]:.1%} less "
+                         f"there, checked")
     checked = ("between measured lengths: checked one step past each shorter length and "
                "half way" + (f"; {len(jumps)} gap(s) jump, see above" if jumps else ""))
-    return dataclasses.replace(fit, jumps=tuple(jumps),
+    return dataclasses.replace(fit, jumps=tuple(jumps), scales=tuple(scales.items()),
                                notes=fit.notes + tuple(notes) + (checked,))

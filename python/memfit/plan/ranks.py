@@ -193,6 +193,33 @@ def agree(answer: Callable[[], LocalAnswer], across_ranks: Any = True,
     return _agree(answer, group, what)
 
 
+def gathered_from_ranks(local: Callable[[], Any], across_ranks: Any = True,
+                        what: str = "find_batch_size"):
+    """(local() on this rank, every rank's local() in rank order): what
+    ranks share beside one batch (a fit per length's lines between its
+    lengths). When any rank's local() raises, every rank raises one error
+    naming it, none left waiting (See Note [One answer on every rank]).
+    Without a group: (local(), None)."""
+    group = group_of(across_ranks, what)
+    if group is None:
+        return local(), None
+    dist = torch.distributed
+    mine, error = None, None
+    try:
+        mine = local()
+        sent = (_outcome(), mine)
+    except Exception as e:  # noqa: B902: every failure is told to the other ranks
+        error = e
+        sent = (_outcome(error=e), None)
+    size = dist.get_world_size(group)
+    every: list = [None] * size
+    with host_memory():  # the collective's buffers, not the step's: no simulated budget
+        dist.all_gather_object(every, sent, group=group)
+    if any(outcome.failed for outcome, _ in every):
+        _raise_failed([outcome for outcome, _ in every], size, error, what)
+    return mine, [value for _, value in every]
+
+
 def agreed_across_ranks(fn: Callable) -> Callable:
     """find_batch_size under torch.distributed: the same answer on every
     rank, or the same error (See Note [One answer on every rank]). `fn`

@@ -110,7 +110,20 @@ def pad_pair(samples):
     return x, y
 
 
-def lightning_tagger(batch_size=8):
+class PadToMultiple:
+    """pad_pair rounded up to a multiple, as DataCollatorWithPadding(
+    pad_to_multiple_of=24) pads: a batch runs longer than its samples."""
+
+    pad_to_multiple_of = 24
+
+    def __call__(self, samples):
+        x, y = pad_pair(samples)
+        extra = -x.shape[1] % self.pad_to_multiple_of
+        return (torch.nn.functional.pad(x, (0, extra)),
+                torch.nn.functional.pad(y, (0, extra), value=-100))
+
+
+def lightning_tagger(batch_size=8, collate_fn=pad_pair):
     pl = pytest.importorskip("lightning.pytorch")
 
     class Tagger(pl.LightningModule):
@@ -139,7 +152,7 @@ def lightning_tagger(batch_size=8):
 
         def train_dataloader(self):
             return torch.utils.data.DataLoader(POOL, batch_size=batch_size, shuffle=True,
-                                               collate_fn=pad_pair)
+                                               collate_fn=collate_fn)
 
     return pl, Tagger()
 
@@ -164,6 +177,26 @@ def test_lightnings_loop_trains_on_its_dataloader_batched_by_length_with_no_oom(
     # Far more than the 8 samples the module's own loader gave per batch.
     assert sum(b for b, _ in module.shapes) > 8 * 12 * 2
     assert "train_dataloader" not in vars(module)  # the module's own loader again
+
+
+@pytest.mark.slow
+def test_lightning_with_a_collate_that_pads_to_a_multiple_sizes_each_batch_at_its_padded_length():
+    pl, module = lightning_tagger(collate_fn=PadToMultiple())
+    from memfit.integrations.lightning import FitBatchSize
+
+    fit = FitBatchSize(seq_dim=1, lengths=LENGTHS)
+    gc.collect()
+    with memfit.simulated_device("4MiB"):
+        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=12,
+                             enable_checkpointing=False, enable_progress_bar=False,
+                             enable_model_summary=False, callbacks=[fit])
+        trainer.fit(module)  # an OOM would raise
+    # No batch runs at 16 or 64 tokens: each length is fitted where batches run.
+    assert fit.length_fit.lengths == [24, 48, 72]
+    assert fit.sampler.pad_to_multiple_of == 24
+    assert trainer.global_step == 12
+    for b, n in module.shapes:
+        assert n % 24 == 0 and b <= fit.length_fit.at(n), (b, n)
 
 
 def test_the_lightning_callback_refuses_a_sample_count_beside_lengths():

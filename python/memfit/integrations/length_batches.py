@@ -60,14 +60,27 @@ def check_length_options(what: str, seq_dim: Any, lengths: Any, sample_lengths: 
     return None if tokens_per_step is None else count(tokens_per_step, what, "tokens_per_step")
 
 
+def pad_multiple(collate_fn: Any) -> int | None:
+    """The collate function's pad_to_multiple_of (DataCollatorWithPadding's),
+    or None."""
+    multiple = getattr(collate_fn, "pad_to_multiple_of", None)
+    return multiple if isinstance(multiple, int) and multiple > 1 else None
+
+
 def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: LoopStep, *,
                    seq_dim: Any, lengths: Sequence[int], budget: Any, what: str,
                    batch_dim: int = 0, reserve_bytes: int = 0,
-                   target_device: str | None = None) -> LengthFit:
+                   target_device: str | None = None,
+                   pad_to_multiple_of: int | None = None) -> LengthFit:
     """The largest batch at each of `lengths` that `loop` fits, each
     verified: the example `batch` cut or repeated along seq_dim (token
     labels with it) and the batch (plan_batch's search, one shape at a
-    time)."""
+    time). pad_to_multiple_of: the collate function pads every batch to a
+    multiple, so each length is fitted rounded up to it (a batch never runs
+    shorter)."""
+    if pad_to_multiple_of:
+        lengths = sorted({-(-count(n, what, "each of lengths") // pad_to_multiple_of)
+                          * pad_to_multiple_of for n in lengths})
 
     def fit_one(x, _):
         plan = plan_batch(model, x, optimizer, whole=loop, budget=budget, what=what,

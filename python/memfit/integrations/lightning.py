@@ -40,7 +40,7 @@ from .sizing import (BatchPlan, LoopStep, check_options, example_of, plan_batch,
                      tell_change)
 from ..train.length_sampler import LengthBatchSampler
 from .length_batches import (at_longest_sample, check_length_options, fit_per_length,
-                             rebatched, sample_lengths, token_accumulation)
+                             pad_multiple, rebatched, sample_lengths, token_accumulation)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -123,12 +123,13 @@ def _loader_source(trainer, pl_module):
     return dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
 
 
-def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False):
+def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=False):
     """The first samples of the first training batch as training_step gets
     them (the module's transfer hooks, on its device); the generators are
     put back, so the fit loop draws the same order. longest=True: (batch,
     note), the batch as long as the longest training sample (See Note [A
-    first batch shorter than the data], length_batches.py)."""
+    first batch shorter than the data], length_batches.py). multiple=True:
+    (batch, the multiple the loader's collate function pads to, or None)."""
     source = _loader_source(trainer, pl_module)
     if not is_overridden("train_dataloader", source):
         raise ValueError(
@@ -146,6 +147,8 @@ def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False):
                                             getattr(loader, "collate_fn", None), batch, what,
                                             batch_dim)
     batch = trainer.strategy.batch_to_device(batch)
+    if multiple:
+        return batch, pad_multiple(getattr(loader, "collate_fn", None))
     return (batch, note) if longest else batch
 
 
@@ -299,13 +302,13 @@ class FitBatchSize(pl.Callback):
     def _fit_lengths(self, trainer, pl_module, began):
         """on_fit_start with lengths=: See Note [A loader batched by length]."""
         what = "FitBatchSize"
-        batch = _first_batch(trainer, pl_module, what, self.batch_dim)
+        batch, multiple = _first_batch(trainer, pl_module, what, self.batch_dim, multiple=True)
         accumulating = self.tokens_per_step is not None or _accumulates(trainer)
         fit = fit_per_length(pl_module, batch, _optimizer(trainer, what),
                              lightning_step(trainer, pl_module, what, accumulating=accumulating),
                              seq_dim=self.seq_dim, lengths=self.lengths, budget=self.budget,
                              what=what, batch_dim=self.batch_dim,
-                             target_device=self.target_device)
+                             target_device=self.target_device, pad_to_multiple_of=multiple)
         max_tokens = None
         if self.tokens_per_step is not None:
             trainer.accumulate_grad_batches, max_tokens = token_accumulation(
@@ -316,8 +319,10 @@ class FitBatchSize(pl.Callback):
         def train_dataloader():
             loader = built()
             lengths = sample_lengths(loader.dataset, self.seq_dim, self.sample_lengths, what)
+            # The collate function pads each batch to a multiple: sized there.
             self.sampler = LengthBatchSampler(lengths, fit, seed=torch.initial_seed() % 2**32,
-                                              max_tokens=max_tokens)
+                                              max_tokens=max_tokens,
+                                              pad_to_multiple_of=pad_multiple(loader.collate_fn))
             return rebatched(loader, self.sampler)
 
         source.train_dataloader = train_dataloader

@@ -33,7 +33,7 @@ from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options,
                      plan_batch, plan_eval_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler
 from .length_batches import (at_longest_sample, check_length_options, fit_per_length,
-                             rebatched, sample_lengths, token_accumulation)
+                             pad_multiple, rebatched, sample_lengths, token_accumulation)
 
 __all__ = ["FitBatchSize", "trainer_step"]
 
@@ -84,12 +84,6 @@ def _first_batch(dataloader):
     seed is put back, so training draws the same order."""
     with kept_rng(), host_memory():
         return example_of(next(iter(dataloader)))
-
-
-def _pad_to_multiple_of(collator):
-    """The collator's pad_to_multiple_of (DataCollatorWithPadding's), or None."""
-    multiple = getattr(collator, "pad_to_multiple_of", None)
-    return multiple if isinstance(multiple, int) and multiple > 1 else None
 
 
 def _at_longest(trainer, batch, what):
@@ -257,7 +251,8 @@ class FitBatchSize(TrainerCallback):
             fit = fit_per_length(model, batch, _optimizer_for(trainer, model, optimizer),
                                  LoopStep(how, not kept), seq_dim=self.seq_dim,
                                  lengths=self.lengths, budget=self.budget, what=what,
-                                 reserve_bytes=reserve, target_device=self.target_device)
+                                 reserve_bytes=reserve, target_device=self.target_device,
+                                 pad_to_multiple_of=pad_multiple(trainer.data_collator))
         max_tokens = None
         if self.tokens_per_step is not None:
             accumulation, max_tokens = token_accumulation(self.tokens_per_step, fit)
@@ -266,7 +261,7 @@ class FitBatchSize(TrainerCallback):
             sample_lengths(trainer.train_dataset, self.seq_dim, self.sample_lengths, what), fit,
             seed=args.seed, max_tokens=max_tokens, num_replicas=args.world_size,
             rank=args.process_index,
-            pad_to_multiple_of=_pad_to_multiple_of(trainer.data_collator))
+            pad_to_multiple_of=pad_multiple(trainer.data_collator))
         built = trainer.get_train_dataloader
 
         def get_train_dataloader():

@@ -194,7 +194,8 @@ def _stacks_only(collate_fn):
 def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
                       batch_dim: int = 0) -> tuple[Any, str | None]:
     """(batch, note): the example batch as long as the longest training
-    sample, where it is shorter; else (batch, None). See Note [A first batch
+    sample read, where it is shorter; the note says so, and when more
+    samples than SCANNED were not read; else None. See Note [A first batch
     shorter than the data]."""
     if _stacks_only(collate_fn):  # samples of one shape: nothing to read
         return batch, None
@@ -211,7 +212,13 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
             if shape is None:
                 return batch, None
             shapes.add(shape)
-    if len(shapes) < 2 or len({len(s) for s in shapes}) != 1:
+    # Past SCANNED a sample is not read: one longer there runs past the fit.
+    unread = (f"only the first {SCANNED} of the {n} training samples were read, and a "
+              f"longer one after them would run past this batch: pass lengths= to batch by "
+              f"length (every sample is read)" if n > SCANNED else None)
+    if len(shapes) == 1:
+        return batch, unread
+    if len({len(s) for s in shapes}) != 1:
         return batch, None
     varying = [d for d in range(len(next(iter(shapes)))) if len({s[d] for s in shapes}) > 1]
     if len(varying) != 1:
@@ -226,9 +233,10 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
     except ValueError:
         return batch, None
     if longest <= have:
-        return batch, None
+        return batch, unread
     with host_memory():
         batch = resize_length(batch, longest, seq_dim, have, what)
     return batch, (f"the first batch is {have} long along dimension {seq_dim} and a training "
                    f"sample {longest}: the batch is fitted at {longest} (seq_dim={seq_dim}, "
-                   f"lengths=[...] fits one per length and batches the data by length)")
+                   f"lengths=[...] fits one per length and batches the data by length)"
+                   + (f"; {unread}" if unread else ""))

@@ -20,6 +20,8 @@ from .compiled import CompiledRecordings
 from .length_surface import LengthAxis, LengthPrediction, LengthSurface, with_length_axis
 from .._step.loop import as_loop, eval_modules
 from .._step.meta_reads import MetaReads, foreach_as_on_cuda
+from .._step.meta_rnn import (HEADROOM, free_host_bytes, on_cpu_note, peak_bytes,
+                               rnn_modules, unsized_note)
 from .._step.progress import as_progress
 from .._step.record import rehearse
 from .._step.training_step import check_optimizer, optimizer_name
@@ -364,8 +366,10 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       the simulated device around the call (memfit.simulated_device).
       "cpu" rehearses the step for real on the CPU; "meta" on meta tensors
       (exact sizes, no memory, no time), falling back to "cpu", saying so
-      in the notes, where this torch lacks a meta kernel: both plan a card
-      you do not have. None (the default): "device" where memfit sees the
+      in the notes, where this torch lacks a meta kernel, and for a CPU
+      target where the step has RNN modules (nn.LSTM, nn.GRU, nn.RNN),
+      whose CPU kernels meta does not size (See Note [What meta mode
+      cannot size in an RNN]): both plan a card you do not have. None (the default): "device" where memfit sees the
       device the model is on (a card, the simulated device), else "cpu".
       report.truth says which it holds.
     - target_device="cuda" adds the CUDA caching allocator's view (rounding,
@@ -521,6 +525,12 @@ class _StepRecorder:
         self.meta, self.batch_dim, self.loop_notes = meta, batch_dim, loop_notes
         self.compiled = None
         self.value_sized_ops = []  # the first recording's: the example batch's
+        # mode='meta': None until the first recording decides, then whether
+        # each step is rehearsed on the CPU instead for its RNNs, and the
+        # most bytes a sample took there (See Note [What meta mode cannot
+        # size in an RNN], meta_rnn.py).
+        self.meta_on_cpu = None
+        self.cpu_bytes_per_sample = 0.0
 
     def run(self, inputs, target, eager=False):
         """(C++ report, timeline) of the step on `inputs`."""
@@ -534,6 +544,8 @@ class _StepRecorder:
         """The RecordedStep at the place (meta falls back to the CPU where
         this torch lacks a meta kernel), and the mode it ran in."""
         mode, place = self.place.mode, self.place
+        if mode == "meta" and self.meta_on_cpu:
+            return self._on_cpu(inputs, target, eager), "cpu"
         # For a card, the optimizer a GPU would run: See Note [The optimizer
         # a GPU would run].
         card = self.target_device == "cuda"
@@ -550,12 +562,18 @@ class _StepRecorder:
                 notes.append("the optimizer ran its foreach implementation, as torch "
                              "does for CUDA parameters (temporaries as large as all "
                              "parameters); see Note [The optimizer a GPU would run]")
-            return rec, mode
+            if mode == "meta" and self.meta_on_cpu is None:
+                self.meta_on_cpu = self._first_meta_recording(rec)
+            if not (mode == "meta" and self.meta_on_cpu):
+                return rec, mode
         except (NotImplementedError, RuntimeError) as e:
             if mode != "meta" or isinstance(e, torch.cuda.OutOfMemoryError):
                 raise
             first = str(e).splitlines()[0]
             first = first if first.startswith("[profile]") else first[:160]
+        else:  # the CPU's RNN kernels: See Note [What meta mode cannot size in an RNN].
+            del rec  # the meta step's record, before the CPU's step
+            return self._on_cpu(inputs, target, eager), "cpu"
         # Outside the except: its traceback holds the meta graph.
         if self.meta and first.startswith("[profile]"):
             raise ValueError(f"{first} (the {self.meta} on the meta device)")
@@ -566,9 +584,50 @@ class _StepRecorder:
                 f"real tensors"
             )
         notes.append(f"meta mode unavailable in this torch ({first}); fell back to cpu mode")
+        return self._on_cpu(inputs, target, eager), "cpu"
+
+    def _on_cpu(self, inputs, target, eager):
+        """The RecordedStep of a meta-mode step rehearsed on the CPU. For its
+        RNNs (meta_on_cpu), a batch the host has not the room for (at the
+        most bytes a sample took so far) is refused, not run into the
+        host's out-of-memory killer."""
+        n = batch_size(inputs, self.batch_dim, "profile")
+        need, free = int(self.cpu_bytes_per_sample * n), free_host_bytes()
+        if self.meta_on_cpu and need > free:
+            fmt = _memfit.format_bytes
+            raise ValueError(
+                f"[profile] mode='meta' rehearses this step on the CPU for its RNN modules "
+                f"(See Note [What meta mode cannot size in an RNN]), and batch {n} would take "
+                f"about {fmt(need)} there, more than this host's {fmt(free)} free: plan a "
+                f"smaller budget, or pass target_device='cuda' to plan a card on meta")
         rec = rehearse(self.model, inputs, target, self.how, self.optimizer, self.iterations,
                        torch.device("cpu"), self.loop, self.said, eager=eager)
-        return rec, "cpu"
+        if self.meta_on_cpu:
+            self.cpu_bytes_per_sample = max(self.cpu_bytes_per_sample,
+                                            peak_bytes(rec.timeline) / n)
+        return rec
+
+    def _first_meta_recording(self, rec):
+        """Whether a meta-mode step is rehearsed on the CPU for its RNN
+        modules (See Note [What meta mode cannot size in an RNN]), from its
+        first meta recording `rec`. What meta leaves out goes with the
+        loop's notes, into every report and find_batch_size's answer: that
+        the step ran on the CPU, or the RNNs and the convolutions' workspace
+        (See Note [Workspace meta mode cannot see]) it does not count."""
+        labels = rnn_modules(self.model)
+        if labels and self.target_device == "cpu" and not self.meta and \
+                HEADROOM * peak_bytes(rec.timeline) <= free_host_bytes():
+            self.loop_notes.append(on_cpu_note(labels))
+            return True
+        if labels:
+            why = (f"the {self.meta} on the meta device, which the CPU cannot run" if self.meta
+                   else "this host has not the room to rehearse it on the CPU")
+            self.loop_notes.append(unsized_note(labels, self.target_device, why))
+        # A card's is find_batch_size's own: See Note [cuDNN's workspace at the step's peak].
+        workspace = workspace_note(self.model, "meta", rec.timeline)
+        if workspace and self.target_device == "cpu":
+            self.loop_notes.append(workspace)
+        return False
 
     def _report(self, rec, mode, inputs, eager, reads, notes):
         """The C++ report and timeline of a recorded step, with its notes."""
@@ -595,7 +654,7 @@ class _StepRecorder:
         else:
             # See Note [Workspace meta mode cannot see] (workspace_note.py).
             workspace = workspace_note(self.model, mode, rec.timeline)
-            if workspace:
+            if workspace and workspace not in notes:  # meta's is with the loop's
                 notes.append(workspace)
             self.said.step(f"explain batch {n}'s {len(rec.timeline)} allocations and frees")
             timeline = rec.timeline

@@ -2,8 +2,10 @@
 measure from the lines of the ones it did. A model that pads inside
 forward makes the peak jump between them; the fit checks each gap with a
 step and, where it jumps, answers the longer length's batch. The truth is
-plain training steps on a simulated device of the budget, not memfit."""
+plain training steps on a simulated device of the budget, not memfit. A
+length the model cannot take is named."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -124,3 +126,25 @@ def test_on_a_device_that_rounds_each_block_a_check_backs_off_and_stays_close_to
     for n in (20, 33, 80):
         assert fit.at(n) > fit.fits[next(m for m in fit.lengths if m >= n)].max_batch
         assert runs(small_mlp, fit.at(n), n, budget, torch.optim.SGD), n
+
+
+class Positions(TokenMLP):
+    """Learned positions for at most 64 tokens, as BERT's 512."""
+
+    def __init__(self):
+        super().__init__()
+        self.pos = torch.nn.Embedding(64, 32)
+
+    def forward(self, x):
+        return self.head(self.mlp(self.tok(x) + self.pos(torch.arange(x.shape[1]))))
+
+
+def test_a_length_past_the_models_positions_is_named_in_one_line():
+    x = torch.randint(0, VOCAB, (4, 24))
+    with pytest.raises(ValueError, match=r"^\[find_batch_size\] at length 256 \(the example's 24 "
+                       r"tokens repeated to 256\) the step raised IndexError: .*position "
+                       r"embeddings") as raised:
+        memfit.find_batch_size(Positions(), x, x.clone(), loss_fn=token_loss, optimizer="adam",
+                               budget=BUDGET, seq_dim=1, lengths=LENGTHS)
+    assert isinstance(raised.value.__cause__, IndexError)
+    assert "\n" not in str(raised.value)

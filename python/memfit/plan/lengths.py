@@ -9,11 +9,13 @@ import dataclasses
 import math
 from typing import Any, Callable
 
+import torch
+
 from .._native import native as _memfit
 from .._step.batching import (count, first_batch_dim, resize_batch, resize_length,
                               sequence_length)
 from .._step.device import host_memory
-from .ranks import gathered_from_ranks
+from .ranks import RankFailed, gathered_from_ranks
 
 __all__: list = []
 
@@ -310,6 +312,17 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
             done = ", ".join(f"{m}: {f.max_batch}" for m, f in fits.items())
             raise _memfit.DoesNotFit(
                 f"[{what}] at length {n}: {e}" + (f" (fitted so far: {done})" if done else "")
+            ) from e
+        except (IndexError, RuntimeError) as e:
+            if isinstance(e, (torch.cuda.OutOfMemoryError, RankFailed)) or n <= have:
+                raise
+            # The example repeated past its own length: a length the model
+            # may not take (its position embeddings, a max_length).
+            first = (str(e).splitlines() or [""])[0]
+            raise ValueError(
+                f"[{what}] at length {n} (the example's {have} tokens repeated to {n}) the step "
+                f"raised {type(e).__name__}: {first}; a model that takes at most some length "
+                f"(position embeddings, a max_length) fails so: fit only lengths it takes"
             ) from e
     notes = []
     if len(asked) == 1:

@@ -16,6 +16,7 @@ from .._step.device import host_memory, to_bytes
 from .._step.hints import Batch, LossFn, Size, StepFn
 from .._step.training_step import check_loss_trains, check_optimizer
 from .._step.user_step import StepError, as_user_step, is_hf_model
+from .._step.user_state import step_parameters
 from ..plan import fit as fitting
 from ..plan.budget import DeviceFull, resolve_budget
 from ..report.profile import profile
@@ -465,7 +466,9 @@ class Trainer:
         """The native Trainer over the parameters that train now and the
         layers that mix samples now; rebuilt, keeping its budget and
         micro-batch, when either changed since the last step."""
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        # The optimizer's other parameters too (a loss head it trains): the
+        # step frees their .grad as the user's optimizer.zero_grad() does.
+        params = [p for p in step_parameters(self.model, self.optimizer) if p.requires_grad]
         layers = coupled_layers(self._module)
         shape = ([id(p) for p in params], layers)
         if shape != self._shape:

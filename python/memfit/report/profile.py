@@ -369,8 +369,9 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       in the notes, where this torch lacks a meta kernel, and for a CPU
       target where the step has RNN modules (nn.LSTM, nn.GRU, nn.RNN),
       whose CPU kernels meta does not size (See Note [What meta mode
-      cannot size in an RNN]): both plan a card you do not have. None (the default): "device" where memfit sees the
-      device the model is on (a card, the simulated device), else "cpu".
+      cannot size in an RNN]): both plan a card you do not have. None
+      (the default): "device" where memfit sees the device the model is
+      on (a card, the simulated device), else "cpu".
       report.truth says which it holds.
     - target_device="cuda" adds the CUDA caching allocator's view (rounding,
       segments, `cuda_workspace` bytes of cuBLAS workspaces: by default two

@@ -797,13 +797,22 @@ class Trainer:
         """run(loss_of) -> the native StepReport, where loss_of(inputs,
         target, n) gives the micro-batches' loss callback: the step with the
         loss weighting around it (Note [Probing how the loss reduces]), the
-        buffers restored if it fails, and the notes of a split step."""
+        buffers restored if it fails (and the optimizer state it made), and
+        the notes of a split step."""
         buffers = BufferGuard(self._module)
+        # A parameter's state is made by its first optimizer step (Adam's
+        # exp_avg, then exp_avg_sq): a step that fails between them left
+        # half of it, and the next step raised KeyError. Made by a failed
+        # step, it goes with it.
+        stateless = [p for group in self.optimizer.param_groups for p in group["params"]
+                     if not self.optimizer.state.get(p)]
         self._weighting.begin_step(target)
         try:
             report = run(lambda x, y, n: self._chunk_loss(x, y, n, buffers))
         except BaseException:
             buffers.restore_before_step()
+            for p in stateless:
+                self.optimizer.state.pop(p, None)
             self._weighting.finish_step()
             raise
         scale = self._weighting.finish_step()

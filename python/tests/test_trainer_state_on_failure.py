@@ -1,0 +1,47 @@
+"""A Trainer step that fails leaves the optimizer as it was: a parameter's
+state made by that step (Adam's exp_avg without its exp_avg_sq, when the
+step ran out of memory between them) goes with it, and a later step, with
+more room, is the plain step from the same start."""
+
+import pytest
+import torch
+
+import memfit
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(256, 1024), torch.nn.ReLU(),
+                               torch.nn.Linear(1024, 10)).double()
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(64, 256, generator=g, dtype=torch.float64), \
+        torch.randint(0, 10, (64,), generator=g)
+
+
+def test_an_optimizer_step_that_runs_out_leaves_no_half_made_state_and_the_next_step_is_plain():
+    model = net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = batch()
+    # Adam's state is twice the weights (2 MiB each): exp_avg fits in 8 MiB,
+    # exp_avg_sq then does not. A smaller batch cannot help.
+    small = memfit.Trainer(model, opt, loss_fn=torch.nn.functional.cross_entropy,
+                           budget="8MiB")
+    with pytest.warns(RuntimeWarning), pytest.raises(torch.OutOfMemoryError,
+                                                     match="optimizer step"):
+        small.step(x, y)
+    assert len(opt.state) == 0
+    assert all(p.grad is None for p in model.parameters())
+
+    roomy = memfit.Trainer(model, opt, loss_fn=torch.nn.functional.cross_entropy,
+                           budget="64MiB")
+    roomy.step(x, y)  # raised KeyError: 'exp_avg_sq' on the half-made state
+
+    plain = net()
+    plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-2)
+    torch.nn.functional.cross_entropy(plain(x), y).backward()
+    plain_opt.step()
+    for a, b in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)  # float64: the same step

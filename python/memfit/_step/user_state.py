@@ -210,9 +210,11 @@ class StepTensor:
 
 
 def _state_on_host(key, value, group):
-    # torch keeps "step" on the CPU unless the group is capturable or fused.
-    return key == "step" and value.dim() == 0 and not (
-        group.get("capturable") or group.get("fused"))
+    # torch keeps its scalar state on the CPU unless the group is capturable
+    # or fused: "step", and NAdam's "mu_product", ASGD's "eta" and "mu".
+    # Copied onto meta, NAdam's mu_product had no value: a warm NAdam's
+    # rehearsal on meta raised ZeroDivisionError in its step.
+    return value.dim() == 0 and not (group.get("capturable") or group.get("fused"))
 
 
 def step_tensors(model, optimizer=None, held=True):

@@ -22,8 +22,8 @@ from ..plan.ranks import LocalAnswer, agree
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 
-__all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "one_step_peak",
-           "plan_batch", "plan_eval_batch", "check_options", "tell_change"]
+__all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "plan_batch",
+           "plan_eval_batch", "check_options", "tell_change"]
 
 
 @dataclasses.dataclass

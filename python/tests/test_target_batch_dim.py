@@ -1,8 +1,11 @@
-"""A target batched along another dimension than the inputs (a seq-first
-LSTM's (T, batch, F) input beside a (batch,) class target): batch_dim's
-first dimension, which cuts the target too, is one the target does not
-have. The error says so and names the way that works (the target inside
-the batch, with a step); that way fits as the user's plain steps run."""
+"""A target batched along another dimension than the inputs: seq-first
+inputs (T, batch, F), torch's RNN default, beside a (batch,) label.
+target_batch_dim=0 says so to profile, find_batch_size and the Trainer,
+whose probes then cut and repeat the label along its own dimension;
+without it the error names it. The label inside the batch with a step=
+fits the same, as plain steps run."""
+
+import copy
 
 import pytest
 import torch
@@ -11,31 +14,84 @@ import torch.nn.functional as F
 import memfit
 from memfit.testing.truth import plain_steps_run
 
-BUDGET = 4 << 20
+T, FEATURES, CLASSES, BUDGET = 12, 16, 5, 4 << 20
 
 
 class SeqFirst(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.rnn, self.head = torch.nn.LSTM(16, 64), torch.nn.Linear(64, 10)
+        torch.manual_seed(0)
+        self.rnn = torch.nn.LSTM(FEATURES, 64)
+        self.head = torch.nn.Linear(64, CLASSES)
 
     def forward(self, x):
-        out, _ = self.rnn(x)
-        return self.head(out[-1])
+        return self.head(self.rnn(x)[0][-1])
 
 
-def test_a_target_without_the_inputs_batch_dimension_is_refused_naming_the_way_that_works():
-    model = SeqFirst()
-    x, y = torch.randn(12, 8, 16), torch.randint(0, 10, (8,))
-    with pytest.raises(ValueError, match=r"^\[profile\] the target is cut along batch_dim's "
-                                         r"first dimension, 1, .*batch_dim=\(1, 0\)"):
-        memfit.find_batch_size(model, x, y, optimizer="adam", budget=BUDGET, batch_dim=1)
+def batch(n, dtype=torch.float32):
+    g = torch.Generator().manual_seed(1)
+    return (torch.randn(T, n, FEATURES, generator=g, dtype=dtype),
+            torch.randint(0, CLASSES, (n,), generator=g))
+
+
+def test_find_batch_size_cuts_the_label_along_its_own_dimension_as_a_step_would():
+    x, y = batch(8)
+    fit = memfit.find_batch_size(SeqFirst(), x, y, optimizer="adam", budget=BUDGET,
+                                 batch_dim=1, target_batch_dim=0)
+    # The same step written with the label inside the batch and a step=.
+    inside = memfit.find_batch_size(SeqFirst(), (x, y), None, optimizer="adam", budget=BUDGET,
+                                    batch_dim=(1, 0),
+                                    step=lambda model, b: F.cross_entropy(model(b[0]), b[1]))
+    assert fit.verified and fit.max_batch == inside.max_batch > 8
+    assert fit.measured_peak_bytes == inside.measured_peak_bytes
+
+    def build():
+        model = SeqFirst()
+        xb, yb = batch(fit.max_batch)
+        return model, torch.optim.Adam(model.parameters()), xb, yb
+
+    def step(model, opt, xb, yb):
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    assert plain_steps_run(BUDGET, build, step)
+
+
+def test_without_it_the_error_says_to_pass_target_batch_dim():
+    x, y = batch(8)
+    with pytest.raises(ValueError, match=r"^\[profile\] the target is cut along dimension 1 .*"
+                       r"pass target_batch_dim=0"):
+        memfit.find_batch_size(SeqFirst(), x, y, optimizer="adam", budget=BUDGET, batch_dim=1)
+
+
+@pytest.mark.parametrize("bad", [-1, "0", True, 1.0])
+def test_a_target_batch_dim_that_is_not_a_dimension_is_refused_in_one_line(bad):
+    x, y = batch(8)
+    with pytest.raises(ValueError, match=r"^\[profile\] target_batch_dim must be an int >= 0"):
+        memfit.profile(SeqFirst(), x, y, optimizer="adam", batch_dim=1, target_batch_dim=bad)
+
+
+def test_the_trainer_plans_a_seq_first_batch_and_steps_as_the_whole_batch_would():
+    model = SeqFirst().double()
+    plain = copy.deepcopy(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x, y = batch(256, torch.float64)
+    trainer = memfit.Trainer(model, opt, loss_fn=F.cross_entropy, budget=BUDGET,
+                             batch_dim=1, target_batch_dim=0)
+    report = trainer.step(x, y)
+    # Planned from the fit (before: not planned, OOMs halved the batch).
+    assert trainer.planned is not None and not trainer.planned.failed
+    assert 0 < trainer.planned.micro_batch < 256 and report.ooms_recovered == 0
+
+    F.cross_entropy(plain(x), y).backward()
+    torch.optim.SGD(plain.parameters(), lr=0.1).step()
+    for a, b in zip(model.parameters(), plain.parameters()):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)  # float64: the same step
 
 
 def test_the_target_inside_the_batch_with_a_step_fits_as_plain_steps_run():
-    torch.manual_seed(0)
     model = SeqFirst()
-    x, y = torch.randn(12, 8, 16), torch.randint(0, 10, (8,))
+    x, y = batch(8)
     fit = memfit.find_batch_size(model, (x, y), None, optimizer=torch.optim.SGD(
         model.parameters(), lr=0.1), budget=BUDGET, batch_dim=(1, 0),
         step=lambda m, b: F.cross_entropy(m(b[0]), b[1]))
@@ -46,7 +102,8 @@ def test_the_target_inside_the_batch_with_a_step_fits_as_plain_steps_run():
             return m, torch.optim.SGD(m.parameters(), lr=0.1), b
 
         def step(m, opt, n):
-            F.cross_entropy(m(torch.randn(12, n, 16)), torch.randint(0, 10, (n,))).backward()
+            F.cross_entropy(m(torch.randn(T, n, FEATURES)),
+                            torch.randint(0, CLASSES, (n,))).backward()
             opt.step()
             opt.zero_grad()
 

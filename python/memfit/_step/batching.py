@@ -109,6 +109,18 @@ def first_batch_dim(batch_dim):
     return next((d for d in entries if d is not None), 0)
 
 
+def target_batch_dim_of(batch_dim, target_batch_dim=None, what="profile"):
+    """The dimension the target is batched along: target_batch_dim where
+    given (an int >= 0), else first_batch_dim(batch_dim)."""
+    if target_batch_dim is None:
+        return first_batch_dim(batch_dim)
+    if isinstance(target_batch_dim, bool) or not isinstance(target_batch_dim, int) \
+            or target_batch_dim < 0:
+        raise ValueError(f"[{what}] target_batch_dim must be an int >= 0 (the target's "
+                         f"dimension that indexes samples), got {target_batch_dim!r}")
+    return target_batch_dim
+
+
 def batch_size(obj, batch_dim=0, what="inputs"):
     """The batch size shared by every tensor in `obj` but those shared by
     every sample (None in a per-input `batch_dim`, see _dims).

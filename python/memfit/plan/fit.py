@@ -13,7 +13,8 @@ import torch
 
 from .._native import native as _memfit
 from .._step.arguments import flag
-from .._step.batching import batch_size, count, first_batch_dim, resize_batch
+from .._step.batching import (batch_size, count, first_batch_dim, resize_batch,
+                              target_batch_dim_of)
 from .._step.device import budget_target, host_memory, to_bytes
 from .._step.loop import as_loop
 from .._step.frameworks import accumulation_setter, unwrapped_optimizer
@@ -44,8 +45,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     step: StepFn | None = None, seq_dim: Any = None,
                     lengths: Any = None, set_to_none: bool = True,
                     accumulation_steps: int = 1, zero_grad: str = "after_step",
-                    train_mode: bool = True,
-                    across_ranks: Any = True) -> _memfit.BatchFit | LengthFit:
+                    train_mode: bool = True, across_ranks: Any = True,
+                    target_batch_dim: int | None = None) -> _memfit.BatchFit | LengthFit:
     """The largest batch whose whole training step fits `budget`, verified.
 
     `inputs`/`target` are an example batch of any size: memfit records the
@@ -121,6 +122,10 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     a LengthFit (memfit.plan.lengths), with at(L) for any length up to the
     longest, table() and max_tokens.
 
+    target_batch_dim: the target's dimension that indexes samples, as
+    memfit.profile's (default: batch_dim's first; 0 for a (batch,) label
+    beside seq-first inputs of batch_dim=1).
+
     Under torch.distributed each rank measures its own device and every rank
     gets the same answer, the smallest rank's largest batch (each rank's
     BatchFit measured at it on its own device; a note names the rank that
@@ -135,13 +140,14 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     mode=mode, margin=margin, verify=verify, progress=progress,
                     target_device=target_device, step=step, set_to_none=set_to_none,
                     accumulation_steps=accumulation_steps, zero_grad=zero_grad,
-                    train_mode=train_mode, across_ranks=across_ranks)
+                    train_mode=train_mode, across_ranks=across_ranks,
+                    target_batch_dim=target_batch_dim)
         checked = _one_step_peak(model, loss_fn, step, optimizer, batch_dim, mode,
                                  target_device, args) if flag(verify, "find_batch_size",
                                                               "verify") else None
         return fit_lengths(lambda x, y: find_batch_size(model, x, y, **args), inputs, target,
                            seq_dim, lengths, batch_dim, step_peak=checked,
-                           across_ranks=across_ranks)
+                           across_ranks=across_ranks, target_batch_dim=target_batch_dim)
     optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
     check_optimizer(model, optimizer, "find_batch_size")
     verify = flag(verify, "find_batch_size", "verify")
@@ -161,8 +167,10 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                              batch_dim=batch_dim, mode=mode, progress=said,
                              target_device=target_device, set_to_none=loop.set_to_none,
                              accumulation_steps=loop.accumulation_steps,
-                             zero_grad=loop.zero_grad, train_mode=loop.train_mode),
-        inputs, target, batch_dim, "find_batch_size")
+                             zero_grad=loop.zero_grad, train_mode=loop.train_mode,
+                             target_batch_dim=target_batch_dim),
+        inputs, target, batch_dim, "find_batch_size",
+        target_batch_dim_of(batch_dim, target_batch_dim, "find_batch_size"))
 
     def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
         fit = search(report, available, to_bytes(margin, "margin"), verify=verify,
@@ -197,14 +205,14 @@ def _one_step_peak(model, loss_fn, step, optimizer, batch_dim, mode, target_devi
                            mode=mode, target_device=target_device,
                            set_to_none=loop.set_to_none,
                            accumulation_steps=loop.accumulation_steps,
-                           zero_grad=loop.zero_grad, train_mode=loop.train_mode
-                           ).budget_peak_bytes
+                           zero_grad=loop.zero_grad, train_mode=loop.train_mode,
+                           target_batch_dim=args["target_batch_dim"]).budget_peak_bytes
         except torch.cuda.OutOfMemoryError:
             return None
     return peak
 
 
-def example_that_runs(profile_at, inputs, target, batch_dim, who):
+def example_that_runs(profile_at, inputs, target, batch_dim, who, target_dim=None):
     """profile_at(inputs, target), the example batch's Report; where the
     device runs out of memory at it (a batch too large for the card or the
     simulated device it is measured on), the example cut in half until a
@@ -224,8 +232,8 @@ def example_that_runs(profile_at, inputs, target, batch_dim, who):
         n //= 2
         with host_memory():  # memfit's cut of the example, not the step's
             inputs = resize_batch(inputs, n, batch_dim)
-            target = None if target is None else resize_batch(target, n,
-                                                              first_batch_dim(batch_dim))
+            target = None if target is None else resize_batch(
+                target, n, first_batch_dim(batch_dim) if target_dim is None else target_dim)
 
 
 def search(report, available, margin=0, verify=True, max_batch=None, progress=None):

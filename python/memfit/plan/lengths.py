@@ -13,7 +13,7 @@ import torch
 
 from .._native import native as _memfit
 from .._step.batching import (count, first_batch_dim, resize_batch, resize_length,
-                              sequence_length)
+                              sequence_length, target_batch_dim_of)
 from .._step.device import host_memory
 from .ranks import RankFailed, gathered_from_ranks
 
@@ -278,7 +278,8 @@ class LengthFit:
 
 
 def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0,
-                step_peak: Callable | None = None, across_ranks: Any = True) -> LengthFit:
+                step_peak: Callable | None = None, across_ranks: Any = True,
+                target_batch_dim: int | None = None) -> LengthFit:
     """find_batch_size at each of `lengths`: `fit_one(inputs, target)`
     fits one example batch (find_batch_size with the user's other
     arguments); the example is cut or repeated along `seq_dim` to each
@@ -286,8 +287,8 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     step_peak(inputs, target): the peak the budget is held against of one
     step on that batch, None where it ran out of memory; given, each gap
     between measured lengths is checked (See Note [Between measured
-    lengths]). across_ranks: as find_batch_size's (each fit_one agrees
-    already). Raises DoesNotFit naming the length where even one sample
+    lengths]). across_ranks, target_batch_dim: as find_batch_size's (each
+    fit_one agrees already). Raises DoesNotFit naming the length where even one sample
     does not fit."""
     what = "find_batch_size"
     if seq_dim is None or lengths is None:
@@ -332,7 +333,8 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     def checked():
         if step_peak is None or len(asked) == 1:
             return fit
-        example = _Example(inputs, target, seq_dim, have, batch_dim)
+        example = _Example(inputs, target, seq_dim, have, batch_dim,
+                           target_batch_dim_of(batch_dim, target_batch_dim, what))
         return _checked_between(fit, lambda n, b: step_peak(*example.at(n, b)))
 
     # Each rank's lines differ with its device; the batches between lengths
@@ -359,6 +361,7 @@ class _Example:
     seq_dim: Any
     length: int
     batch_dim: Any
+    target_batch_dim: int
 
     def at(self, length, batch):
         what = "find_batch_size"
@@ -369,7 +372,7 @@ class _Example:
                 return x, None
             y = resize_length(self.target, length, first_batch_dim(self.seq_dim), self.length,
                               what)
-            return x, resize_batch(y, batch, first_batch_dim(self.batch_dim))
+            return x, resize_batch(y, batch, self.target_batch_dim)
 
 
 def _checked_between(fit: LengthFit, peak_at: Callable) -> LengthFit:

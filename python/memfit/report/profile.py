@@ -11,7 +11,8 @@ from typing import Any, Callable
 import torch
 
 from .._native import native as _memfit
-from .._step.batching import batch_size, count, first_batch_dim, resize_batch, tensors_in
+from .._step.batching import (batch_size, count, resize_batch,
+                              target_batch_dim_of, tensors_in)
 from .._step.device import host_memory, to_bytes
 from .._step.frameworks import unwrapped_optimizer
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
@@ -340,7 +341,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             progress: ProgressArg = None, step: StepFn | None = None,
             compare_eager: bool = False, accumulation_steps: int = 1,
             zero_grad: str = "after_step", train_mode: bool = True,
-            seq_dim: Any = None) -> Report:
+            seq_dim: Any = None, target_batch_dim: int | None = None) -> Report:
     """Profile `iterations` training iterations of `model` on `inputs`.
 
     Each iteration runs the phases inputs, forward, loss, backward,
@@ -353,7 +354,9 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       dict (keyword arguments) of tensors; batch along `batch_dim`: an int,
       or one entry per input (a tuple beside a tuple, a dict beside a dict),
       None for an input shared by every sample (a mask of shape (1, ...)):
-      batch_dim=(0, None). The target is batched along the first int.
+      batch_dim=(0, None). The target is batched along the first int, or
+      along target_batch_dim (a (batch,) label beside seq-first inputs of
+      batch_dim=1: target_batch_dim=0).
     - target: passed to the loss; loss_fn(output, target) must return a
       scalar. Without loss_fn: cross-entropy for integer targets, MSE for
       float targets, or the output itself when it is a scalar.
@@ -445,7 +448,8 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "profile")
     if not isinstance(compare_eager, bool):
         raise ValueError(f"[profile] compare_eager must be True or False, got {compare_eager!r}")
-    meta = _checked_inputs(model, inputs, target, batch_dim, how, place)
+    target_dim = target_batch_dim_of(batch_dim, target_batch_dim, "profile")
+    meta = _checked_inputs(model, inputs, target, batch_dim, target_dim, how, place)
     recorder = _StepRecorder(model, how, optimizer, iterations, place, loop, said,
                              target_device, to_bytes(cuda_workspace, "profile"), meta,
                              batch_dim, _loop_notes(loop, model, optimizer))
@@ -460,7 +464,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         # step's own copy of it counts (under a simulated device too).
         with host_memory():
             x = resize_batch(inputs, n, batch_dim)
-            y = None if target is None else resize_batch(target, n, first_batch_dim(batch_dim))
+            y = None if target is None else resize_batch(target, n, target_dim)
         return recorder.run(x, y)
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
@@ -468,20 +472,19 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                   recorder.value_sized_ops)
 
 
-def _checked_inputs(model, inputs, target, batch_dim, how, place):
-    """Checks the batch against the model and the place it runs at; returns
-    what holds meta tensors ("inputs are", ...) or None."""
+def _checked_inputs(model, inputs, target, batch_dim, d, how, place):
+    """Checks the batch against the model and the place it runs at (the
+    target batched along `d`); returns what holds meta tensors ("inputs
+    are", ...) or None."""
     b = batch_size(inputs, batch_dim, "profile")
     if target is not None:
-        d = first_batch_dim(batch_dim)
         lowest = min((t.dim() for t in tensors_in(target)), default=d + 1)
         if d > 0 and d >= lowest:  # a (batch,) target beside seq-first inputs (T, batch, ...)
             raise ValueError(
-                f"[profile] the target is cut along batch_dim's first dimension, {d}, which "
-                f"a target of {lowest} dimension(s) does not have: for a target batched along "
-                f"another dimension than the inputs, pass it inside the batch with a step, "
-                f"e.g. inputs=(x, y), target=None, batch_dim=({d}, 0), "
-                f"step=lambda model, b: loss_fn(model(b[0]), b[1])")
+                f"[profile] the target is cut along dimension {d} (batch_dim's first, unless "
+                f"target_batch_dim= says), which a target of {lowest} dimension(s) does not "
+                f"have: pass target_batch_dim=0 for a target batched along its first "
+                f"dimension (a (batch,) label beside seq-first inputs)")
         tb = batch_size(target, d, "profile target")
         if tb != b:
             raise ValueError(

@@ -10,7 +10,7 @@ import torch
 
 from .._native import native as _memfit
 from .._step.arguments import flag
-from .._step.batching import (batch_size, count, first_batch_dim, map_tensors, narrow_batch,
+from .._step.batching import (batch_size, count, map_tensors, narrow_batch,
                               sequence_length, tensors_in)
 from .._step.device import host_memory, to_bytes
 from .._step.hints import Batch, LossFn, Size, StepFn
@@ -182,9 +182,10 @@ def _scaled_step(optimizer, scaler):
 #
 # Not planned (nothing measured, nothing spent): split=False, micro_batch=
 # given, plan=False, BatchNorm in training mode with coupled="error" (the
-# batch cannot be split anyway), a batch of one sample, no budget (the CPU without one), and a
-# target batched along another dimension than the inputs (the probes resize
-# both along the inputs'). Planned again after set_budget(), and when a batch
+# batch cannot be split anyway), a batch of one sample, and no budget (the
+# CPU without one). A target batched along another dimension than the
+# inputs is resized along its own (target_batch_dim, as profile's).
+# Planned again after set_budget(), and when a batch
 # larger than the one planned whole arrives. When the plan cannot answer
 # (even one sample does not fit, or a probe raised), the step runs as it did
 # without it, and its own message says what does not fit; trainer.planned
@@ -513,16 +514,14 @@ class Trainer:
         return self._weighted_step(target, lambda loss_of: native.step(
             n, loss_of(inputs, target, n), self._batch_bytes(inputs, target)))
 
-    def _can_plan(self, target, n):
+    def _can_plan(self, n):
         """Whether this batch can be planned at all: see Note [The first
         micro-batch from the fit] for when it cannot."""
-        if n < 2 or (coupled_layers(self._module) and not self._options[2]):
-            return False
-        return target is None or self.target_batch_dim == first_batch_dim(self.batch_dim)
+        return n >= 2 and not (coupled_layers(self._module) and not self._options[2])
 
     def _wants_plan(self, native, target, n):
         """Whether this step plans its micro-batch first."""
-        if not self._plan or not self._can_plan(target, n):
+        if not self._plan or not self._can_plan(n):
             return False
         if self.planned is not None:
             # Planned: again only for a larger batch than the one that ran whole.
@@ -583,7 +582,8 @@ class Trainer:
             report = profile(self._module, example, example_target, loss_fn=self._how,
                              optimizer=self.optimizer, batch_dim=self.batch_dim,
                              set_to_none=set_to_none, target_device=card,
-                             train_mode=False)  # the Trainer runs the model's modes as they are
+                             train_mode=False,  # the Trainer runs the model's modes as they are
+                             target_batch_dim=self.target_batch_dim)
             verify = on_device and not set_to_none  # the whole batch: the step is the check
             return fitting.search(report, room, 0, verify=verify, max_batch=max_batch)
 
@@ -630,7 +630,7 @@ class Trainer:
             self._module, example, example_target, loss_fn=self._how,
             optimizer=self.optimizer, budget=self._native.budget, batch_dim=self.batch_dim,
             set_to_none=False, train_mode=False, seq_dim=self.seq_dim,
-            lengths=self._fit_lengths)
+            lengths=self._fit_lengths, target_batch_dim=self.target_batch_dim)
 
     def _batch(self, inputs, target):
         n = batch_size(inputs, self.batch_dim, "Trainer.step")
@@ -774,7 +774,7 @@ class Trainer:
 
         def answer():
             where = self._room()
-            measured = self.seq_dim is None and self._plan and self._can_plan(target, n) \
+            measured = self.seq_dim is None and self._plan and self._can_plan(n) \
                 and where is not None
             # Nothing to measure here: this rank's own micro-batch, or no limit.
             mine = (self._measure_plan(inputs, target, n, where) if measured

@@ -359,7 +359,12 @@ class ModelTensors:
     device originals are released when the copies come in, unless the user
     holds views of them). So restore() gives each tensor fresh storage with
     the saved values: a view of a weight taken before the profile no longer
-    aliases it afterwards.
+    aliases it afterwards. A tensor that is itself a view into a larger
+    storage (weights laid out in one flat buffer the user's optimizer
+    steps, .grad views of a bucket) keeps that storage, which the rehearsal
+    never writes: restore() makes it that very view again. Given fresh
+    storage, the weights no longer followed the flat buffer, and the user's
+    next step updated a buffer the model no longer read.
 
     A model on the meta device (built under `with torch.device("meta")`)
     has shapes without values: nothing is copied to the host, and restore()
@@ -372,6 +377,7 @@ class ModelTensors:
         self.aliases = _exact_aliases(self.slots, [e.tensor for e in self.entries])
         self.tensors = [e.tensor for e in self.entries]
         self.saved = [(_to_host(t), t.device) for t in self.tensors]
+        self.views = _shared_storages(self.tensors)
         self.grads = [p.grad for p in self.parameters]
         self.held_grads = [held and g is not None for g in self.grads]
         self.optimizer = optimizer if held else None
@@ -426,14 +432,37 @@ class ModelTensors:
         self.reset_optimizer_state()
         _put_slots_back(self.slots)  # the very tensors, before their values
         with torch.no_grad():
-            for t, (value, device) in zip(self.tensors, self.saved):
-                _memfit.set_data(t, value if value.is_meta else value.to(device, copy=True))
+            for t, (value, device), view in zip(self.tensors, self.saved, self.views):
+                if view is not None:  # its own memory, untouched: the very view again
+                    _memfit.set_data(t, view)
+                else:
+                    _memfit.set_data(t, value if value.is_meta else value.to(device, copy=True))
         # After the data: a .grad must match its parameter's device and dtype.
         for p, g in zip(self.parameters, self.grads):
             p.grad = g
         for alias, t in self.aliases:  # still the weight's memory, not a second copy
             if not t.is_meta and alias.data_ptr() != t.data_ptr():
                 _memfit.set_data(alias, t.detach())
+
+
+def _shared_storages(tensors):
+    """For each of `tensors`, t.detach() (its very memory) where it holds
+    part of a larger storage (an offset into it, fewer bytes than it has) or
+    shares its storage with another of `tensors` (a flat buffer and the
+    weights laid out in it), else None: See ModelTensors."""
+    keys = [_storage_key(t) if not t.is_meta and t.layout == torch.strided else None
+            for t in tensors]
+    sharing = {}
+    for k in keys:
+        if k is not None:
+            sharing[k] = sharing.get(k, 0) + 1
+    out = []
+    for t, k in zip(tensors, keys):
+        partial = k is not None and (
+            t.storage_offset() != 0
+            or t.untyped_storage().nbytes() != t.numel() * t.element_size())
+        out.append(t.detach() if k is not None and (partial or sharing[k] > 1) else None)
+    return out
 
 
 def _empty_like(t):

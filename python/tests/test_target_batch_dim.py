@@ -111,3 +111,16 @@ def test_the_target_inside_the_batch_with_a_step_fits_as_plain_steps_run():
 
     assert runs(fit.max_batch)
     assert not runs(int(fit.max_batch * 1.05) + 1)
+
+
+def test_a_profile_over_batch_and_length_resizes_the_label_along_its_own_dimension():
+    x, y = batch(8)
+    report = memfit.profile(SeqFirst(), x, y, optimizer="adam", batch_dim=1,
+                            target_batch_dim=0, seq_dim=0)
+    predicted = report.prediction(16, length=24)
+    xb, yb = batch(16)
+    step = memfit.profile(SeqFirst(), torch.cat([xb, xb]), yb, optimizer="adam",
+                          batch_dim=1, target_batch_dim=0)
+    # The surface's own held-out error bounds its miss at a shape it did not record.
+    miss = abs(predicted.predicted_bytes - step.peak_bytes) / step.peak_bytes
+    assert miss <= predicted.held_out_error + 1e-9

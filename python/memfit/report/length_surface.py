@@ -15,7 +15,7 @@ import torch
 
 from .._native import native as _memfit
 from .._step.batching import (count, first_batch_dim, resize_batch, resize_length,
-                              sequence_length)
+                              sequence_length, target_batch_dim_of)
 from .._step.device import host_memory, to_bytes
 
 __all__: list = []
@@ -277,7 +277,7 @@ class LengthAxis:
             if y is not None:
                 y = resize_batch(resize_length(y, length, first_batch_dim(self.seq_dim),
                                                self.length, self.what), batch,
-                                 first_batch_dim(batch_dim))
+                                 target_batch_dim_of(batch_dim, a.get("target_batch_dim")))
         return self.record_step(**{**a, "inputs": x, "target": y}).timeline
 
     def surface(self, lengths: Sequence[int], batches: Sequence[int],

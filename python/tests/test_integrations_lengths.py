@@ -157,9 +157,10 @@ def lightning_tagger(batch_size=8, collate_fn=pad_pair):
     return pl, Tagger()
 
 
-@pytest.mark.slow
-def test_lightnings_loop_trains_on_its_dataloader_batched_by_length_with_no_oom():
-    pl, module = lightning_tagger()
+def lightning_fit_by_length(collate_fn=pad_pair):
+    """(trainer, module, callback): 12 steps of Lightning's own loop under a
+    4 MiB simulated device (an OOM would raise), batched by length."""
+    pl, module = lightning_tagger(collate_fn=collate_fn)
     from memfit.integrations.lightning import FitBatchSize
 
     fit = FitBatchSize(seq_dim=1, lengths=LENGTHS)
@@ -168,7 +169,13 @@ def test_lightnings_loop_trains_on_its_dataloader_batched_by_length_with_no_oom(
         trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=12,
                              enable_checkpointing=False, enable_progress_bar=False,
                              enable_model_summary=False, callbacks=[fit])
-        trainer.fit(module)  # Lightning's own loop: an OOM would raise
+        trainer.fit(module)
+    return trainer, module, fit
+
+
+@pytest.mark.slow
+def test_lightnings_loop_trains_on_its_dataloader_batched_by_length_with_no_oom():
+    trainer, module, fit = lightning_fit_by_length()
     assert trainer.global_step == 12 and len(module.shapes) == 12
     lengths = fit.length_fit
     assert isinstance(fit.sampler, memfit.LengthBatchSampler)
@@ -181,16 +188,7 @@ def test_lightnings_loop_trains_on_its_dataloader_batched_by_length_with_no_oom(
 
 @pytest.mark.slow
 def test_lightning_with_a_collate_that_pads_to_a_multiple_sizes_each_batch_at_its_padded_length():
-    pl, module = lightning_tagger(collate_fn=PadToMultiple())
-    from memfit.integrations.lightning import FitBatchSize
-
-    fit = FitBatchSize(seq_dim=1, lengths=LENGTHS)
-    gc.collect()
-    with memfit.simulated_device("4MiB"):
-        trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, max_steps=12,
-                             enable_checkpointing=False, enable_progress_bar=False,
-                             enable_model_summary=False, callbacks=[fit])
-        trainer.fit(module)  # an OOM would raise
+    trainer, module, fit = lightning_fit_by_length(PadToMultiple())
     # No batch runs at 16 or 64 tokens: each length is fitted where batches run.
     assert fit.length_fit.lengths == [24, 48, 72]
     assert fit.sampler.pad_to_multiple_of == 24

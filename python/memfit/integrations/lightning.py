@@ -123,6 +123,21 @@ def _loader_source(trainer, pl_module):
     return dm if dm is not None and is_overridden("train_dataloader", dm) else pl_module
 
 
+def _as_the_loop_gives(trainer, pl_module, batch):
+    """`batch` as Lightning's training loop hands it to training_step (2.6,
+    loops/training_epoch_loop.py): the precision plugin's convert_input
+    (precision="bf16-true", "16-true", "64-true" cast the floating-point
+    tensors), the on_before_batch_transfer hook, then the strategy's
+    transfer (transfer_batch_to_device, on_after_batch_transfer). Without the
+    first, a "bf16-true" module's training_step got float32 inputs and
+    FitBatchSize raised where Lightning's own loop trains."""
+    batch = trainer.precision_plugin.convert_input(batch)
+    before = getattr(pl_module, "_on_before_batch_transfer", None)  # Lightning 1.6 and later
+    if before is not None:
+        batch = before(batch, dataloader_idx=0)
+    return trainer.strategy.batch_to_device(batch)
+
+
 def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=False):
     """The first samples of the first training batch as training_step gets
     them (the module's transfer hooks, on its device); the generators are
@@ -146,7 +161,7 @@ def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=
             batch, note = at_longest_sample(getattr(loader, "dataset", None),
                                             getattr(loader, "collate_fn", None), batch, what,
                                             batch_dim)
-    batch = trainer.strategy.batch_to_device(batch)
+    batch = _as_the_loop_gives(trainer, pl_module, batch)
     if multiple:
         return batch, pad_multiple(getattr(loader, "collate_fn", None))
     return (batch, note) if longest else batch

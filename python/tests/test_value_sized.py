@@ -114,3 +114,18 @@ def test_profile_names_unique_and_boolean_indexing():
     with memfit.track() as t:
         torch.unique(x)
     assert t.value_sized_ops == ["aten::_unique2"]
+
+
+def test_a_callbacks_batch_above_its_example_of_a_sparse_embedding_is_not_called_verified():
+    # Lightning's and Hugging Face's callbacks size the batch through
+    # plan_batch from two samples of the first batch, repeated.
+    from memfit.integrations import api
+
+    torch.manual_seed(0)
+    model = SparseBag()
+    how = api.UserStep(step=lambda m, b: F.cross_entropy(m(b[0]), b[1]), what="Callback")
+    plan = api.plan_batch(model, ids(2, 0), sparse_adam(model), whole=api.LoopStep(how),
+                          budget=20 << 20, what="Callback")
+    fit = plan.fits[-1]
+    assert plan.batch_size == fit.max_batch > 2 and not fit.verified
+    assert any(n.startswith("unverified: the step ran sparse gradients,") for n in fit.notes)

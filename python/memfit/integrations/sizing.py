@@ -21,6 +21,7 @@ from ..plan.fit import example_that_runs, search
 from ..plan.ranks import LocalAnswer, agree
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
+from ..report.value_sized import settle_fit
 
 __all__ = ["BatchPlan", "LoopStep", "batch_bytes_per_sample", "example_of", "plan_batch",
            "plan_eval_batch", "check_options", "tell_change"]
@@ -190,8 +191,11 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
                                              optimizer_state_bytes(report.timeline))
 
             def at_most(cap):
-                return search(report, available, int(reserve_bytes), verify=verify,
-                              max_batch=cap)
+                f = search(report, available, int(reserve_bytes), verify=verify, max_batch=cap)
+                # The example's few samples repeated: See Note [Memory that
+                # depends on the batch's values] (op_frames.h).
+                settle_fit(f, report.value_sized_ops, report.batch)
+                return f
 
             # Another rank's cap is below this rank's answer, so below max_batch.
             return LocalAnswer(at_most(max_batch), at_most)

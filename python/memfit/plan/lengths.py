@@ -65,13 +65,19 @@ class _Line:
 
 def _line(fit) -> _Line | None:
     """The line through the peak at fit.max_batch with the slope of its two
-    largest measured steps; None when fewer than two batches ran."""
-    points = {}
+    largest measured steps; where only max_batch ran at or below it (a
+    length that fits one sample), the slope up to the next batch measured
+    above it (a rehearsal records a step above the budget); None when one
+    batch ran."""
+    points, above = {}, {}
     for p in fit.probes:
-        if not p.out_of_memory and p.peak_bytes > 0 and p.batch <= fit.max_batch:
-            points[p.batch] = max(points.get(p.batch, 0), p.peak_bytes)
+        if not p.out_of_memory and p.peak_bytes > 0:
+            into = points if p.batch <= fit.max_batch else above
+            into[p.batch] = max(into.get(p.batch, 0), p.peak_bytes)
     at_max = fit.measured_peak_bytes if fit.measured_peak_bytes >= 0 else fit.predicted_peak_bytes
     points[fit.max_batch] = max(points.get(fit.max_batch, 0), at_max)
+    if len(points) < 2 and above:
+        points[min(above)] = above[min(above)]
     if len(points) < 2:
         return None
     (b1, p1), (b2, p2) = sorted(points.items())[-2:]
@@ -236,7 +242,12 @@ class LengthFit:
         for view in self._views():
             b = view.lines[hi]
             if b is None:
-                predicted.append(int(self.fits[hi].measured_peak_bytes))
+                # One batch ran there: more samples hold at most as many
+                # times its peak (the fixed bytes are not negative).
+                f = self.fits[hi]
+                peak = f.measured_peak_bytes if f.measured_peak_bytes >= 0 else \
+                    f.predicted_peak_bytes
+                predicted.append(int(math.ceil(peak * max(1.0, batch / f.max_batch))))
                 continue
             chord = (None if lo is None or lo == hi or (lo, hi) in view.jumps
                      else view.chord(lo, hi, length))

@@ -101,18 +101,21 @@ def token_accumulation(tokens_per_step: int, fit: LengthFit) -> tuple[int, int]:
     return k, tokens_per_step // k
 
 
-def _length_of(sample, seq_dim, what):
+def _length_of(sample, seq_dim, what, batch_dim=0):
     """A sample's length: its input_ids' (a dict), its first tensor's (a
-    tuple), along seq_dim - 1 (a sample has no batch dimension)."""
+    tuple), along the dimension that is seq_dim in a batch (a sample has
+    no batch_dim: seq_dim - 1 where the batch dimension comes before it)."""
     if isinstance(sample, dict):
         sample = sample["input_ids"] if "input_ids" in sample else next(iter(sample.values()))
     elif isinstance(sample, (tuple, list)) and sample and not isinstance(sample[0], (int, float)):
         sample = sample[0]
     if isinstance(sample, torch.Tensor):
-        if not isinstance(seq_dim, int) or sample.dim() < seq_dim:
+        d = _sample_dim(sample.dim(), seq_dim, batch_dim)
+        if d is None:
             raise ValueError(f"[{what}] cannot read a sample's length along seq_dim={seq_dim!r} "
-                             f"(a sample of shape {tuple(sample.shape)}): pass sample_lengths=")
-        return int(sample.shape[seq_dim - 1])
+                             f"(batch_dim={batch_dim!r}; a sample of shape "
+                             f"{tuple(sample.shape)}): pass sample_lengths=")
+        return int(sample.shape[d])
     try:
         return len(sample)
     except TypeError:
@@ -120,8 +123,23 @@ def _length_of(sample, seq_dim, what):
                          f"{type(sample).__name__}: pass sample_lengths=") from None
 
 
+def _sample_dim(sample_dims, seq_dim, batch_dim):
+    """The dimension of a sample (`sample_dims` dimensions, a batch's
+    without batch_dim) that is seq_dim in its batch; None where there is
+    none."""
+    if not isinstance(seq_dim, int) or not isinstance(batch_dim, int):
+        return None
+    dims = sample_dims + 1
+    if not (-dims <= seq_dim < dims and -dims <= batch_dim < dims):
+        return None
+    seq, batch = seq_dim % dims, batch_dim % dims
+    if seq == batch:
+        return None
+    return seq - 1 if seq > batch else seq
+
+
 def sample_lengths(dataset: Any, seq_dim: Any, given: Sequence[int] | Callable | None,
-                   what: str) -> list[int]:
+                   what: str, batch_dim: Any = 0) -> list[int]:
     """Each sample's length, in dataset order: `given` (a list, or a
     function of a sample), else read from each sample (see _length_of)."""
     n = len(dataset)
@@ -131,7 +149,7 @@ def sample_lengths(dataset: Any, seq_dim: Any, given: Sequence[int] | Callable |
             raise ValueError(f"[{what}] sample_lengths has {len(out)} lengths for a training "
                              f"set of {n} samples")
         return out
-    read = given if given is not None else (lambda s: _length_of(s, seq_dim, what))
+    read = given if given is not None else (lambda s: _length_of(s, seq_dim, what, batch_dim))
     return [count(read(dataset[i]), what, "a sample's length") for i in range(n)]
 
 

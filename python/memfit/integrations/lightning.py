@@ -333,7 +333,8 @@ class FitBatchSize(pl.Callback):
 
         def train_dataloader():
             loader = built()
-            lengths = sample_lengths(loader.dataset, self.seq_dim, self.sample_lengths, what)
+            lengths = sample_lengths(loader.dataset, self.seq_dim, self.sample_lengths, what,
+                                     self.batch_dim)
             # The collate function pads each batch to a multiple: sized there.
             self.sampler = LengthBatchSampler(lengths, fit, seed=torch.initial_seed() % 2**32,
                                               max_tokens=max_tokens,

@@ -182,6 +182,11 @@ def rebatched(loader: DataLoader, sampler: LengthBatchSampler) -> DataLoader:
 # batch the batch is fitted at the longest (the example's tokens and token
 # labels repeated to it, as fit_lengths does; rounded up to the collate
 # function's pad_to_multiple_of): every batch, padded to its longest, fits.
+# A seq2seq sample's labels have their own length (the target's, padded by
+# DataCollatorForSeq2Seq apart from input_ids): where a sample's labels
+# are longer than the first batch's, its labels and the decoder_* tensors
+# of their length are repeated to the longest too (the decoder's memory
+# and the logits over the vocabulary grow with them).
 SCANNED = 200_000
 
 
@@ -199,6 +204,62 @@ def _shape_of(sample):
     if isinstance(sample, (list, tuple)) and all(isinstance(v, int) for v in sample[:8]):
         return (len(sample),)
     return None
+
+
+def _labels_shape(sample):
+    """The shape of a dict sample's labels when they are a sequence (a
+    tensor with dimensions, or a list of ids), else None."""
+    if not (hasattr(sample, "keys") and hasattr(sample, "__getitem__")):
+        return None
+    if "labels" not in sample.keys():
+        return None
+    labels = sample["labels"]
+    if isinstance(labels, torch.Tensor):
+        return tuple(labels.shape) if labels.dim() else None
+    if isinstance(labels, (list, tuple)) and all(isinstance(v, int) for v in labels[:8]):
+        return (len(labels),)
+    return None
+
+
+def _longest_labels(batch, labels, multiple, what):
+    """(batch, note): `batch` with its labels, and the decoder_* tensors of
+    their length, repeated to the longest labels' length `labels` where
+    shorter (See Note [A first batch shorter than the data]); else as it
+    was, note None."""
+    shapes = set(labels)
+    if len(shapes) < 2 or len({len(s) for s in shapes}) != 1 \
+            or not (hasattr(batch, "keys") and "labels" in batch.keys()):
+        return batch, None
+    varying = [d for d in range(len(next(iter(shapes)))) if len({s[d] for s in shapes}) > 1]
+    target = batch["labels"]
+    if len(varying) != 1 or not isinstance(target, torch.Tensor) \
+            or target.dim() != len(next(iter(shapes))) + 1:
+        return batch, None
+    seq_dim = varying[0] + 1
+    longest = max(s[varying[0]] for s in shapes)
+    if isinstance(multiple, int) and multiple > 1:
+        longest = -(-longest // multiple) * multiple
+    have = int(target.shape[seq_dim])
+    if longest <= have:
+        return batch, None
+    keys = [k for k in batch.keys() if k == "labels" or str(k).startswith("decoder_")]
+    with host_memory():
+        grown = resize_length({k: batch[k] for k in keys}, longest, seq_dim, have, what)
+        batch = _replaced(batch, grown)
+    return batch, (f"the first batch's labels are {have} long and a training sample's "
+                   f"{longest}: its labels (and decoder inputs) are fitted at {longest}")
+
+
+def _replaced(batch, items):
+    """`batch` (a dict or a BatchEncoding) with `items` in place of its own."""
+    out = dict(batch.items())
+    out.update(items)
+    if type(batch) is dict:
+        return out
+    try:
+        return type(batch)(out)
+    except Exception:  # noqa: BLE001 (any mapping whose constructor takes no dict)
+        return out
 
 
 def _stacks_only(collate_fn):
@@ -223,13 +284,27 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
         return batch, None
     if batch_dim != 0 or n == 0:
         return batch, None
-    shapes = set()
+    shapes, labels = set(), set()
     with host_memory():
         for i in range(min(n, SCANNED)):
-            shape = _shape_of(dataset[i])
+            sample = dataset[i]
+            shape = _shape_of(sample)
             if shape is None:
                 return batch, None
             shapes.add(shape)
+            label = _labels_shape(sample)
+            if label is not None:
+                labels.add(label)
+    batch, note = _longest_inputs(batch, shapes, collate_fn, n, what)
+    batch, grown = _longest_labels(batch, labels, getattr(collate_fn, "pad_to_multiple_of", None),
+                                   what)
+    if grown:
+        note = grown if note is None else f"{note}; {grown}"
+    return batch, note
+
+
+def _longest_inputs(batch, shapes, collate_fn, n, what):
+    """at_longest_sample's (batch, note) over the inputs' `shapes`."""
     # Past SCANNED a sample is not read: one longer there runs past the fit.
     unread = (f"only the first {SCANNED} of the {n} training samples were read, and a "
               f"longer one after them would run past this batch: pass lengths= to batch by "

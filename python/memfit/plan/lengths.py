@@ -13,7 +13,7 @@ import torch
 
 from .._native import native as _memfit
 from .._step.batching import (count, first_batch_dim, resize_batch, resize_length,
-                              sequence_length, target_batch_dim_of)
+                              sequence_length, target_batch_dim_of, tensors_in)
 from .._step.device import host_memory
 from .ranks import RankFailed, gathered_from_ranks
 
@@ -326,7 +326,21 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
                 f"[{what}] at length {n}: {e}" + (f" (fitted so far: {done})" if done else "")
             ) from e
         except (IndexError, RuntimeError) as e:
-            if isinstance(e, (torch.cuda.OutOfMemoryError, RankFailed)) or n <= have:
+            if isinstance(e, (torch.cuda.OutOfMemoryError, RankFailed)):
+                raise
+            square = next((tuple(t.shape) for t in tensors_in(x)
+                           if n in t.shape[1:] and have in t.shape[1:]), None)
+            if square is not None:
+                # A second length dimension (a pairwise mask) was left as it was.
+                first = (str(e).splitlines() or [""])[0]
+                raise ValueError(
+                    f"[{what}] at length {n} the step raised {type(e).__name__}: {first}; an "
+                    f"input of shape {square} was resized to {n} along seq_dim and is still "
+                    f"{have} long along another dimension: seq_dim resizes one dimension per "
+                    f"input, so a (batch, L, L) mask is not resized. Build it inside forward "
+                    f"from a (batch, L) mask, or fit each length with find_batch_size on an "
+                    f"example of that length") from e
+            if n <= have:
                 raise
             # The example repeated past its own length: a length the model
             # may not take (its position embeddings, a max_length).

@@ -51,7 +51,8 @@ def test_a_warm_optimizers_host_scalars_rehearse_on_meta_and_the_answer_runs(nam
     after = opt.state_dict()
     for k, v in state["state"].items():
         for key, t in v.items():
-            assert torch.equal(t, after["state"][k][key]) and t.device == after["state"][k][key].device
+            now = after["state"][k][key]
+            assert torch.equal(t, now) and t.device == now.device
 
     def build():
         m = _model()

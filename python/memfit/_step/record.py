@@ -20,7 +20,7 @@ from .step_flops import open_count
 from .tracking import Tracking
 from .training_step import OPTIMIZERS, check_loss_trains
 from .user_step import as_user_step
-from .user_state import ModelTensors, OptimizerState, private_copy
+from .user_state import ModelTensors, OptimizerState, private_copy, with_loss_module
 
 __all__: list = []
 
@@ -77,9 +77,10 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop
     its eager step instead. counters: told of each phase as it begins
     and ends (phase(name, iteration), end_phase()), to read a card's own
     counters there (report/places.py)."""
+    held = with_loss_module(model, loss_fn)  # a loss module's weights are the step's too
     if counters is not None:
-        counters.begin(model, optimizer)
-    saved = ModelTensors(model, optimizer, held=True)
+        counters.begin(held, optimizer)
+    saved = ModelTensors(held, optimizer, held=True)
     opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
     autocast = _autocast_on()
     if autocast:  # See Note [A rehearsal inside the user's autocast].

@@ -18,6 +18,7 @@ sample, as an eager step would.
 
 import copy
 import dataclasses
+import inspect
 
 import torch
 
@@ -191,6 +192,69 @@ def step_parameters(model, optimizer=None):
     if isinstance(optimizer, torch.optim.Optimizer):
         params = _unique(params + [p for g in optimizer.param_groups for p in g["params"]])
     return params
+
+
+def _referenced_modules(fn, depth=2):
+    """The nn.Modules a step function reads: its closure's cells and the
+    globals its code names, and through the plain functions among those,
+    `depth` levels down (a kd_loss(student, teacher, ...) helper)."""
+    code = getattr(fn, "__code__", None)
+    if code is None or not inspect.isfunction(fn):
+        return []
+    values = []
+    for cell in fn.__closure__ or ():
+        try:
+            values.append(cell.cell_contents)
+        except ValueError:  # a cell not filled yet
+            pass
+    values += [fn.__globals__[n] for n in code.co_names if n in fn.__globals__]
+    out = [v for v in values if isinstance(v, torch.nn.Module)]
+    if depth > 0:
+        for v in values:
+            if inspect.isfunction(v) and v is not fn:
+                out += _referenced_modules(v, depth - 1)
+    return out
+
+
+def step_modules(loss_fn):
+    """The nn.Modules the loss or the user's step computes with beside the
+    model: `loss_fn` itself, its module where it is a bound method of one,
+    and the modules a step function (or a loss function) reads from its
+    closure or globals (a teacher in distillation). loss_fn may be a
+    UserStep (duck-typed: a step and a loss_fn), whose step and loss_fn are
+    both looked at. Each once, in order found."""
+    fns = [loss_fn]
+    if not isinstance(loss_fn, torch.nn.Module) and hasattr(loss_fn, "step"):
+        fns = [getattr(loss_fn, "loss_fn", None), getattr(loss_fn, "step", None)]
+    found = []
+    for fn in fns:
+        if isinstance(fn, torch.nn.Module):
+            found.append(fn)
+            continue
+        owner = getattr(fn, "__self__", None)
+        if isinstance(owner, torch.nn.Module):
+            found.append(owner)
+        found += _referenced_modules(getattr(fn, "__func__", fn))
+    out = []
+    for m in found:
+        if not any(m is o for o in out):
+            out.append(m)
+    return out
+
+
+def with_loss_module(model, loss_fn):
+    """`model`, or where the step computes with modules of its own beside it
+    (step_modules: a perceptual loss over a frozen network, class weights in
+    a buffer, a distillation teacher) a container of them all, whose
+    tensors are the step's as the model's are: the plain step holds those
+    modules' weights on the device too. Left out, a fit beside a 4 MiB
+    frozen feature network in the loss answered 509 samples, "verified",
+    where plain steps ran out above 370 (a teacher read by step=: 2639,
+    plain steps 2064). The user's modules are not changed: the container
+    only holds them."""
+    inside = model_modules(model)
+    extra = [m for m in step_modules(loss_fn) if not any(m is i for i in inside)]
+    return torch.nn.ModuleList([model, *extra]) if extra else model
 
 
 def model_buffers(model):

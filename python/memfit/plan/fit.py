@@ -22,6 +22,7 @@ from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
 from .._step.training_step import check_optimizer
 from .._step.user_step import as_user_step
+from .._step.user_state import with_loss_module
 from ..report.compiled import search_notes
 from ..report.value_sized import settle_fit
 from ..report.data_parallel import trainable_sizes
@@ -155,7 +156,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     target_device = budget_target(model, target_device, "find_batch_size")
     place_of(mode, model, target_device, "find_batch_size")  # its checks, tagged as ours
     loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "find_batch_size")
-    room = resolve_budget(budget, model, optimizer, "find_batch_size", target_device)
+    room = resolve_budget(budget, with_loss_module(model, how), optimizer, "find_batch_size",
+                          target_device)
     available = room.room_bytes
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module

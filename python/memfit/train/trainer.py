@@ -16,7 +16,7 @@ from .._step.device import host_memory, to_bytes
 from .._step.hints import Batch, LossFn, Size, StepFn
 from .._step.training_step import check_loss_trains, check_optimizer
 from .._step.user_step import StepError, as_user_step, is_hf_model
-from .._step.user_state import step_parameters
+from .._step.user_state import step_parameters, with_loss_module
 from ..plan import fit as fitting
 from ..plan.budget import DeviceFull, resolve_budget
 from ..report.profile import profile
@@ -545,7 +545,8 @@ class Trainer:
     def _resolved_budget(self, device):
         # The rehearsal counts its own copy of every weight, .grad and state
         # tensor: See Note [The budget is the whole device] (plan/budget.py).
-        return resolve_budget(self._native.budget, self._module, self.optimizer,
+        return resolve_budget(self._native.budget, with_loss_module(self._module, self._how),
+                              self.optimizer,
                               "Trainer.step", device.type, simulates=device.type == "cpu")
 
     def _plan_micro_batch(self, native, inputs, target, n):

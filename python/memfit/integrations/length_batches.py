@@ -102,13 +102,17 @@ def token_accumulation(tokens_per_step: int, fit: LengthFit) -> tuple[int, int]:
 
 
 def _length_of(sample, seq_dim, what, batch_dim=0):
-    """A sample's length: its input_ids' (a dict), its first tensor's (a
-    tuple), along the dimension that is seq_dim in a batch (a sample has
+    """A sample's length: its input_ids' (a dict or another mapping, such as
+    the BatchEncoding a tokenizer returns), its first tensor's (a tuple),
+    along the dimension that is seq_dim in a batch (a sample has
     no batch_dim: seq_dim - 1 where the batch dimension comes before it)."""
-    if isinstance(sample, dict):
-        sample = sample["input_ids"] if "input_ids" in sample else next(iter(sample.values()))
-    elif isinstance(sample, (tuple, list)) and sample and not isinstance(sample[0], (int, float)):
+    if isinstance(sample, (tuple, list)) and sample and not isinstance(sample[0], (int, float)):
         sample = sample[0]
+    if hasattr(sample, "keys") and hasattr(sample, "__getitem__"):  # a BatchEncoding too
+        keys = list(sample.keys())
+        if not keys:
+            raise ValueError(f"[{what}] a sample is an empty mapping: pass sample_lengths=")
+        sample = sample["input_ids"] if "input_ids" in keys else sample[keys[0]]
     if isinstance(sample, torch.Tensor):
         d = _sample_dim(sample.dim(), seq_dim, batch_dim)
         if d is None:

@@ -146,7 +146,14 @@ def sample_lengths(dataset: Any, seq_dim: Any, given: Sequence[int] | Callable |
                    what: str, batch_dim: Any = 0) -> list[int]:
     """Each sample's length, in dataset order: `given` (a list, or a
     function of a sample), else read from each sample (see _length_of)."""
-    n = len(dataset)
+    try:
+        n = len(dataset)
+    except TypeError:
+        raise ValueError(f"[{what}] lengths= batches the training set by each sample's length, "
+                         f"and this one ({type(dataset).__name__}) has no len() (an "
+                         f"IterableDataset?): "
+                         f"batching by length needs a map-style dataset; leave lengths= out "
+                         f"to fit one batch size") from None
     if given is not None and not callable(given):
         out = [count(v, what, "each of sample_lengths") for v in given]
         if len(out) != n:

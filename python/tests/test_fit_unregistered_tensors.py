@@ -121,3 +121,34 @@ def test_a_rehearsal_leaves_unregistered_parameters_and_their_grad_as_they_were(
     assert all(torch.equal(p, v) for p, v in zip(hidden, values))
     assert model.blocks[0].weight.grad is held and torch.equal(held, torch.ones(256, 256))
     assert [p.grad is None for p in hidden[1:]] == [True] * (len(hidden) - 1)
+
+
+class HostCopy(torch.nn.Module):
+    """A model that keeps an unregistered copy of a 4 MiB network where it
+    was made, as Lightning's deep copy of the hyperparameters stays on the
+    host when the model moves to its device."""
+
+    def __init__(self, copy_device):
+        super().__init__()
+        self.head = torch.nn.Linear(256, 10)
+        with torch.device(copy_device):
+            kept = torch.nn.Linear(1024, 1024)
+        object.__setattr__(self, "kept", kept)
+
+    def forward(self, x):
+        return self.head(x)
+
+
+def test_an_unregistered_module_on_another_device_is_not_the_steps():
+    # The model on meta (planning a device), its copy on the host: only
+    # what is on the model's device is the step's.
+    x, y = torch.randn(8, 256, device="meta"), torch.randint(0, 10, (8,), device="meta")
+    fits = []
+    for copy_device in ("cpu", "meta"):
+        with torch.device("meta"):
+            model = HostCopy(copy_device)
+        fit = memfit.find_batch_size(model, x, y, budget=BUDGET, mode="meta",
+                                     optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
+        fits.append(fit.max_batch)
+    host, on_device = fits
+    assert host > on_device  # the copy on meta is the step's, the host one is not

@@ -172,14 +172,25 @@ def _unique(tensors):
     return out
 
 
+def _model_devices(model):
+    """The devices `model`'s registered weights and buffers are on."""
+    return {t.device for t in (*model.parameters(), *model.buffers())}
+
+
 def model_parameters(model):
     """The parameters of model_modules(model), then the nn.Parameter
     objects its modules hold in attributes or containers (a plain list of
-    them instead of an nn.ParameterList), each once."""
+    them instead of an nn.ParameterList), each once. Those it does not
+    register count only on a device its registered weights are on: a copy
+    kept on the host beside a CUDA model (Lightning's deep copy of the
+    hyperparameters) is host memory."""
     modules = model_modules(model)
-    return _unique([p for m in modules for p in m.parameters(recurse=False)]
-                   + [v for m in modules for v in _attribute_values(m)
-                      if isinstance(v, torch.nn.Parameter)])
+    devices = _model_devices(model)
+    extra = ([p for m in modules for p in m.parameters(recurse=False)]
+             + [v for m in modules for v in _attribute_values(m)
+                if isinstance(v, torch.nn.Parameter)])
+    return _unique([*model.parameters(),
+                    *(p for p in extra if not devices or p.device in devices)])
 
 
 def step_parameters(model, optimizer=None):
@@ -258,8 +269,13 @@ def with_loss_module(model, loss_fn):
 
 
 def model_buffers(model):
-    """The buffers of model_modules(model), each once."""
-    return _unique([b for m in model_modules(model) for b in m.buffers(recurse=False)])
+    """The buffers of model_modules(model), each once; those of modules it
+    does not register only on a device its registered weights are on (see
+    model_parameters)."""
+    devices = _model_devices(model)
+    extra = [b for m in model_modules(model) for b in m.buffers(recurse=False)]
+    return _unique([*model.buffers(),
+                    *(b for b in extra if not devices or b.device in devices)])
 
 
 @dataclasses.dataclass(frozen=True)

@@ -232,7 +232,7 @@ def _labels_shape(sample):
     return None
 
 
-def _longest_labels(batch, labels, multiple, what):
+def _longest_labels(batch, labels, multiple, what, batch_dim=0):
     """(batch, note): `batch` with its labels, and the decoder_* tensors of
     their length, repeated to the longest labels' length `labels` where
     shorter (See Note [A first batch shorter than the data]); else as it
@@ -246,10 +246,12 @@ def _longest_labels(batch, labels, multiple, what):
     if len(varying) != 1 or not isinstance(target, torch.Tensor) \
             or target.dim() != len(next(iter(shapes))) + 1:
         return batch, None
-    seq_dim = varying[0] + 1
+    seq_dim = _batch_dim_of(varying[0], batch_dim, target.dim())
     longest = max(s[varying[0]] for s in shapes)
     if isinstance(multiple, int) and multiple > 1:
         longest = -(-longest // multiple) * multiple
+    if seq_dim is None:
+        return batch, None
     have = int(target.shape[seq_dim])
     if longest <= have:
         return batch, None
@@ -273,6 +275,15 @@ def _replaced(batch, items):
         return out
 
 
+def _batch_dim_of(d, batch_dim, batch_dims):
+    """The dimension of a batch (`batch_dims` dimensions) that is a
+    sample's dimension `d` (the sample has no batch_dim); None where
+    batch_dim is not one of the batch's."""
+    if not -batch_dims <= batch_dim < batch_dims:
+        return None
+    return d if d < batch_dim % batch_dims else d + 1
+
+
 def _stacks_only(collate_fn):
     """Whether collate_fn is torch's default_collate or Hugging Face's
     default_data_collator, which stack samples without padding them."""
@@ -293,7 +304,7 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
         n = len(dataset)
     except TypeError:
         return batch, None
-    if batch_dim != 0 or n == 0:
+    if not isinstance(batch_dim, int) or isinstance(batch_dim, bool) or n == 0:
         return batch, None
     shapes, labels = set(), set()
     with host_memory():
@@ -306,15 +317,15 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
             label = _labels_shape(sample)
             if label is not None:
                 labels.add(label)
-    batch, note = _longest_inputs(batch, shapes, collate_fn, n, what)
+    batch, note = _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim)
     batch, grown = _longest_labels(batch, labels, getattr(collate_fn, "pad_to_multiple_of", None),
-                                   what)
+                                   what, batch_dim)
     if grown:
         note = grown if note is None else f"{note}; {grown}"
     return batch, note
 
 
-def _longest_inputs(batch, shapes, collate_fn, n, what):
+def _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim=0):
     """at_longest_sample's (batch, note) over the inputs' `shapes`."""
     # Past SCANNED a sample is not read: one longer there runs past the fit.
     unread = (f"only the first {SCANNED} of the {n} training samples were read, and a "
@@ -327,7 +338,9 @@ def _longest_inputs(batch, shapes, collate_fn, n, what):
     varying = [d for d in range(len(next(iter(shapes)))) if len({s[d] for s in shapes}) > 1]
     if len(varying) != 1:
         return batch, None
-    seq_dim = varying[0] + 1
+    seq_dim = _batch_dim_of(varying[0], batch_dim, len(next(iter(shapes))) + 1)
+    if seq_dim is None:
+        return batch, None
     longest = max(s[varying[0]] for s in shapes)
     multiple = getattr(collate_fn, "pad_to_multiple_of", None)
     if isinstance(multiple, int) and multiple > 1:

@@ -271,6 +271,10 @@ class FitBatchSize(TrainerCallback):
                 # The sampler shares the batches over the ranks itself, as
                 # HF does for its BatchRebalanceSampler.
                 shard.num_processes, shard.process_index = 1, 0
+                # The loader's set_epoch (the HF Trainer calls it each epoch)
+                # stops at accelerate's shard: without this every epoch
+                # repeated epoch 0's batches.
+                shard.set_epoch = sampler.set_epoch
             return loader
 
         trainer.get_train_dataloader = get_train_dataloader

@@ -127,9 +127,10 @@ _CONTAINER_ITEMS = 4096
 
 
 def _held_values(value, depth=_CONTAINER_DEPTH):
-    """The tensors and modules an attribute holds: itself, or the items of
-    a list, tuple or dict (its values), nested to `depth`."""
-    if isinstance(value, (torch.Tensor, torch.nn.Module)):
+    """The tensors, modules and random generators an attribute holds:
+    itself, or the items of a list, tuple or dict (its values), nested to
+    `depth`."""
+    if isinstance(value, (torch.Tensor, torch.nn.Module, torch.Generator)):
         yield value
     elif (depth > 0 and isinstance(value, (list, tuple, dict))
           and len(value) <= _CONTAINER_ITEMS):
@@ -169,6 +170,17 @@ def _unique(tensors):
         if id(t) not in seen:
             seen.add(id(t))
             out.append(t)
+    return out
+
+
+def model_generators(model):
+    """The torch.Generator objects model_modules(model) keep (noise drawn in
+    a forward with generator=self.g), each once."""
+    out = []
+    for m in model_modules(model):
+        for v in _attribute_values(m):
+            if isinstance(v, torch.Generator) and not any(v is o for o in out):
+                out.append(v)
     return out
 
 
@@ -458,6 +470,10 @@ class ModelTensors:
         self.tensors = [e.tensor for e in self.entries]
         self.saved = [(_to_host(t), t.device) for t in self.tensors]
         self.views = _shared_storages(self.tensors)
+        # A generator the model draws from (torch.randn(..., generator=self.g))
+        # is put back as kept_rng puts back the global ones: a rehearsal's
+        # draws advanced it, and the user's next step drew other noise.
+        self.generators = [(g, g.get_state()) for g in model_generators(model)]
         self.grads = [p.grad for p in self.parameters]
         self.held_grads = [held and g is not None for g in self.grads]
         self.optimizer = optimizer if held else None
@@ -507,6 +523,8 @@ class ModelTensors:
             self.optimizer.state[key] = d
 
     def restore(self):
+        for g, state in self.generators:
+            g.set_state(state)
         for p in self.parameters:
             p.grad = None  # the rehearsal's
         self.reset_optimizer_state()

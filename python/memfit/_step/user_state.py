@@ -16,6 +16,7 @@ lazy's chunks run the step itself, on the user's tensors, exactly once per
 sample, as an eager step would.
 """
 
+import contextlib
 import copy
 import dataclasses
 import inspect
@@ -32,12 +33,36 @@ __all__ = ["kept_rng"]
 _MISSING = object()
 
 
-def kept_rng():
+@contextlib.contextmanager
+def kept_rng(*holders):
     """A block after which the CPU's generator and each initialized CUDA
     device's are back where they were: a dropout in a rehearsed step must not
-    change what the user's next step draws."""
+    change what the user's next step draws. `holders`: objects whose own
+    torch.Generator objects are put back too: a DataLoader's (its
+    generator=, its sampler's and batch sampler's), so that peeking at its
+    first batch leaves the order training draws as it was (a loader made
+    with generator=self.g drew another order after a callback's peek)."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    return torch.random.fork_rng(devices=devices)
+    states = [(g, g.get_state()) for g in _generators_of(holders)]
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            for g, state in states:
+                g.set_state(state)
+
+
+def _generators_of(holders):
+    """The torch.Generator objects each holder keeps as an attribute, and
+    its sampler and batch sampler (and that one's sampler) keep: each once."""
+    out = []
+    for h in holders:
+        batches = getattr(h, "batch_sampler", None)
+        for obj in (h, getattr(h, "sampler", None), batches, getattr(batches, "sampler", None)):
+            for v in (vars(obj).values() if hasattr(obj, "__dict__") else ()):
+                if isinstance(v, torch.Generator) and not any(v is o for o in out):
+                    out.append(v)
+    return out
 
 
 def private_copy(obj, device=None):

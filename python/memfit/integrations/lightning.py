@@ -156,7 +156,8 @@ def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=
     note = None
     with kept_rng(), host_memory():
         loader = source.train_dataloader()
-        batch = example_of(next(iter(loader)), batch_dim)
+        with kept_rng(loader):  # its own generator too (generator=self.g)
+            batch = example_of(next(iter(loader)), batch_dim)
         if longest:
             batch, note = at_longest_sample(getattr(loader, "dataset", None),
                                             getattr(loader, "collate_fn", None), batch, what,

@@ -82,7 +82,7 @@ def _first_batch(dataloader):
     """The first samples of the loader's first batch, collated in host
     memory (the loader's whole batch may not fit the device); the sampler's
     seed is put back, so training draws the same order."""
-    with kept_rng(), host_memory():
+    with kept_rng(dataloader), host_memory():
         return example_of(next(iter(dataloader)))
 
 

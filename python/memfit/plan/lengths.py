@@ -340,6 +340,19 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
                     f"input, so a (batch, L, L) mask is not resized. Build it inside forward "
                     f"from a (batch, L) mask, or fit each length with find_batch_size on an "
                     f"example of that length") from e
+            left = next((tuple(t.shape) for t in ([] if y is None else tensors_in(y))
+                         if isinstance(seq_dim, int) and seq_dim >= t.dim()
+                         and have in t.shape[1:]), None)
+            if left is not None:
+                # A per-token target has one dimension fewer than its inputs.
+                first = (str(e).splitlines() or [""])[0]
+                dims = next(t.dim() for t in tensors_in(x) if t.dim() > seq_dim)
+                raise ValueError(
+                    f"[{what}] at length {n} the step raised {type(e).__name__}: {first}; the "
+                    f"target of shape {left} has no dimension seq_dim={seq_dim} and was left "
+                    f"{have} long: a per-token target has a dimension fewer than its inputs, so "
+                    f"count seq_dim from the end, where both have it (seq_dim={seq_dim - dims} "
+                    f"here)") from e
             if n <= have:
                 raise
             # The example repeated past its own length: a length the model

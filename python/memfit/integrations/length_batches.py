@@ -202,7 +202,11 @@ SCANNED = 200_000
 
 
 def _shape_of(sample):
-    """The shape of a sample's first tensor (or list of ids), or None."""
+    """The shape of a sample's first tensor (or list of ids), or None; of a
+    tuple's first mapping's ((encoding, label) samples)."""
+    if isinstance(sample, (tuple, list)) and sample and hasattr(sample[0], "keys") \
+            and hasattr(sample[0], "__getitem__"):
+        sample = sample[0]
     if hasattr(sample, "keys") and hasattr(sample, "__getitem__"):
         keys = list(sample.keys())
         if not keys:

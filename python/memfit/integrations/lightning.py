@@ -168,6 +168,29 @@ def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=
     return (batch, note) if longest else batch
 
 
+def _training_samples(trainer, pl_module):
+    """How many samples the training loader's dataset holds, or None where
+    it has no length (an IterableDataset)."""
+    with kept_rng(), host_memory():
+        loader = _loader_source(trainer, pl_module).train_dataloader()
+    try:
+        return len(loader.dataset)
+    except (AttributeError, TypeError):
+        return None
+
+
+def _at_most_the_data(plan, samples):
+    """The batch set no larger than the training set, as Lightning's own
+    BatchSizeFinder caps it: a batch above it trains on one short batch an
+    epoch, or on none where the loader drops its last batch (drop_last=True:
+    a 1000-sample set at the 687689 samples a 64 MiB budget fits trained no
+    step at all)."""
+    if samples and plan.batch_size > samples:
+        plan.notes.append(f"{plan.batch_size} samples fit, but the training set holds "
+                          f"{samples}: the batch is set to {samples}")
+        plan.batch_size = samples
+
+
 def _optimizer(trainer, what):
     optimizers = trainer.optimizers
     if len(optimizers) != 1:
@@ -300,6 +323,8 @@ class FitBatchSize(pl.Callback):
                           target_device=self.target_device)
         if longer:
             plan.notes.append(longer)
+        if self.keep_effective_batch is None:
+            _at_most_the_data(plan, _training_samples(trainer, pl_module))
         lightning_setattr(pl_module, self.batch_arg_name, plan.batch_size)
         if self.keep_effective_batch is not None:
             trainer.accumulate_grad_batches = plan.accumulation

@@ -362,7 +362,13 @@ class FitBatchSize(pl.Callback):
             lengths = sample_lengths(loader.dataset, self.seq_dim, self.sample_lengths, what,
                                      self.batch_dim)
             # The collate function pads each batch to a multiple: sized there.
+            # The loader's own order and drop_last: a sequential sampler stays
+            # in dataset order (grouped), drop_last drops the short batch.
+            ordered = isinstance(getattr(loader, "sampler", None),
+                                 torch.utils.data.SequentialSampler)
             self.sampler = LengthBatchSampler(lengths, fit, seed=torch.initial_seed() % 2**32,
+                                              shuffle=not ordered,
+                                              drop_last=bool(getattr(loader, "drop_last", False)),
                                               max_tokens=max_tokens,
                                               pad_to_multiple_of=pad_multiple(loader.collate_fn))
             return rebatched(loader, self.sampler)

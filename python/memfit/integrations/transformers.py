@@ -260,7 +260,7 @@ class FitBatchSize(TrainerCallback):
         sampler = LengthBatchSampler(
             sample_lengths(trainer.train_dataset, self.seq_dim, self.sample_lengths, what), fit,
             seed=args.seed, max_tokens=max_tokens, num_replicas=args.world_size,
-            rank=args.process_index,
+            rank=args.process_index, drop_last=bool(args.dataloader_drop_last),
             pad_to_multiple_of=pad_multiple(trainer.data_collator))
         built = trainer.get_train_dataloader
 

@@ -101,30 +101,44 @@ def token_accumulation(tokens_per_step: int, fit: LengthFit) -> tuple[int, int]:
     return k, tokens_per_step // k
 
 
-def _length_of(sample, seq_dim, what, batch_dim=0):
-    """A sample's length: its input_ids' (a dict or another mapping, such as
-    the BatchEncoding a tokenizer returns), its first tensor's (a tuple),
-    along the dimension that is seq_dim in a batch (a sample has
-    no batch_dim: seq_dim - 1 where the batch dimension comes before it)."""
-    if isinstance(sample, (tuple, list)) and sample and not isinstance(sample[0], (int, float)):
-        sample = sample[0]
-    if hasattr(sample, "keys") and hasattr(sample, "__getitem__"):  # a BatchEncoding too
-        keys = list(sample.keys())
+def _main_part(obj):
+    """What a sample's (or a batch's) length is read from: its input_ids (a
+    dict or another mapping, such as the BatchEncoding a tokenizer returns),
+    a tuple's first item (and that item's input_ids), else itself."""
+    if isinstance(obj, (tuple, list)) and obj and not isinstance(obj[0], (int, float)):
+        obj = obj[0]
+    if hasattr(obj, "keys") and hasattr(obj, "__getitem__"):
+        keys = list(obj.keys())
         if not keys:
-            raise ValueError(f"[{what}] a sample is an empty mapping: pass sample_lengths=")
-        sample = sample["input_ids"] if "input_ids" in keys else sample[keys[0]]
-    if isinstance(sample, torch.Tensor):
-        d = _sample_dim(sample.dim(), seq_dim, batch_dim)
+            return None
+        obj = obj["input_ids"] if "input_ids" in keys else obj[keys[0]]
+    return obj
+
+
+def _length_of(sample, seq_dim, what, batch_dim=0, batch_dims=None):
+    """A sample's length (see _main_part), along the dimension that is
+    seq_dim in a batch: a sample has no batch_dim (seq_dim - 1 where the
+    batch dimension comes before it), unless it has as many dimensions as
+    the batch (`batch_dims`): tokenizer(text, return_tensors="pt") gives a
+    sample (1, L) that its collate function concatenates."""
+    part = _main_part(sample)
+    if part is None:
+        raise ValueError(f"[{what}] a sample is an empty mapping: pass sample_lengths=")
+    if isinstance(part, torch.Tensor):
+        if batch_dims is not None and part.dim() == batch_dims and isinstance(seq_dim, int) \
+                and -batch_dims <= seq_dim < batch_dims:
+            return int(part.shape[seq_dim])
+        d = _sample_dim(part.dim(), seq_dim, batch_dim)
         if d is None:
             raise ValueError(f"[{what}] cannot read a sample's length along seq_dim={seq_dim!r} "
                              f"(batch_dim={batch_dim!r}; a sample of shape "
-                             f"{tuple(sample.shape)}): pass sample_lengths=")
-        return int(sample.shape[d])
+                             f"{tuple(part.shape)}): pass sample_lengths=")
+        return int(part.shape[d])
     try:
-        return len(sample)
+        return len(part)
     except TypeError:
         raise ValueError(f"[{what}] cannot read the length of a sample of type "
-                         f"{type(sample).__name__}: pass sample_lengths=") from None
+                         f"{type(part).__name__}: pass sample_lengths=") from None
 
 
 def _sample_dim(sample_dims, seq_dim, batch_dim):
@@ -143,9 +157,11 @@ def _sample_dim(sample_dims, seq_dim, batch_dim):
 
 
 def sample_lengths(dataset: Any, seq_dim: Any, given: Sequence[int] | Callable | None,
-                   what: str, batch_dim: Any = 0) -> list[int]:
+                   what: str, batch_dim: Any = 0, batch_dims: int | None = None) -> list[int]:
     """Each sample's length, in dataset order: `given` (a list, or a
-    function of a sample), else read from each sample (see _length_of)."""
+    function of a sample), else read from each sample (see _length_of;
+    batch_dims, dimensions_of(a batch the loader gave), tells a sample that
+    keeps a batch dimension of its own)."""
     try:
         n = len(dataset)
     except TypeError:
@@ -160,8 +176,16 @@ def sample_lengths(dataset: Any, seq_dim: Any, given: Sequence[int] | Callable |
             raise ValueError(f"[{what}] sample_lengths has {len(out)} lengths for a training "
                              f"set of {n} samples")
         return out
-    read = given if given is not None else (lambda s: _length_of(s, seq_dim, what, batch_dim))
+    read = given if given is not None else (
+        lambda s: _length_of(s, seq_dim, what, batch_dim, batch_dims))
     return [count(read(dataset[i]), what, "a sample's length") for i in range(n)]
+
+
+def dimensions_of(batch: Any) -> int | None:
+    """How many dimensions the tensor a batch's length is read from has
+    (see _main_part), or None."""
+    main = _main_part(batch)
+    return main.dim() if isinstance(main, torch.Tensor) else None
 
 
 def rebatched(loader: DataLoader, sampler: LengthBatchSampler) -> DataLoader:

@@ -39,8 +39,9 @@ from ..report.profile import Report, profile
 from .sizing import (BatchPlan, LoopStep, check_options, example_of, plan_batch,
                      tell_change)
 from ..train.length_sampler import LengthBatchSampler
-from .length_batches import (at_longest_sample, check_length_options, fit_per_length,
-                             pad_multiple, rebatched, sample_lengths, token_accumulation)
+from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
+                             fit_per_length, pad_multiple, rebatched, sample_lengths,
+                             token_accumulation)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -356,11 +357,12 @@ class FitBatchSize(pl.Callback):
                 self.tokens_per_step, fit)
         source = _loader_source(trainer, pl_module)
         built = source.train_dataloader
+        dims = dimensions_of(batch)  # not the batch: the loader must not keep it alive
 
         def train_dataloader():
             loader = built()
             lengths = sample_lengths(loader.dataset, self.seq_dim, self.sample_lengths, what,
-                                     self.batch_dim)
+                                     self.batch_dim, dims)
             # The collate function pads each batch to a multiple: sized there.
             # The loader's own order and drop_last: a sequential sampler stays
             # in dataset order (grouped), drop_last drops the short batch.

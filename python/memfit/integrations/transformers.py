@@ -32,8 +32,9 @@ from .api import Size, UserStep, host_memory, kept_rng, sequence_length
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler
-from .length_batches import (at_longest_sample, check_length_options, fit_per_length,
-                             pad_multiple, rebatched, sample_lengths, token_accumulation)
+from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
+                             fit_per_length, pad_multiple, rebatched, sample_lengths,
+                             token_accumulation)
 
 __all__ = ["FitBatchSize", "trainer_step"]
 
@@ -258,7 +259,8 @@ class FitBatchSize(TrainerCallback):
             accumulation, max_tokens = token_accumulation(self.tokens_per_step, fit)
             args.gradient_accumulation_steps = accumulation
         sampler = LengthBatchSampler(
-            sample_lengths(trainer.train_dataset, self.seq_dim, self.sample_lengths, what), fit,
+            sample_lengths(trainer.train_dataset, self.seq_dim, self.sample_lengths, what,
+                           batch_dims=dimensions_of(batch)), fit,
             seed=args.seed, max_tokens=max_tokens, num_replicas=args.world_size,
             rank=args.process_index, drop_last=bool(args.dataloader_drop_last),
             pad_to_multiple_of=pad_multiple(trainer.data_collator))

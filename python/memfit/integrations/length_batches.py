@@ -367,6 +367,8 @@ def _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim=0):
     if len(varying) != 1:
         return batch, None
     seq_dim = _batch_dim_of(varying[0], batch_dim, len(next(iter(shapes))) + 1)
+    if dimensions_of(batch) == len(next(iter(shapes))):
+        seq_dim = varying[0]  # samples (1, L) that keep their own batch dimension
     if seq_dim is None:
         return batch, None
     longest = max(s[varying[0]] for s in shapes)

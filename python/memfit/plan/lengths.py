@@ -24,8 +24,10 @@ __all__: list = []
 # ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
 # At each measured length L_i the fit gives a line in the batch, M_i(b) =
 # M0_i + m_i*b: m_i the bytes per sample between its two largest measured
-# steps, M0_i chosen so that the line goes through the peak measured at
-# max_batch (the verified step). Between L_lo and L_hi, at the fraction t
+# steps (where max_batch is the only one at or below it, as at a length
+# that fits one sample, it and the next batch recorded above it), M0_i
+# chosen so that the line goes through the peak measured at max_batch
+# (the verified step). Between L_lo and L_hi, at the fraction t
 # of the way, at(L) is the largest b with
 #     (1 - t) * M_lo(b) + t * M_hi(b) <= budget - margin,
 # clamped to [max_batch(L_hi), max_batch(L_lo)]. The peak at a fixed batch

@@ -368,6 +368,12 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     notes = []
     if len(asked) == 1:
         notes.append("one length measured: at(L) below it is its batch, above it refused")
+    kept = _kept_at_the_examples_length(inputs, seq_dim)
+    if kept:
+        notes.append(f"not resized with the length (no seq_dim for them): {', '.join(kept)}; "
+                     f"every length is fitted with them as in the example, and a batch where "
+                     f"one is longer (a seq2seq target longer than the example's) runs past the "
+                     f"fit: make the example's as long as the data's longest")
     fit = LengthFit(fits=fits, seq_dim=seq_dim, notes=tuple(notes))
 
     def checked():
@@ -391,6 +397,17 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
         return done["fit"]
     jumps = tuple(sorted({gap for v in views for gap in v.jumps}))
     return dataclasses.replace(done["fit"], jumps=jumps, ranks=tuple(views))
+
+
+def _kept_at_the_examples_length(inputs, seq_dim):
+    """'name (shape)' of each input a per-input seq_dim (a dict beside a
+    dict batch) leaves out, with more dimensions than a per-sample label:
+    a sequence that keeps the example's length at every length."""
+    if not isinstance(seq_dim, dict) or not hasattr(inputs, "keys"):
+        return []
+    return [f"{k} {tuple(inputs[k].shape)}" for k in inputs.keys()
+            if seq_dim.get(k) is None and isinstance(inputs[k], torch.Tensor)
+            and inputs[k].dim() >= 2]
 
 
 @dataclasses.dataclass(frozen=True)

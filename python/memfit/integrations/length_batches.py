@@ -124,6 +124,10 @@ def _length_of(sample, seq_dim, what, batch_dim=0, batch_dims=None):
     part = _main_part(sample)
     if part is None:
         raise ValueError(f"[{what}] a sample is an empty mapping: pass sample_lengths=")
+    if isinstance(seq_dim, dict):  # per input: the one the length is read from
+        mapping = sample[0] if isinstance(sample, (tuple, list)) and sample else sample
+        keys = list(mapping.keys()) if hasattr(mapping, "keys") else []
+        seq_dim = seq_dim.get("input_ids" if "input_ids" in keys else keys[0]) if keys else None
     if isinstance(part, torch.Tensor):
         if batch_dims is not None and part.dim() == batch_dims and isinstance(seq_dim, int) \
                 and -batch_dims <= seq_dim < batch_dims:

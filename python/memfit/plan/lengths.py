@@ -301,18 +301,10 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     step on that batch, None where it ran out of memory; given, each gap
     between measured lengths is checked (See Note [Between measured
     lengths]). across_ranks, target_batch_dim: as find_batch_size's (each
-    fit_one agrees already). Raises DoesNotFit naming the length where even one sample
-    does not fit."""
+    fit_one agrees already). Raises DoesNotFit naming the length where even
+    one sample does not fit."""
     what = "find_batch_size"
-    if seq_dim is None or lengths is None:
-        raise ValueError(f"[{what}] a fit per length takes both seq_dim= (the dimension of the "
-                         f"inputs that indexes tokens) and lengths= (the lengths to fit, e.g. "
-                         f"[128, 512, 2048]); got seq_dim={seq_dim!r}, lengths={lengths!r}")
-    if isinstance(lengths, int) or not hasattr(lengths, "__iter__"):
-        raise ValueError(f"[{what}] lengths must be a list of ints, got {lengths!r}")
-    asked = sorted({count(n, what, "each of lengths") for n in lengths})
-    if not asked:
-        raise ValueError(f"[{what}] lengths is empty: give the lengths to fit")
+    asked = _asked_lengths(seq_dim, lengths, what)
     have = sequence_length(inputs, seq_dim, what)
     target_dim = first_batch_dim(seq_dim)
     fits = {}
@@ -330,41 +322,10 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
         except (IndexError, RuntimeError) as e:
             if isinstance(e, (torch.cuda.OutOfMemoryError, RankFailed)):
                 raise
-            square = next((tuple(t.shape) for t in tensors_in(x)
-                           if n in t.shape[1:] and have in t.shape[1:]), None)
-            if square is not None:
-                # A second length dimension (a pairwise mask) was left as it was.
-                first = (str(e).splitlines() or [""])[0]
-                raise ValueError(
-                    f"[{what}] at length {n} the step raised {type(e).__name__}: {first}; an "
-                    f"input of shape {square} was resized to {n} along seq_dim and is still "
-                    f"{have} long along another dimension: seq_dim resizes one dimension per "
-                    f"input, so a (batch, L, L) mask is not resized. Build it inside forward "
-                    f"from a (batch, L) mask, or fit each length with find_batch_size on an "
-                    f"example of that length") from e
-            left = next((tuple(t.shape) for t in ([] if y is None else tensors_in(y))
-                         if isinstance(seq_dim, int) and seq_dim >= t.dim()
-                         and have in t.shape[1:]), None)
-            if left is not None:
-                # A per-token target has one dimension fewer than its inputs.
-                first = (str(e).splitlines() or [""])[0]
-                dims = next(t.dim() for t in tensors_in(x) if t.dim() > seq_dim)
-                raise ValueError(
-                    f"[{what}] at length {n} the step raised {type(e).__name__}: {first}; the "
-                    f"target of shape {left} has no dimension seq_dim={seq_dim} and was left "
-                    f"{have} long: a per-token target has a dimension fewer than its inputs, so "
-                    f"count seq_dim from the end, where both have it (seq_dim={seq_dim - dims} "
-                    f"here)") from e
-            if n <= have:
+            named = _length_error(e, n, have, x, y, seq_dim, what)
+            if named is None:
                 raise
-            # The example repeated past its own length: a length the model
-            # may not take (its position embeddings, a max_length).
-            first = (str(e).splitlines() or [""])[0]
-            raise ValueError(
-                f"[{what}] at length {n} (the example's {have} tokens repeated to {n}) the step "
-                f"raised {type(e).__name__}: {first}; a model that takes at most some length "
-                f"(position embeddings, a max_length) fails so: fit only lengths it takes"
-            ) from e
+            raise named from e
     notes = []
     if len(asked) == 1:
         notes.append("one length measured: at(L) below it is its batch, above it refused")
@@ -383,9 +344,67 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
                            target_batch_dim_of(batch_dim, target_batch_dim, what))
         return _checked_between(fit, lambda n, b: step_peak(*example.at(n, b)))
 
-    # Each rank's lines differ with its device; the batches between lengths
-    # must not (a sampler per rank builds the same batches): every rank
-    # takes the smallest rank's answer (See Note [One answer on every rank]).
+    return _agreed_between(checked, across_ranks, what)
+
+
+def _asked_lengths(seq_dim, lengths, what):
+    """The lengths to fit, sorted and each once; one-line errors for what
+    is not."""
+    if seq_dim is None or lengths is None:
+        raise ValueError(f"[{what}] a fit per length takes both seq_dim= (the dimension of the "
+                         f"inputs that indexes tokens) and lengths= (the lengths to fit, e.g. "
+                         f"[128, 512, 2048]); got seq_dim={seq_dim!r}, lengths={lengths!r}")
+    if isinstance(lengths, int) or not hasattr(lengths, "__iter__"):
+        raise ValueError(f"[{what}] lengths must be a list of ints, got {lengths!r}")
+    asked = sorted({count(n, what, "each of lengths") for n in lengths})
+    if not asked:
+        raise ValueError(f"[{what}] lengths is empty: give the lengths to fit")
+    return asked
+
+
+def _length_error(e, n, have, x, y, seq_dim, what):
+    """The ValueError that names why the step at length `n` (the example
+    `have` long, resized to x, y) raised `e`, or None where it is the
+    user's own (a length up to the example's)."""
+    first = (str(e).splitlines() or [""])[0]
+    square = next((tuple(t.shape) for t in tensors_in(x)
+                   if n in t.shape[1:] and have in t.shape[1:]), None)
+    if square is not None:
+        # A second length dimension (a pairwise mask) was left as it was.
+        return ValueError(
+            f"[{what}] at length {n} the step raised {type(e).__name__}: {first}; an "
+            f"input of shape {square} was resized to {n} along seq_dim and is still "
+            f"{have} long along another dimension: seq_dim resizes one dimension per "
+            f"input, so a (batch, L, L) mask is not resized. Build it inside forward "
+            f"from a (batch, L) mask, or fit each length with find_batch_size on an "
+            f"example of that length")
+    left = next((tuple(t.shape) for t in ([] if y is None else tensors_in(y))
+                 if isinstance(seq_dim, int) and seq_dim >= t.dim()
+                 and have in t.shape[1:]), None)
+    if left is not None:
+        # A per-token target has one dimension fewer than its inputs.
+        dims = next(t.dim() for t in tensors_in(x) if t.dim() > seq_dim)
+        return ValueError(
+            f"[{what}] at length {n} the step raised {type(e).__name__}: {first}; the "
+            f"target of shape {left} has no dimension seq_dim={seq_dim} and was left "
+            f"{have} long: a per-token target has a dimension fewer than its inputs, so "
+            f"count seq_dim from the end, where both have it (seq_dim={seq_dim - dims} "
+            f"here)")
+    if n <= have:
+        return None
+    # The example repeated past its own length: a length the model may not
+    # take (its position embeddings, a max_length).
+    return ValueError(
+        f"[{what}] at length {n} (the example's {have} tokens repeated to {n}) the step "
+        f"raised {type(e).__name__}: {first}; a model that takes at most some length "
+        f"(position embeddings, a max_length) fails so: fit only lengths it takes")
+
+
+def _agreed_between(checked: Callable, across_ranks, what) -> LengthFit:
+    """checked() (the LengthFit, its gaps checked) with every rank's lines:
+    each rank's lines differ with its device, the batches between lengths
+    must not (a sampler per rank builds the same batches), so at(L) takes
+    the smallest rank's answer (See Note [One answer on every rank])."""
     done = {}
 
     def view():

@@ -232,16 +232,7 @@ SCANNED = 200_000
 def _shape_of(sample):
     """The shape of a sample's first tensor (or list of ids), or None; of a
     tuple's first mapping's ((encoding, label) samples)."""
-    if isinstance(sample, (tuple, list)) and sample and hasattr(sample[0], "keys") \
-            and hasattr(sample[0], "__getitem__"):
-        sample = sample[0]
-    if hasattr(sample, "keys") and hasattr(sample, "__getitem__"):
-        keys = list(sample.keys())
-        if not keys:
-            return None
-        sample = sample["input_ids"] if "input_ids" in keys else sample[keys[0]]
-    elif isinstance(sample, (tuple, list)) and sample and isinstance(sample[0], torch.Tensor):
-        sample = sample[0]
+    sample = _main_part(sample)
     if isinstance(sample, torch.Tensor):
         return tuple(sample.shape)
     if isinstance(sample, (list, tuple)) and all(isinstance(v, int) for v in sample[:8]):

@@ -36,9 +36,10 @@ except ImportError:
 from .api import Size, UserStep, count, host_memory, kept_rng
 from ..diagnosis import Doctor
 from ..report.profile import Report, profile
-from .sizing import (BatchPlan, LoopStep, check_options, example_of, plan_batch,
-                     tell_change)
+from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
+                     plan_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler
+from .averaging import check_averaging
 from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
                              fit_per_length, pad_multiple, rebatched, sample_lengths,
                              token_accumulation)
@@ -322,6 +323,9 @@ class FitBatchSize(pl.Callback):
                           budget=self.budget, what=what, batch_dim=self.batch_dim,
                           effective=self.keep_effective_batch,
                           target_device=self.target_device)
+        # See Note [An average updated beside the step] (averaging.py).
+        check_averaging(trainer.callbacks, pl_module, plan,
+                        batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size, what)
         if longer:
             plan.notes.append(longer)
         if self.keep_effective_batch is None:

@@ -1,0 +1,93 @@
+"""What a weight-averaging callback (Lightning's EMAWeightAveraging,
+StochasticWeightAveraging, the user's own around torch's AveragedModel)
+allocates when it updates its average after a step: See Note [An average
+updated beside the step]."""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
+
+from .._native import native as _memfit
+from ..memory.tracking import track
+
+__all__: list = []
+
+# Note [An average updated beside the step]
+# A callback that keeps an AveragedModel updates it after the optimizer
+# step (EMA: each batch; SWA: each epoch), outside the step memfit
+# measures. Its copy of the weights is on the device beside the step and
+# counted there; its update is not: EMAWeightAveraging's avg_fn computes
+# decay * ema + (1 - decay) * p per parameter, three temporaries of the
+# largest weight (3 MiB beside a 1 MiB weight). The update runs when the
+# step's activations are gone but its gradients and the optimizer's state
+# are alive (Lightning zeroes them at the next step), so it does not
+# lower the batch; it can still not fit at all: a fit said 365, verified,
+# where Lightning's loop with the callback ran out of memory at one
+# sample. So the update's own bytes are measured by running it on meta
+# copies of the two models' tensors (exact sizes, no memory), as
+# update_parameters runs it once its average holds a step, and the weights,
+# their gradients, the optimizer's state and the batch beside them must fit
+# in the room the budget leaves, or the fit raises DoesNotFit naming the
+# callback.
+
+
+def averaged_models(callbacks) -> list:
+    """The AveragedModel each callback keeps (in its attributes)."""
+    return [v for cb in callbacks for v in vars(cb).values() if isinstance(v, AveragedModel)]
+
+
+def _meta(tensors):
+    return [t.detach().to("meta") for t in tensors]
+
+
+def update_bytes(averaged: AveragedModel, module: torch.nn.Module) -> int:
+    """The peak bytes averaged.update_parameters(module) allocates beyond
+    the two models' tensors once its average holds a step (its avg_fn's
+    or multi_avg_fn's temporaries), measured on meta copies."""
+    with_buffers = bool(averaged.use_buffers)
+    ours = _meta(itertools.chain(averaged.module.parameters(),
+                                 averaged.module.buffers() if with_buffers else ()))
+    theirs = _meta(itertools.chain(module.parameters(),
+                                   module.buffers() if with_buffers else ()))
+    pairs = [(a, b) for a, b in zip(ours, theirs) if a.is_floating_point()]
+    if not pairs:
+        return 0
+    n = torch.ones(())  # n_averaged stays on the host, as update_parameters reads it
+    with torch.no_grad(), track() as t:
+        if averaged.multi_avg_fn is not None or averaged.avg_fn is None:
+            average = averaged.multi_avg_fn or get_swa_multi_avg_fn()
+            average([a for a, _ in pairs], [b for _, b in pairs], n)
+        else:
+            for a, b in pairs:
+                a.copy_(averaged.avg_fn(a, b, n))
+    return t.peak_bytes
+
+
+def check_averaging(callbacks, module: torch.nn.Module, plan, batch_bytes: float,
+                    what: str) -> None:
+    """Raises DoesNotFit where an average `callbacks` update after the step
+    does not fit beside what the step leaves alive (`plan`, a BatchPlan:
+    its room and the optimizer's state measured; batch_bytes: the loop's
+    batch); else adds a note. See Note [An average updated beside the step]."""
+    found = [(type(cb).__name__, m) for cb in callbacks for m in averaged_models([cb])]
+    if not found:
+        return
+    update = max(update_bytes(m, module) for _, m in found)
+    weights = sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    alive = 2 * weights + plan.optimizer_state_bytes + int(batch_bytes)  # weights and .grad
+    names = " and ".join(dict.fromkeys(name for name, _ in found))
+    fb = _memfit.format_bytes
+    if alive + update > plan.budget_bytes:
+        raise _memfit.DoesNotFit(
+            f"[{what}] {names} updates its average after each step with {fb(update)} of "
+            f"temporaries while the trained weights, their .grad and the optimizer's state "
+            f"({fb(alive)} with the batch) are alive: {fb(alive + update)}, above the "
+            f"{fb(plan.budget_bytes)} the budget leaves beside the model and the average; give "
+            f"a larger budget, keep the average on the host (device='cpu'), or a lighter "
+            f"optimizer")
+    plan.notes.append(f"{names} updates its average after each step with {fb(update)} of "
+                      f"temporaries: it fits beside the weights, .grad and optimizer state "
+                      f"({fb(alive + update)} of {fb(plan.budget_bytes)})")

@@ -1,0 +1,85 @@
+"""Lightning's EMAWeightAveraging updates its average after each step,
+outside the step FitBatchSize measures, while the gradients and Adam's
+state are alive: decay * ema + (1 - decay) * p makes three temporaries of
+the largest weight. FitBatchSize checks that they fit beside what the step
+leaves alive, and says so (See Note [An average updated beside the step],
+integrations/averaging.py). The truth is Lightning's own loop, with the
+callback, on a simulated device of the budget."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memfit
+
+pl = pytest.importorskip("lightning.pytorch")
+if not hasattr(pl.callbacks, "EMAWeightAveraging"):
+    pytest.skip("this Lightning has no EMAWeightAveraging", allow_module_level=True)
+from memfit.integrations.lightning import FitBatchSize  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
+
+X = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0))
+Y = torch.randint(0, 10, (4096,), generator=torch.Generator().manual_seed(1))
+
+
+class Classifier(pl.LightningModule):
+    """A 1 MiB weight in the middle: the average's update of it makes 3 MiB."""
+
+    def __init__(self, batch_size=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.batch_size = batch_size
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                                       torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                       torch.nn.Linear(512, 10))
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters())
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y),
+                                           batch_size=self.batch_size, shuffle=True)
+
+
+def train(budget, batch_size, callbacks=(), steps=3):
+    """Lightning's loop with EMAWeightAveraging on a simulated device."""
+    gc.collect()
+    with memfit.simulated_device(budget):
+        module = Classifier(batch_size)
+        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, max_steps=steps,
+                   callbacks=[*callbacks, pl.callbacks.EMAWeightAveraging()]).fit(module)
+    return module
+
+
+def runs(budget, batch_size):
+    try:
+        train(budget, batch_size)
+        return True
+    except torch.OutOfMemoryError:
+        return False
+
+
+def test_the_batch_set_beside_an_ema_callback_runs_lightnings_loop_with_it():
+    # The update runs once the step's activations are gone: it does not
+    # lower the batch, it only has to fit beside the weights, .grad and
+    # Adam's state.
+    fit = FitBatchSize()
+    batch = train("12MiB", 4, [fit]).batch_size  # FitBatchSize's own run: an OOM would raise
+    assert batch == fit.optimal_batch_size > 4
+    assert any("EMAWeightAveraging updates its average after each step with 3.00 MiB" in n
+               for n in fit.plan.notes), fit.plan.notes
+    fit = None  # its trainer and module, on the simulated device, go
+    assert runs("12MiB", batch)
+
+
+def test_where_no_batch_fits_beside_the_update_the_fit_says_so():
+    assert not runs("8MiB", 1)  # Lightning's loop, with the callback, at one sample
+    with pytest.raises(memfit.DoesNotFit):
+        train("8MiB", 4, [FitBatchSize()])

@@ -451,3 +451,15 @@ def test_the_trainer_fits_the_lengths_it_is_given_with_the_gradients_kept():
     assert [r.ooms_recovered for r in reports] == [0, 0, 0]
     assert [r.micro_batches for r in reports] == [-(-n // fit.at(k)) for k in lengths]
     assert reports[0].micro_batches == 1 < reports[1].micro_batches, fit
+
+
+def test_a_prediction_below_every_probes_batch_says_the_probes_do_not_cover_it():
+    torch.manual_seed(0)
+    x = torch.randint(0, VOCAB, (4, 64))
+    report = memfit.profile(TinyGPT(), x, x.clone(), loss_fn=token_loss, optimizer="adam",
+                            seq_dim=1)
+    one, two = report.prediction(1, length=64), report.prediction(2, length=64)
+    # The probes record batches 2 and 4: batch 1 runs kernels they did not,
+    # so their held-out error says nothing of it.
+    assert one.beyond_probes and "below the smallest probe batch (2)" in one.text()
+    assert not two.beyond_probes and "below" not in two.text()

@@ -213,8 +213,9 @@ class LengthPrediction:
     """The predicted peak at (batch, length) and how sure it is: from
     Report.prediction(batch, length=). held_out_error: the surface's worst
     relative miss at shapes it was not fitted on (None: not checked);
-    beyond_probes: `length` is longer than the longest recorded (an
-    extrapolation); surface: the LengthSurface behind it."""
+    beyond_probes: `length` is longer than the longest recorded, or
+    `batch` smaller than the smallest (an extrapolation); surface: the
+    LengthSurface behind it."""
 
     batch: int
     length: int
@@ -227,7 +228,13 @@ class LengthPrediction:
 
     @property
     def beyond_probes(self) -> bool:
-        return self.length > self.surface.longest_probe
+        return self.length > self.surface.longest_probe or self._below_probes
+
+    @property
+    def _below_probes(self) -> bool:
+        # A batch under every probe's (batch 1 from probes at 2 and 4) runs
+        # kernels the probes did not: the held-out shapes do not cover it.
+        return self.batch < min(b for b, _, _ in self.surface.probes)
 
     def text(self) -> str:
         """The prediction and its check, in a line."""
@@ -235,7 +242,10 @@ class LengthPrediction:
         check = ("not checked at a held-out shape" if err is None else
                  f"held-out shapes within {err:.2%}")
         beyond = (f"; beyond the longest probe ({self.surface.longest_probe})"
-                  if self.beyond_probes else "")
+                  if self.length > self.surface.longest_probe else "")
+        if self._below_probes:
+            beyond += (f"; below the smallest probe batch "
+                       f"({min(b for b, _, _ in self.surface.probes)}): not covered by them")
         how = "" if self.surface.per_event else "; per phase (the probes ran different events)"
         return (f"peak at batch {self.batch} x length {self.length}: "
                 f"{_memfit.format_bytes(self.predicted_bytes)} predicted from "

@@ -102,8 +102,11 @@ def test_resize_length_cuts_or_repeats_tokens_and_leaves_class_labels():
     # Per input, as batch_dim: None for an input without a length.
     pair = resize_length((torch.zeros(2, 6, 3), torch.zeros(2, 6)), 3, (1, None), 6)
     assert pair[0].shape == (2, 3, 3) and pair[1].shape == (2, 6)
-    with pytest.raises(ValueError, match="disagree on the length"):
+    with pytest.raises(ValueError, match=r"disagree on the length.*e\.g\. \(1, None\)"):
         sequence_length((torch.zeros(2, 6), torch.zeros(2, 5)), 1)
+    # A dict batch takes a dict seq_dim: the message names one of its keys.
+    with pytest.raises(ValueError, match=r"disagree on the length.*seq_dim=\{'ids': 1\}"):
+        sequence_length({"ids": torch.zeros(2, 6), "pixels": torch.zeros(2, 3, 8)}, 1)
 
 
 def test_the_fit_per_length_shrinks_with_the_length_and_every_length_is_verified(fits):

@@ -250,9 +250,14 @@ def sequence_length(obj, seq_dim, what="inputs"):
                          f"dimension that indexes tokens, e.g. seq_dim=1 for (batch, length)")
     if len(sizes) > 1:
         shapes = ", ".join(str(s) for s in sizes.values())
+        if isinstance(obj, Mapping):  # a dict beside a dict batch
+            key = next(iter(obj))
+            how = (f"a dict naming the inputs that have a length, e.g. seq_dim={{{key!r}: "
+                   f"{seq_dim if isinstance(seq_dim, int) else 1}}} (a key left out has none)")
+        else:
+            how = "None for an input without a length in a per-input seq_dim, e.g. (1, None)"
         raise ValueError(f"[{what}] the tensors disagree on the length along seq_dim "
-                         f"{seq_dim!r}: {sorted(sizes)} (shapes {shapes}); give None for an "
-                         f"input without a length in a per-input seq_dim, e.g. seq_dim=(1, None)")
+                         f"{seq_dim!r}: {sorted(sizes)} (shapes {shapes}); give {how}")
     (length,) = sizes
     if length == 0:
         raise ValueError(f"[{what}] the example is empty along seq_dim {seq_dim!r}")

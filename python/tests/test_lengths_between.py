@@ -148,3 +148,27 @@ def test_a_length_past_the_models_positions_is_named_in_one_line():
                                budget=BUDGET, seq_dim=1, lengths=LENGTHS)
     assert isinstance(raised.value.__cause__, IndexError)
     assert "\n" not in str(raised.value)
+
+
+class Patches(torch.nn.Module):
+    """Groups its tokens in patches of 8: takes only lengths that are
+    multiples of 8 (65 tokens raise in the view)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.tok = torch.nn.Embedding(VOCAB, 16)
+        self.head = torch.nn.Linear(8 * 16, 8 * VOCAB)
+
+    def forward(self, x):
+        b, n = x.shape
+        return self.head(self.tok(x).view(b, n // 8, 8 * 16)).view(b, n, VOCAB)
+
+
+def test_a_model_that_takes_only_some_lengths_is_checked_on_the_measured_lengths_grid():
+    fit(Patches, verify=False)  # its measured lengths run
+    checked = fit(Patches)  # the check one token past 64 would raise: it runs at 128
+    assert checked.jumps == ()
+    for n in (72, 128, 200):
+        assert checked.at(n) > checked.fits[256].max_batch
+        assert runs(Patches, checked.at(n), n), n

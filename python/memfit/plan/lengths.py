@@ -458,8 +458,11 @@ def _checked_between(fit: LengthFit, peak_at: Callable) -> LengthFit:
     memory). A check above the budget left backs off by its measured
     overshoot (a 32nd on an out-of-memory, which measures none) and checks
     again; the gap keeps that fraction of the chord's batch. Past a tenth,
-    the gap jumps. See Note [Between measured lengths]."""
+    the gap jumps. A model that takes only some lengths (multiples of a
+    patch) is checked on the measured lengths' grid instead; where no step
+    runs in the gap, the gap jumps. See Note [Between measured lengths]."""
     fmt = _memfit.format_bytes
+    grid = math.gcd(*fit.lengths)
     jumps, scales, notes = [], {}, []
     for lo, hi in zip(fit.lengths, fit.lengths[1:]):
         high, room = fit.fits[hi].max_batch, fit._room(lo, hi)
@@ -469,7 +472,19 @@ def _checked_between(fit: LengthFit, peak_at: Callable) -> LengthFit:
                 batch = now.at(n)
                 if batch <= high:
                     break  # the longer length's own batch: fits while the peak grows
-                peak = peak_at(n, batch)
+                try:
+                    peak = peak_at(n, batch)
+                except Exception as e:  # noqa: B902: a length the model does not take
+                    if isinstance(e, torch.cuda.OutOfMemoryError):
+                        raise
+                    on_grid = -(-n // grid) * grid
+                    if n % grid and lo < on_grid < hi:
+                        n = on_grid  # the next length the measured ones share a multiple of
+                        continue
+                    first = (str(e).splitlines() or [""])[0]
+                    scales[(lo, hi)] = 0.0
+                    took = f"raised {type(e).__name__} ({first[:120]})"
+                    break
                 if peak is not None and peak <= room:
                     break
                 took = "ran out of memory" if peak is None else f"took {fmt(peak)}"
@@ -484,10 +499,11 @@ def _checked_between(fit: LengthFit, peak_at: Callable) -> LengthFit:
                 jumps.append((lo, hi))
                 del scales[(lo, hi)]
                 notes.append(
-                    f"between {lo} and {hi}: a step of {batch} x {n} tokens {took}, above the "
-                    f"{fmt(room)} the budget leaves: the peak jumps with the length there (a "
-                    f"model that pads inside forward?), so at() answers {hi}'s batch, "
-                    f"{high}, up to {hi}; measure more lengths in between for larger batches")
+                    f"between {lo} and {hi}: a step of {batch} x {n} tokens {took}, not within "
+                    f"the {fmt(room)} the budget leaves: the peak jumps with the length there (a "
+                    f"model that pads inside forward, or takes only some lengths?), so at() "
+                    f"answers {hi}'s batch, {high}, up to {hi}; measure more lengths in between "
+                    f"for larger batches")
                 break
         if (lo, hi) in scales:
             notes.append(f"between {lo} and {hi}: a step at the chord's batch did not fit (the "

@@ -54,8 +54,10 @@ __all__: list = []
 # the chord's batch or more, at() answers that fraction of it there; past
 # that the gap jumps: at() there answers the longer length's batch, as
 # between="next", and a note names the length, the batch and the bytes.
-# The checks are samples, not a proof: a jump elsewhere in a gap is found
-# only by measuring more lengths.
+# A model that takes only some lengths (tokens grouped in patches) is
+# checked at the next multiple of the measured lengths' gcd instead; where
+# no step runs in a gap, it jumps. The checks are samples, not a proof: a
+# jump elsewhere in a gap is found only by measuring more lengths.
 
 
 @dataclasses.dataclass(frozen=True)

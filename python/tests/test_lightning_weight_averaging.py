@@ -83,3 +83,41 @@ def test_where_no_batch_fits_beside_the_update_the_fit_says_so():
     assert not runs("8MiB", 1)  # Lightning's loop, with the callback, at one sample
     with pytest.raises(memfit.DoesNotFit):
         train("8MiB", 4, [FitBatchSize()])
+
+
+TOKENS = [torch.randint(0, 10, (n,), generator=torch.Generator().manual_seed(n))
+          for n in [4, 8, 12, 16] * 64]
+
+
+def pad(samples):
+    x = torch.nn.utils.rnn.pad_sequence(samples, batch_first=True)
+    return x, x.clone()
+
+
+class Tagger(Classifier):
+    """The same weights over tokens, batched by length."""
+
+    def __init__(self, batch_size=4):
+        super().__init__(batch_size)
+        self.tok = torch.nn.Embedding(10, 64)
+
+    def training_step(self, batch, batch_idx):
+        x, y = batch
+        return F.cross_entropy(self.net(self.tok(x)).flatten(0, 1), y.flatten())
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(TOKENS, batch_size=self.batch_size, collate_fn=pad)
+
+
+def test_batches_by_length_beside_an_ema_callback_are_checked_too():
+    def fit_by_length(budget):
+        gc.collect()
+        with memfit.simulated_device(budget):
+            pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, max_steps=3,
+                       callbacks=[FitBatchSize(seq_dim=1, lengths=[8, 16]),
+                                  pl.callbacks.EMAWeightAveraging()]).fit(Tagger())
+
+    with pytest.raises(memfit.DoesNotFit, match=r"^\[FitBatchSize\] EMAWeightAveraging updates"):
+        fit_by_length("8MiB")
+    fit_by_length("12MiB")  # Lightning's loop, batched by length, with the callback: no OOM

@@ -71,13 +71,14 @@ def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: Loo
                    seq_dim: Any, lengths: Sequence[int], budget: Any, what: str,
                    batch_dim: int = 0, reserve_bytes: int = 0,
                    target_device: str | None = None,
-                   pad_to_multiple_of: int | None = None) -> LengthFit:
+                   pad_to_multiple_of: int | None = None,
+                   plans: list | None = None) -> LengthFit:
     """The largest batch at each of `lengths` that `loop` fits, each
     verified: the example `batch` cut or repeated along seq_dim (token
     labels with it) and the batch (plan_batch's search, one shape at a
     time). pad_to_multiple_of: the collate function pads every batch to a
     multiple, so each length is fitted rounded up to it (a batch never runs
-    shorter)."""
+    shorter). plans: a list given gets each length's BatchPlan."""
     if pad_to_multiple_of:
         lengths = sorted({-(-count(n, what, "each of lengths") // pad_to_multiple_of)
                           * pad_to_multiple_of for n in lengths})
@@ -86,6 +87,8 @@ def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: Loo
         plan = plan_batch(model, x, optimizer, whole=loop, budget=budget, what=what,
                           batch_dim=batch_dim, reserve_bytes=reserve_bytes,
                           target_device=target_device)
+        if plans is not None:
+            plans.append(plan)
         return plan.fits[-1]
 
     checked = one_step_peak(model, optimizer, loop, batch_dim=batch_dim,

@@ -33,7 +33,7 @@ except ImportError:
             "[memfit.integrations.lightning] Lightning is not installed: pip install lightning"
         ) from None
 
-from .api import Size, UserStep, count, host_memory, kept_rng
+from .api import Size, UserStep, count, host_memory, kept_rng, sequence_length
 from ..diagnosis import Doctor
 from ..report.profile import Report, profile
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
@@ -350,11 +350,22 @@ class FitBatchSize(pl.Callback):
         what = "FitBatchSize"
         batch, multiple = _first_batch(trainer, pl_module, what, self.batch_dim, multiple=True)
         accumulating = self.tokens_per_step is not None or _accumulates(trainer)
+        plans = []
         fit = fit_per_length(pl_module, batch, _optimizer(trainer, what),
                              lightning_step(trainer, pl_module, what, accumulating=accumulating),
                              seq_dim=self.seq_dim, lengths=self.lengths, budget=self.budget,
                              what=what, batch_dim=self.batch_dim,
-                             target_device=self.target_device, pad_to_multiple_of=multiple)
+                             target_device=self.target_device, pad_to_multiple_of=multiple,
+                             plans=plans)
+        # See Note [An average updated beside the step] (averaging.py): the
+        # longest padded batch's tokens beside it.
+        per_token = batch_bytes_per_sample(batch, self.batch_dim) / sequence_length(
+            batch, self.seq_dim, what)
+        said = len(plans[-1].notes)
+        check_averaging(trainer.callbacks, pl_module, plans[-1], per_token * fit.max_tokens,
+                        what)
+        for note in plans[-1].notes[said:]:
+            log.info("memfit: %s", note)
         max_tokens = None
         if self.tokens_per_step is not None:
             trainer.accumulate_grad_batches, max_tokens = token_accumulation(

@@ -67,6 +67,11 @@ def pad_multiple(collate_fn: Any) -> int | None:
     return multiple if isinstance(multiple, int) and multiple > 1 else None
 
 
+def _padded(length: int, multiple: int | None) -> int:
+    """`length` rounded up to `multiple` (pad_multiple's), where there is one."""
+    return -(-length // multiple) * multiple if multiple else length
+
+
 def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: LoopStep, *,
                    seq_dim: Any, lengths: Sequence[int], budget: Any, what: str,
                    batch_dim: int = 0, reserve_bytes: int = 0,
@@ -80,8 +85,8 @@ def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: Loo
     multiple, so each length is fitted rounded up to it (a batch never runs
     shorter). plans: a list given gets each length's BatchPlan."""
     if pad_to_multiple_of:
-        lengths = sorted({-(-count(n, what, "each of lengths") // pad_to_multiple_of)
-                          * pad_to_multiple_of for n in lengths})
+        lengths = sorted({_padded(count(n, what, "each of lengths"), pad_to_multiple_of)
+                          for n in lengths})
 
     def fit_one(x, _):
         plan = plan_batch(model, x, optimizer, whole=loop, budget=budget, what=what,
@@ -273,9 +278,7 @@ def _longest_labels(batch, labels, multiple, what, batch_dim=0):
             or target.dim() != len(next(iter(shapes))) + 1:
         return batch, None
     seq_dim = _batch_dim_of(varying[0], batch_dim, target.dim())
-    longest = max(s[varying[0]] for s in shapes)
-    if isinstance(multiple, int) and multiple > 1:
-        longest = -(-longest // multiple) * multiple
+    longest = _padded(max(s[varying[0]] for s in shapes), multiple)
     if seq_dim is None:
         return batch, None
     have = int(target.shape[seq_dim])
@@ -344,8 +347,7 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
             if label is not None:
                 labels.add(label)
     batch, note = _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim)
-    batch, grown = _longest_labels(batch, labels, getattr(collate_fn, "pad_to_multiple_of", None),
-                                   what, batch_dim)
+    batch, grown = _longest_labels(batch, labels, pad_multiple(collate_fn), what, batch_dim)
     if grown:
         note = grown if note is None else f"{note}; {grown}"
     return batch, note
@@ -369,10 +371,7 @@ def _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim=0):
         seq_dim = varying[0]  # samples (1, L) that keep their own batch dimension
     if seq_dim is None:
         return batch, None
-    longest = max(s[varying[0]] for s in shapes)
-    multiple = getattr(collate_fn, "pad_to_multiple_of", None)
-    if isinstance(multiple, int) and multiple > 1:
-        longest = -(-longest // multiple) * multiple
+    longest = _padded(max(s[varying[0]] for s in shapes), pad_multiple(collate_fn))
     try:
         have = sequence_length(batch, seq_dim, what)
     except ValueError:

@@ -13,8 +13,7 @@ import torch
 
 from .._native import native as _memfit
 from .._step.arguments import flag
-from .._step.batching import (batch_size, count, first_batch_dim, resize_batch,
-                              target_batch_dim_of)
+from .._step.batching import batch_size, count, resize_batch, target_batch_dim_of
 from .._step.device import budget_target, host_memory, to_bytes
 from .._step.loop import as_loop
 from .._step.frameworks import accumulation_setter, unwrapped_optimizer
@@ -136,47 +135,38 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     across_ranks: True (the default process group), False (this rank
     alone) or a ProcessGroup to agree within.
     """
+    def args():
+        return dict(set_to_none=set_to_none, accumulation_steps=accumulation_steps,
+                    zero_grad=zero_grad, train_mode=train_mode, target_batch_dim=target_batch_dim)
     if seq_dim is not None or lengths is not None:  # one fit per length: plan/lengths.py
-        args = dict(loss_fn=loss_fn, optimizer=optimizer, budget=budget, batch_dim=batch_dim,
-                    mode=mode, margin=margin, verify=verify, progress=progress,
-                    target_device=target_device, step=step, set_to_none=set_to_none,
-                    accumulation_steps=accumulation_steps, zero_grad=zero_grad,
-                    train_mode=train_mode, across_ranks=across_ranks,
-                    target_batch_dim=target_batch_dim)
-        checked = _one_step_peak(model, loss_fn, step, optimizer, batch_dim, mode,
-                                 target_device, args) if flag(verify, "find_batch_size",
-                                                              "verify") else None
-        return fit_lengths(lambda x, y: find_batch_size(model, x, y, **args), inputs, target,
+        fits = dict(args(), loss_fn=loss_fn, optimizer=optimizer, budget=budget,
+                    batch_dim=batch_dim, mode=mode, margin=margin, verify=verify,
+                    progress=progress, target_device=target_device, step=step,
+                    across_ranks=across_ranks)
+        checked = _one_step_peak(_loop_at(model, loss_fn, step, optimizer, batch_dim, mode,
+                                          target_device, args())) if flag(
+            verify, "find_batch_size", "verify") else None
+        return fit_lengths(lambda x, y: find_batch_size(model, x, y, **fits), inputs, target,
                            seq_dim, lengths, batch_dim, step_peak=checked,
                            across_ranks=across_ranks, target_batch_dim=target_batch_dim)
-    optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
-    check_optimizer(model, optimizer, "find_batch_size")
+    at = _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, args(),
+                  progress)
+    check_optimizer(at.model, at.optimizer, "find_batch_size")
     verify = flag(verify, "find_batch_size", "verify")
-    how = as_user_step(loss_fn, step, "find_batch_size", model)
-    target_device = budget_target(model, target_device, "find_batch_size")
-    place_of(mode, model, target_device, "find_batch_size")  # its checks, tagged as ours
-    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "find_batch_size")
-    room = resolve_budget(budget, with_loss_module(model, how), optimizer, "find_batch_size",
-                          target_device)
+    place_of(mode, at.model, at.target_device, "find_batch_size")  # its checks, tagged as ours
+    room = resolve_budget(budget, with_loss_module(at.model, at.how), at.optimizer,
+                          "find_batch_size", at.target_device)
     available = room.room_bytes
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module
         available = _memfit.budget_beside_ddp_buckets(
-            available, sum(trainable_sizes(model)), "find_batch_size", "report.data_parallel()")
-    said = as_progress(progress, "find_batch_size")
-    report = example_that_runs(
-        lambda x, y: profile(model, x, y, loss_fn=how, optimizer=optimizer,
-                             batch_dim=batch_dim, mode=mode, progress=said,
-                             target_device=target_device, set_to_none=loop.set_to_none,
-                             accumulation_steps=loop.accumulation_steps,
-                             zero_grad=loop.zero_grad, train_mode=loop.train_mode,
-                             target_batch_dim=target_batch_dim),
-        inputs, target, batch_dim, "find_batch_size",
-        target_batch_dim_of(batch_dim, target_batch_dim, "find_batch_size"))
+            available, sum(trainable_sizes(at.model)), "find_batch_size",
+            "report.data_parallel()")
+    report = example_that_runs(at.profile, inputs, target, batch_dim, "find_batch_size",
+                               target_batch_dim)
 
     def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
         fit = search(report, available, to_bytes(margin, "margin"), verify=verify,
-                     max_batch=cap, progress=said)
+                     max_batch=cap, progress=at.progress)
         # The answer is for this loop, from this state; a compiled model's graphs.
         notes = room.notes + report.loop_notes + search_notes(report, fit)
         if notes:
@@ -188,34 +178,55 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     return LocalAnswer(fit_at_most(), fit_at_most)
 
 
-def _one_step_peak(model, loss_fn, step, optimizer, batch_dim, mode, target_device, args):
+@dataclasses.dataclass(frozen=True)
+class _LoopAt:
+    """A loop's arguments resolved once, and `profile` of that loop at
+    (inputs, target): what find_batch_size measures and a fit per length
+    checks with."""
+    model: torch.nn.Module  # DDP's module: the budget has DDP's buckets out already
+    optimizer: Any
+    how: Any
+    target_device: str
+    progress: Any
+    profile: Callable
+
+
+def _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, loop_args,
+             progress=None) -> _LoopAt:
+    optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
+    how = as_user_step(loss_fn, step, "find_batch_size", model)
+    target_device = budget_target(model, target_device, "find_batch_size")
+    loop = as_loop(loop_args["set_to_none"], loop_args["accumulation_steps"],
+                   loop_args["zero_grad"], loop_args["train_mode"], "find_batch_size")
+    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
+        model = model.module
+    said = as_progress(progress, "find_batch_size")
+
+    def profile_at(x, y):
+        return profile(model, x, y, loss_fn=how, optimizer=optimizer, batch_dim=batch_dim,
+                       mode=mode, progress=said, target_device=target_device,
+                       set_to_none=loop.set_to_none, accumulation_steps=loop.accumulation_steps,
+                       zero_grad=loop.zero_grad, train_mode=loop.train_mode,
+                       target_batch_dim=loop_args["target_batch_dim"])
+    return _LoopAt(model, optimizer, how, target_device, said, profile_at)
+
+
+def _one_step_peak(at: _LoopAt):
     """(inputs, target) -> the peak the budget is held against of one step
     of this loop on them, None where it ran out of memory: how a fit per
     length checks between its lengths (See Note [Between measured
     lengths], lengths.py)."""
-    optimizer = unwrapped_optimizer(optimizer)
-    how = as_user_step(loss_fn, step, "find_batch_size", model)
-    target_device = budget_target(model, target_device, "find_batch_size")
-    loop = as_loop(args["set_to_none"], args["accumulation_steps"], args["zero_grad"],
-                   args["train_mode"], "find_batch_size")
-    if isinstance(model, torch.nn.parallel.DistributedDataParallel):
-        model = model.module  # the fits' budget has DDP's buckets out already
-
     def peak(x, y):
         try:
-            return profile(model, x, y, loss_fn=how, optimizer=optimizer, batch_dim=batch_dim,
-                           mode=mode, target_device=target_device,
-                           set_to_none=loop.set_to_none,
-                           accumulation_steps=loop.accumulation_steps,
-                           zero_grad=loop.zero_grad, train_mode=loop.train_mode,
-                           target_batch_dim=args["target_batch_dim"]).budget_peak_bytes
+            return at.profile(x, y).budget_peak_bytes
         except torch.cuda.OutOfMemoryError:
             return None
     return peak
 
 
 def example_that_runs(profile_at, inputs, target, batch_dim, who, target_dim=None):
-    """profile_at(inputs, target), the example batch's Report; where the
+    """profile_at(inputs, target), the example batch's Report (target cut
+    along target_dim, as profile's target_batch_dim); where the
     device runs out of memory at it (a batch too large for the card or the
     simulated device it is measured on), the example cut in half until a
     step runs: the rehearsal put everything back (Note [A rehearsal that
@@ -235,7 +246,7 @@ def example_that_runs(profile_at, inputs, target, batch_dim, who, target_dim=Non
         with host_memory():  # memfit's cut of the example, not the step's
             inputs = resize_batch(inputs, n, batch_dim)
             target = None if target is None else resize_batch(
-                target, n, first_batch_dim(batch_dim) if target_dim is None else target_dim)
+                target, n, target_batch_dim_of(batch_dim, target_dim, who))
 
 
 def search(report, available, margin=0, verify=True, max_batch=None, progress=None):

@@ -262,6 +262,14 @@ void init_explain(py::module_& m) {
      "The reserved bytes after each of the timeline's events as memfit's CUDA estimate "
      "replays them (i64 bytes; the held-aside workspace not included, cuBLASLt's block "
      "from the forward on: Note [cuBLASLt's block in the replay]).");
+  m.def("cuda_ooms_under", [](const Timeline& timeline, int64_t capacity, int64_t workspace_bytes) {
+    py::gil_scoped_release no_gil;
+    return replay_cuda(timeline, capacity, workspace_bytes).num_ooms;
+  }, py::arg("timeline"), py::arg("capacity"), py::arg("workspace_bytes"),
+     "How many of the timeline's allocations run out of memory when memfit's CUDA estimate "
+     "replays them on a card of `capacity` bytes (the workspace held aside as in the "
+     "estimate): a caching allocator that cannot cudaMalloc releases its wholly free "
+     "segments and tries again, so a step can run in less than its unbounded peak reserved.");
   m.def("cudnn_workspace_note", [](const Timeline& timeline, const std::vector<int64_t>& bounds,
                                    int64_t batch) {
     ConvWorkspaceAtPeak w = cudnn_workspace_at_peak(timeline, bounds);

@@ -193,6 +193,51 @@ def _at_most_the_data(plan, samples):
         plan.batch_size = samples
 
 
+# Note [Layers a finetuning callback unfreezes later]
+# Lightning's BaseFinetuning (BackboneFinetuning, or the user's own) freezes
+# layers in its setup, before configure_optimizers, and unfreezes them at a
+# later epoch (unfreeze_and_add_param_group: requires_grad again, and a new
+# param group of the optimizer), so on_fit_start sees a step that trains
+# only the rest: their gradients, optimizer state and the activations kept
+# for their backward come later. FitBatchSize said 1605 for a module whose
+# BaseFinetuning unfroze the backbone at epoch 1; Lightning's loop ran out of
+# memory there, and runs 557 at most. So beside such a callback the step is
+# measured as after the unfreezing: each frozen floating-point parameter is
+# made trainable, those outside the optimizer are given a param group of
+# it, and both are put back after (below the truth where some layers stay
+# frozen to the end: a note says so).
+
+
+@contextlib.contextmanager
+def _unfrozen(trainer, pl_module, optimizer):
+    """The module's frozen parameters trainable, and in the optimizer,
+    where a BaseFinetuning callback may unfreeze them (See Note [Layers a
+    finetuning callback unfreezes later]); yields the note to add, or None."""
+    finetuning = [type(c).__name__ for c in trainer.callbacks
+                  if isinstance(c, pl.callbacks.BaseFinetuning)]
+    frozen = [p for p in pl_module.parameters()
+              if not p.requires_grad and (p.is_floating_point() or p.is_complex())]
+    if not finetuning or not frozen:
+        yield None
+        return
+    held = {id(p) for g in optimizer.param_groups for p in g["params"]}
+    added = [p for p in frozen if id(p) not in held]
+    groups = len(optimizer.param_groups)
+    try:
+        for p in frozen:
+            p.requires_grad_(True)
+        if added:
+            optimizer.add_param_group({"params": added})
+        yield (f"measured with the {len(frozen)} parameters frozen now trainable, as after "
+               f"{finetuning[0]} unfreezes them: a smaller batch than the first epochs fit")
+    finally:
+        del optimizer.param_groups[groups:]
+        for p in added:
+            optimizer.state.pop(p, None)
+        for p in frozen:
+            p.requires_grad_(False)
+
+
 def _optimizer(trainer, what):
     optimizers = trainer.optimizers
     if len(optimizers) != 1:
@@ -316,16 +361,22 @@ class FitBatchSize(pl.Callback):
         # The user's own accumulate_grad_batches (or a scheduler of it): every
         # micro-batch after the first keeps the gradients through its backward.
         accumulating = self.keep_effective_batch is None and _accumulates(trainer)
-        plan = plan_batch(pl_module, batch, _optimizer(trainer, what),
-                          whole=lightning_step(trainer, pl_module, what,
-                                               accumulating=accumulating),
-                          accumulated=lightning_step(trainer, pl_module, what, accumulating=True),
-                          budget=self.budget, what=what, batch_dim=self.batch_dim,
-                          effective=self.keep_effective_batch,
-                          target_device=self.target_device)
-        # See Note [An average updated beside the step] (averaging.py).
-        check_averaging(trainer.callbacks, pl_module, plan,
-                        batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size, what)
+        optimizer = _optimizer(trainer, what)
+        with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
+            plan = plan_batch(pl_module, batch, optimizer,
+                              whole=lightning_step(trainer, pl_module, what,
+                                                   accumulating=accumulating),
+                              accumulated=lightning_step(trainer, pl_module, what,
+                                                         accumulating=True),
+                              budget=self.budget, what=what, batch_dim=self.batch_dim,
+                              effective=self.keep_effective_batch,
+                              target_device=self.target_device)
+            # See Note [An average updated beside the step] (averaging.py).
+            check_averaging(trainer.callbacks, pl_module, plan,
+                            batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size,
+                            what)
+        if unfrozen:
+            plan.notes.append(unfrozen)
         if longer:
             plan.notes.append(longer)
         if self.keep_effective_batch is None:
@@ -351,19 +402,24 @@ class FitBatchSize(pl.Callback):
         batch, multiple = _first_batch(trainer, pl_module, what, self.batch_dim, multiple=True)
         accumulating = self.tokens_per_step is not None or _accumulates(trainer)
         plans = []
-        fit = fit_per_length(pl_module, batch, _optimizer(trainer, what),
-                             lightning_step(trainer, pl_module, what, accumulating=accumulating),
-                             seq_dim=self.seq_dim, lengths=self.lengths, budget=self.budget,
-                             what=what, batch_dim=self.batch_dim,
-                             target_device=self.target_device, pad_to_multiple_of=multiple,
-                             plans=plans)
-        # See Note [An average updated beside the step] (averaging.py): the
-        # longest padded batch's tokens beside it.
-        per_token = batch_bytes_per_sample(batch, self.batch_dim) / sequence_length(
-            batch, self.seq_dim, what)
-        said = len(plans[-1].notes)
-        check_averaging(trainer.callbacks, pl_module, plans[-1], per_token * fit.max_tokens,
-                        what)
+        optimizer = _optimizer(trainer, what)
+        with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
+            fit = fit_per_length(pl_module, batch, optimizer,
+                                 lightning_step(trainer, pl_module, what,
+                                                accumulating=accumulating),
+                                 seq_dim=self.seq_dim, lengths=self.lengths,
+                                 budget=self.budget, what=what, batch_dim=self.batch_dim,
+                                 target_device=self.target_device,
+                                 pad_to_multiple_of=multiple, plans=plans)
+            # See Note [An average updated beside the step] (averaging.py): the
+            # longest padded batch's tokens beside it.
+            per_token = batch_bytes_per_sample(batch, self.batch_dim) / sequence_length(
+                batch, self.seq_dim, what)
+            said = len(plans[-1].notes)
+            check_averaging(trainer.callbacks, pl_module, plans[-1],
+                            per_token * fit.max_tokens, what)
+        if unfrozen:
+            log.info("memfit: %s", unfrozen)
         for note in plans[-1].notes[said:]:
             log.info("memfit: %s", note)
         max_tokens = None

@@ -86,3 +86,26 @@ def test_cublas_workspaces_on_a_card_are_workspaces_not_gradients(path):
     assert s.categories_at_peak["gradient"] <= s.categories_at_peak["parameter"], \
         s.categories_at_peak
     assert "grads_kept" not in [f.kind for f in s.findings()]
+
+
+@pytest.mark.parametrize("path", CARD_FIXTURES, ids=lambda p: os.path.relpath(p, DATA))
+def test_a_trace_whose_ring_buffer_dropped_its_start_still_names_the_workspaces(path, tmp_path):
+    # _record_memory_history(max_entries=N) keeps the last N entries: cut
+    # each card's trace to its last 60%. Its workspaces were made before
+    # what is left (See Note [What was live before the trace]); they were
+    # "other" and the phase table said "+65 MiB: activations saved for
+    # backward" of a made-up first iteration.
+    import pickle
+
+    with open(path, "rb") as f:
+        raw = pickle.load(f)
+    trace = raw["device_traces"][0]
+    raw["device_traces"][0] = trace[len(trace) * 2 // 5:]
+    cut = tmp_path / "cut.pickle"
+    with open(cut, "wb") as f:
+        pickle.dump(raw, f)
+    s = memfit.load_snapshot(str(cut))
+    assert s.events.pre_existing > 0, "the cut kept the whole trace"
+    assert 64 << 20 <= s.categories_at_peak["workspace"] <= 66 << 20, s.categories_at_peak
+    assert "grads_kept" not in [f.kind for f in s.findings()]
+    assert s.report().phases[0].name == "other"  # one span for what was live before

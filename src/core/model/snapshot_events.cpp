@@ -91,7 +91,8 @@ constexpr uint8_t action(TraceAction a) { return static_cast<uint8_t>(a); }
 struct Pre {
   uint64_t address;
   int64_t bytes;
-  uint32_t stack;
+  uint32_t stack;  // its free's frames where `freed`, else its allocation's
+  bool freed;
 };
 
 // Pass 1 (See Note [Allocated and reserved bytes from a trace]): what was
@@ -111,7 +112,9 @@ Before live_before(const SnapshotTrace& t, uint8_t free_action,
     if (a == action(TraceAction::kAlloc)) {
       live[t.addr[i]] = t.size[i];
     } else if (a == free_action) {
-      if (live.erase(t.addr[i]) == 0) b.live.push_back({t.addr[i], t.size[i], t.stack[i]});
+      if (live.erase(t.addr[i]) == 0) {
+        b.live.push_back({t.addr[i], t.size[i], t.stack[i], true});
+      }
     } else if (a == action(TraceAction::kSegmentAlloc) || a == action(TraceAction::kSegmentMap)) {
       b.net_reserved += t.size[i];
       b.expandable |= a == action(TraceAction::kSegmentMap);
@@ -125,22 +128,56 @@ Before live_before(const SnapshotTrace& t, uint8_t free_action,
   for (const Pre& p : b.live) freed_before.insert(p.address);
   for (const LiveBlock& blk : at_dump) {
     if (!live.count(blk.address) && !freed_before.count(blk.address)) {
-      b.live.push_back({blk.address, blk.bytes, blk.stack});
+      b.live.push_back({blk.address, blk.bytes, blk.stack, false});
     }
   }
   return b;
 }
 
+// The phase a block live before the trace was made in (See Note [What was
+// live before the trace]): its allocation's frames say it; a free's say
+// where it died: zero_grad frees what backward made, backward what forward
+// saved; elsewhere (the user's `del`) nothing.
+std::string phase_before(const std::string& label, bool freed) {
+  if (freed) {
+    return label == "zero_grad" ? "backward" : label == "backward" ? "forward" : "other";
+  }
+  if (label == "user") return "inputs";
+  if (label.empty() || label == "zero_grad") return "other";
+  return label;
+}
+
+// Note [What was live before the trace]
+// A trace that starts late (recording turned on after the model was built)
+// or whose ring buffer dropped its oldest entries (max_entries) starts with
+// blocks it never allocated. They come first, in the dump's order, not the
+// program's: spans drawn from their frames made a false iteration ("zero_grad
+// +14 MiB, inputs +43 MiB, forward +65 MiB: activations saved for
+// backward" on an H200 trace cut to its last 60%, where the 65 MiB were
+// cuBLAS's workspaces, and Adam's state and the weights, freed by the
+// script's end, "inputs"). So they are one span, "other", and each is
+// categorised by the phase its own frames say: where it was made for a
+// block live at the dump (parameters, Adam's state, a workspace: one per
+// thread and size, as in the trace; one without a Python frame is
+// autograd's thread's where other such blocks have frames, the history on
+// when they were made), where it died for one the trace frees (zero_grad:
+// a gradient; backward: an activation); else "other". Recording turned on
+// late leaves every such block without frames: all "other".
+
 // Phase spans from the phase each event's frames say: an undecided event
 // takes the phase around it; "user" (only the user's code, a tensor made by
 // hand) is the inputs between steps and undecided inside one; an iteration
-// begins at a forward after a backward.
+// begins at a forward after a backward. The first `pre` events, blocks live
+// before the trace, are one span of their own (See Note [What was live
+// before the trace]).
 void find_spans(const std::vector<std::string>& labels, const std::vector<uint8_t>& kinds,
-                SnapshotEvents& out) {
+                const std::vector<std::string>& before, SnapshotEvents& out) {
   std::string current;  // "": none yet
   int iteration = 1;
   bool seen_backward = false;
-  for (size_t e = 0; e < labels.size(); ++e) {
+  if (!before.empty()) out.spans.emplace_back(0, "other", 1);
+  out.phase_of_alloc = before;
+  for (size_t e = before.size(); e < labels.size(); ++e) {
     std::string phase = labels[e];
     if (phase == "user") {
       phase = (current.empty() || current == "parameters" || current == "optimizer_step" ||
@@ -171,7 +208,11 @@ void find_spans(const std::vector<std::string>& labels, const std::vector<uint8_
 // [Workspaces in a snapshot]). What forward makes and its iteration's
 // backward does not free is no activation (a cache, an output the loop
 // keeps): other.
-std::vector<uint8_t> categories(const EventColumns& ev, const SnapshotEvents& out) {
+// `pre_framed`: a block live before the trace has frames (the history was
+// on when it was made: a ring buffer that dropped entries), so one without
+// is a C++ thread's, autograd's (See Note [What was live before the trace]).
+std::vector<uint8_t> categories(const EventColumns& ev, const SnapshotEvents& out,
+                                bool pre_framed) {
   const size_t n = ev.kinds.size();
   constexpr int64_t kNever = -1;
   std::vector<int64_t> free_at(out.stacks.size() + 1, kNever);  // by id: its first free
@@ -201,17 +242,23 @@ std::vector<uint8_t> categories(const EventColumns& ev, const SnapshotEvents& ou
       const std::string& phase = out.phase_of_alloc[a++];
       const int64_t f = free_at[ev.ids[e]];
       // The thread that runs a phase: the caller's (1) or autograd's (2).
-      const int thread = phase == "forward" || phase == "loss" ? 1 : phase == "backward" ? 2 : 0;
+      const bool before = out.trace_index[e] < 0;
+      const int thread = phase == "forward" || phase == "loss"           ? 1
+                         : phase == "backward" || (before && pre_framed &&
+                                                   phase == "other") ? 2
+                                                                     : 0;
       const int64_t bytes = ev.bytes[e];
-      if (f == kNever && thread && out.trace_index[e] >= 0 &&
+      if (f == kNever && thread &&
           std::find(workspace_sizes.begin(), workspace_sizes.end(), bytes) !=
               workspace_sizes.end() &&
           workspaces.insert({thread, bytes}).second) {
         c = Category::kWorkspace;
       } else if (phase == "parameters" || phase == "inputs") {
         c = default_category(phase);
-      } else if (out.trace_index[e] < 0) {
-        c = Category::kOther;
+      } else if (before) {  // its own frames' phase: See Note [What was live before the trace]
+        c = phase == "optimizer_step" || phase == "backward" ? default_category(phase)
+            : (phase == "forward" || phase == "loss") && f != kNever ? Category::kActivation
+                                                                      : Category::kOther;
       } else if (f != kNever && f < span_end[e]) {
         c = Category::kTemporary;
       } else {
@@ -285,9 +332,13 @@ SnapshotEvents snapshot_events(const SnapshotTrace& t, const SnapshotEventsInput
     push(1, ev.bytes[j], ev.ids[j], time_ns, ti);
     labels.push_back(std::move(label));
   };
+  std::vector<std::string> phases_before;  // See Note [What was live before the trace]
+  bool pre_framed = false;
   for (const Pre& p : before.live) {
     allocate(p.address, p.bytes, p.stack, -1, 0);
     out.allocated_at_start += p.bytes;
+    phases_before.push_back(phase_before(labels.back(), p.freed));
+    pre_framed |= !p.freed && !labels.back().empty();
   }
   out.pre_existing = static_cast<int64_t>(before.live.size());
   for (size_t i = 0; i < n; ++i) {
@@ -326,8 +377,8 @@ SnapshotEvents snapshot_events(const SnapshotTrace& t, const SnapshotEventsInput
     }
   }
 
-  find_spans(labels, ev.kinds, out);
-  ev.categories = categories(ev, out);
+  find_spans(labels, ev.kinds, phases_before, out);
+  ev.categories = categories(ev, out, pre_framed);
   // Places, numbered as they first appear; 0 is "" (no Python frame says).
   std::vector<std::string> place_names{""};
   std::unordered_map<std::string, uint32_t> place_index{{"", 0}};

@@ -101,5 +101,42 @@ TEST(SnapshotEventsTest, AStackWithoutWhatItsFramesSayIsRefused) {
   EXPECT_THROW(snapshot_events(w.t, stacks_said()), std::invalid_argument);
 }
 
+// A trace whose ring buffer dropped its oldest entries: what was live
+// before it is one span, each block categorised by its own frames: made in
+// forward and never freed at cuBLAS's size, a workspace; frameless at that
+// size, autograd's thread's workspace (other blocks have frames: the
+// history was on); freed by zero_grad, a gradient; freed by the user's
+// code, unknown. Stacks as stacks_said(), 4 zero_grad.
+TEST(SnapshotEventsTest, BlocksFromBeforeATraceThatDroppedEntriesGoByTheirOwnFrames) {
+  TraceWriter w;
+  w.add(TraceAction::kFreeRequested, 0x9000, 4096, 4);  // a gradient, freed by zero_grad
+  w.add(TraceAction::kFreeRequested, 0xa000, 2048, 3);  // freed by the user's code
+  w.add(TraceAction::kAlloc, 0x1000, 512, 1);
+  SnapshotEventsInput in = stacks_said();
+  in.stack_phase.push_back("zero_grad");
+  in.stack_place.push_back("");
+  in.live_at_dump = {{0x7000, 32 * MiB, 1}, {0x8000, 32 * MiB, 0}, {0x1000, 512, 1}};
+  const SnapshotEvents e = snapshot_events(w.t, in);
+  ASSERT_EQ(e.pre_existing, 4);
+  using S = SpanStart;
+  EXPECT_EQ(e.spans, (std::vector<S>{S{0, "other", 1}, S{6, "forward", 1}}));
+  EXPECT_EQ(category_of(e, 0), Category::kGradient);
+  EXPECT_EQ(category_of(e, 1), Category::kOther);
+  EXPECT_EQ(category_of(e, 2), Category::kWorkspace);
+  EXPECT_EQ(category_of(e, 3), Category::kWorkspace);
+}
+
+// Recording turned on after the model was built: no block from before the
+// trace has frames, so a frameless one of cuBLAS's size may be a weight.
+TEST(SnapshotEventsTest, BlocksFromBeforeALateTraceWithoutFramesStayOther) {
+  TraceWriter w;
+  w.add(TraceAction::kAlloc, 0x1000, 512, 1);
+  SnapshotEventsInput in = stacks_said();
+  in.live_at_dump = {{0x8000, 32 * MiB, 0}, {0x1000, 512, 1}};
+  const SnapshotEvents e = snapshot_events(w.t, in);
+  ASSERT_EQ(e.pre_existing, 1);
+  EXPECT_EQ(category_of(e, 0), Category::kOther);
+}
+
 }  // namespace
 }  // namespace memfit

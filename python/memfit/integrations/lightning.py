@@ -10,7 +10,9 @@ Needs Lightning (`lightning.pytorch`, or the older `pytorch_lightning`)."""
 from __future__ import annotations
 
 import contextlib
+import copy
 import inspect
+import itertools
 import logging
 import time
 from typing import Any
@@ -36,8 +38,9 @@ except ImportError:
 from .api import Size, UserStep, count, host_memory, kept_rng, sequence_length
 from ..diagnosis import Doctor
 from ..report.profile import Report, profile
+from .._native import native as _memfit
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
-                     plan_batch, tell_change)
+                     largest_divisor, plan_batch, plan_eval_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler
 from .averaging import check_averaging
 from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
@@ -238,6 +241,73 @@ def _unfrozen(trainer, pl_module, optimizer):
             p.requires_grad_(False)
 
 
+# Note [The validation inside the fit loop]
+# Lightning's fit loop runs validation_step between training steps
+# (val_check_interval, each epoch's end) with the model in eval mode, while
+# the optimizer's state is alive (the gradients it frees first, but in the
+# middle of an accumulation: on_validation_model_zero_grad). Its batch
+# comes from val_dataloader, which most modules build from the same
+# batch_size (often twice it: no activations are kept for a backward). A
+# validation costing more than the training step ran out there: the batch
+# fitted to the training step was 548 where a validation_step of 8
+# test-time augmentations runs 136 at most, and a loader of twice the
+# batch 547. So where the module validates, its validation_step is
+# measured at the batch val_dataloader builds for the fitted one, beside
+# the optimizer's state (and the gradients where they stay), on a copy of
+# the module (what the step changes, a list or a metric's state, is the
+# copy's; the weights are the module's own, put back); where it does not
+# fit, the batch set is the largest whose validation batch fits. What
+# validation_step keeps across its batches (a list of outputs) is not
+# measured.
+
+
+def _val_source(trainer, pl_module):
+    """What builds the validation loader the fit loop runs, or None where
+    the fit does not validate (no validation_step, limit_val_batches=0, or
+    loaders given to fit(): their batch is fixed)."""
+    if trainer.limit_val_batches == 0 or not is_overridden("validation_step", pl_module):
+        return None
+    dm = trainer.datamodule
+    for source in (dm, pl_module):
+        if source is not None and is_overridden("val_dataloader", source):
+            return source
+    return None
+
+
+def _val_loader(source, pl_module, name, batch):
+    """source.val_dataloader() built with the batch attribute at `batch`
+    (put back after)."""
+    was = lightning_getattr(pl_module, name)
+    lightning_setattr(pl_module, name, batch)
+    try:
+        with kept_rng(), host_memory():
+            return source.val_dataloader()
+    finally:
+        lightning_setattr(pl_module, name, was)
+
+
+def _validation_step(trainer, pl_module, what):
+    """validation_step as memfit's step (its output dropped, as the loop
+    keeps none), under the precision plugin's validation context."""
+    takes_index = len(inspect.signature(pl_module.validation_step).parameters) >= 2
+
+    def step(model, batch):
+        with trainer.precision_plugin.val_step_context(), _quiet_log(model):
+            _ = model.validation_step(batch, 0) if takes_index else model.validation_step(batch)
+        return torch.zeros(())
+
+    return UserStep(step=step, what=what)
+
+
+def _side_copy(trainer, pl_module):
+    """A copy of the module sharing its parameters and buffers (and the
+    trainer): See Note [The validation inside the fit loop]."""
+    memo = {id(t): t for t in itertools.chain(pl_module.parameters(), pl_module.buffers())}
+    memo[id(trainer)] = trainer
+    with host_memory():
+        return copy.deepcopy(pl_module, memo)
+
+
 def _optimizer(trainer, what):
     optimizers = trainer.optimizers
     if len(optimizers) != 1:
@@ -375,6 +445,7 @@ class FitBatchSize(pl.Callback):
             check_averaging(trainer.callbacks, pl_module, plan,
                             batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size,
                             what)
+            self._fit_validation(trainer, pl_module, plan)
         if unfrozen:
             plan.notes.append(unfrozen)
         if longer:
@@ -389,6 +460,53 @@ class FitBatchSize(pl.Callback):
         log.info(plan.summary())
         for note in plan.notes:
             log.info("memfit: %s", note)
+
+    def _fit_validation(self, trainer, pl_module, plan):
+        """The batch lowered to the largest whose validation fits: See Note
+        [The validation inside the fit loop]."""
+        what, name = "FitBatchSize", self.batch_arg_name
+        source = _val_source(trainer, pl_module)
+        if source is None:
+            return
+        loader = _val_loader(source, pl_module, name, plan.batch_size)
+        cap = getattr(loader, "batch_size", None)
+        if not isinstance(cap, int):
+            plan.notes.append("the validation loader has no batch_size (a batch sampler): its "
+                              "batch was not checked beside the training's state")
+            return
+        with kept_rng(), host_memory(), kept_rng(loader):
+            batch = example_of(next(iter(loader)), self.batch_dim)
+        batch, loader = _as_the_loop_gives(trainer, pl_module, batch), None
+        # The loop frees the gradients before validating (its hook
+        # on_validation_model_zero_grad), but inside an accumulation.
+        grads = 0 if (trainer.accumulate_grad_batches == 1 and not is_overridden(
+            "on_validation_model_zero_grad", pl_module)) else sum(
+                p.numel() * p.element_size() for p in pl_module.parameters() if p.requires_grad)
+        side = _side_copy(trainer, pl_module)
+        fits, _ = plan_eval_batch(side, batch, _validation_step(trainer, side, what),
+                                  budget=self.budget, what=what, batch_dim=self.batch_dim,
+                                  held_bytes=plan.optimizer_state_bytes + grads, cap=cap,
+                                  target_device=self.target_device)
+        if fits >= cap:
+            return
+        lo, hi = 0, plan.batch_size  # the largest batch whose loader's batch fits
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            size = _val_loader(source, pl_module, name, mid).batch_size
+            lo, hi = (mid, hi) if size <= fits else (lo, mid)
+        if lo == 0:
+            raise _memfit.DoesNotFit(
+                f"[{what}] validation_step runs out of memory at its loader's batch of {cap} "
+                f"beside the gradients and the optimizer's state (at most {fits} fit), and "
+                f"val_dataloader's batch does not shrink with {name}: give it a batch of "
+                f"{fits} or fewer")
+        plan.notes.append(f"validation_step at {cap} does not fit beside the training's "
+                          f"gradients and optimizer state (at most {fits}): the batch is {lo}, "
+                          f"whose validation batch fits")
+        if plan.effective_batch is not None:
+            lo = largest_divisor(plan.effective_batch, lo)
+            plan.accumulation = plan.effective_batch // lo
+        plan.batch_size = lo
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         source = getattr(self, "_rebatched", None)

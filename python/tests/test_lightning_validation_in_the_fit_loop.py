@@ -1,0 +1,111 @@
+"""Lightning's fit loop validates between training steps, beside the
+optimizer's state: FitBatchSize sized the batch from training_step alone
+and set 548, where a validation_step of 8 test-time augmentations runs out
+of memory above 136, and a val_dataloader of twice the batch above 547.
+The batch set is the largest whose validation fits too (See Note [The
+validation inside the fit loop], integrations/lightning.py), measured on a
+copy of the module: the user's own lists and metrics see only the loop's
+steps. The truth is Lightning's own loop on a simulated device."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memfit
+from memfit._native import tracked_live_bytes
+
+pl = pytest.importorskip("lightning.pytorch")
+from memfit.integrations.lightning import FitBatchSize  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
+
+BUDGET = 8 << 20
+X = torch.randn(512, 64, generator=torch.Generator().manual_seed(0))
+Y = torch.randint(0, 10, (512,), generator=torch.Generator().manual_seed(1))
+DATA = torch.utils.data.TensorDataset(X.repeat(8, 1), Y.repeat(8))  # made before the device
+
+
+class Validated(pl.LightningModule):
+    """64-512-512-10 with Adam; validation_step records each batch it is
+    given in a list of its own."""
+
+    def __init__(self, batch_size=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                                       torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                       torch.nn.Linear(512, 10))
+        self.batch_size = batch_size
+        self.validated = []
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def validation_step(self, batch, batch_idx):
+        self.validated.append(len(batch[0]))
+        self.log("val_loss", F.cross_entropy(self.net(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters())
+
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(DATA, batch_size=self.batch_size)
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(DATA, batch_size=self.batch_size)
+
+
+class TwiceTheBatch(Validated):
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(DATA, batch_size=2 * self.batch_size)
+
+
+class Augmented(Validated):
+    """Eight test-time augmentations of each validation batch at once."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.validated.append(len(x))
+        xs = torch.cat([x, -x, x * 0.5, x * 2, x + 1, x - 1, x.flip(1), -x.flip(1)])
+        out = self.net(xs).view(8, len(x), -1).mean(0)
+        self.log("val_loss", F.cross_entropy(out, y))
+
+
+def _fit(make, batch_size, callbacks=()):
+    """Four training steps, validating after the second and the fourth (two
+    batches each, and two before training), on the simulated device."""
+    gc.collect()
+    left = tracked_live_bytes("cpu")
+    with memfit.simulated_device(BUDGET + left):
+        module = make(batch_size)
+        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, max_steps=4,
+                   val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=2,
+                   callbacks=list(callbacks)).fit(module)
+    return module
+
+
+@pytest.mark.parametrize("make, per_batch", [(TwiceTheBatch, 2), (Augmented, 1)],
+                         ids=["val_dataloader of twice the batch", "8 augmentations"])
+def test_the_fitted_batch_runs_the_loops_validation_and_is_tight(make, per_batch):
+    fit = FitBatchSize()
+    module = _fit(make, 4, [fit])
+    b = fit.optimal_batch_size
+    assert module.batch_size == b
+    # Validated at the fitted batch with no OOM: the sanity check's 2 batches
+    # and 2 after each of the 2 checks, and nothing the rehearsal ran.
+    assert module.validated == [per_batch * b] * 6
+    assert any(n.startswith("validation_step at ") for n in fit.plan.notes)
+    module = None
+    # Tight: Lightning's loop runs out of memory 3% above it.
+    with pytest.raises(torch.OutOfMemoryError):
+        _fit(make, b + max(2, b // 33))
+
+
+def test_a_validation_lighter_than_training_keeps_the_training_batch():
+    fit = FitBatchSize()
+    module = _fit(Validated, 4, [fit])
+    assert not any(n.startswith("validation_step at ") for n in fit.plan.notes)
+    assert module.validated == [fit.optimal_batch_size] * 6

@@ -67,3 +67,99 @@ def test_a_per_sample_loss_splits_to_the_whole_batchs_gradients():
     # by summation order only, ~1e-16 relative.
     for g, e in zip(got, eager):
         assert torch.allclose(g, e, rtol=1e-12, atol=1e-14)
+
+
+# -- a loss made inside the step: the step itself is run again --------------------------
+
+
+def clip_step(model, batch):
+    """A CLIP-style step: each sample's two views against every other's."""
+    a, b = batch
+    za, zb = F.normalize(model(a), dim=1), F.normalize(model(b), dim=1)
+    return F.cross_entropy(za @ zb.T / 0.1, torch.arange(len(a)))
+
+
+def step_grads(step, batch, micro_batch=8, **kwargs):
+    """The gradients the Trainer's step handed the optimizer, the eager
+    step's on the whole batch, and the Trainer's report."""
+    model, _, _ = model_and_batch()
+    eager = copy.deepcopy(model)
+    step(eager, batch).backward()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    seen = {}
+    real = opt.step
+    opt.step = lambda *a, **k: (seen.setdefault("g", [p.grad.clone() for p in model.parameters()]),
+                                real(*a, **k))[1]
+    r = memfit.Trainer(model, opt, step=step, micro_batch=micro_batch, **kwargs).step(batch)
+    return seen["g"], [p.grad for p in eager.parameters()], r
+
+
+def two_views():
+    g = torch.Generator().manual_seed(3)
+    return (torch.randn(32, 16, dtype=torch.float64, generator=g),
+            torch.randn(32, 16, dtype=torch.float64, generator=g))
+
+
+def test_a_step_function_whose_loss_mixes_samples_is_refused_when_the_batch_is_split():
+    # Split, it trained on gradients 90% off the whole batch's, saying nothing.
+    with pytest.raises(ValueError, match=r"^\[Trainer.step\] the loss mixes the batch's samples "
+                                         r".*coupled='allow'") as e:
+        step_grads(clip_step, two_views())
+    assert "\n" not in str(e.value)
+    got, eager, r = step_grads(clip_step, two_views(), coupled="allow")
+    assert r.micro_batches == 4
+    assert not all(torch.allclose(g, w) for g, w in zip(got, eager))
+
+
+class Counted(torch.nn.Module):
+    """Dropout, and a buffer each training forward writes (as a queue of
+    negatives is written): the check's own runs must change neither."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(16, 10).double()
+        self.drop = torch.nn.Dropout(0.5)
+        self.register_buffer("calls", torch.zeros((), dtype=torch.int64))
+
+    def forward(self, x):
+        if self.training:
+            self.calls += 1
+        return self.lin(self.drop(x))
+
+
+def test_a_per_sample_step_splits_and_the_checks_runs_leave_no_trace():
+    torch.manual_seed(0)
+    model = Counted()
+    x, y = two_views()[0], torch.randint(0, 10, (32,))
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+
+    def step(m, batch):
+        return F.cross_entropy(m(batch[0]), batch[1])
+
+    rng = torch.get_rng_state()
+    r = memfit.Trainer(model, opt, step=step, micro_batch=8).step((x, y))
+    assert r.micro_batches == 4
+    # One training forward per micro-batch: the check ran the step 9 times more, in eval mode.
+    assert model.calls.item() == 4
+    assert model.training and model.drop.training
+    # The RNG moved by four micro-batches' dropout masks and nothing else:
+    # the check's runs (eval mode, the RNG put back) drew none of the user's.
+    after = torch.get_rng_state()
+    torch.set_rng_state(rng)
+    for i in range(4):
+        F.dropout(x[8 * i:8 * i + 8], 0.5)
+    assert torch.equal(torch.get_rng_state(), after)
+
+
+def test_a_per_sample_step_split_gives_the_whole_batchs_gradients():
+    def step(m, batch):
+        return F.cross_entropy(m(batch[0]), batch[1])
+
+    x = two_views()[0]
+    y = torch.randint(0, 10, (32,), generator=torch.Generator().manual_seed(4))
+    got, eager, r = step_grads(step, (x, y))
+    assert r.micro_batches == 4
+    # float64 throughout: four micro-batches summed against one batch differ
+    # by summation order only, ~1e-16 relative.
+    for g, e in zip(got, eager):
+        assert torch.allclose(g, e, rtol=1e-12, atol=1e-14)

@@ -4,8 +4,11 @@ run (see Note [Probing how the loss reduces])."""
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
 import warnings
+from typing import Callable
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -55,10 +58,21 @@ __all__: list = []
 # or for cross_entropy/nll_loss each weighted by its counted targets), to
 # 64 k ulps of the loss's dtype. A loss that fails it is refused as
 # BatchNorm is, naming coupled="allow" (each micro-batch's loss over its
-# own samples). A loss made inside the forward, an output that is not one
-# tensor of the batch's samples, or a loss that cannot run on them without
-# grad, is not checked. The check's calls of loss_fn run without grad and
-# put the RNG back; a loss that counts its calls sees them.
+# own samples). An output that is not one tensor of the batch's samples, or
+# a loss that cannot run on them without grad, is not checked. The check's
+# calls of loss_fn run without grad and put the RNG back; a loss that counts
+# its calls sees them.
+#
+# A loss made inside the forward (a step function, a Hugging Face model's
+# own loss) has no output to cut: there the check and the probe run the
+# step itself again on up to 8 of the micro-batch's samples together and
+# each alone (StepRerun), without grad, in eval mode (dropout would draw
+# other masks for other batches), the RNG and every buffer put back (a
+# queue of negatives the forward writes). The model runs at other batch
+# sizes there, and its kernels round otherwise (bf16 under autocast), so
+# the agreement asked is 1% of the loss. Without it a CLIP-style step
+# split into micro-batches of 8 trained on gradients 90% off the whole
+# batch's, and nothing said so.
 
 _REDUCTIONS = {torch.mean: "mean", torch.Tensor.mean: "mean", torch.sum: "sum",
                torch.Tensor.sum: "sum", torch.nansum: "sum", torch.Tensor.nansum: "sum"}
@@ -132,6 +146,48 @@ class _Reductions(TorchFunctionMode):
         return out
 
 
+# Agreement asked of a loss made inside the forward: See Note [Probing how
+# the loss reduces].
+_STEP_TOLERANCE = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class StepRerun:
+    """A step whose loss is made inside the forward, run again on samples
+    [a, b) of the micro-batch: run(a, b) -> that loss (See Note [Probing
+    how the loss reduces])."""
+
+    module: torch.nn.Module
+    run: Callable[[int, int], torch.Tensor]
+    samples: int  # the micro-batch's
+
+
+@contextlib.contextmanager
+def _rerun_quietly(rerun):
+    """A block for the probes' own calls: no grad, the RNG put back, no
+    warnings (the std of one sample); for a StepRerun also the model in
+    eval mode and its buffers' values and tensors put back."""
+    with torch.no_grad(), kept_rng(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if rerun is None:
+            yield
+            return
+        module = rerun.module
+        modes = [(m, m.training) for m in module.modules()]
+        buffers = [(m, name, b, b.clone()) for m in module.modules()
+                   for name, b in m.named_buffers(recurse=False) if b is not None]
+        module.eval()
+        try:
+            yield
+        finally:
+            for m, training in modes:
+                m.training = training
+            for m, name, b, values in buffers:
+                if getattr(m, name, None) is not b:
+                    setattr(m, name, b)
+                b.copy_(values)
+
+
 class LossWeighting:
     """The rule one Trainer's loss reduces by, and each micro-batch's weight.
     Holds no reference to the Trainer (the native Trainer's optimizer-step
@@ -165,12 +221,13 @@ class LossWeighting:
                     self._full_target, rule.weight, rule.ignore_index))
         return self._denominators[key]
 
-    def chunk_loss(self, compute, start, n, batch, target, target_dim):
+    def chunk_loss(self, compute, start, n, batch, target, target_dim, rerun=None):
         """The loss of samples [start, start + n) of `batch`, weighted by
         their share of the batch's: compute() returns (the micro-batch's loss
         as the user's loss function makes it, the model's output it took, or
         None where the loss was made inside the forward); `target` is the
-        micro-batch's target (a slice of the step's)."""
+        micro-batch's target (a slice of the step's); rerun: a StepRerun of
+        this micro-batch where the loss is made inside the forward."""
         if n == batch:
             return compute()[0]  # whole: weight 1 whatever the rule
         mode = _Reductions()
@@ -178,11 +235,11 @@ class LossWeighting:
             loss, output = compute()
         found = next(((rule, count) for out, rule, count in mode.calls if out is loss), None)
         if found is None:
-            kind = self._declared or self._probe(output, target, target_dim)
+            kind = self._declared or self._probe(output, target, target_dim, rerun)
             return loss * (n / batch) if kind == "mean" else loss
         rule, count = found
         if not self._separable:
-            self._check_separable(output, target, target_dim, rule)
+            self._check_separable(output, target, target_dim, rule, rerun)
         if self._declared is not None and self._declared != ("sum" if rule.kind == "sum" else
                                                               "mean"):
             raise ValueError(
@@ -223,29 +280,17 @@ class LossWeighting:
         total = _partition_total(self._counts)
         return 1.0 / total if total else math.nan
 
-    def _check_separable(self, output, target, target_dim, rule):
+    def _check_separable(self, output, target, target_dim, rule, rerun=None):
         """Raises ValueError when the loss of up to 8 samples together is
         not their losses alone combined by `rule` (See Note [Probing how the
         loss reduces]); returns quietly where it cannot be checked."""
-        sample = _samples(output, target, target_dim)
-        if sample is None:
+        probe = self._values(output, target, target_dim, rerun)
+        if probe is None:
             self._separable = True
             return
-        o, tgt, k = sample
-
-        def value(a, b):  # (the loss, its counted targets or None), as chunk_loss sees it
-            y = None if tgt is None else tgt.narrow(target_dim, a, b - a)
-            mode = _Reductions()
-            with mode:
-                v = self._loss_fn(o[a:b], y) if y is not None else self._loss_fn(o[a:b])
-            c = next((c for out, _, c in mode.calls if out is v and c is not None), None)
-            return float(v), (None if c is None else float(c))
-
+        value, k, tol = probe
         try:
-            # On single samples a batch statistic warns (std of one): memfit's
-            # probe, not the user's step, so not shown.
-            with torch.no_grad(), kept_rng(), warnings.catch_warnings():
-                warnings.simplefilter("ignore")
+            with _rerun_quietly(rerun):
                 together, _ = value(0, k)
                 alone = [value(i, i + 1) for i in range(k)]
         except torch.cuda.OutOfMemoryError:
@@ -264,7 +309,6 @@ class LossWeighting:
                 return
             combined = sum(v * c for (v, _), c in zip(alone, counts)) / sum(counts)
         scale = max(max(abs(v) for v, _ in alone), abs(together), 1e-30)
-        tol = 64 * k * torch.finfo(o.dtype if o.is_floating_point() else torch.float32).eps
         if abs(together - combined) <= tol * scale:
             self._separable = True
             return
@@ -276,29 +320,22 @@ class LossWeighting:
             f"would not be the whole batch's; run the batch whole (a larger budget), or pass "
             f"coupled='allow' to split anyway")
 
-    def _probe(self, output, target, target_dim):
+    def _probe(self, output, target, target_dim, rerun=None):
         """"mean" or "sum" from the loss's values on up to 8 samples together
         against each alone; raises ValueError when they say neither."""
         if self._probed is not None:
             return self._probed
         ask = ("pass reduction='mean' or 'sum' to the Trainer (how loss_fn reduces the "
                "batch), or return a torch loss function's result or a .mean()/.sum()")
-        sample = _samples(output, target, target_dim)
-        if sample is None:
+        probe = self._values(output, target, target_dim, rerun)
+        if probe is None:
             raise ValueError(f"[Trainer.step] cannot tell how loss_fn reduces the batch: {ask}")
-        o, tgt, k = sample
-        with torch.no_grad():
-            def value(a, b):
-                y = None if target is None else tgt.narrow(target_dim, a, b - a)
-                v = self._loss_fn(o[a:b], y) if y is not None else self._loss_fn(o[a:b])
-                return float(v)
-
-            together = value(0, k)
-            alone = [value(i, i + 1) for i in range(k)]
+        value, k, tol = probe
+        with _rerun_quietly(rerun):
+            together = value(0, k)[0]
+            alone = [value(i, i + 1)[0] for i in range(k)]
         total = sum(alone)
         scale = max(max(abs(v) for v in alone), abs(together), 1e-30)
-        # Rounding of the loss's dtype, summed over k values.
-        tol = 64 * k * torch.finfo(o.dtype if o.is_floating_point() else torch.float32).eps
         is_mean = abs(together - total / k) <= tol * scale
         is_sum = abs(together - total) <= tol * scale
         if is_mean == is_sum:
@@ -309,6 +346,37 @@ class LossWeighting:
                 f"{'and' if is_mean else 'nor'} the sum): {ask}")
         self._probed = "mean" if is_mean else "sum"
         return self._probed
+
+    def _values(self, output, target, target_dim, rerun):
+        """(value(a, b), k, tolerance): value gives (the loss of samples
+        [a, b) of k of the micro-batch's, its counted targets or None), from
+        loss_fn on the output's rows or, where the loss is made inside the
+        forward, from the step run again (rerun); the tolerance is relative
+        to the losses. None where neither can run."""
+        def counted(run):
+            mode = _Reductions()
+            with mode:
+                v = run()
+            c = next((c for out, _, c in mode.calls if out is v and c is not None), None)
+            return float(v), (None if c is None else float(c))
+
+        if output is None and rerun is not None:
+            k = min(8, rerun.samples)
+            if k < 2:
+                return None
+            return (lambda a, b: counted(lambda: rerun.run(a, b))), k, _STEP_TOLERANCE
+        sample = _samples(output, target, target_dim)
+        if sample is None:
+            return None
+        o, tgt, k = sample
+
+        def value(a, b):
+            y = None if tgt is None else tgt.narrow(target_dim, a, b - a)
+            return counted(lambda: self._loss_fn(o[a:b], y) if y is not None
+                           else self._loss_fn(o[a:b]))
+        # Rounding of the loss's dtype, summed over k values.
+        return value, k, 64 * k * torch.finfo(o.dtype if o.is_floating_point()
+                                              else torch.float32).eps
 
 
 def _partition_total(counts):

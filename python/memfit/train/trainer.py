@@ -23,7 +23,7 @@ from ..report.profile import profile
 from ..plan.ranks import LocalAnswer, agree
 from .distributed import DistributedStep, RankPlan, batch_signature, is_distributed
 from .length_sampler import LengthBatchSampler
-from .loss_weighting import LossWeighting
+from .loss_weighting import LossWeighting, StepRerun
 from .step_notes import split_notes
 
 __all__ = ["Trainer"]
@@ -731,8 +731,11 @@ class Trainer:
                 y = None if target is None else map_tensors(
                     target, lambda t: to_device(t.narrow(tbd, start, n)))
                 if own_loss:
+                    again = StepRerun(model, lambda a, b: how.run(
+                        model, narrow_batch(x, a, b - a, bd),
+                        None if y is None else narrow_batch(y, a, b - a, tbd)), n)
                     loss = weighting.chunk_loss(lambda: (how.run(model, x, y), None),
-                                                start, n, batch, y, tbd)
+                                                start, n, batch, y, tbd, rerun=again)
                 else:
                     out = how.forward(model, x)
                     loss = weighting.chunk_loss(lambda: (how.loss(out, y), out),

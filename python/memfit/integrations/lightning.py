@@ -21,12 +21,14 @@ import torch
 
 try:
     import lightning.pytorch as pl
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
     from lightning.pytorch.utilities.model_helpers import is_overridden
     from lightning.pytorch.utilities.parsing import (lightning_getattr, lightning_hasattr,
                                                       lightning_setattr)
 except ImportError:
     try:
         import pytorch_lightning as pl
+        from pytorch_lightning.utilities.combined_loader import CombinedLoader
         from pytorch_lightning.utilities.model_helpers import is_overridden
         from pytorch_lightning.utilities.parsing import (lightning_getattr, lightning_hasattr,
                                                           lightning_setattr)
@@ -143,6 +145,23 @@ def _as_the_loop_gives(trainer, pl_module, batch):
     return trainer.strategy.batch_to_device(batch)
 
 
+def _first_of(loaders):
+    """(the first batch the fit loop draws from what train_dataloader
+    returned, its one loader or None). The loop wraps a loader, or a dict or
+    list of loaders, in a CombinedLoader ("max_size_cycle": a batch of each,
+    in that structure) whose iterator gives (batch, batch_idx,
+    dataloader_idx): given the dict itself, FitBatchSize took its first key
+    for a batch, and given a CombinedLoader that tuple. The loaders' own
+    generators are put back (generator=self.g), and a CombinedLoader
+    returned is reset."""
+    combined = (loaders if isinstance(loaders, CombinedLoader)
+                else CombinedLoader(loaders, "max_size_cycle"))
+    with kept_rng(*combined.flattened):
+        batch, _, _ = next(iter(combined))
+    combined.reset()
+    return batch, (combined.flattened[0] if len(combined.flattened) == 1 else None)
+
+
 def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=False):
     """The first samples of the first training batch as training_step gets
     them (the module's transfer hooks, on its device); the generators are
@@ -160,9 +179,8 @@ def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=
     # the device.
     note = None
     with kept_rng(), host_memory():
-        loader = source.train_dataloader()
-        with kept_rng(loader):  # its own generator too (generator=self.g)
-            batch = example_of(next(iter(loader)), batch_dim)
+        batch, loader = _first_of(source.train_dataloader())
+        batch = example_of(batch, batch_dim)
         if longest:
             batch, note = at_longest_sample(getattr(loader, "dataset", None),
                                             getattr(loader, "collate_fn", None), batch, what,

@@ -352,3 +352,33 @@ def test_an_hf_model_in_eval_mode_with_adamws_state_held_is_fitted_as_it_trains(
     assert fit.mode == mode and not model.training
 
     assert_tight(fit.max_batch, build, adamw, step, steps=2, budget=budget)
+
+
+def test_parameters_no_optimizer_given_steps_are_named_in_the_answer():
+    # A loop with two optimizers, sized with the head's: the backbone's
+    # Adam state is not in memfit's step, and plain steps of the loop run out
+    # at its answer. See Note [Parameters no optimizer given steps] (budget.py).
+    def two_adams(model):
+        return adam(model[-1]), adam(model[:-1])
+
+    def both(model, opts, b):
+        x, y = batch(b)
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        for opt in opts:
+            opt.step()
+        for opt in opts:
+            opt.zero_grad()
+
+    torch.manual_seed(0)
+    model = mlp()
+    x, y = batch(8)
+    fit = memfit.find_batch_size(model, x, y, optimizer=adam(model[-1]), budget=BUDGET)
+    backbone = sum(p.numel() * p.element_size() for p in model[:-1].parameters())
+    said = [n for n in fit.notes if "in no optimizer given" in n]
+    assert len(said) == 1, fit.notes
+    assert said[0].startswith(f"{memfit.format_bytes(backbone)} of trainable parameters "
+                              f"(4 tensors) are in no optimizer given")
+    assert not runs(mlp, two_adams, fit.max_batch, both)
+    whole = memfit.find_batch_size(model, x, y, optimizer=adam(model), budget=BUDGET,
+                                   verify=False)
+    assert not any("in no optimizer given" in n for n in whole.notes), whole.notes

@@ -21,6 +21,7 @@ import torch
 
 try:
     import transformers
+    from accelerate.utils import convert_outputs_to_fp32, get_mixed_precision_context_manager
     from transformers import TrainerCallback
 except ImportError:
     raise ImportError(
@@ -124,6 +125,36 @@ def _checkpointing_as_trained(trainer):
             model.disable_input_require_grads()
 
 
+# Note [The mixed precision the Trainer's accelerator applies]
+# TrainingArguments(bf16=True) (fp16=True) is applied by train() too:
+# accelerator.prepare(model) wraps model.forward in autocast and converts
+# its outputs to float32, after on_init_end. Measured as it was, the step
+# ran in float32: on a wide model with short sequences the autocast's
+# half-precision copies of the weights, saved for backward, outweigh the
+# activations it halves, and the batch set (4 of GPT-2, 256 wide, 8 tokens,
+# at 30 MiB) ran out of memory in the Trainer's loop, where 2 runs. So the
+# callback wraps forward as prepare() does (accelerate's own functions) for
+# its fits, training's and evaluation's, and puts the model's forward back.
+@contextlib.contextmanager
+def _precision_as_trained(trainer):
+    accelerator, model = trainer.accelerator, trainer.model
+    own = vars(model)
+    if not getattr(accelerator, "native_amp", False) or "_original_forward" in own:
+        yield  # no mixed precision, or a model prepared already
+        return
+    had, forward = "forward" in own, own.get("forward")
+    autocast = get_mixed_precision_context_manager(accelerator.native_amp,
+                                                   accelerator.autocast_handler)
+    model.forward = convert_outputs_to_fp32(autocast(model.forward))
+    try:
+        yield
+    finally:
+        if had:
+            model.forward = forward
+        else:
+            del model.forward
+
+
 def _optimizer_for(trainer, model, given):
     if given is not None:
         return given
@@ -209,7 +240,8 @@ class FitBatchSize(TrainerCallback):
         opt = _optimizer_for(trainer, model, optimizer)
         # The optimizer's step and zero_grad end each optimizer step; between
         # accumulated micro-batches the gradients stay.
-        with _checkpointing_as_trained(trainer):  # See Note [Checkpointing the Trainer ...]
+        with _precision_as_trained(trainer), _checkpointing_as_trained(trainer):
+            # See Notes [The mixed precision the Trainer's ...], [Checkpointing the Trainer ...]
             plan = plan_batch(model, batch, opt, whole=LoopStep(how, True),
                               accumulated=LoopStep(how, False), budget=self.budget, what=what,
                               effective=effective, reserve_bytes=reserve,
@@ -220,12 +252,7 @@ class FitBatchSize(TrainerCallback):
         args.gradient_accumulation_steps = plan.accumulation
         trainer._train_batch_size = args.train_batch_size  # See Note [Where the HF ...]
         if self.size_eval and trainer.eval_dataset is not None:
-            eval_batch = _first_batch(trainer.get_eval_dataloader())
-            size, _ = plan_eval_batch(
-                model, eval_batch, how, budget=self.budget, what=what,
-                held_bytes=plan.optimizer_state_bytes + reserve,
-                cap=args.per_device_eval_batch_size, target_device=self.target_device)
-            args.per_device_eval_batch_size = plan.eval_batch_size = size
+            self._fit_eval(trainer, how, plan)
         if args.auto_find_batch_size:
             plan.notes.append("auto_find_batch_size is on: it would only act on an OOM, and "
                               "would then change the effective batch; memfit's batch fits")
@@ -234,6 +261,17 @@ class FitBatchSize(TrainerCallback):
         for note in plan.notes:
             log.info("memfit: %s", note)
         return plan
+
+    def _fit_eval(self, trainer, how, plan):
+        """Sets the evaluation batch: See FitBatchSize's doc."""
+        args = trainer.args
+        eval_batch = _first_batch(trainer.get_eval_dataloader())
+        with _precision_as_trained(trainer):  # See Note [The mixed precision the Trainer's ...]
+            size, _ = plan_eval_batch(
+                trainer.model, eval_batch, how, budget=self.budget, what="FitBatchSize",
+                held_bytes=plan.optimizer_state_bytes + plan.reserved_bytes,
+                cap=args.per_device_eval_batch_size, target_device=self.target_device)
+        args.per_device_eval_batch_size = plan.eval_batch_size = size
 
     def _fit_lengths(self, trainer, optimizer, began):
         """fit() with lengths=: See Note [A loader batched by length]."""
@@ -248,7 +286,8 @@ class FitBatchSize(TrainerCallback):
         tokens = self.tokens_per_step or args.per_device_train_batch_size * accumulation * length
         reserve = int(batch_bytes_per_sample(batch) / length * tokens)
         kept = self.tokens_per_step is not None or accumulation > 1  # gradients between
-        with _checkpointing_as_trained(trainer):  # See Note [Checkpointing the Trainer ...]
+        with _precision_as_trained(trainer), _checkpointing_as_trained(trainer):
+            # See Notes [The mixed precision the Trainer's ...], [Checkpointing the Trainer ...]
             fit = fit_per_length(model, batch, _optimizer_for(trainer, model, optimizer),
                                  LoopStep(how, not kept), seq_dim=self.seq_dim,
                                  lengths=self.lengths, budget=self.budget, what=what,

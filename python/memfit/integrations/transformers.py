@@ -17,8 +17,6 @@ import sys
 import time
 from typing import Any
 
-import torch
-
 try:
     import transformers
     from accelerate.utils import convert_outputs_to_fp32, get_mixed_precision_context_manager

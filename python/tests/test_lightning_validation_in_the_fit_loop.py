@@ -87,9 +87,12 @@ def _fit(make, batch_size, callbacks=()):
     return module
 
 
-@pytest.mark.parametrize("make, per_batch", [(TwiceTheBatch, 2), (Augmented, 1)],
+# Twice the batch lowers it by a sample or none (the training step's own
+# answer depends on the threads' kernels); 8 augmentations to a quarter.
+@pytest.mark.parametrize("make, per_batch, lowered", [(TwiceTheBatch, 2, False),
+                                                      (Augmented, 1, True)],
                          ids=["val_dataloader of twice the batch", "8 augmentations"])
-def test_the_fitted_batch_runs_the_loops_validation_and_is_tight(make, per_batch):
+def test_the_fitted_batch_runs_the_loops_validation_and_is_tight(make, per_batch, lowered):
     fit = FitBatchSize()
     module = _fit(make, 4, [fit])
     b = fit.optimal_batch_size
@@ -97,7 +100,9 @@ def test_the_fitted_batch_runs_the_loops_validation_and_is_tight(make, per_batch
     # Validated at the fitted batch with no OOM: the sanity check's 2 batches
     # and 2 after each of the 2 checks, and nothing the rehearsal ran.
     assert module.validated == [per_batch * b] * 6
-    assert any(n.startswith("validation_step at ") for n in fit.plan.notes)
+    if lowered:
+        assert any(n.startswith("validation_step at ") for n in fit.plan.notes)
+        assert 4 * b < fit.plan.max_batch
     module = None
     # Tight: Lightning's loop runs out of memory 3% above it.
     with pytest.raises(torch.OutOfMemoryError):

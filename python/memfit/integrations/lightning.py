@@ -272,9 +272,8 @@ def _unfrozen(trainer, pl_module, optimizer):
 # batch 547. So where the module validates, its validation_step is
 # measured at the batch val_dataloader builds for the fitted one, beside
 # the optimizer's state (and the gradients where they stay), on a copy of
-# the module (what the step changes, a list or a metric's state, is the
-# copy's; the weights are the module's own, put back); where it does not
-# fit, the batch set is the largest whose validation batch fits. What
+# the module (See Note [Rehearsed on a copy of the module]); where it does
+# not fit, the batch set is the largest whose validation batch fits. What
 # validation_step keeps across its batches (a list of outputs) is not
 # measured.
 
@@ -317,13 +316,36 @@ def _validation_step(trainer, pl_module, what):
     return UserStep(step=step, what=what)
 
 
+# Note [Rehearsed on a copy of the module]
+# The steps memfit rehearses (training_step at probes and verifying sizes,
+# validation_step) run what the module's code does besides the step: a
+# torchmetrics metric updated in training_step, a list of outputs, a
+# counter. Run on the module itself, they left the rehearsal's batches in
+# the user's metrics (a SumMetric of the samples trained said 1042 after 3
+# steps of 312). So they run on a copy of the module: its parameters and
+# buffers are the module's own (the rehearsal swaps copies in and puts the
+# values back), and so are the trainer, the datamodule, datasets and loaders
+# and any tensor of 1 MiB or more kept as an attribute (a table, not a
+# metric's state); the rest, lists, metrics, counters and generators, is
+# the copy's. A module that cannot be copied is rehearsed itself.
+
+_SHARED_FROM = 1 << 20
+
+
 def _side_copy(trainer, pl_module):
-    """A copy of the module sharing its parameters and buffers (and the
-    trainer): See Note [The validation inside the fit loop]."""
-    memo = {id(t): t for t in itertools.chain(pl_module.parameters(), pl_module.buffers())}
-    memo[id(trainer)] = trainer
-    with host_memory():
-        return copy.deepcopy(pl_module, memo)
+    """A copy of the module for the rehearsed steps: See Note [Rehearsed on
+    a copy of the module]."""
+    shared = [trainer, trainer.datamodule, *pl_module.parameters(), *pl_module.buffers()]
+    for m in pl_module.modules():
+        shared += [v for v in vars(m).values()
+                   if isinstance(v, (torch.utils.data.Dataset, torch.utils.data.DataLoader))
+                   or (isinstance(v, torch.Tensor) and v.nbytes >= _SHARED_FROM)]
+    memo = {id(v): v for v in shared if v is not None}
+    try:
+        with host_memory():
+            return copy.deepcopy(pl_module, memo)
+    except Exception:  # a lock, a compiled module: not copyable
+        return pl_module
 
 
 def _optimizer(trainer, what):
@@ -450,8 +472,9 @@ class FitBatchSize(pl.Callback):
         # micro-batch after the first keeps the gradients through its backward.
         accumulating = self.keep_effective_batch is None and _accumulates(trainer)
         optimizer = _optimizer(trainer, what)
+        side = _side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
         with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
-            plan = plan_batch(pl_module, batch, optimizer,
+            plan = plan_batch(side, batch, optimizer,
                               whole=lightning_step(trainer, pl_module, what,
                                                    accumulating=accumulating),
                               accumulated=lightning_step(trainer, pl_module, what,
@@ -463,7 +486,7 @@ class FitBatchSize(pl.Callback):
             check_averaging(trainer.callbacks, pl_module, plan,
                             batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size,
                             what)
-            self._fit_validation(trainer, pl_module, plan)
+            self._fit_validation(trainer, pl_module, plan, side)
         if unfrozen:
             plan.notes.append(unfrozen)
         if longer:
@@ -479,9 +502,10 @@ class FitBatchSize(pl.Callback):
         for note in plan.notes:
             log.info("memfit: %s", note)
 
-    def _fit_validation(self, trainer, pl_module, plan):
+    def _fit_validation(self, trainer, pl_module, plan, side):
         """The batch lowered to the largest whose validation fits: See Note
-        [The validation inside the fit loop]."""
+        [The validation inside the fit loop]. `side`: the module's copy the
+        step runs on."""
         what, name = "FitBatchSize", self.batch_arg_name
         source = _val_source(trainer, pl_module)
         if source is None:
@@ -500,7 +524,6 @@ class FitBatchSize(pl.Callback):
         grads = 0 if (trainer.accumulate_grad_batches == 1 and not is_overridden(
             "on_validation_model_zero_grad", pl_module)) else sum(
                 p.numel() * p.element_size() for p in pl_module.parameters() if p.requires_grad)
-        side = _side_copy(trainer, pl_module)
         fits, _ = plan_eval_batch(side, batch, _validation_step(trainer, side, what),
                                   budget=self.budget, what=what, batch_dim=self.batch_dim,
                                   held_bytes=plan.optimizer_state_bytes + grads, cap=cap,
@@ -515,12 +538,12 @@ class FitBatchSize(pl.Callback):
         if lo == 0:
             raise _memfit.DoesNotFit(
                 f"[{what}] validation_step runs out of memory at its loader's batch of {cap} "
-                f"beside the gradients and the optimizer's state (at most {fits} fit), and "
+                f"beside the optimizer's state (at most {fits} fit), and "
                 f"val_dataloader's batch does not shrink with {name}: give it a batch of "
                 f"{fits} or fewer")
         plan.notes.append(f"validation_step at {cap} does not fit beside the training's "
-                          f"gradients and optimizer state (at most {fits}): the batch is {lo}, "
-                          f"whose validation batch fits")
+                          f"optimizer state (at most {fits}): the batch is {lo}, whose "
+                          f"validation batch fits")
         if plan.effective_batch is not None:
             lo = largest_divisor(plan.effective_batch, lo)
             plan.accumulation = plan.effective_batch // lo
@@ -539,8 +562,9 @@ class FitBatchSize(pl.Callback):
         accumulating = self.tokens_per_step is not None or _accumulates(trainer)
         plans = []
         optimizer = _optimizer(trainer, what)
+        side = _side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
         with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
-            fit = fit_per_length(pl_module, batch, optimizer,
+            fit = fit_per_length(side, batch, optimizer,
                                  lightning_step(trainer, pl_module, what,
                                                 accumulating=accumulating),
                                  seq_dim=self.seq_dim, lengths=self.lengths,

@@ -1,7 +1,7 @@
 """FitBatchSize rehearses training_step (probes, verifying steps) before the
 fit loop starts; what the step does besides computing the loss must not
 reach the user's module. Lightning's own docs keep each step's loss in a
-list for on_train_epoch_end: the rehearsal's 16 steps were left in it
+list for on_train_epoch_end: the rehearsal's 18 steps were left in it
 beside the loop's 3 (and in a counter of steps), and the epoch's mean
 took them in. They run on a copy of the module sharing its weights (See
 Note [Rehearsed on a copy of the module], integrations/lightning.py)."""
@@ -65,3 +65,10 @@ def test_the_rehearsed_steps_leave_nothing_in_the_modules_own_state():
     assert torch.equal(torch.stack(fitted.training_step_outputs),
                        torch.stack(plain.training_step_outputs))
     assert fitted.epoch_means == plain.epoch_means
+
+
+def test_memory_reports_rehearsed_step_leaves_nothing_either(tmp_path):
+    from memfit.integrations.lightning import MemoryReport
+
+    module = _fit(KeepsLosses(8), [MemoryReport(str(tmp_path / "step.html"), predict=False)])
+    assert module.steps == 3 and len(module.training_step_outputs) == 3

@@ -319,15 +319,16 @@ def _validation_step(trainer, pl_module, what):
 # Note [Rehearsed on a copy of the module]
 # The steps memfit rehearses (training_step at probes and verifying sizes,
 # validation_step) run what the module's code does besides the step: a
-# torchmetrics metric updated in training_step, a list of outputs, a
-# counter. Run on the module itself, they left the rehearsal's batches in
-# the user's metrics (a SumMetric of the samples trained said 1042 after 3
-# steps of 312). So they run on a copy of the module: its parameters and
-# buffers are the module's own (the rehearsal swaps copies in and puts the
-# values back), and so are the trainer, the datamodule, datasets and loaders
-# and any tensor of 1 MiB or more kept as an attribute (a table, not a
-# metric's state); the rest, lists, metrics, counters and generators, is
-# the copy's. A module that cannot be copied is rehearsed itself.
+# list of outputs, a counter (the tensors a module keeps, a metric's
+# state, profile puts back itself). Run on the module itself, they left
+# the rehearsal's 18 steps in the list of losses Lightning's docs keep for
+# on_train_epoch_end, beside the loop's 3. So they run on a copy of the
+# module: its parameters and buffers are the module's own (the rehearsal
+# swaps copies in and puts the values back), and so are the trainer, the
+# datamodule, datasets and loaders and any tensor of 1 MiB or more kept as
+# an attribute (a table, not a metric's state); the rest, lists, metrics,
+# counters and generators, is the copy's. A module that cannot be copied
+# is rehearsed itself.
 
 _SHARED_FROM = 1 << 20
 
@@ -633,8 +634,9 @@ class MemoryReport(pl.Callback):
         if self.report is not None:
             return
         loop = lightning_step(trainer, pl_module, "MemoryReport")
+        side = _side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
         with kept_rng():
-            self.report = profile(pl_module, batch, loss_fn=loop.how,
+            self.report = profile(side, batch, loss_fn=loop.how,
                                   optimizer=_optimizer(trainer, "MemoryReport"),
                                   set_to_none=loop.set_to_none)
         self.report.save_html(self.path, title=f"memfit: {type(pl_module).__name__}, first "

@@ -99,6 +99,15 @@ def _accumulates(trainer: pl.Trainer) -> bool:
                and max(getattr(c, "scheduling", {1: 1}).values()) > 1 for c in trainer.callbacks)
 
 
+def _refuse_manual(pl_module, what):
+    if not pl_module.automatic_optimization:
+        raise ValueError(
+            f"[{what}] the module uses manual optimization (automatic_optimization=False): its "
+            f"training_step runs backward and the optimizer itself, which memfit measures "
+            f"apart; use memfit.find_batch_size(step=...) with a step that returns the loss"
+        )
+
+
 def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
                    what: str = "FitBatchSize", accumulating: bool = False) -> LoopStep:
     """The LightningModule's training_step as memfit's step (Note [The step
@@ -106,12 +115,7 @@ def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
     for mixed precision), in the order Lightning's loop runs it: See Note
     [How Lightning's loop runs the step]. `accumulating`: a micro-batch
     after the first of accumulate_grad_batches (no zero_grad)."""
-    if not pl_module.automatic_optimization:
-        raise ValueError(
-            f"[{what}] the module uses manual optimization (automatic_optimization=False): its "
-            f"training_step runs backward and the optimizer itself, which memfit measures "
-            f"apart; use memfit.find_batch_size(step=...) with a step that returns the loss"
-        )
+    _refuse_manual(pl_module, what)
     takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
 
     def step(model, batch):
@@ -431,6 +435,8 @@ class FitBatchSize(pl.Callback):
                 "[FitBatchSize] not with a distributed strategy: the ranks must agree on the "
                 "batch (as for Lightning's BatchSizeFinder); size it on one device"
             )
+        # Before "the module has 2 optimizers": a GAN's are not the mistake.
+        _refuse_manual(pl_module, "FitBatchSize")
         if self.lengths is not None:
             if self.tokens_per_step is not None:
                 self._check_accumulation(trainer, pl_module, "tokens_per_step")
@@ -446,10 +452,8 @@ class FitBatchSize(pl.Callback):
                                      f"keep_effective_batch={self.keep_effective_batch}")
 
     def _check_accumulation(self, trainer, pl_module, asked):
-        why = None
-        if not pl_module.automatic_optimization:
-            why = "the module optimizes manually (automatic_optimization=False)"
-        elif any(type(c).__name__ == "GradientAccumulationScheduler" for c in trainer.callbacks):
+        why = None  # manual optimization: refused before (_refuse_manual)
+        if any(type(c).__name__ == "GradientAccumulationScheduler" for c in trainer.callbacks):
             why = "a GradientAccumulationScheduler sets accumulate_grad_batches per epoch"
         elif trainer.strategy.handles_gradient_accumulation:
             why = f"the {type(trainer.strategy).__name__} accumulates gradients itself"

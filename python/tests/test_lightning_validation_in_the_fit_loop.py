@@ -114,3 +114,32 @@ def test_a_validation_lighter_than_training_keeps_the_training_batch():
     module = _fit(Validated, 4, [fit])
     assert not any(n.startswith("validation_step at ") for n in fit.plan.notes)
     assert module.validated == [fit.optimal_batch_size] * 6
+
+
+class FourAugmentations(Validated):
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.validated.append(len(x))
+        out = self.net(torch.cat([x, -x, x * 0.5, x * 2]))
+        self.log("val_loss", F.cross_entropy(out, y.repeat(4)))
+
+
+def test_a_validation_inside_keep_effective_batchs_accumulation_fits_beside_the_gradients():
+    # Validating every 2 micro-batches of 1200 / b: inside the second
+    # optimizer step's accumulation the loop keeps the gradients through it
+    # beside Adam's state (it frees them only between optimizer steps).
+    # Without them counted the batch was 240 x 5, and the validation ran
+    # out of memory there.
+    fit = FitBatchSize(keep_effective_batch=1200)
+    gc.collect()
+    left = tracked_live_bytes("cpu")
+    with memfit.simulated_device(BUDGET + left):
+        module = FourAugmentations(4)
+        t = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, max_steps=2,
+                       val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=0,
+                       callbacks=[fit])
+        t.fit(module)
+        b, k = fit.optimal_batch_size, t.accumulate_grad_batches
+        assert b * k == 1200 and module.validated[:2] == [b, b]
+        module = t = None

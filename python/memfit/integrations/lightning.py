@@ -525,10 +525,12 @@ class FitBatchSize(pl.Callback):
             batch = example_of(next(iter(loader)), self.batch_dim)
         batch, loader = _as_the_loop_gives(trainer, pl_module, batch), None
         # The loop frees the gradients before validating (its hook
-        # on_validation_model_zero_grad), but inside an accumulation.
-        grads = 0 if (trainer.accumulate_grad_batches == 1 and not is_overridden(
-            "on_validation_model_zero_grad", pl_module)) else sum(
-                p.numel() * p.element_size() for p in pl_module.parameters() if p.requires_grad)
+        # on_validation_model_zero_grad), but inside an accumulation (the
+        # user's, or keep_effective_batch's, set after this).
+        freed = (plan.effective_batch is None and not _accumulates(trainer)
+                 and not is_overridden("on_validation_model_zero_grad", pl_module))
+        grads = 0 if freed else sum(p.numel() * p.element_size()
+                                    for p in pl_module.parameters() if p.requires_grad)
         fits, _ = plan_eval_batch(side, batch, _validation_step(trainer, side, what),
                                   budget=self.budget, what=what, batch_dim=self.batch_dim,
                                   held_bytes=plan.optimizer_state_bytes + grads, cap=cap,

@@ -143,3 +143,27 @@ def test_a_validation_inside_keep_effective_batchs_accumulation_fits_beside_the_
         b, k = fit.optimal_batch_size, t.accumulate_grad_batches
         assert b * k == 1200 and module.validated[:2] == [b, b]
         module = t = None
+
+
+class TwoValidationSets(Validated):
+    """A plain set, then one validated with 8 augmentations: the loop runs
+    them one after the other, passing dataloader_idx."""
+
+    def validation_step(self, batch, batch_idx, dataloader_idx=0):
+        x, y = batch
+        self.validated.append((dataloader_idx, len(x)))
+        if dataloader_idx == 1:
+            x = torch.cat([x, -x, x * 0.5, x * 2, x + 1, x - 1, x.flip(1), -x.flip(1)])
+        self.log("val_loss", F.cross_entropy(self.net(x)[:len(y)], y))
+
+    def val_dataloader(self):
+        return [torch.utils.data.DataLoader(DATA, batch_size=self.batch_size)] * 2
+
+
+def test_each_of_several_validation_loaders_is_checked_with_its_own_index():
+    # Skipped as "no batch_size" before: 548 set, the second set ran out.
+    fit = FitBatchSize()
+    module = _fit(TwoValidationSets, 4, [fit])
+    b = fit.optimal_batch_size
+    assert 4 * b < fit.plan.max_batch
+    assert module.validated == [(0, b), (0, b), (1, b), (1, b)] * 3

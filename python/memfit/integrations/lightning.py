@@ -307,14 +307,28 @@ def _val_loader(source, pl_module, name, batch):
         lightning_setattr(pl_module, name, was)
 
 
-def _validation_step(trainer, pl_module, what):
+def _val_loaders(source, pl_module, name, batch):
+    """The validation loaders built at `batch`: val_dataloader may return
+    several (a list, a dict, a CombinedLoader), which the loop runs one
+    after the other."""
+    built = _val_loader(source, pl_module, name, batch)
+    if not isinstance(built, CombinedLoader):
+        built = CombinedLoader(built, "sequential")
+    return built.flattened
+
+
+def _validation_step(trainer, pl_module, what, loader_index=None):
     """validation_step as memfit's step (its output dropped, as the loop
-    keeps none), under the precision plugin's validation context."""
-    takes_index = len(inspect.signature(pl_module.validation_step).parameters) >= 2
+    keeps none), under the precision plugin's validation context;
+    `loader_index`: the dataloader_idx the loop passes where there are
+    several loaders."""
+    params = len(inspect.signature(pl_module.validation_step).parameters)
+    args = ((0,) if params >= 2 else ()) + (
+        (loader_index,) if loader_index is not None and params >= 3 else ())
 
     def step(model, batch):
         with trainer.precision_plugin.val_step_context(), _quiet_log(model):
-            _ = model.validation_step(batch, 0) if takes_index else model.validation_step(batch)
+            _ = model.validation_step(batch, *args)
         return torch.zeros(())
 
     return UserStep(step=step, what=what)
@@ -511,19 +525,9 @@ class FitBatchSize(pl.Callback):
         """The batch lowered to the largest whose validation fits: See Note
         [The validation inside the fit loop]. `side`: the module's copy the
         step runs on."""
-        what, name = "FitBatchSize", self.batch_arg_name
         source = _val_source(trainer, pl_module)
         if source is None:
             return
-        loader = _val_loader(source, pl_module, name, plan.batch_size)
-        cap = getattr(loader, "batch_size", None)
-        if not isinstance(cap, int):
-            plan.notes.append("the validation loader has no batch_size (a batch sampler): its "
-                              "batch was not checked beside the training's state")
-            return
-        with kept_rng(), host_memory(), kept_rng(loader):
-            batch = example_of(next(iter(loader)), self.batch_dim)
-        batch, loader = _as_the_loop_gives(trainer, pl_module, batch), None
         # The loop frees the gradients before validating (its hook
         # on_validation_model_zero_grad), but inside an accumulation (the
         # user's, or keep_effective_batch's, set after this).
@@ -531,16 +535,32 @@ class FitBatchSize(pl.Callback):
                  and not is_overridden("on_validation_model_zero_grad", pl_module))
         grads = 0 if freed else sum(p.numel() * p.element_size()
                                     for p in pl_module.parameters() if p.requires_grad)
-        fits, _ = plan_eval_batch(side, batch, _validation_step(trainer, side, what),
+        loaders = _val_loaders(source, pl_module, self.batch_arg_name, plan.batch_size)
+        for i, loader in enumerate(loaders):
+            self._fit_one_validation(trainer, pl_module, plan, side, source, loader,
+                                     plan.optimizer_state_bytes + grads,
+                                     None if len(loaders) == 1 else i)
+
+    def _fit_one_validation(self, trainer, pl_module, plan, side, source, loader, held, index):
+        """_fit_validation for the validation loader `loader` (the index-th)."""
+        what, name = "FitBatchSize", self.batch_arg_name
+        cap = getattr(loader, "batch_size", None)
+        if not isinstance(cap, int):
+            plan.notes.append("a validation loader has no batch_size (a batch sampler): its "
+                              "batch was not checked beside the training's state")
+            return
+        with kept_rng(), host_memory(), kept_rng(loader):
+            batch = example_of(next(iter(loader)), self.batch_dim)
+        batch, loader = _as_the_loop_gives(trainer, pl_module, batch), None
+        fits, _ = plan_eval_batch(side, batch, _validation_step(trainer, side, what, index),
                                   budget=self.budget, what=what, batch_dim=self.batch_dim,
-                                  held_bytes=plan.optimizer_state_bytes + grads, cap=cap,
-                                  target_device=self.target_device)
+                                  held_bytes=held, cap=cap, target_device=self.target_device)
         if fits >= cap:
             return
         lo, hi = 0, plan.batch_size  # the largest batch whose loader's batch fits
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            size = _val_loader(source, pl_module, name, mid).batch_size
+            size = _val_loaders(source, pl_module, name, mid)[index or 0].batch_size
             lo, hi = (mid, hi) if size <= fits else (lo, mid)
         if lo == 0:
             raise _memfit.DoesNotFit(

@@ -151,7 +151,6 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                            across_ranks=across_ranks, target_batch_dim=target_batch_dim)
     at = _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, args(),
                   progress)
-    check_optimizer(at.model, at.optimizer, "find_batch_size")
     verify = flag(verify, "find_batch_size", "verify")
     place_of(mode, at.model, at.target_device, "find_batch_size")  # its checks, tagged as ours
     room = resolve_budget(budget, with_loss_module(at.model, at.how), at.optimizer,
@@ -194,6 +193,7 @@ class _LoopAt:
 def _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, loop_args,
              progress=None) -> _LoopAt:
     optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
+    check_optimizer(model, optimizer, "find_batch_size")
     how = as_user_step(loss_fn, step, "find_batch_size", model)
     target_device = budget_target(model, target_device, "find_batch_size")
     loop = as_loop(loop_args["set_to_none"], loop_args["accumulation_steps"],

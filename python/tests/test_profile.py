@@ -404,7 +404,10 @@ def test_a_profile_inside_autocast_measures_its_own_weight_casts_and_leaves_none
         meta = memfit.profile(model, x, y, optimizer="sgd", mode="meta")
         got = model(x)  # casts of the weights themselves, not of a rehearsal's copies
     assert warm.peak_bytes == fresh.peak_bytes
-    assert meta.mode == "meta" and not got.is_meta
+    # Meta undercounts the CPU's autocast (5.15 vs 7.18 MiB): one CPU step
+    # says so and the step is rehearsed there (Note [Meta mode checked
+    # against the CPU's kernels]).
+    assert meta.mode == "cpu" and meta.peak_bytes == fresh.peak_bytes and not got.is_meta
     assert torch.equal(got, want)
 
 

@@ -61,6 +61,21 @@ def free_host_bytes() -> int:
         return 0
 
 
+def host_bytes_at(peaks: dict, batch: int) -> int:
+    """The host bytes a CPU rehearsal at `batch` would take, from `peaks`
+    (batch -> peak) recorded there: the line through the largest two
+    batches (its slope at least 0), the largest's peak per sample with one;
+    0 with none."""
+    if not peaks:
+        return 0
+    points = sorted(peaks.items())
+    n2, p2 = points[-1]
+    if len(points) == 1:
+        return int(p2 / n2 * batch)
+    n1, p1 = points[-2]
+    return int(p2 + max(0.0, (p2 - p1) / (n2 - n1)) * (batch - n2))
+
+
 def _named(labels):
     """'a (LSTM) runs', 'a (LSTM), b (GRU) run': the first three named."""
     named = ", ".join(labels[:3]) + (f" and {len(labels) - 3} more" if len(labels) > 3 else "")

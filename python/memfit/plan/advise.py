@@ -19,6 +19,7 @@ from .._step.device import budget_target, to_bytes
 from .._step.gc_frozen import with_gc_frozen
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.loop import as_loop
+from .._step.meta_checked import unchecked
 from .._step.progress import as_progress
 from .._step.step_flops import counting_flops
 from .._step.training_step import check_optimizer
@@ -273,7 +274,8 @@ class _Recorder:
             count = (on_meta and id(b) not in self.flops and batch == n and not s.checkpoint
                      and s.step == "train")
             with counting_flops(b.block_paths) if count else contextlib.nullcontext() as fc:
-                report = b.profile(s, batch, "meta" if meta else "cpu")
+                with unchecked() if meta else contextlib.nullcontext():  # the plan is, on the CPU
+                    report = b.profile(s, batch, "meta" if meta else "cpu")
         except (TypeError, AttributeError, RuntimeError, ValueError) as e:
             if s.setting is None or isinstance(e, torch.OutOfMemoryError):
                 raise

@@ -20,9 +20,10 @@ from .._step.compiled import CompileCost, compiled_paths
 from .compiled import CompiledRecordings
 from .length_surface import LengthAxis, LengthPrediction, LengthSurface, with_length_axis
 from .._step.loop import as_loop, eval_modules
+from .._step.meta_checked import CHECK_TOLERANCE, checked_note, cpu_kernels_note, is_checked
 from .._step.meta_reads import MetaReads, foreach_as_on_cuda
-from .._step.meta_rnn import (HEADROOM, free_host_bytes, on_cpu_note, peak_bytes,
-                               rnn_modules, unsized_note)
+from .._step.meta_rnn import (HEADROOM, free_host_bytes, host_bytes_at, on_cpu_note,
+                               peak_bytes, rnn_modules, unsized_note)
 from .._step.progress import as_progress
 from .._step.record import rehearse
 from .._step.training_step import check_optimizer, optimizer_name
@@ -530,11 +531,11 @@ class _StepRecorder:
         self.compiled = None
         self.value_sized_ops = []  # the first recording's: the example batch's
         # mode='meta': None until the first recording decides, then whether
-        # each step is rehearsed on the CPU instead for its RNNs, and the
-        # most bytes a sample took there (See Note [What meta mode cannot
-        # size in an RNN], meta_rnn.py).
+        # each step is rehearsed on the CPU instead (its RNNs, kernels meta
+        # does not size), and the peaks there by batch (See Note [What meta
+        # mode cannot size in an RNN], meta_rnn.py).
         self.meta_on_cpu = None
-        self.cpu_bytes_per_sample = 0.0
+        self.cpu_peaks = {}
 
     def run(self, inputs, target, eager=False):
         """(C++ report, timeline) of the step on `inputs`."""
@@ -567,7 +568,7 @@ class _StepRecorder:
                              "does for CUDA parameters (temporaries as large as all "
                              "parameters); see Note [The optimizer a GPU would run]")
             if mode == "meta" and self.meta_on_cpu is None:
-                self.meta_on_cpu = self._first_meta_recording(rec)
+                self.meta_on_cpu = self._first_meta_recording(rec, inputs, target, eager)
             if not (mode == "meta" and self.meta_on_cpu):
                 return rec, mode
         except (NotImplementedError, RuntimeError) as e:
@@ -591,38 +592,48 @@ class _StepRecorder:
         return self._on_cpu(inputs, target, eager), "cpu"
 
     def _on_cpu(self, inputs, target, eager):
-        """The RecordedStep of a meta-mode step rehearsed on the CPU. For its
-        RNNs (meta_on_cpu), a batch the host has not the room for (at the
-        most bytes a sample took so far) is refused, not run into the
-        host's out-of-memory killer."""
+        """The RecordedStep of a meta-mode step rehearsed on the CPU. Once
+        meta_on_cpu, a batch the host has not the room for (the line
+        through the largest two batches recorded there) is refused, not run
+        into the host's out-of-memory killer."""
         n = batch_size(inputs, self.batch_dim, "profile")
-        need, free = int(self.cpu_bytes_per_sample * n), free_host_bytes()
+        need, free = host_bytes_at(self.cpu_peaks, n), free_host_bytes()
         if self.meta_on_cpu and need > free:
             fmt = _memfit.format_bytes
             raise ValueError(
-                f"[profile] mode='meta' rehearses this step on the CPU for its RNN modules "
-                f"(See Note [What meta mode cannot size in an RNN]), and batch {n} would take "
-                f"about {fmt(need)} there, more than this host's {fmt(free)} free: plan a "
-                f"smaller budget, or pass target_device='cuda' to plan a card on meta")
+                f"[profile] mode='meta' rehearses this step on the CPU (its notes say why), "
+                f"and batch {n} would take about {fmt(need)} there, more than this host's "
+                f"{fmt(free)} free: plan a smaller budget, or pass target_device='cuda' to "
+                f"plan a card on meta")
         rec = rehearse(self.model, inputs, target, self.how, self.optimizer, self.iterations,
                        torch.device("cpu"), self.loop, self.said, eager=eager)
-        if self.meta_on_cpu:
-            self.cpu_bytes_per_sample = max(self.cpu_bytes_per_sample,
-                                            peak_bytes(rec.timeline) / n)
+        self.cpu_peaks[n] = max(self.cpu_peaks.get(n, 0), peak_bytes(rec.timeline))
         return rec
 
-    def _first_meta_recording(self, rec):
-        """Whether a meta-mode step is rehearsed on the CPU for its RNN
-        modules (See Note [What meta mode cannot size in an RNN]), from its
-        first meta recording `rec`. What meta leaves out goes with the
-        loop's notes, into every report and find_batch_size's answer: that
-        the step ran on the CPU, or the RNNs and the convolutions' workspace
-        (See Note [Workspace meta mode cannot see]) it does not count."""
+    def _first_meta_recording(self, rec, inputs, target, eager):
+        """Whether a meta-mode step is rehearsed on the CPU, from its first
+        meta recording `rec` (of `inputs`): for its RNN modules (See Note
+        [What meta mode cannot size in an RNN]), or where one CPU step of
+        the same batch peaks higher (See Note [Meta mode checked against the
+        CPU's kernels]). What meta leaves out goes with the loop's notes,
+        into every report and find_batch_size's answer: that the step ran
+        on the CPU, or the RNNs and the convolutions' workspace (See Note
+        [Workspace meta mode cannot see]) it does not count."""
         labels = rnn_modules(self.model)
-        if labels and self.target_device == "cpu" and not self.meta and \
-                HEADROOM * peak_bytes(rec.timeline) <= free_host_bytes():
-            self.loop_notes.append(on_cpu_note(labels))
-            return True
+        meta_peak = peak_bytes(rec.timeline)
+        if self.target_device == "cpu" and not self.meta and \
+                HEADROOM * meta_peak <= free_host_bytes():
+            if labels:
+                self.loop_notes.append(on_cpu_note(labels))
+                return True
+            if not is_checked():
+                return False
+            n = batch_size(inputs, self.batch_dim, "profile")
+            cpu_peak = peak_bytes(self._on_cpu(inputs, target, eager).timeline)
+            if cpu_peak > meta_peak * (1 + CHECK_TOLERANCE):
+                self.loop_notes.append(cpu_kernels_note(n, meta_peak, cpu_peak))
+                return True
+            self.loop_notes.append(checked_note(n, meta_peak, cpu_peak))
         if labels:
             why = (f"the {self.meta} on the meta device, which the CPU cannot run" if self.meta
                    else "this host has not the room to rehearse it on the CPU")

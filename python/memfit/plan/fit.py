@@ -26,6 +26,7 @@ from ..report.compiled import search_notes
 from ..report.value_sized import settle_fit
 from ..report.data_parallel import trainable_sizes
 from ..report.places import place_of
+from ..report.step_growth import growth_note
 from ..report.profile import profile
 from .budget import resolve_budget
 from .lengths import LengthFit, fit_lengths
@@ -168,6 +169,10 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                      max_batch=cap, progress=at.progress)
         # The answer is for this loop, from this state; a compiled model's graphs.
         notes = room.notes + report.loop_notes + search_notes(report, fit)
+        # See Note [A step whose memory grows step after step] (step_growth.py).
+        grows = growth_note(report.phases, report.batch)
+        if grows:
+            notes.append(grows)
         if notes:
             fit.notes = list(fit.notes) + notes
         # See Note [Memory that depends on the batch's values] (op_frames.h).

@@ -32,6 +32,7 @@ from .._step.user_state import kept_rng, step_tensors
 from . import data_parallel as _dp
 from . import page as report_page
 from .places import CARD_NOTE, place_of
+from .step_growth import growth_note
 from .value_sized import profile_note
 from .workspace_note import workspace_note
 
@@ -684,6 +685,9 @@ class _StepRecorder:
             notes.append(f"optimizer state and step on the host: "
                          f"{_memfit.format_bytes(rec.host_bytes)} of host memory (parameter "
                          f"copies, gradient buffers, state), not in the device's figures")
+        grows = growth_note([p.as_dict() for p in native.phases], n)
+        if grows:  # See Note [A step whose memory grows step after step] (step_growth.py).
+            notes.append(grows)
         native.notes = notes
         native.truth = self.place.truth if mode == self.place.mode else "rehearsed on the CPU"
         return native, timeline

@@ -589,7 +589,10 @@ class _StepRecorder:
                 f"the {self.meta} on the meta device, which cpu mode cannot run: pass "
                 f"real tensors"
             )
-        notes.append(f"meta mode unavailable in this torch ({first}); fell back to cpu mode")
+        # With the loop's notes: find_batch_size's answer says why its mode is cpu.
+        fallback = f"meta mode could not run this step ({first}); fell back to cpu mode"
+        if fallback not in self.loop_notes:
+            self.loop_notes.append(fallback)
         return self._on_cpu(inputs, target, eager), "cpu"
 
     def _on_cpu(self, inputs, target, eager):

@@ -52,6 +52,20 @@ def coupled_layers(model):
 # counter, so versions cannot tell which moved. The copies die with the
 # step. If the step raises, its gradients are dropped and the buffers go back
 # to how they were before it: the step did not happen.
+# Note [Out of memory inside the backward's Python code]
+# The native step runs each micro-batch's backward in C++ and recovers from
+# the out-of-memory error a kernel raises there. A Python hook the backward
+# calls (torch.utils.checkpoint recomputing the forward, a custom
+# autograd.Function's backward) raises Python's OutOfMemoryError instead,
+# which reaches C++ as another error, and the step failed: a checkpointed
+# model's step that ran out of memory in the recompute raised RuntimeError
+# where the same model unchecked recovered. The failed step did not happen
+# (its gradients dropped, the buffers and the optimizer's new state put
+# back), so the step is run again from its start in micro-batches half as
+# large: each sample counted once, as a micro-batch redone is. A forward
+# that wrote into the user's samples in place is not run again (the write
+# would apply twice), nor a distributed step (every rank would have to):
+# that error is raised as it came.
 class BufferGuard:
     """Copies of the buffers a forward may write, to undo a failed attempt."""
 
@@ -511,8 +525,38 @@ class Trainer:
             self._length_micro_batch(native, inputs, target, n)
         elif self._wants_plan(native, target, n):
             self._plan_micro_batch(native, inputs, target, n)
-        return self._weighted_step(target, lambda loss_of: native.step(
-            n, loss_of(inputs, target, n), self._batch_bytes(inputs, target)))
+        return self._redone_after_hook_oom(native, inputs, target, n)
+
+    def _redone_after_hook_oom(self, native, inputs, target, n):
+        """The native step of the whole batch, run again from its start in
+        micro-batches half as large where it ran out of memory inside a
+        Python hook of the backward: See Note [Out of memory inside the
+        backward's Python code]."""
+        users = tensors_in(inputs) + tensors_in(target)
+        redone = []
+        while True:
+            versions = [t._version for t in users]
+            tried = native.micro_batch or n
+            try:
+                report = self._weighted_step(target, lambda loss_of: native.step(
+                    n, loss_of(inputs, target, n), self._batch_bytes(inputs, target)))
+            except RuntimeError as e:
+                oom = e.__cause__
+                if not isinstance(oom, torch.cuda.OutOfMemoryError) or \
+                        isinstance(e, torch.cuda.OutOfMemoryError) or tried <= 1 or \
+                        any(t._version != v for t, v in zip(users, versions)):
+                    raise
+                smaller = max(1, min(tried, native.micro_batch or n) // 2)
+                redone.append(smaller)
+                native.set_micro_batch(smaller)
+                continue
+            if redone:
+                report.notes = list(report.notes) + [
+                    f"the backward's Python code (activation checkpointing's recompute, a "
+                    f"custom autograd.Function) ran out of memory {len(redone)} time(s): the "
+                    f"step ran again from its start in micro-batches of {redone[-1]}; "
+                    f"ooms_recovered does not count these"]
+            return report
 
     def _can_plan(self, n):
         """Whether this batch can be planned at all: see Note [The first

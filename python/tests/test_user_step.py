@@ -224,3 +224,37 @@ def test_batch_encoding_is_cut_and_kept_as_a_batch_encoding():
     assert part["input_ids"].shape == (3, 16)
     assert torch.equal(part["labels"], enc["labels"][2:5])
     assert batch_size(resize_batch(enc, 20)) == 20
+
+
+def backward_inside(model, batch):
+    loss = ce_step(model, batch)
+    loss.backward()  # memfit's to run: the step returns the loss
+    return loss
+
+
+def whole_loop_inside(model, batch):
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    loss = ce_step(model, batch)
+    loss.backward()
+    opt.step()
+    opt.zero_grad()
+    return loss.detach()
+
+
+@pytest.mark.parametrize("step, message", [
+    (backward_inside, r"the step changed the parameters' .grad \(it ran backward"),
+    (whole_loop_inside, r"the loss does not require grad.*a step function returns the loss"),
+])
+@pytest.mark.parametrize("front, tag", [
+    (lambda m, b, s: memfit.profile(m, b, optimizer="sgd", step=s), "profile"),
+    (lambda m, b, s: memfit.find_batch_size(m, b, optimizer="sgd", budget="1MiB", step=s),
+     "find_batch_size"),
+    (lambda m, b, s: memfit.Trainer(m, torch.optim.SGD(m.parameters(), lr=0.1), step=s,
+                                    micro_batch=4).step(b), "Trainer.step"),
+])
+def test_a_step_that_runs_the_loop_itself_is_refused_in_one_line(step, message, front, tag):
+    # It raised torch's "backward through the graph a second time", or for
+    # a split Trainer step "element 0 of tensors does not require grad".
+    with pytest.raises(ValueError, match=rf"^\[{tag}\] {message}") as e:
+        front(mlp(), data(), step)
+    assert "\n" not in str(e.value)

@@ -117,7 +117,8 @@ def check_loss_trains(loss, model, what):
     raise ValueError(
         f"[{what}] the loss does not require grad although the model has trainable "
         f"parameters: the forward or loss_fn runs under torch.no_grad()/inference_mode or "
-        f"detaches its result; compute the loss with gradients enabled"
+        f"detaches its result (a step function returns the loss with its graph: memfit runs "
+        f"backward and the optimizer); compute the loss with gradients enabled"
     )
 
 

@@ -102,7 +102,15 @@ class UserStep:
     def forward(self, model: torch.nn.Module, batch: Any) -> Any:
         """The forward phase: the model's output, or the step's loss."""
         if self.step is not None:
-            return self.step(model, batch)
+            before = _grads(model)
+            out = self.step(model, batch)
+            if _grads(model) != before:
+                raise StepError(
+                    f"[{self.what}] the step changed the parameters' .grad (it ran backward, "
+                    f"zero_grad or the optimizer itself): step(model, batch) must return the "
+                    f"loss with its graph; memfit runs backward, the optimizer step and "
+                    f"zero_grad")
+            return out
         return call_model(model, batch)
 
     def loss(self, output: Any, target: Any = None) -> torch.Tensor:
@@ -167,6 +175,13 @@ class UserStep:
         name = getattr(self.step, "__qualname__", type(self.step).__name__)
         return (f"the step is the user's function {name}: its forward and loss are one "
                 f"phase (forward)")
+
+
+def _grads(model):
+    """Each parameter's .grad as the object and its version: what a step
+    that ran backward (or zero_grad) itself changes."""
+    return [None if p.grad is None else (id(p.grad), p.grad._version)
+            for p in model.parameters()]
 
 
 def as_user_step(loss_fn: Any = None, step: Callable | None = None, what: str = "profile",

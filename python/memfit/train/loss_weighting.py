@@ -233,6 +233,8 @@ class LossWeighting:
         mode = _Reductions()
         with mode:
             loss, output = compute()
+        if isinstance(loss, torch.Tensor) and not loss.requires_grad:
+            return loss  # no graph: the caller's check says why, before anything probes it
         found = next(((rule, count) for out, rule, count in mode.calls if out is loss), None)
         if found is None:
             kind = self._declared or self._probe(output, target, target_dim, rerun)
@@ -331,9 +333,18 @@ class LossWeighting:
         if probe is None:
             raise ValueError(f"[Trainer.step] cannot tell how loss_fn reduces the batch: {ask}")
         value, k, tol = probe
-        with _rerun_quietly(rerun):
-            together = value(0, k)[0]
-            alone = [value(i, i + 1)[0] for i in range(k)]
+        try:
+            with _rerun_quietly(rerun):
+                together = value(0, k)[0]
+                alone = [value(i, i + 1)[0] for i in range(k)]
+        except torch.cuda.OutOfMemoryError:
+            raise  # the step's to recover from, as any of its allocations
+        except Exception as e:  # noqa: BLE001 - a step that cannot run so is not probed
+            if rerun is None:
+                raise
+            raise ValueError(f"[Trainer.step] cannot tell how the step's loss reduces the "
+                             f"batch (run again on its samples without grad, it raised "
+                             f"{type(e).__name__}): {ask}") from None
         total = sum(alone)
         scale = max(max(abs(v) for v in alone), abs(together), 1e-30)
         is_mean = abs(together - total / k) <= tol * scale

@@ -104,12 +104,11 @@ class UserStep:
         if self.step is not None:
             before = _grads(model)
             out = self.step(model, batch)
-            if _grads(model) != before:
+            if _wrote_grads(before, _grads(model)):
                 raise StepError(
-                    f"[{self.what}] the step changed the parameters' .grad (it ran backward, "
-                    f"zero_grad or the optimizer itself): step(model, batch) must return the "
-                    f"loss with its graph; memfit runs backward, the optimizer step and "
-                    f"zero_grad")
+                    f"[{self.what}] the step changed the parameters' .grad (it ran backward "
+                    f"itself): step(model, batch) must return the loss with its graph; memfit "
+                    f"runs backward, the optimizer step and zero_grad")
             return out
         return call_model(model, batch)
 
@@ -178,10 +177,16 @@ class UserStep:
 
 
 def _grads(model):
-    """Each parameter's .grad as the object and its version: what a step
-    that ran backward (or zero_grad) itself changes."""
+    """Each parameter's .grad as the object and its version."""
     return [None if p.grad is None else (id(p.grad), p.grad._version)
             for p in model.parameters()]
+
+
+def _wrote_grads(before, after):
+    """Whether a .grad was made or written between two _grads(): a step
+    that ran backward itself. One set to None is not (Lightning's step runs
+    the closure's zero_grad(set_to_none=True))."""
+    return any(a is not None and a != b for b, a in zip(before, after))
 
 
 def as_user_step(loss_fn: Any = None, step: Callable | None = None, what: str = "profile",

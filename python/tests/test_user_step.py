@@ -258,3 +258,23 @@ def test_a_step_that_runs_the_loop_itself_is_refused_in_one_line(step, message, 
     with pytest.raises(ValueError, match=rf"^\[{tag}\] {message}") as e:
         front(mlp(), data(), step)
     assert "\n" not in str(e.value)
+
+
+def test_a_step_that_zeroes_the_gradients_is_refused_when_the_trainer_splits_it():
+    # Split into micro-batches of 4, each forward's zero_grad dropped what the
+    # earlier ones accumulated: the optimizer got the last micro-batch's
+    # gradients alone (0.18 off the whole batch's), and nothing said so.
+    def step(model, batch):
+        model.zero_grad()
+        return ce_step(model, batch)
+
+    model = mlp()
+    t = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), step=step,
+                       micro_batch=4)
+    with pytest.raises(ValueError, match=r"^\[Trainer.step\] the step zeroed the .grad the "
+                                         r"earlier micro-batches accumulated") as e:
+        t.step(data())
+    assert "\n" not in str(e.value)
+    assert all(p.grad is None for p in model.parameters())  # the step did not happen
+    whole = memfit.Trainer(model, torch.optim.SGD(model.parameters(), lr=0.1), step=step)
+    assert whole.step(data()).micro_batches == 1  # unsplit, it is the user's own step

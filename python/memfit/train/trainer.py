@@ -52,6 +52,23 @@ def coupled_layers(model):
 # counter, so versions cannot tell which moved. The copies die with the
 # step. If the step raises, its gradients are dropped and the buffers go back
 # to how they were before it: the step did not happen.
+def _grad_slots(model):
+    """Each parameter's .grad as the object and its version."""
+    return [None if p.grad is None else (id(p.grad), p.grad._version)
+            for p in model.parameters()]
+
+
+def _check_grads_kept(before, after):
+    """Raises ValueError when a step function zeroed (or wrote) the .grad
+    the earlier micro-batches accumulated: split, it trained on the last
+    micro-batch's gradients alone (0.18 off the whole batch's), silently."""
+    if any(b is not None and a != b for b, a in zip(before, after)):
+        raise ValueError(
+            "[Trainer.step] the step zeroed the .grad the earlier micro-batches accumulated "
+            "(zero_grad inside it): split, only the last micro-batch's gradients would be "
+            "left; take zero_grad out of the step (memfit runs it once per step)")
+
+
 # Note [Out of memory inside the backward's Python code]
 # The native step runs each micro-batch's backward in C++ and recovers from
 # the out-of-memory error a kernel raises there. A Python hook the backward
@@ -778,8 +795,10 @@ class Trainer:
                     again = StepRerun(model, lambda a, b: how.run(
                         model, narrow_batch(x, a, b - a, bd),
                         None if y is None else narrow_batch(y, a, b - a, tbd)), n)
+                    grads = _grad_slots(model)
                     loss = weighting.chunk_loss(lambda: (how.run(model, x, y), None),
                                                 start, n, batch, y, tbd, rerun=again)
+                    _check_grads_kept(grads, _grad_slots(model))
                 else:
                     out = how.forward(model, x)
                     loss = weighting.chunk_loss(lambda: (how.loss(out, y), out),

@@ -39,6 +39,9 @@ except ImportError:
 
 from .api import Size, UserStep, count, host_memory, kept_rng, sequence_length
 from ..diagnosis import Doctor
+from .._step.batching import batch_size
+from ..memory.tracking import track
+from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 from .._native import native as _memfit
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
@@ -277,9 +280,15 @@ def _unfrozen(trainer, pl_module, optimizer):
 # measured at the batch val_dataloader builds for the fitted one, beside
 # the optimizer's state (and the gradients where they stay), on a copy of
 # the module (See Note [Rehearsed on a copy of the module]); where it does
-# not fit, the batch set is the largest whose validation batch fits. What
-# validation_step keeps across its batches (a list of outputs) is not
-# measured.
+# not fit, the batch set is the largest whose validation batch fits.
+# What validation_step keeps after it returns (outputs appended to a list
+# for on_validation_epoch_end) piles up over the validation's batches:
+# kept features of 4 batches, concatenated at the epoch's end, ran out of
+# memory at 548 where 286 run. So the bytes it keeps per sample are
+# measured (alive after one step on a fresh copy), and what
+# on_validation_epoch_end makes of them (its peak per byte kept: one for a
+# torch.cat); the samples one validation runs (limit_val_batches of the
+# loader's batches) times both are held beside its step.
 
 
 def _val_source(trainer, pl_module):
@@ -307,6 +316,70 @@ def _val_loader(source, pl_module, name, batch):
         lightning_setattr(pl_module, name, was)
 
 
+def _val_args(pl_module, loader_index):
+    """validation_step's arguments after the batch: batch_idx, and the
+    dataloader_idx where there are several loaders."""
+    params = len(inspect.signature(pl_module.validation_step).parameters)
+    return ((0,) if params >= 2 else ()) + (
+        (loader_index,) if loader_index is not None and params >= 3 else ())
+
+
+def _kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
+    """(bytes per validated sample that validation_step keeps after it
+    returns, the peak on_validation_epoch_end makes of them per sample):
+    See Note [The validation inside the fit loop]."""
+    side, args = _side_copy(trainer, pl_module), _val_args(pl_module, index)
+
+    def step(model, batch):
+        with trainer.precision_plugin.val_step_context(), _quiet_log(model):
+            _ = model.validation_step(batch, *args)
+        return torch.zeros(())
+
+    with kept_rng():
+        report = profile_eval(side, batch, None, UserStep(step=step, what=what), "no_grad",
+                              batch_dim)
+    left = report.timeline.breakdown_after(len(report.timeline) - 1)["categories"]
+    kept = sum(v for k, v in left.items() if k not in ("parameter", "buffer", "input"))
+    if not kept:
+        return 0.0, 0.0
+    end = kept  # a torch.cat of the list, where its peak cannot be measured
+    if not is_overridden("on_validation_epoch_end", pl_module):
+        end = 0
+    elif side is not pl_module:
+        try:
+            with kept_rng(), _quiet_log(side), track() as t:
+                side.on_validation_epoch_end()
+            end = t.peak_bytes
+        except Exception:  # the hook needs the loop's state: the cat's bytes
+            pass
+    return kept / report.batch, end / report.batch
+
+
+def _pile_step(what, per_sample):
+    """A step holding `per_sample` bytes per sample of its batch and
+    nothing else: on_validation_epoch_end beside what the steps kept."""
+
+    def step(model, batch):
+        pile = torch.empty(int(per_sample * batch_size(batch, 0, what)), dtype=torch.uint8)
+        del pile
+        return torch.zeros(())
+
+    return UserStep(step=step, what=what)
+
+
+def _samples_validated(trainer, loader):
+    """(batches, samples): one validation runs limit_val_batches batches
+    of `loader` (batches: an int limit, whose samples grow with the batch)
+    or a share of its samples (samples; None where its length is unknown)."""
+    limit = trainer.limit_val_batches
+    if isinstance(limit, int):
+        return limit, None
+    try:
+        return None, max(1, int(len(loader) * limit)) * loader.batch_size
+    except TypeError:
+        return None, None
+
+
 def _val_loaders(source, pl_module, name, batch):
     """The validation loaders built at `batch`: val_dataloader may return
     several (a list, a dict, a CombinedLoader), which the loop runs one
@@ -317,18 +390,23 @@ def _val_loaders(source, pl_module, name, batch):
     return built.flattened
 
 
-def _validation_step(trainer, pl_module, what, loader_index=None):
+def _validation_step(trainer, pl_module, what, loader_index=None, piled=0.0):
     """validation_step as memfit's step (its output dropped, as the loop
     keeps none), under the precision plugin's validation context;
     `loader_index`: the dataloader_idx the loop passes where there are
-    several loaders."""
-    params = len(inspect.signature(pl_module.validation_step).parameters)
-    args = ((0,) if params >= 2 else ()) + (
-        (loader_index,) if loader_index is not None and params >= 3 else ())
+    several loaders; `piled`: bytes per sample of the step's batch held
+    beside it (what earlier batches kept: See Note [The validation inside
+    the fit loop])."""
+    args = _val_args(pl_module, loader_index)
 
     def step(model, batch):
+        n = int(piled * batch_size(batch, 0, what)) if piled else 0
+        pile = torch.empty(n, dtype=torch.uint8) if n else None
+        # Each probe on a copy of its own: what one keeps goes with it.
+        model = _side_copy(trainer, model)
         with trainer.precision_plugin.val_step_context(), _quiet_log(model):
             _ = model.validation_step(batch, *args)
+        del pile, model
         return torch.zeros(())
 
     return UserStep(step=step, what=what)
@@ -551,10 +629,26 @@ class FitBatchSize(pl.Callback):
             return
         with kept_rng(), host_memory(), kept_rng(loader):
             batch = example_of(next(iter(loader)), self.batch_dim)
-        batch, loader = _as_the_loop_gives(trainer, pl_module, batch), None
-        fits, _ = plan_eval_batch(side, batch, _validation_step(trainer, side, what, index),
-                                  budget=self.budget, what=what, batch_dim=self.batch_dim,
-                                  held_bytes=held, cap=cap, target_device=self.target_device)
+        batch = _as_the_loop_gives(trainer, pl_module, batch)
+        kept, end = _kept_per_sample(trainer, pl_module, batch, what, index, self.batch_dim)
+        batches, samples = _samples_validated(trainer, loader) if kept else (None, None)
+        if kept and batches is None and samples is None:
+            plan.notes.append("validation_step keeps tensors after it returns, and the "
+                              "validation's length is unknown: they were not counted")
+        loader = None
+        kw = dict(budget=self.budget, what=what, batch_dim=self.batch_dim, cap=cap,
+                  target_device=self.target_device)
+        # The last step beside what the earlier ones kept, then the epoch's end.
+        piled = kept * max(0, (batches or 0) - 1)
+        fits, _ = plan_eval_batch(side, batch,
+                                  _validation_step(trainer, side, what, index, piled),
+                                  held_bytes=held + int(kept * (samples or 0)), **kw)
+        if kept and (batches or samples):
+            at_end, _ = plan_eval_batch(side, batch,
+                                        _pile_step(what, (kept + end) * (batches or 0)),
+                                        held_bytes=held + int((kept + end) * (samples or 0)),
+                                        **kw)
+            fits = min(fits, at_end)
         if fits >= cap:
             return
         lo, hi = 0, plan.batch_size  # the largest batch whose loader's batch fits

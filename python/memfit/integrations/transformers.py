@@ -11,11 +11,14 @@ Needs transformers (`pip install transformers`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
 import logging
 import sys
 import time
 from typing import Any
+
+import torch
 
 try:
     import transformers
@@ -28,6 +31,7 @@ except ImportError:
     ) from None
 
 from .api import Size, UserStep, host_memory, kept_rng, sequence_length
+from .._step.batching import batch_size, tensors_in
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler
@@ -153,6 +157,64 @@ def _precision_as_trained(trainer):
             del model.forward
 
 
+# Note [The outputs the evaluation loop keeps]
+# With compute_metrics (and not prediction_loss_only or batch_eval_metrics),
+# HF's evaluation_loop keeps each batch's logits and labels on the device,
+# concatenated (torch.cat: the old and the new alive at once), until
+# eval_accumulation_steps batches moved them to the host: the k-th batch's
+# forward runs beside k - 1 batches' outputs, and its concatenation holds
+# 2k. Sized from the loss alone, the eval batch set (30 of a GPT-2 with k = 4
+# at 8 MiB) ran out of memory in the Trainer's evaluation, where 15 runs.
+# So the eval step fitted holds those bytes as the loop does, from the
+# outputs per sample of one prediction_step on the example (on the host).
+# Without eval_accumulation_steps every batch's outputs stay, whatever the
+# batch: not sized (FitBatchSize's doc).
+def _kept_window(trainer) -> int:
+    """Batches of outputs the evaluation loop keeps on the device at most
+    (1: each moved off after its step, or none kept)."""
+    args = trainer.args
+    if trainer.compute_metrics is None or args.prediction_loss_only or args.batch_eval_metrics:
+        return 1
+    return args.eval_accumulation_steps or 1
+
+
+def _outputs_per_sample(trainer, batch) -> float:
+    """Bytes of logits and labels the evaluation loop keeps per sample:
+    one prediction_step on `batch`, in host memory."""
+    model = trainer.model
+    training = model.training
+    try:
+        with kept_rng(), host_memory():
+            model.eval()
+            _, logits, labels = trainer.prediction_step(model, batch, False)
+            if trainer.preprocess_logits_for_metrics is not None and logits is not None:
+                logits = trainer.preprocess_logits_for_metrics(logits, labels)
+            kept = sum(t.nbytes for t in tensors_in((logits, labels)))
+    finally:
+        model.train(training)
+    return kept / batch_size(batch, 0, "FitBatchSize")
+
+
+def _eval_step(trainer, how: UserStep, batch) -> UserStep:
+    """The evaluation step as the loop runs it: See Note [The outputs the
+    evaluation loop keeps]."""
+    window = _kept_window(trainer)
+    if window < 2:
+        return how
+    per_sample = _outputs_per_sample(trainer, batch)
+
+    def step(model, x):
+        n, device = batch_size(x, 0, "FitBatchSize"), next(model.parameters()).device
+        held = torch.empty(int((window - 1) * per_sample * n), dtype=torch.uint8, device=device)
+        loss = how.step(model, x)
+        # This batch's outputs and the concatenation of all the window's.
+        joined = torch.empty(int((window + 1) * per_sample * n), dtype=torch.uint8, device=device)
+        del held, joined
+        return loss
+
+    return dataclasses.replace(how, step=step)
+
+
 def _optimizer_for(trainer, model, given):
     if given is not None:
         return given
@@ -180,8 +242,10 @@ class FitBatchSize(TrainerCallback):
     else the CUDA card's free memory. Pass it in Trainer(callbacks=[...]):
     it plans when the Trainer is built (See Note [Where the HF Trainer
     takes its batch size]). `plan` (a memfit BatchPlan) says what was set.
-    An evaluation that keeps every batch's logits (compute_metrics without
-    eval_accumulation_steps) grows with the eval set: not sized here.
+    With compute_metrics the outputs the evaluation keeps until
+    eval_accumulation_steps batches go to the host are sized in; without
+    eval_accumulation_steps it keeps every batch's, growing with the eval
+    set: not sized here.
 
     Variable-length data: FitBatchSize(seq_dim=1, lengths=[128, 512, 2048])
     fits the largest batch at each length from the Trainer's own loss
@@ -265,6 +329,7 @@ class FitBatchSize(TrainerCallback):
         args = trainer.args
         eval_batch = _first_batch(trainer.get_eval_dataloader())
         with _precision_as_trained(trainer):  # See Note [The mixed precision the Trainer's ...]
+            how = _eval_step(trainer, how, eval_batch)  # See Note [The outputs the evaluation ...]
             size, _ = plan_eval_batch(
                 trainer.model, eval_batch, how, budget=self.budget, what="FitBatchSize",
                 held_bytes=plan.optimizer_state_bytes + plan.reserved_bytes,

@@ -40,7 +40,6 @@ except ImportError:
 from .api import Size, UserStep, count, host_memory, kept_rng, sequence_length
 from ..diagnosis import Doctor
 from .._step.batching import batch_size
-from ..memory.tracking import track
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 from .._native import native as _memfit
@@ -285,10 +284,12 @@ def _unfrozen(trainer, pl_module, optimizer):
 # for on_validation_epoch_end) piles up over the validation's batches:
 # kept features of 4 batches, concatenated at the epoch's end, ran out of
 # memory at 548 where 286 run. So the bytes it keeps per sample are
-# measured (alive after one step on a fresh copy), and what
-# on_validation_epoch_end makes of them (its peak per byte kept: one for a
-# torch.cat); the samples one validation runs (limit_val_batches of the
-# loader's batches) times both are held beside its step.
+# measured (alive after one step on a fresh copy), and
+# on_validation_epoch_end, where the module has one, is taken to make as
+# many again (a torch.cat of them; it is not run: it may write to the
+# logger or to files). The last step is sized beside what the earlier
+# batches kept (limit_val_batches of the loader's), the epoch's end beside
+# all of it and its copy.
 
 
 def _val_source(trainer, pl_module):
@@ -326,7 +327,7 @@ def _val_args(pl_module, loader_index):
 
 def _kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
     """(bytes per validated sample that validation_step keeps after it
-    returns, the peak on_validation_epoch_end makes of them per sample):
+    returns, what on_validation_epoch_end is taken to make of them):
     See Note [The validation inside the fit loop]."""
     side, args = _side_copy(trainer, pl_module), _val_args(pl_module, index)
 
@@ -342,16 +343,9 @@ def _kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
     kept = sum(v for k, v in left.items() if k not in ("parameter", "buffer", "input"))
     if not kept:
         return 0.0, 0.0
-    end = kept  # a torch.cat of the list, where its peak cannot be measured
-    if not is_overridden("on_validation_epoch_end", pl_module):
-        end = 0
-    elif side is not pl_module:
-        try:
-            with kept_rng(), _quiet_log(side), track() as t:
-                side.on_validation_epoch_end()
-            end = t.peak_bytes
-        except Exception:  # the hook needs the loop's state: the cat's bytes
-            pass
+    # on_validation_epoch_end is not run (it may write to the logger or to
+    # files): taken as a torch.cat of what was kept, one byte a byte.
+    end = kept if is_overridden("on_validation_epoch_end", pl_module) else 0
     return kept / report.batch, end / report.batch
 
 

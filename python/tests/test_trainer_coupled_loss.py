@@ -163,3 +163,21 @@ def test_a_per_sample_step_split_gives_the_whole_batchs_gradients():
     # by summation order only, ~1e-16 relative.
     for g, e in zip(got, eager):
         assert torch.allclose(g, e, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("how", ["loss_fn", "step"])
+def test_a_loss_that_mixes_samples_is_refused_in_micro_batches_of_one(how):
+    # One sample's output cannot show the mixing: the step is run again on 8
+    # of the batch's samples. Split so, each sample's contrastive loss alone
+    # is 0 and the gradients were 1.27 off the whole batch's, saying nothing.
+    model, x, y = model_and_batch()
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    if how == "loss_fn":
+        trainer, batch = memfit.Trainer(model, opt, loss_fn=contrastive, micro_batch=1), (x, y)
+    else:
+        trainer = memfit.Trainer(model, opt, step=lambda m, b: contrastive(m(b[0]), b[1]),
+                                 micro_batch=1)
+        batch = ((x, y),)
+    with pytest.raises(ValueError, match=r"^\[Trainer.step\] the loss mixes the batch's samples "
+                                         r"before it reduces them \(on 8 samples together"):
+        trainer.step(*batch)

@@ -64,15 +64,19 @@ __all__: list = []
 # its calls sees them.
 #
 # A loss made inside the forward (a step function, a Hugging Face model's
-# own loss) has no output to cut: there the check and the probe run the
-# step itself again on up to 8 of the micro-batch's samples together and
-# each alone (StepRerun), without grad, in eval mode (dropout would draw
-# other masks for other batches), the RNG and every buffer put back (a
-# queue of negatives the forward writes). The model runs at other batch
+# own loss) has no output to cut, nor has a micro-batch of one sample:
+# there the check and the probe run the step itself again, forward and
+# loss, on up to 8 of the batch's samples together and each alone
+# (StepRerun), on copies of them, without grad, in eval mode (dropout would
+# draw other masks for other batches), the RNG and every buffer put back
+# (a queue of negatives the forward writes). The model runs at other batch
 # sizes there, and its kernels round otherwise (bf16 under autocast), so
-# the agreement asked is 1% of the loss. Without it a CLIP-style step
+# the agreement asked is 1% of the loss; where the device has no room for
+# those samples the check is not run (the probe asks for reduction=, one
+# line). Without it a CLIP-style step
 # split into micro-batches of 8 trained on gradients 90% off the whole
-# batch's, and nothing said so.
+# batch's, and a contrastive loss_fn in micro-batches of 1 on gradients
+# 1.27 off (each sample's loss alone is 0), and nothing said so.
 
 _REDUCTIONS = {torch.mean: "mean", torch.Tensor.mean: "mean", torch.sum: "sum",
                torch.Tensor.sum: "sum", torch.nansum: "sum", torch.Tensor.nansum: "sum"}
@@ -153,13 +157,25 @@ _STEP_TOLERANCE = 0.01
 
 @dataclasses.dataclass(frozen=True)
 class StepRerun:
-    """A step whose loss is made inside the forward, run again on samples
-    [a, b) of the micro-batch: run(a, b) -> that loss (See Note [Probing
-    how the loss reduces])."""
+    """The step run again, forward and loss, on samples [a, b) of the
+    batch: run(a, b) -> that loss (See Note [Probing how the loss
+    reduces])."""
 
     module: torch.nn.Module
     run: Callable[[int, int], torch.Tensor]
-    samples: int  # the micro-batch's
+    samples: int  # the batch's
+
+
+@dataclasses.dataclass(frozen=True)
+class _Probe:
+    """value(a, b) -> (the loss of samples [a, b) of k, its counted targets
+    or None); tolerance: relative to the losses; rerun: the StepRerun it
+    runs, None where it is loss_fn on the output's rows."""
+
+    value: Callable
+    k: int
+    tolerance: float
+    rerun: StepRerun | None = None
 
 
 @contextlib.contextmanager
@@ -227,7 +243,8 @@ class LossWeighting:
         as the user's loss function makes it, the model's output it took, or
         None where the loss was made inside the forward); `target` is the
         micro-batch's target (a slice of the step's); rerun: a StepRerun of
-        this micro-batch where the loss is made inside the forward."""
+        the batch, for where the output cannot tell (a loss made inside the
+        forward, a micro-batch of one sample)."""
         if n == batch:
             return compute()[0]  # whole: weight 1 whatever the rule
         mode = _Reductions()
@@ -290,13 +307,16 @@ class LossWeighting:
         if probe is None:
             self._separable = True
             return
-        value, k, tol = probe
+        value, k, tol, again = probe.value, probe.k, probe.tolerance, probe.rerun
         try:
-            with _rerun_quietly(rerun):
+            with _rerun_quietly(again):
                 together, _ = value(0, k)
                 alone = [value(i, i + 1) for i in range(k)]
         except torch.cuda.OutOfMemoryError:
-            raise  # the step's to recover from, as any of its allocations
+            if again is None:
+                raise  # the step's to recover from, as any of its allocations
+            self._separable = True  # no room for the check's own samples: not checked
+            return
         except Exception:  # noqa: BLE001 - a loss that cannot run so is not checked
             self._separable = True
             return
@@ -332,15 +352,13 @@ class LossWeighting:
         probe = self._values(output, target, target_dim, rerun)
         if probe is None:
             raise ValueError(f"[Trainer.step] cannot tell how loss_fn reduces the batch: {ask}")
-        value, k, tol = probe
+        value, k, tol, again = probe.value, probe.k, probe.tolerance, probe.rerun
         try:
-            with _rerun_quietly(rerun):
+            with _rerun_quietly(again):
                 together = value(0, k)[0]
                 alone = [value(i, i + 1)[0] for i in range(k)]
-        except torch.cuda.OutOfMemoryError:
-            raise  # the step's to recover from, as any of its allocations
         except Exception as e:  # noqa: BLE001 - a step that cannot run so is not probed
-            if rerun is None:
+            if again is None:
                 raise
             raise ValueError(f"[Trainer.step] cannot tell how the step's loss reduces the "
                              f"batch (run again on its samples without grad, it raised "
@@ -359,11 +377,9 @@ class LossWeighting:
         return self._probed
 
     def _values(self, output, target, target_dim, rerun):
-        """(value(a, b), k, tolerance): value gives (the loss of samples
-        [a, b) of k of the micro-batch's, its counted targets or None), from
-        loss_fn on the output's rows or, where the loss is made inside the
-        forward, from the step run again (rerun); the tolerance is relative
-        to the losses. None where neither can run."""
+        """The _Probe of the loss on k samples: from loss_fn on the output's
+        rows or, where the output cannot tell, from the step run again
+        (rerun). None where neither can run."""
         def counted(run):
             mode = _Reductions()
             with mode:
@@ -371,14 +387,13 @@ class LossWeighting:
             c = next((c for out, _, c in mode.calls if out is v and c is not None), None)
             return float(v), (None if c is None else float(c))
 
-        if output is None and rerun is not None:
-            k = min(8, rerun.samples)
-            if k < 2:
-                return None
-            return (lambda a, b: counted(lambda: rerun.run(a, b))), k, _STEP_TOLERANCE
         sample = _samples(output, target, target_dim)
         if sample is None:
-            return None
+            k = 0 if rerun is None else min(8, rerun.samples)
+            if k < 2:
+                return None
+            return _Probe(lambda a, b: counted(lambda: rerun.run(a, b)), k, _STEP_TOLERANCE,
+                          rerun)
         o, tgt, k = sample
 
         def value(a, b):
@@ -386,8 +401,8 @@ class LossWeighting:
             return counted(lambda: self._loss_fn(o[a:b], y) if y is not None
                            else self._loss_fn(o[a:b]))
         # Rounding of the loss's dtype, summed over k values.
-        return value, k, 64 * k * torch.finfo(o.dtype if o.is_floating_point()
-                                              else torch.float32).eps
+        return _Probe(value, k, 64 * k * torch.finfo(o.dtype if o.is_floating_point()
+                                                     else torch.float32).eps)
 
 
 def _partition_total(counts):

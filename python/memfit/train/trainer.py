@@ -751,6 +751,24 @@ class Trainer:
 
         return move
 
+    def _rerun(self, inputs, target, batch, move):
+        """The step run again on samples [a, b) of the batch, copies of them
+        on the device (a forward that writes into its inputs writes into the
+        copies): how the loss's weighting checks it where a micro-batch's
+        own output cannot tell (See Note [Probing how the loss reduces])."""
+        model, how, bd, tbd = self._module, self._how, self.batch_dim, self.target_batch_dim
+
+        def copy(t):
+            return move(t).clone()
+
+        def run(a, b):
+            x = map_tensors(narrow_batch(inputs, a, b - a, bd), copy)
+            y = None if target is None else map_tensors(
+                target, lambda t: copy(t.narrow(tbd, a, b - a)))
+            return how.run(model, x, y)
+
+        return StepRerun(model, run, batch)
+
     def _chunk_loss(self, inputs, target, batch, buffers=None):
         model, how, bd, tbd = self._module, self._how, self.batch_dim, self.target_batch_dim
         # A step function's or the model's own loss is computed inside the
@@ -766,6 +784,7 @@ class Trainer:
         # counters moved), the redo would write twice, so it is refused.
         users = tensors_in(inputs) + tensors_in(target)
         written = []  # [start, end) of the micro-batches whose forward wrote
+        again = self._rerun(inputs, target, batch, move)
 
         def chunk_loss(start, n):
             for a, b in written:
@@ -792,9 +811,6 @@ class Trainer:
                 y = None if target is None else map_tensors(
                     target, lambda t: to_device(t.narrow(tbd, start, n)))
                 if own_loss:
-                    again = StepRerun(model, lambda a, b: how.run(
-                        model, narrow_batch(x, a, b - a, bd),
-                        None if y is None else narrow_batch(y, a, b - a, tbd)), n)
                     grads = _grad_slots(model)
                     loss = weighting.chunk_loss(lambda: (how.run(model, x, y), None),
                                                 start, n, batch, y, tbd, rerun=again)
@@ -802,7 +818,7 @@ class Trainer:
                 else:
                     out = how.forward(model, x)
                     loss = weighting.chunk_loss(lambda: (how.loss(out, y), out),
-                                                start, n, batch, y, tbd)
+                                                start, n, batch, y, tbd, rerun=again)
                     out = None
             finally:
                 # A write into a micro-batch's copy goes back into the user's

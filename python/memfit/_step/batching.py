@@ -1,6 +1,8 @@
 """Walking and resizing the tensors of a batch: tensors, tuples, lists, dicts
-and other mappings (Hugging Face's BatchEncoding)."""
+and other mappings (Hugging Face's BatchEncoding), NamedTuples and
+dataclasses."""
 
+import dataclasses
 import operator
 from collections.abc import Mapping
 
@@ -26,11 +28,16 @@ def count(value, what, name, minimum=1):
 
 def map_tensors(obj, fn):
     """`obj` with `fn` applied to every tensor in it (nested tuple/list/dict,
-    or another mapping such as a BatchEncoding)."""
+    another mapping such as a BatchEncoding, a NamedTuple or a dataclass:
+    each of the kind the user's loader gave)."""
     if isinstance(obj, torch.Tensor):
         return fn(obj)
     if isinstance(obj, tuple):
-        return tuple(map_tensors(o, fn) for o in obj)
+        items = [map_tensors(o, fn) for o in obj]
+        return type(obj)(*items) if hasattr(obj, "_fields") else tuple(items)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn)
+                                           for f in dataclasses.fields(obj) if f.init})
     if isinstance(obj, list):
         return [map_tensors(o, fn) for o in obj]
     if isinstance(obj, Mapping):

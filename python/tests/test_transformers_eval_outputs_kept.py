@@ -44,13 +44,13 @@ def accuracy(prediction):
     return {"accuracy": float((prediction.predictions.argmax(-1) == prediction.label_ids).mean())}
 
 
-def trainer(tmp_path, eval_batch, eval_samples, callbacks=()):
+def trainer(tmp_path, eval_batch, eval_samples, callbacks=(), window=WINDOW):
     args = transformers.TrainingArguments(
         output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
         logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
         per_device_train_batch_size=8, gradient_accumulation_steps=2, max_steps=1,
         eval_strategy="steps", eval_steps=1, per_device_eval_batch_size=eval_batch,
-        eval_accumulation_steps=WINDOW)
+        eval_accumulation_steps=window)
     return transformers.Trainer(model=gpt2(), args=args, train_dataset=Tokens(1024),
                                 eval_dataset=Tokens(eval_samples), compute_metrics=accuracy,
                                 callbacks=list(callbacks))
@@ -74,4 +74,20 @@ def test_the_eval_batch_holds_the_outputs_kept_until_moved_to_the_host(tmp_path)
         run = trainer(tmp_path, eval_batch, WINDOW * eval_batch)
         run.train()  # an OOM would raise
         assert 0 <= run.state.log_history[0]["eval_accuracy"] <= 1
+        run = None
+
+
+def test_every_output_kept_past_the_budget_is_said_and_runs_out(tmp_path):
+    # Without eval_accumulation_steps no eval batch helps: 512 samples' logits (16 MiB)
+    # outgrow an 8 MiB device. Said, where before the batch was set in silence.
+    gc.collect()
+    with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
+        fit = FitBatchSize()
+        with pytest.warns(UserWarning, match=r"^\[FitBatchSize\] compute_metrics keeps every "
+                          r"evaluation batch's logits and labels on the device, 32.\d+ MiB for 512 "
+                          r"samples with their last concatenation, more than the .* the "
+                          r"evaluation has: set eval_accumulation_steps"):
+            run = trainer(tmp_path, 4096, 512, [fit], window=None)
+        with pytest.raises(torch.OutOfMemoryError):  # the truth: the Trainer's evaluation
+            run.evaluate()
         run = None

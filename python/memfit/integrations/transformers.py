@@ -16,6 +16,7 @@ import inspect
 import logging
 import sys
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -31,6 +32,7 @@ except ImportError:
     ) from None
 
 from .api import Size, UserStep, host_memory, kept_rng, sequence_length
+from .._native import native as _memfit
 from .._step.batching import batch_size, tensors_in
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
@@ -169,13 +171,13 @@ def _precision_as_trained(trainer):
 # outputs per sample of one prediction_step on the example (on the host).
 # Without eval_accumulation_steps every batch's outputs stay, whatever the
 # batch: not sized (FitBatchSize's doc).
-def _kept_window(trainer) -> int:
+def _kept_window(trainer) -> int | None:
     """Batches of outputs the evaluation loop keeps on the device at most
-    (1: each moved off after its step, or none kept)."""
+    (1: each moved off after its step, or none kept; None: every batch's)."""
     args = trainer.args
     if trainer.compute_metrics is None or args.prediction_loss_only or args.batch_eval_metrics:
         return 1
-    return args.eval_accumulation_steps or 1
+    return args.eval_accumulation_steps
 
 
 def _outputs_per_sample(trainer, batch) -> float:
@@ -199,7 +201,7 @@ def _eval_step(trainer, how: UserStep, batch) -> UserStep:
     """The evaluation step as the loop runs it: See Note [The outputs the
     evaluation loop keeps]."""
     window = _kept_window(trainer)
-    if window < 2:
+    if window is None or window < 2:
         return how
     per_sample = _outputs_per_sample(trainer, batch)
 
@@ -213,6 +215,21 @@ def _eval_step(trainer, how: UserStep, batch) -> UserStep:
         return loss
 
     return dataclasses.replace(how, step=step)
+
+
+def _warn_every_output_kept(trainer, batch, room: int) -> None:
+    """One warning line where the evaluation keeps every batch's outputs
+    (no eval_accumulation_steps) and they and their last concatenation
+    outgrow the room the evaluation has: no eval batch helps."""
+    samples = len(trainer.eval_dataset) if hasattr(trainer.eval_dataset, "__len__") else 0
+    kept = int(2 * _outputs_per_sample(trainer, batch) * samples)
+    if kept > room:
+        fb = _memfit.format_bytes
+        warnings.warn(
+            f"[FitBatchSize] compute_metrics keeps every evaluation batch's logits and labels on "
+            f"the device, {fb(kept)} for {samples} samples with their last concatenation, more "
+            f"than the {fb(room)} the evaluation has: set eval_accumulation_steps (the batches "
+            f"it keeps are sized in)", UserWarning, stacklevel=2)
 
 
 def _optimizer_for(trainer, model, given):
@@ -245,7 +262,7 @@ class FitBatchSize(TrainerCallback):
     With compute_metrics the outputs the evaluation keeps until
     eval_accumulation_steps batches go to the host are sized in; without
     eval_accumulation_steps it keeps every batch's, growing with the eval
-    set: not sized here.
+    set: not sized here (a warning says when they outgrow the budget).
 
     Variable-length data: FitBatchSize(seq_dim=1, lengths=[128, 512, 2048])
     fits the largest batch at each length from the Trainer's own loss
@@ -330,10 +347,12 @@ class FitBatchSize(TrainerCallback):
         eval_batch = _first_batch(trainer.get_eval_dataloader())
         with _precision_as_trained(trainer):  # See Note [The mixed precision the Trainer's ...]
             how = _eval_step(trainer, how, eval_batch)  # See Note [The outputs the evaluation ...]
-            size, _ = plan_eval_batch(
+            size, f = plan_eval_batch(
                 trainer.model, eval_batch, how, budget=self.budget, what="FitBatchSize",
                 held_bytes=plan.optimizer_state_bytes + plan.reserved_bytes,
                 cap=args.per_device_eval_batch_size, target_device=self.target_device)
+            if _kept_window(trainer) is None:
+                _warn_every_output_kept(trainer, eval_batch, f.budget_bytes)
         args.per_device_eval_batch_size = plan.eval_batch_size = size
 
     def _fit_lengths(self, trainer, optimizer, began):

@@ -123,3 +123,19 @@ def test_a_search_capped_at_a_batch_stops_there():
     assert max(p.batch for p in fit.probes) == 40
     with pytest.raises(ValueError, match=r"^\[search_batch\] max_batch must be >= 1, got 0"):
         memfit._memfit.search_batch(report.measure_step, 1 << 30, max_batch=0)
+
+
+def test_a_batchnorm_model_whose_two_samples_do_not_fit_is_does_not_fit_not_its_error():
+    # The search goes to batch 1 where 2 does not fit, and BatchNorm in
+    # training raises there: before, the user got only torch's "Expected
+    # more than 1 value per channel when training", as if the model were
+    # wrong (a card's budget below its weights and workspaces).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.BatchNorm1d(512),
+                                torch.nn.ReLU(), torch.nn.Linear(512, 10))
+    x, y = torch.randn(8, 64), torch.randint(0, 10, (8,))
+    with pytest.raises(memfit.DoesNotFit, match=r"^\[find_batch_size\] even batch 2 does not "
+                                                r"fit: its step took .*, and batch 1 cannot "
+                                                r"train \(ValueError: Expected more than 1 value"):
+        memfit.find_batch_size(model, x, y, loss_fn=torch.nn.CrossEntropyLoss(),
+                               optimizer="adam", budget="1MiB", target_device="cuda", mode="cpu")

@@ -267,9 +267,36 @@ def search(report, available, margin=0, verify=True, max_batch=None, progress=No
     # start from: small batches cost their fixed overhead for little.
     if report.batch >= 16 and report.budget_peak_bytes <= available - margin:
         kwargs["first"] = [report.batch // 4, report.batch // 2, report.batch]
-    return _memfit.search_batch(report.measure_step, available, margin, verify=bool(verify),
+    return _memfit.search_batch(_below_what_ran(report, available - margin), available, margin,
+                                verify=bool(verify),
                                 host_limit=_memfit.probe_memory_limit(report.mode),
                                 progress=as_progress(progress, "search").relay(), **kwargs)
+
+
+def _below_what_ran(report, room):
+    """report.measure_step for the search, where a batch smaller than every
+    batch that ran makes the step itself raise (BatchNorm in training takes
+    2 samples or more): the search went there because those do not fit, so
+    it is DoesNotFit, naming the error, not the model's error alone."""
+    peaks = {}
+
+    def measure(n):
+        try:
+            out = report.measure_step(n)
+        except (RuntimeError, ValueError) as e:
+            if isinstance(e, (torch.cuda.OutOfMemoryError, DoesNotFit)) or not peaks or \
+                    n >= min(peaks):
+                raise
+            fmt, m = _memfit.format_bytes, min(peaks)
+            first = (str(e).splitlines() or [""])[0][:200]
+            raise DoesNotFit(
+                f"[find_batch_size] even batch {m} does not fit: its step took "
+                f"{fmt(peaks[m])}, more than the {fmt(room)} the budget leaves, and batch {n} "
+                f"cannot train ({type(e).__name__}: {first}): give a larger budget") from None
+        if out is not None:
+            peaks[n] = out[0].budget_peak()
+        return out
+    return measure
 
 
 def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, inputs: Batch,

@@ -10,9 +10,7 @@ Needs Lightning (`lightning.pytorch`, or the older `pytorch_lightning`)."""
 from __future__ import annotations
 
 import contextlib
-import copy
 import inspect
-import itertools
 import logging
 import time
 from typing import Any
@@ -39,8 +37,6 @@ except ImportError:
 
 from .api import Size, UserStep, count, host_memory, kept_rng, sequence_length
 from ..diagnosis import Doctor
-from .._step.batching import batch_size
-from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
 from .._native import native as _memfit
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
@@ -50,6 +46,8 @@ from .averaging import check_averaging
 from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
                              fit_per_length, pad_multiple, rebatched, sample_lengths,
                              token_accumulation)
+from .lightning_rehearsal import (kept_per_sample, pile_step, quiet_log, samples_validated,
+                                  side_copy, val_loaders, val_source, validation_step)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -74,21 +72,6 @@ log = logging.getLogger("memfit")
 # after the step ends (2.6: the loop holds one batch while the step runs;
 # the previous one is freed once the next is fetched), so nothing more is
 # reserved.
-
-
-def _quiet_log(pl_module):
-    """LightningModule.log raises outside the fit loop's result collection:
-    a rehearsed training_step logs nothing."""
-
-    @contextlib.contextmanager
-    def block():
-        pl_module.log = pl_module.log_dict = lambda *a, **k: None
-        try:
-            yield
-        finally:
-            del pl_module.log, pl_module.log_dict
-
-    return block()
 
 
 def _accumulates(trainer: pl.Trainer) -> bool:
@@ -121,7 +104,7 @@ def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
     takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
 
     def step(model, batch):
-        with trainer.precision_plugin.train_step_context(), _quiet_log(model):
+        with trainer.precision_plugin.train_step_context(), quiet_log(model):
             out = model.training_step(batch, 0) if takes_index else model.training_step(batch)
         if not accumulating:
             model.zero_grad(set_to_none=True)  # the closure's zero_grad, before backward
@@ -265,180 +248,6 @@ def _unfrozen(trainer, pl_module, optimizer):
             p.requires_grad_(False)
 
 
-# Note [The validation inside the fit loop]
-# Lightning's fit loop runs validation_step between training steps
-# (val_check_interval, each epoch's end) with the model in eval mode, while
-# the optimizer's state is alive (the gradients it frees first, but in the
-# middle of an accumulation: on_validation_model_zero_grad). Its batch
-# comes from val_dataloader, which most modules build from the same
-# batch_size (often twice it: no activations are kept for a backward). A
-# validation costing more than the training step ran out there: the batch
-# fitted to the training step was 548 where a validation_step of 8
-# test-time augmentations runs 136 at most, and a loader of twice the
-# batch 547. So where the module validates, its validation_step is
-# measured at the batch val_dataloader builds for the fitted one, beside
-# the optimizer's state (and the gradients where they stay), on a copy of
-# the module (See Note [Rehearsed on a copy of the module]); where it does
-# not fit, the batch set is the largest whose validation batch fits.
-# What validation_step keeps after it returns (outputs appended to a list
-# for on_validation_epoch_end) piles up over the validation's batches:
-# kept features of 4 batches, concatenated at the epoch's end, ran out of
-# memory at 548 where 286 run. So the bytes it keeps per sample are
-# measured (alive after one step on a fresh copy), and
-# on_validation_epoch_end, where the module has one, is taken to make as
-# many again (a torch.cat of them; it is not run: it may write to the
-# logger or to files). The last step is sized beside what the earlier
-# batches kept (limit_val_batches of the loader's), the epoch's end beside
-# all of it and its copy.
-
-
-def _val_source(trainer, pl_module):
-    """What builds the validation loader the fit loop runs, or None where
-    the fit does not validate (no validation_step, limit_val_batches=0, or
-    loaders given to fit(): their batch is fixed)."""
-    if trainer.limit_val_batches == 0 or not is_overridden("validation_step", pl_module):
-        return None
-    dm = trainer.datamodule
-    for source in (dm, pl_module):
-        if source is not None and is_overridden("val_dataloader", source):
-            return source
-    return None
-
-
-def _val_loader(source, pl_module, name, batch):
-    """source.val_dataloader() built with the batch attribute at `batch`
-    (put back after)."""
-    was = lightning_getattr(pl_module, name)
-    lightning_setattr(pl_module, name, batch)
-    try:
-        with kept_rng(), host_memory():
-            return source.val_dataloader()
-    finally:
-        lightning_setattr(pl_module, name, was)
-
-
-def _val_args(pl_module, loader_index):
-    """validation_step's arguments after the batch: batch_idx, and the
-    dataloader_idx where there are several loaders."""
-    params = len(inspect.signature(pl_module.validation_step).parameters)
-    return ((0,) if params >= 2 else ()) + (
-        (loader_index,) if loader_index is not None and params >= 3 else ())
-
-
-def _kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
-    """(bytes per validated sample that validation_step keeps after it
-    returns, what on_validation_epoch_end is taken to make of them):
-    See Note [The validation inside the fit loop]."""
-    side, args = _side_copy(trainer, pl_module), _val_args(pl_module, index)
-
-    def step(model, batch):
-        with trainer.precision_plugin.val_step_context(), _quiet_log(model):
-            _ = model.validation_step(batch, *args)
-        return torch.zeros(())
-
-    with kept_rng():
-        report = profile_eval(side, batch, None, UserStep(step=step, what=what), "no_grad",
-                              batch_dim)
-    left = report.timeline.breakdown_after(len(report.timeline) - 1)["categories"]
-    kept = sum(v for k, v in left.items() if k not in ("parameter", "buffer", "input"))
-    if not kept:
-        return 0.0, 0.0
-    # on_validation_epoch_end is not run (it may write to the logger or to
-    # files): taken as a torch.cat of what was kept, one byte a byte.
-    end = kept if is_overridden("on_validation_epoch_end", pl_module) else 0
-    return kept / report.batch, end / report.batch
-
-
-def _pile_step(what, per_sample):
-    """A step holding `per_sample` bytes per sample of its batch and
-    nothing else: on_validation_epoch_end beside what the steps kept."""
-
-    def step(model, batch):
-        pile = torch.empty(int(per_sample * batch_size(batch, 0, what)), dtype=torch.uint8)
-        del pile
-        return torch.zeros(())
-
-    return UserStep(step=step, what=what)
-
-
-def _samples_validated(trainer, loader):
-    """(batches, samples): one validation runs limit_val_batches batches
-    of `loader` (batches: an int limit, whose samples grow with the batch)
-    or a share of its samples (samples; None where its length is unknown)."""
-    limit = trainer.limit_val_batches
-    if isinstance(limit, int):
-        return limit, None
-    try:
-        return None, max(1, int(len(loader) * limit)) * loader.batch_size
-    except TypeError:
-        return None, None
-
-
-def _val_loaders(source, pl_module, name, batch):
-    """The validation loaders built at `batch`: val_dataloader may return
-    several (a list, a dict, a CombinedLoader), which the loop runs one
-    after the other."""
-    built = _val_loader(source, pl_module, name, batch)
-    if not isinstance(built, CombinedLoader):
-        built = CombinedLoader(built, "sequential")
-    return built.flattened
-
-
-def _validation_step(trainer, pl_module, what, loader_index=None, piled=0.0):
-    """validation_step as memfit's step (its output dropped, as the loop
-    keeps none), under the precision plugin's validation context;
-    `loader_index`: the dataloader_idx the loop passes where there are
-    several loaders; `piled`: bytes per sample of the step's batch held
-    beside it (what earlier batches kept: See Note [The validation inside
-    the fit loop])."""
-    args = _val_args(pl_module, loader_index)
-
-    def step(model, batch):
-        n = int(piled * batch_size(batch, 0, what)) if piled else 0
-        pile = torch.empty(n, dtype=torch.uint8) if n else None
-        # Each probe on a copy of its own: what one keeps goes with it.
-        model = _side_copy(trainer, model)
-        with trainer.precision_plugin.val_step_context(), _quiet_log(model):
-            _ = model.validation_step(batch, *args)
-        del pile, model
-        return torch.zeros(())
-
-    return UserStep(step=step, what=what)
-
-
-# Note [Rehearsed on a copy of the module]
-# The steps memfit rehearses (training_step at probes and verifying sizes,
-# validation_step) run what the module's code does besides the step: a
-# list of outputs, a counter (the tensors a module keeps, a metric's
-# state, profile puts back itself). Run on the module itself, they left
-# the rehearsal's 18 steps in the list of losses Lightning's docs keep for
-# on_train_epoch_end, beside the loop's 3. So they run on a copy of the
-# module: its parameters and buffers are the module's own (the rehearsal
-# swaps copies in and puts the values back), and so are the trainer, the
-# datamodule, datasets and loaders and any tensor of 1 MiB or more kept as
-# an attribute (a table, not a metric's state); the rest, lists, metrics,
-# counters and generators, is the copy's. A module that cannot be copied
-# is rehearsed itself.
-
-_SHARED_FROM = 1 << 20
-
-
-def _side_copy(trainer, pl_module):
-    """A copy of the module for the rehearsed steps: See Note [Rehearsed on
-    a copy of the module]."""
-    shared = [trainer, trainer.datamodule, *pl_module.parameters(), *pl_module.buffers()]
-    for m in pl_module.modules():
-        shared += [v for v in vars(m).values()
-                   if isinstance(v, (torch.utils.data.Dataset, torch.utils.data.DataLoader))
-                   or (isinstance(v, torch.Tensor) and v.nbytes >= _SHARED_FROM)]
-    memo = {id(v): v for v in shared if v is not None}
-    try:
-        with host_memory():
-            return copy.deepcopy(pl_module, memo)
-    except Exception:  # a lock, a compiled module: not copyable
-        return pl_module
-
-
 def _optimizer(trainer, what):
     optimizers = trainer.optimizers
     if len(optimizers) != 1:
@@ -563,7 +372,7 @@ class FitBatchSize(pl.Callback):
         # micro-batch after the first keeps the gradients through its backward.
         accumulating = self.keep_effective_batch is None and _accumulates(trainer)
         optimizer = _optimizer(trainer, what)
-        side = _side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
+        side = side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
         with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
             plan = plan_batch(side, batch, optimizer,
                               whole=lightning_step(trainer, pl_module, what,
@@ -597,7 +406,7 @@ class FitBatchSize(pl.Callback):
         """The batch lowered to the largest whose validation fits: See Note
         [The validation inside the fit loop]. `side`: the module's copy the
         step runs on."""
-        source = _val_source(trainer, pl_module)
+        source = val_source(trainer, pl_module)
         if source is None:
             return
         # The loop frees the gradients before validating (its hook
@@ -607,7 +416,7 @@ class FitBatchSize(pl.Callback):
                  and not is_overridden("on_validation_model_zero_grad", pl_module))
         grads = 0 if freed else sum(p.numel() * p.element_size()
                                     for p in pl_module.parameters() if p.requires_grad)
-        loaders = _val_loaders(source, pl_module, self.batch_arg_name, plan.batch_size)
+        loaders = val_loaders(source, pl_module, self.batch_arg_name, plan.batch_size)
         for i, loader in enumerate(loaders):
             self._fit_one_validation(trainer, pl_module, plan, side, source, loader,
                                      plan.optimizer_state_bytes + grads,
@@ -624,8 +433,8 @@ class FitBatchSize(pl.Callback):
         with kept_rng(), host_memory(), kept_rng(loader):
             batch = example_of(next(iter(loader)), self.batch_dim)
         batch = _as_the_loop_gives(trainer, pl_module, batch)
-        kept, end = _kept_per_sample(trainer, pl_module, batch, what, index, self.batch_dim)
-        batches, samples = _samples_validated(trainer, loader) if kept else (None, None)
+        kept, end = kept_per_sample(trainer, pl_module, batch, what, index, self.batch_dim)
+        batches, samples = samples_validated(trainer, loader) if kept else (None, None)
         if kept and batches is None and samples is None:
             plan.notes.append("validation_step keeps tensors after it returns, and the "
                               "validation's length is unknown: they were not counted")
@@ -635,11 +444,11 @@ class FitBatchSize(pl.Callback):
         # The last step beside what the earlier ones kept, then the epoch's end.
         piled = kept * max(0, (batches or 0) - 1)
         fits, _ = plan_eval_batch(side, batch,
-                                  _validation_step(trainer, side, what, index, piled),
+                                  validation_step(trainer, side, what, index, piled),
                                   held_bytes=held + int(kept * (samples or 0)), **kw)
         if kept and (batches or samples):
             at_end, _ = plan_eval_batch(side, batch,
-                                        _pile_step(what, (kept + end) * (batches or 0)),
+                                        pile_step(what, (kept + end) * (batches or 0)),
                                         held_bytes=held + int((kept + end) * (samples or 0)),
                                         **kw)
             fits = min(fits, at_end)
@@ -648,7 +457,7 @@ class FitBatchSize(pl.Callback):
         lo, hi = 0, plan.batch_size  # the largest batch whose loader's batch fits
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            size = _val_loaders(source, pl_module, name, mid)[index or 0].batch_size
+            size = val_loaders(source, pl_module, name, mid)[index or 0].batch_size
             lo, hi = (mid, hi) if size <= fits else (lo, mid)
         if lo == 0:
             raise _memfit.DoesNotFit(
@@ -677,7 +486,7 @@ class FitBatchSize(pl.Callback):
         accumulating = self.tokens_per_step is not None or _accumulates(trainer)
         plans = []
         optimizer = _optimizer(trainer, what)
-        side = _side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
+        side = side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
         with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
             fit = fit_per_length(side, batch, optimizer,
                                  lightning_step(trainer, pl_module, what,
@@ -748,7 +557,7 @@ class MemoryReport(pl.Callback):
         if self.report is not None:
             return
         loop = lightning_step(trainer, pl_module, "MemoryReport")
-        side = _side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
+        side = side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
         with kept_rng():
             self.report = profile(side, batch, loss_fn=loop.how,
                                   optimizer=_optimizer(trainer, "MemoryReport"),

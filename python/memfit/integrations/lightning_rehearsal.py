@@ -1,0 +1,216 @@
+"""What FitBatchSize rehearses beside Lightning's training_step: a copy of
+the module for the rehearsed steps to run on (See Note [Rehearsed on a copy
+of the module]), and the validation the fit loop runs between training
+steps (See Note [The validation inside the fit loop])."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import inspect
+
+import torch
+
+try:
+    from lightning.pytorch.utilities.combined_loader import CombinedLoader
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+    from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_setattr
+except ImportError:
+    from pytorch_lightning.utilities.combined_loader import CombinedLoader
+    from pytorch_lightning.utilities.model_helpers import is_overridden
+    from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_setattr
+
+from .api import UserStep, host_memory, kept_rng
+from .._step.batching import batch_size
+from ..plan.strategies.eval_step import profile_eval
+
+__all__: list = []
+
+
+def quiet_log(pl_module):
+    """LightningModule.log raises outside the fit loop's result collection:
+    a rehearsed training_step logs nothing."""
+
+    @contextlib.contextmanager
+    def block():
+        pl_module.log = pl_module.log_dict = lambda *a, **k: None
+        try:
+            yield
+        finally:
+            del pl_module.log, pl_module.log_dict
+
+    return block()
+
+
+# Note [Rehearsed on a copy of the module]
+# The steps memfit rehearses (training_step at probes and verifying sizes,
+# validation_step) run what the module's code does besides the step: a
+# list of outputs, a counter (the tensors a module keeps, a metric's
+# state, profile puts back itself). Run on the module itself, they left
+# the rehearsal's 18 steps in the list of losses Lightning's docs keep for
+# on_train_epoch_end, beside the loop's 3. So they run on a copy of the
+# module: its parameters and buffers are the module's own (the rehearsal
+# swaps copies in and puts the values back), and so are the trainer, the
+# datamodule, datasets and loaders and any tensor of 1 MiB or more kept as
+# an attribute (a table, not a metric's state); the rest, lists, metrics,
+# counters and generators, is the copy's. A module that cannot be copied
+# is rehearsed itself.
+
+_SHARED_FROM = 1 << 20
+
+
+def side_copy(trainer, pl_module):
+    """A copy of the module for the rehearsed steps: See Note [Rehearsed on
+    a copy of the module]."""
+    shared = [trainer, trainer.datamodule, *pl_module.parameters(), *pl_module.buffers()]
+    for m in pl_module.modules():
+        shared += [v for v in vars(m).values()
+                   if isinstance(v, (torch.utils.data.Dataset, torch.utils.data.DataLoader))
+                   or (isinstance(v, torch.Tensor) and v.nbytes >= _SHARED_FROM)]
+    memo = {id(v): v for v in shared if v is not None}
+    try:
+        with host_memory():
+            return copy.deepcopy(pl_module, memo)
+    except Exception:  # a lock, a compiled module: not copyable
+        return pl_module
+
+
+# Note [The validation inside the fit loop]
+# Lightning's fit loop runs validation_step between training steps
+# (val_check_interval, each epoch's end) with the model in eval mode, while
+# the optimizer's state is alive (the gradients it frees first, but in the
+# middle of an accumulation: on_validation_model_zero_grad). Its batch
+# comes from val_dataloader, which most modules build from the same
+# batch_size (often twice it: no activations are kept for a backward). A
+# validation costing more than the training step ran out there: the batch
+# fitted to the training step was 548 where a validation_step of 8
+# test-time augmentations runs 136 at most, and a loader of twice the
+# batch 547. So where the module validates, its validation_step is
+# measured at the batch val_dataloader builds for the fitted one, beside
+# the optimizer's state (and the gradients where they stay), on a copy of
+# the module (See Note [Rehearsed on a copy of the module]); where it does
+# not fit, the batch set is the largest whose validation batch fits.
+# What validation_step keeps after it returns (outputs appended to a list
+# for on_validation_epoch_end) piles up over the validation's batches:
+# kept features of 4 batches, concatenated at the epoch's end, ran out of
+# memory at 548 where 286 run. So the bytes it keeps per sample are
+# measured (alive after one step on a fresh copy), and
+# on_validation_epoch_end, where the module has one, is taken to make as
+# many again (a torch.cat of them; it is not run: it may write to the
+# logger or to files). The last step is sized beside what the earlier
+# batches kept (limit_val_batches of the loader's), the epoch's end beside
+# all of it and its copy.
+
+
+def val_source(trainer, pl_module):
+    """What builds the validation loader the fit loop runs, or None where
+    the fit does not validate (no validation_step, limit_val_batches=0, or
+    loaders given to fit(): their batch is fixed)."""
+    if trainer.limit_val_batches == 0 or not is_overridden("validation_step", pl_module):
+        return None
+    dm = trainer.datamodule
+    for source in (dm, pl_module):
+        if source is not None and is_overridden("val_dataloader", source):
+            return source
+    return None
+
+
+def _val_loader(source, pl_module, name, batch):
+    """source.val_dataloader() built with the batch attribute at `batch`
+    (put back after)."""
+    was = lightning_getattr(pl_module, name)
+    lightning_setattr(pl_module, name, batch)
+    try:
+        with kept_rng(), host_memory():
+            return source.val_dataloader()
+    finally:
+        lightning_setattr(pl_module, name, was)
+
+
+def _val_args(pl_module, loader_index):
+    """validation_step's arguments after the batch: batch_idx, and the
+    dataloader_idx where there are several loaders."""
+    params = len(inspect.signature(pl_module.validation_step).parameters)
+    return ((0,) if params >= 2 else ()) + (
+        (loader_index,) if loader_index is not None and params >= 3 else ())
+
+
+def kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
+    """(bytes per validated sample that validation_step keeps after it
+    returns, what on_validation_epoch_end is taken to make of them):
+    See Note [The validation inside the fit loop]."""
+    side, args = side_copy(trainer, pl_module), _val_args(pl_module, index)
+
+    def step(model, batch):
+        with trainer.precision_plugin.val_step_context(), quiet_log(model):
+            _ = model.validation_step(batch, *args)
+        return torch.zeros(())
+
+    with kept_rng():
+        report = profile_eval(side, batch, None, UserStep(step=step, what=what), "no_grad",
+                              batch_dim)
+    left = report.timeline.breakdown_after(len(report.timeline) - 1)["categories"]
+    kept = sum(v for k, v in left.items() if k not in ("parameter", "buffer", "input"))
+    if not kept:
+        return 0.0, 0.0
+    # on_validation_epoch_end is not run (it may write to the logger or to
+    # files): taken as a torch.cat of what was kept, one byte a byte.
+    end = kept if is_overridden("on_validation_epoch_end", pl_module) else 0
+    return kept / report.batch, end / report.batch
+
+
+def pile_step(what, per_sample):
+    """A step holding `per_sample` bytes per sample of its batch and
+    nothing else: on_validation_epoch_end beside what the steps kept."""
+
+    def step(model, batch):
+        pile = torch.empty(int(per_sample * batch_size(batch, 0, what)), dtype=torch.uint8)
+        del pile
+        return torch.zeros(())
+
+    return UserStep(step=step, what=what)
+
+
+def samples_validated(trainer, loader):
+    """(batches, samples): one validation runs limit_val_batches batches
+    of `loader` (batches: an int limit, whose samples grow with the batch)
+    or a share of its samples (samples; None where its length is unknown)."""
+    limit = trainer.limit_val_batches
+    if isinstance(limit, int):
+        return limit, None
+    try:
+        return None, max(1, int(len(loader) * limit)) * loader.batch_size
+    except TypeError:
+        return None, None
+
+
+def val_loaders(source, pl_module, name, batch):
+    """The validation loaders built at `batch`: val_dataloader may return
+    several (a list, a dict, a CombinedLoader), which the loop runs one
+    after the other."""
+    built = _val_loader(source, pl_module, name, batch)
+    if not isinstance(built, CombinedLoader):
+        built = CombinedLoader(built, "sequential")
+    return built.flattened
+
+
+def validation_step(trainer, pl_module, what, loader_index=None, piled=0.0):
+    """validation_step as memfit's step (its output dropped, as the loop
+    keeps none), under the precision plugin's validation context;
+    `loader_index`: the dataloader_idx the loop passes where there are
+    several loaders; `piled`: bytes per sample of the step's batch held
+    beside it (what earlier batches kept: See Note [The validation inside
+    the fit loop])."""
+    args = _val_args(pl_module, loader_index)
+
+    def step(model, batch):
+        n = int(piled * batch_size(batch, 0, what)) if piled else 0
+        pile = torch.empty(n, dtype=torch.uint8) if n else None
+        # Each probe on a copy of its own: what one keeps goes with it.
+        model = side_copy(trainer, model)
+        with trainer.precision_plugin.val_step_context(), quiet_log(model):
+            _ = model.validation_step(batch, *args)
+        del pile, model
+        return torch.zeros(())
+
+    return UserStep(step=step, what=what)

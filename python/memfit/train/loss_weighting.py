@@ -73,10 +73,10 @@ __all__: list = []
 # sizes there, and its kernels round otherwise (bf16 under autocast), so
 # the agreement asked is 1% of the loss; where the device has no room for
 # those samples the check is not run (the probe asks for reduction=, one
-# line). Without it a CLIP-style step
-# split into micro-batches of 8 trained on gradients 90% off the whole
-# batch's, and a contrastive loss_fn in micro-batches of 1 on gradients
-# 1.27 off (each sample's loss alone is 0), and nothing said so.
+# line). Without it a CLIP-style step split into micro-batches of 8 trained
+# on gradients 90% off the whole batch's, and a contrastive loss_fn in
+# micro-batches of 1 on gradients 1.27 off (each sample's loss alone is 0),
+# and nothing said so.
 
 _REDUCTIONS = {torch.mean: "mean", torch.Tensor.mean: "mean", torch.sum: "sum",
                torch.Tensor.sum: "sum", torch.nansum: "sum", torch.Tensor.nansum: "sum"}

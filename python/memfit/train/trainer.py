@@ -39,19 +39,6 @@ def coupled_layers(model):
     ]
 
 
-# Note [Buffers of a failed micro-batch]
-# A forward in training mode writes buffers (BatchNorm's running statistics
-# and num_batches_tracked): a micro-batch that runs out of memory after its
-# forward would leave its statistics in them, and its redo would add them a
-# second time. So the buffers of the modules in training mode (eval-mode
-# modules write none) are copied before a micro-batch's first attempt and
-# copied back before it is redone. The native step only asks for the same
-# start again when the attempt there failed (pos moves on success only), so
-# that is how a redo is recognised. Every such buffer is copied: kernels
-# such as batch_norm write running statistics without moving their version
-# counter, so versions cannot tell which moved. The copies die with the
-# step. If the step raises, its gradients are dropped and the buffers go back
-# to how they were before it: the step did not happen.
 def _grad_slots(model):
     """Each parameter's .grad as the object and its version."""
     return [None if p.grad is None else (id(p.grad), p.grad._version)
@@ -69,6 +56,20 @@ def _check_grads_kept(before, after):
             "left; take zero_grad out of the step (memfit runs it once per step)")
 
 
+# Note [Buffers of a failed micro-batch]
+# A forward in training mode writes buffers (BatchNorm's running statistics
+# and num_batches_tracked): a micro-batch that runs out of memory after its
+# forward would leave its statistics in them, and its redo would add them a
+# second time. So the buffers of the modules in training mode (eval-mode
+# modules write none) are copied before a micro-batch's first attempt and
+# copied back before it is redone. The native step only asks for the same
+# start again when the attempt there failed (pos moves on success only), so
+# that is how a redo is recognised. Every such buffer is copied: kernels
+# such as batch_norm write running statistics without moving their version
+# counter, so versions cannot tell which moved. The copies die with the
+# step. If the step raises, its gradients are dropped and the buffers go back
+# to how they were before it: the step did not happen.
+#
 # Note [Out of memory inside the backward's Python code]
 # The native step runs each micro-batch's backward in C++ and recovers from
 # the out-of-memory error a kernel raises there. A Python hook the backward

@@ -166,7 +166,7 @@ def _precision_as_trained(trainer):
 # eval_accumulation_steps batches moved them to the host: the k-th batch's
 # forward runs beside k - 1 batches' outputs, and its concatenation holds
 # 2k. Sized from the loss alone, the eval batch set (30 of a GPT-2 with k = 4
-# at 8 MiB) ran out of memory in the Trainer's evaluation, where 15 runs.
+# at 8 MiB) ran out of memory in the Trainer's evaluation, where 21 runs.
 # So the eval step fitted holds those bytes as the loop does, from the
 # outputs per sample of one prediction_step on the example (on the host).
 # Without eval_accumulation_steps every batch's outputs stay, whatever the

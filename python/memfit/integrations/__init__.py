@@ -11,10 +11,10 @@ accelerator.prepare()d model and optimizer (and accelerator=).
 A new trainer's callback is written with the names below (memfit.integrations.api,
 which says what each is for; docs/integrations.md walks through one)."""
 
-from .api import (BatchPlan, LoopStep, Size, UserStep, batch_bytes_per_sample, check_options,
-                  count, example_of, host_memory, kept_rng, plan_batch, plan_eval_batch,
-                  sequence_length, tell_change)
+from .api import (BatchPlan, LoopStep, Size, UserStep, batch_bytes_per_sample, batch_size,
+                  check_options, count, example_of, host_memory, kept_rng, plan_batch,
+                  plan_eval_batch, sequence_length, tell_change, tensors_in)
 
-__all__ = ["BatchPlan", "LoopStep", "Size", "UserStep", "batch_bytes_per_sample",
+__all__ = ["BatchPlan", "LoopStep", "Size", "UserStep", "batch_bytes_per_sample", "batch_size",
            "check_options", "count", "example_of", "host_memory", "kept_rng", "plan_batch",
-           "plan_eval_batch", "sequence_length", "tell_change"]
+           "plan_eval_batch", "sequence_length", "tell_change", "tensors_in"]

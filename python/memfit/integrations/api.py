@@ -17,12 +17,14 @@ walks through adding a trainer.
     check_options    refuses a bad budget or device when the callback is made
     tell_change      one warning line when the callback changed the batch
     count            an option as an int >= 1, refused otherwise
+    batch_size       the samples a batch holds along its batch dimension
+    tensors_in       every tensor of a batch (tuples, dicts, dataclasses)
     sequence_length  the length a batch's tensors share along seq_dim
     batch_bytes_per_sample  what the loader's batches hold per sample
     Size             the type of a budget: 1 << 30, "16GiB"
 """
 
-from .._step.batching import count, sequence_length
+from .._step.batching import batch_size, count, sequence_length, tensors_in
 from ..memory.device import host_memory
 from .._step.hints import Size
 from .._step.user_state import kept_rng
@@ -30,6 +32,6 @@ from .._step.user_step import UserStep
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
 
-__all__ = ["BatchPlan", "LoopStep", "Size", "UserStep", "batch_bytes_per_sample",
+__all__ = ["BatchPlan", "LoopStep", "Size", "UserStep", "batch_bytes_per_sample", "batch_size",
            "check_options", "count", "example_of", "host_memory", "kept_rng", "plan_batch",
-           "plan_eval_batch", "sequence_length", "tell_change"]
+           "plan_eval_batch", "sequence_length", "tell_change", "tensors_in"]

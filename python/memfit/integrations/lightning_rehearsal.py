@@ -20,8 +20,7 @@ except ImportError:
     from pytorch_lightning.utilities.model_helpers import is_overridden
     from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_setattr
 
-from .api import UserStep, host_memory, kept_rng
-from .._step.batching import batch_size
+from .api import UserStep, batch_size, host_memory, kept_rng
 from ..plan.strategies.eval_step import profile_eval
 
 __all__: list = []

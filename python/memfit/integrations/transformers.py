@@ -31,9 +31,8 @@ except ImportError:
         "pip install transformers"
     ) from None
 
-from .api import Size, UserStep, host_memory, kept_rng, sequence_length
+from .api import Size, UserStep, batch_size, host_memory, kept_rng, sequence_length, tensors_in
 from .._native import native as _memfit
-from .._step.batching import batch_size, tensors_in
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler

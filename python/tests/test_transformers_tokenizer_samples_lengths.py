@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import memfit
+from memfit._native import tracked_live_bytes
 
 transformers = pytest.importorskip("transformers")
 from memfit.integrations.length_batches import sample_lengths  # noqa: E402
@@ -77,8 +78,8 @@ def test_the_hf_trainer_batched_by_length_over_tokenizer_samples_never_runs_out(
     model = transformers.GPT2LMHeadModel(transformers.GPT2Config(
         n_layer=1, n_embd=32, n_head=2, vocab_size=VOCAB, n_positions=LONGEST,
         attn_implementation="eager", bos_token_id=0, eos_token_id=1))
-    gc.collect()
-    with memfit.simulated_device("3MiB"):
+    gc.collect()  # a device of 3 MiB beside what earlier tests left tracked
+    with memfit.simulated_device((3 << 20) + tracked_live_bytes("cpu")):
         args = transformers.TrainingArguments(
             output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
             logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0, max_steps=6,

@@ -4,6 +4,9 @@ planned, and the batch set is the one the Trainer's mixed-precision loop
 runs. The model's forward is left as it was."""
 
 import gc
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -49,6 +52,17 @@ def test_the_batch_is_fitted_under_the_autocast_train_applies(tmp_path):
     # Guards against what was: fitted in float32, 4 x 16 was set (6 the largest), and the
     # Trainer's bf16 loop ran out of memory at 4 (2 runs). Accumulated, the gradients and
     # the optimizer state are alive beside the weights' bf16 copies in the forward.
+    # In a fresh interpreter, as a user's script runs: after some other test files in one
+    # worker the loop once ran out 0.5 MiB over the budget at the fitted batch (truth and
+    # answer both 2 here); that order dependence is not explained yet.
+    if os.environ.get("MEMFIT_FRESH_PROCESS") != "1":
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                            f"{__file__}::test_the_batch_is_fitted_under_the_autocast_train_"
+                            f"applies"], capture_output=True, text=True,
+                           env=dict(os.environ, MEMFIT_FRESH_PROCESS="1",
+                                    PYTHONPATH=os.pathsep.join(sys.path)))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-2000:]
+        return
     gc.collect()
     args = arguments(tmp_path, 64)
     with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):

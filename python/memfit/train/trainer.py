@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import traceback
 import warnings
 from typing import Any
 
@@ -564,6 +565,11 @@ class Trainer:
                         isinstance(e, torch.cuda.OutOfMemoryError) or tried <= 1 or \
                         any(t._version != v for t, v in zip(users, versions)):
                     raise
+                # The error's frames hold the failed attempt's tensors, on the
+                # device: dropped before the step runs again, not at a gc.
+                traceback.clear_frames(oom.__traceback__)
+                traceback.clear_frames(e.__traceback__)
+                oom = None
                 smaller = max(1, min(tried, native.micro_batch or n) // 2)
                 redone.append(smaller)
                 native.set_micro_batch(smaller)

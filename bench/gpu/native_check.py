@@ -13,7 +13,7 @@ Lightning's BatchSizeFinder, for each case below:
   lightning imports; else the row says it was skipped.
 
     PYTHONPATH=build-gpu/python python bench/gpu/native_check.py [--out DIR]
-        [--only CASE,...] [--dry-run]
+        [--only CASE,...] [--skip-lightning] [--dry-run]
 
 --dry-run (or no GPU): lists the cases and what would run; imports neither
 memfit nor the optional packages. Writes native.json and native.md to
@@ -138,7 +138,8 @@ def memfit_fit(model, make_batch, loss_fn, budget):
     fit = memfit.find_batch_size(model, x, y, loss_fn=loss_fn, optimizer="adam", budget=budget)
     wall = time.perf_counter() - t0
     return dict(batch=fit.max_batch, steps=2 * len(fit.probes), where=fit.mode,
-                verified=fit.verified, wall_s=round(wall, 2))
+                verified=fit.verified, wall_s=round(wall, 2),
+                probes=[(p.batch, p.peak_bytes, p.out_of_memory) for p in fit.probes])
 
 
 def lightning_fit(model, make_batch, loss_fn):
@@ -192,7 +193,7 @@ def attempt(what, *args):
         return dict(error=f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}")
 
 
-def run_case(case):
+def run_case(case, lightning=True):
     model, make_batch, loss_fn = build(case)
     model = model.cuda()
     clean()
@@ -208,7 +209,8 @@ def run_case(case):
                             wall_s=round(time.perf_counter() - t0, 2))
         row["answer_ran_capped"] = ran if found else None
         row["found_over_true"] = round(found / max(1, batch), 4) if found else None
-        row["lightning"] = attempt(lightning_fit, model, make_batch, loss_fn)
+        row["lightning"] = (attempt(lightning_fit, model, make_batch, loss_fn) if lightning
+                            else dict(skipped="--skip-lightning"))
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         del model
@@ -246,6 +248,8 @@ def main(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT") or os.path.join("build-gpu", "native"))
     ap.add_argument("--only", help="comma-separated case names")
     ap.add_argument("--dry-run", action="store_true")
+    ap.add_argument("--skip-lightning", action="store_true",
+                    help="memfit and the plain-step truth only (a rerun in a short lease)")
     args = ap.parse_args(argv)
     cases = native_cases.selected(args.only)
     if args.dry_run or not torch.cuda.is_available():
@@ -258,7 +262,7 @@ def main(argv=None):
     for c in cases:
         t0 = time.perf_counter()
         try:
-            row = run_case(c)
+            row = run_case(c, lightning=not args.skip_lightning)
         except Exception as e:  # a case that cannot run here (a missing package) says why
             row = dict(case=c.name, budget=c.budget, error=f"{type(e).__name__}: {str(e)[:160]}")
         row["case_wall_s"] = round(time.perf_counter() - t0, 2)

@@ -81,6 +81,6 @@ def test_a_workspace_the_first_step_keeps_is_held_against_the_budget_and_is_not_
 
     true_max = largest_that_fits(fits, fit.max_batch)
     assert fit.max_batch <= true_max, (fit.max_batch, true_max)  # never above
-    # Close to it: without the workspace read as growth the search lands as
-    # near as on a step without one (0.97 in test_device_mode).
+    # Close to it: 683 of 695 measured (before: 15, the workspace read as
+    # growth); 0.95 leaves room for the search's own stop short of the truth.
     assert fit.max_batch >= 0.95 * true_max, (fit.max_batch, true_max)

@@ -6,7 +6,7 @@ import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-CASES = ("mlp_256MiB", "cnn_cudnn", "gpt", "resnet18", "hf_gpt2", "hf_llama", "compiled", "lstm")
+CASES = ("mlp_256MiB", "cnn_cudnn", "gpt", "resnet18", "hf_gpt2", "hf_llama", "lstm", "compiled")
 
 
 def _python_without_torch(tmp_path):

@@ -178,10 +178,12 @@ def test_a_callbacks_batch_is_the_same_on_every_rank(ranks):
     results = ranks["callback"]
     agree = ranks["agree"]
     assert results[0] == results[1], results
-    # The small rank's room (its own find_batch_size alone: 886 here; the
-    # callback's step function holds a few bytes more), half the roomy one's.
+    # The small rank's room, half the roomy one's: about its own
+    # find_batch_size alone (886 here: its verifying step ran out of memory
+    # at 902 and the search stepped back; the callback verified 901 in a
+    # room 5 KB smaller, the two searches' last steps 2% apart).
     small, roomy = agree[1]["alone"]["max_batch"], agree[0]["alone"]["max_batch"]
-    assert 0.9 * small <= results[0]["batch"] <= small < roomy
+    assert 0.9 * small <= results[0]["batch"] <= 1.02 * small < roomy
 
 
 def test_between_measured_lengths_every_rank_answers_the_smallest_ranks_batch(ranks):

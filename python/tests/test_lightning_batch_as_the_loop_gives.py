@@ -56,12 +56,19 @@ class Wide(pl.LightningModule):
         return torch.utils.data.DataLoader(Samples(X), batch_size=self.batch_size)
 
 
+# The samples as bytes, made once on the host as a card's loader holds them.
+# Made inside train_dataloader they sat on the simulated device (32 KiB)
+# beside every step of Lightning's loop, though not yet when FitBatchSize
+# sized the batch: a dataset the loader builds on the device later is not
+# counted (on a card, one built there with .cuda() would not be either).
+X_BYTES = ((X - X.min()) / (X.max() - X.min()) * 255).to(torch.uint8)
+
+
 class Bytes(Wide):
     """Samples stored as uint8, made floats by on_before_batch_transfer."""
 
     def train_dataloader(self):
-        x = ((X - X.min()) / (X.max() - X.min()) * 255).to(torch.uint8)
-        return torch.utils.data.DataLoader(Samples(x), batch_size=self.batch_size)
+        return torch.utils.data.DataLoader(Samples(X_BYTES), batch_size=self.batch_size)
 
     def on_before_batch_transfer(self, batch, dataloader_idx):
         x, y = batch

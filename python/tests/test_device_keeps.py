@@ -109,3 +109,45 @@ def test_the_callbacks_plan_holds_the_workspace_too():
         _workspaces.clear()
     true_max = _true_max(batch)
     assert 0.95 * true_max <= batch <= true_max, (batch, true_max)
+
+
+def test_the_trainers_micro_batch_holds_the_workspace_and_is_not_cut_by_it():
+    # memfit.Trainer plans the micro-batch of a batch the device cannot run
+    # whole; the truth is plain steps of that micro-batch, twice, the
+    # gradients added up, then Adam's step (the split step it runs).
+    gc.collect()
+    _workspaces.clear()
+    x, y = _batch(4096)
+    left = tracked_live_bytes("cpu")
+    with memfit.simulated_device(BUDGET + left):
+        torch.manual_seed(1)
+        model = Net()
+        trainer = memfit.Trainer(model, torch.optim.Adam(model.parameters()), F.cross_entropy)
+        report = trainer.step(x, y)
+        micro = trainer.planned.micro_batch
+        del model, trainer
+        _workspaces.clear()
+    assert report.ooms_recovered == 0 and 0 < micro < 4096
+
+    def build():
+        _workspaces.clear()
+        torch.manual_seed(1)
+        m = Net()
+        return m, torch.optim.Adam(m.parameters())
+
+    def split_step(m, opt, xs, ys):  # each micro-batch moved to the device in turn
+        for part in (slice(0, len(xs) // 2), slice(len(xs) // 2, None)):
+            F.cross_entropy(m(xs[part].clone()), ys[part].clone()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    def fits(n):
+        xs, ys = _batch(2 * n)
+        try:
+            return plain_steps_run(BUDGET, build, lambda m, o: split_step(m, o, xs, ys))
+        finally:
+            _workspaces.clear()
+
+    true_max = largest_that_fits(fits, micro)
+    # The Trainer plans an even split of 4096 at most its fit: within 10%.
+    assert 0.9 * true_max <= micro <= true_max, (micro, true_max)

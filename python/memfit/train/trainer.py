@@ -648,13 +648,20 @@ class Trainer:
         card = "cpu" if on_device else "cuda"
 
         def fit(set_to_none, max_batch):
-            report = profile(self._module, example, example_target, loss_fn=self._how,
-                             optimizer=self.optimizer, batch_dim=self.batch_dim,
-                             set_to_none=set_to_none, target_device=card,
-                             train_mode=False,  # the Trainer runs the model's modes as they are
-                             target_batch_dim=self.target_batch_dim)
+            def record():
+                return profile(self._module, example, example_target, loss_fn=self._how,
+                               optimizer=self.optimizer, batch_dim=self.batch_dim,
+                               set_to_none=set_to_none, target_device=card,
+                               train_mode=False,  # the Trainer runs the model's modes as they are
+                               target_batch_dim=self.target_batch_dim)
+
+            # The room as the device is after a step: See Note [What a step
+            # leaves on the device] (plan/fit.py).
+            after, report = fitting.settled_example(
+                lambda: self._resolved_budget(self._device()), record)
             verify = on_device and not set_to_none  # the whole batch: the step is the check
-            return fitting.search(report, room, 0, verify=verify, max_batch=max_batch)
+            return fitting.search(report, min(room, after.room_bytes), 0, verify=verify,
+                                  max_batch=max_batch)
 
         return fit
 

@@ -104,7 +104,11 @@ void init_fit(py::module_& m) {
       .def_readonly("beyond_probes", &PredictionCertainty::beyond_probes,
                     "the batch is above the largest probe: extrapolated")
       .def_readonly("affine", &PredictionCertainty::affine,
-                    "every held-out check agreed within tolerance")
+                    "every held-out check agreed within tolerance, and no allocation grew "
+                    "faster than the batch between the two largest probes")
+      .def_readonly("faster_than_batch", &PredictionCertainty::faster_than_batch,
+                    "the largest allocation that grew faster than the batch, in words; "
+                    "empty if none")
       .def_readonly("predicted_reserved_bytes", &PredictionCertainty::predicted_reserved_bytes,
                     "for a card: reserved bytes replayed on the step sized from the two "
                     "largest probes; -1 when not estimated")

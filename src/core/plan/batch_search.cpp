@@ -290,7 +290,9 @@ PredictionCertainty certainty_at(const ProbedModel& probed, int64_t batch) {
   c.predicted_bytes = probed.model.predict(batch);
   c.probes = probed.model.probe_batches;
   c.held_out_error = probed.held_out_error;
-  c.affine = probed.affine;
+  // See Note [An allocation that grows faster than the batch] (peak_model.cpp).
+  c.affine = probed.affine && probed.model.faster_than_batch.empty();
+  c.faster_than_batch = probed.model.faster_than_batch;
   c.beyond_probes = c.probes.empty() || batch > *std::max_element(c.probes.begin(), c.probes.end());
   // The two largest probes that ran, for a card's reserve.
   int64_t b1 = 0, b2 = 0;
@@ -319,6 +321,7 @@ std::string PredictionCertainty::text() const {
   return "predicted " + format_bytes(predicted_bytes) + " at batch " + std::to_string(batch) +
          " from probes at " + probes_text + "; worst held-out miss " + format_percent(held_out_error) +
          (affine ? "" : ", not affine") +
+         (faster_than_batch.empty() ? "" : " (" + faster_than_batch + ")") +
          (beyond_probes ? "; extrapolated beyond the largest probe" : "") +
          (predicted_reserved_bytes >= 0
               ? "; a card would reserve " + format_bytes(predicted_reserved_bytes) +

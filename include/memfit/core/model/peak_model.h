@@ -49,6 +49,10 @@ struct PeakModel {
   std::vector<int64_t> probe_peaks;  // measured peak at each probe
   std::vector<PhaseFit> phases;
   std::vector<std::string> notes;
+  // The largest allocation that grew faster than the batch between the two
+  // largest probes, in words; empty if none. See Note [An allocation that
+  // grows faster than the batch].
+  std::string faster_than_batch;
 
   int64_t predict(int64_t batch) const;
   // The phase holding the peak at `batch`.

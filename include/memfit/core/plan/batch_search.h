@@ -88,6 +88,7 @@ struct PredictionCertainty {
   double held_out_error = 0;
   bool beyond_probes = false;   // batch > the largest probe
   bool affine = true;
+  std::string faster_than_batch;  // See Note [An allocation that grows faster than the batch]
   // For a card (probes with a CUDA estimate): its budget peak (reserved
   // bytes) replayed on the step at `batch`, sized from the two largest
   // probes (Note [A card's reserve between two steps]); -1 when the probes

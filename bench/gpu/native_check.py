@@ -10,7 +10,11 @@ Lightning's BatchSizeFinder, for each case below:
   (torch.cuda.set_per_process_memory_fraction), by bisection around
   memfit's answer; peak stats reset and the cache emptied between trials;
 - lightning: BatchSizeFinder(mode="binsearch") under the same cap, if
-  lightning imports; else the row says it was skipped.
+  lightning imports; else the row says it was skipped;
+- uncapped (native.json only): the card's peak reserved and allocated
+  bytes of plain steps at memfit's answer and at the truth on the whole
+  card: what decides whether the budget is held against the unbounded
+  reserve (memfit today) or a capped card's.
 
     PYTHONPATH=build-gpu/python python bench/gpu/native_check.py [--out DIR]
         [--only CASE,...] [--skip-lightning] [--dry-run]
@@ -211,11 +215,28 @@ def run_case(case, lightning=True):
         row["found_over_true"] = round(found / max(1, batch), 4) if found else None
         row["lightning"] = (attempt(lightning_fit, model, make_batch, loss_fn) if lightning
                             else dict(skipped="--skip-lightning"))
+        torch.cuda.set_per_process_memory_fraction(1.0)
+        row["uncapped"] = {str(b): uncapped_peaks(model, make_batch, loss_fn, b)
+                           for b in {found, batch} if b}
     finally:
         torch.cuda.set_per_process_memory_fraction(1.0)
         del model
         clean()
     return row
+
+
+def uncapped_peaks(model, make_batch, loss_fn, b):
+    """The card's peaks over plain steps at batch b with no cap: what memfit
+    holds against the budget (reserved, unbounded) beside what a capped card
+    needs. At the true maximum, reserved/budget above 1 means holding the
+    unbounded reserve to the budget stops short of the capped truth (the
+    budget criterion the next card session decides)."""
+    clean()
+    ran = plain_steps(model, make_batch, loss_fn, b)
+    peaks = dict(ran=ran, reserved=torch.cuda.max_memory_reserved(),
+                 allocated=torch.cuda.max_memory_allocated())
+    clean()
+    return peaks
 
 
 def _cells(part, keys):

@@ -12,6 +12,7 @@ here keeps such a workspace the way cuBLAS does."""
 
 import gc
 
+import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -69,9 +70,12 @@ def _true_max(start):
     return largest_that_fits(fits, start)
 
 
-def test_a_workspace_the_first_step_keeps_is_held_against_the_budget_and_is_not_growth():
+# Example 8: the example's own step makes the workspace (the room is taken
+# again after it). Example 2: a probe makes it (the search runs again).
+@pytest.mark.parametrize("example", [8, 2])
+def test_a_workspace_a_step_keeps_is_held_against_the_budget_and_is_not_growth(example):
     gc.collect()
-    x, y = _batch(8)
+    x, y = _batch(example)
     _workspaces.clear()
     left = tracked_live_bytes("cpu")  # what earlier tests left on the device
     with memfit.simulated_device(BUDGET + left):

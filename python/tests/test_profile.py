@@ -234,6 +234,12 @@ def _foreign(model):
     return torch.optim.SGD(mlp().parameters(), lr=0.1)  # another model's parameters
 
 
+def _two(model):  # one optimizer for the weights, another for the biases
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
+    return [torch.optim.SGD(weights, lr=0.1), torch.optim.AdamW(biases)]
+
+
 _ENTRY_POINTS = {
     "profile": lambda m, x, y, o: memfit.profile(m, x, y, optimizer=o),
     "find_batch_size": lambda m, x, y, o: memfit.find_batch_size(m, x, y, optimizer=o,
@@ -250,7 +256,8 @@ _ENTRY_POINTS = {
     (_scheduler, r"optimizer is a StepLR, a learning-rate scheduler.*scheduler\.optimizer"),
     (_foreign, r"the SGD optimizer holds none of the model's 6 trainable parameters.*"
                r"make it over model\.parameters\(\)"),
-], ids=["scheduler", "foreign"])
+    (_two, r"optimizer is a list of 2 optimizers: .*pass one over all their parameters"),
+], ids=["scheduler", "foreign", "two"])
 def test_an_optimizer_that_cannot_step_the_model_is_refused_before_anything_runs(
         entry, make, message):
     model = mlp()

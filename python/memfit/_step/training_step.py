@@ -166,6 +166,15 @@ def check_optimizer(model, optimizer, what, instance_only=False):
             )
         return
     if not isinstance(optimizer, torch.optim.Optimizer):
+        if isinstance(optimizer, (list, tuple)) and optimizer and all(
+                isinstance(o, torch.optim.Optimizer) for o in optimizer):
+            raise ValueError(
+                f"[{what}] optimizer is a {type(optimizer).__name__} of {len(optimizer)} "
+                f"optimizers: memfit's step ends with one optimizer's step(); for a loop "
+                f"that steps several over different parameters (Muon and AdamW, a GAN's "
+                f"two), pass one over all their parameters that keeps as much state: "
+                f"torch.optim.AdamW(model.parameters()) keeps two buffers a parameter, as "
+                f"much as SGD with momentum, Adam or Muon")
         if isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
             raise ValueError(
                 f"[{what}] optimizer is a {type(optimizer).__name__}, a learning-rate "

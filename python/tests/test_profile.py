@@ -234,10 +234,6 @@ def _foreign(model):
     return torch.optim.SGD(mlp().parameters(), lr=0.1)  # another model's parameters
 
 
-def _two(model):  # one optimizer for the weights, another for the biases
-    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
-    biases = [p for n, p in model.named_parameters() if n.endswith("bias")]
-    return [torch.optim.SGD(weights, lr=0.1), torch.optim.AdamW(biases)]
 
 
 _ENTRY_POINTS = {
@@ -256,8 +252,7 @@ _ENTRY_POINTS = {
     (_scheduler, r"optimizer is a StepLR, a learning-rate scheduler.*scheduler\.optimizer"),
     (_foreign, r"the SGD optimizer holds none of the model's 6 trainable parameters.*"
                r"make it over model\.parameters\(\)"),
-    (_two, r"optimizer is a list of 2 optimizers: .*pass one over all their parameters"),
-], ids=["scheduler", "foreign", "two"])
+], ids=["scheduler", "foreign"])
 def test_an_optimizer_that_cannot_step_the_model_is_refused_before_anything_runs(
         entry, make, message):
     model = mlp()

@@ -8,21 +8,25 @@ from typing import Any, Callable
 
 import torch
 
+from .optimizer_chain import chained
+
 __all__: list = []
 
 _WRAPPERS = ("accelerate.", "lightning.", "pytorch_lightning.")
 
 
 def unwrapped_optimizer(optimizer: Any) -> Any:
-    """The torch optimizer inside accelerate's AcceleratedOptimizer or
-    Lightning's LightningOptimizer (its `.optimizer`); anything else as it
-    is. memfit runs the rehearsal's optimizer step on it and puts its state
-    back: the wrapper's step would skip it outside an accumulation's last
+    """The torch optimizer memfit steps: the one inside accelerate's
+    AcceleratedOptimizer or Lightning's LightningOptimizer (its
+    `.optimizer`), a list of optimizers as one (See Note [Several optimizers
+    in one step], optimizer_chain.py); anything else as it is. memfit runs
+    the rehearsal's optimizer step on it and puts its state back: the
+    wrapper's step would skip it outside an accumulation's last
     micro-batch."""
     inner = getattr(optimizer, "optimizer", None)
     if type(optimizer).__module__.startswith(_WRAPPERS) and isinstance(inner, torch.optim.Optimizer):
         return inner
-    return optimizer
+    return chained(optimizer)
 
 
 def accumulation_setter(accelerator: Any, optimizer: Any) -> Callable[[int], None] | None:

@@ -1,6 +1,6 @@
 """Type aliases the public API's hints share."""
 
-from typing import Any, Callable, Union
+from typing import Any, Callable, Sequence, Union
 
 import torch
 
@@ -13,8 +13,9 @@ Batch = Any
 Size = Union[int, float, str]
 # loss_fn(output, target) -> a scalar tensor; None: the model's output is the loss.
 LossFn = Callable[..., torch.Tensor]
-# An optimizer instance, or a name memfit makes one of ("adam", "sgd", ...).
-OptimizerArg = Union[torch.optim.Optimizer, str, None]
+# An optimizer instance, a list of them over different parameters, or a name
+# memfit makes one of ("adam", "sgd", ...).
+OptimizerArg = Union[torch.optim.Optimizer, Sequence[torch.optim.Optimizer], str, None]
 # progress=True prints to stderr; a callable receives each line.
 ProgressArg = Union[bool, Callable[[str], Any], None]
 # step(model, batch) -> the loss (a scalar tensor): the user's own step; memfit

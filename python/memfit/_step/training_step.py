@@ -9,6 +9,7 @@ import torch
 
 from .._native import native as _native
 from .offload import OffloadedOptimizer
+from .optimizer_chain import OptimizerChain
 
 __all__: list = []
 
@@ -170,11 +171,11 @@ def check_optimizer(model, optimizer, what, instance_only=False):
                 isinstance(o, torch.optim.Optimizer) for o in optimizer):
             raise ValueError(
                 f"[{what}] optimizer is a {type(optimizer).__name__} of {len(optimizer)} "
-                f"optimizers: memfit's step ends with one optimizer's step(); for a loop "
-                f"that steps several over different parameters (Muon and AdamW, a GAN's "
-                f"two), pass one over all their parameters that keeps as much state: "
-                f"torch.optim.AdamW(model.parameters()) keeps two buffers a parameter, as "
-                f"much as SGD with momentum, Adam or Muon")
+                f"optimizers: {what} makes other optimizers of the kind given, so it takes "
+                f"one; pass one over all their parameters that keeps as much state "
+                f"(torch.optim.AdamW(model.parameters()) keeps two buffers a parameter, as "
+                f"much as SGD with momentum, Adam or Muon); profile, find_batch_size and "
+                f"the Trainer take the list")
         if isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
             raise ValueError(
                 f"[{what}] optimizer is a {type(optimizer).__name__}, a learning-rate "
@@ -219,4 +220,6 @@ def optimizer_name(optimizer):
         return optimizer
     if isinstance(optimizer, OffloadedOptimizer):
         return type(optimizer.inner).__name__ + _native.OFFLOAD_SUFFIX
+    if isinstance(optimizer, OptimizerChain):
+        return optimizer.name
     return type(optimizer).__name__

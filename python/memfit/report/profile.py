@@ -363,8 +363,9 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       scalar. Without loss_fn: cross-entropy for integer targets, MSE for
       float targets, or the output itself when it is a scalar.
     - optimizer: a torch.optim.Optimizer over model.parameters() (one
-      wrapped in memfit.offload too), or "adam", "adam-offload", "sgd",
-      "momentum", or None (no optimizer step).
+      wrapped in memfit.offload too), a list of them over different
+      parameters stepped in turn ([muon, adamw]), or "adam",
+      "adam-offload", "sgd", "momentum", or None (no optimizer step).
     - mode: where the step is measured (See Note [Measured on the device],
       places.py). "device": on the device the model is on, held to its own
       limit: a CUDA card (its caching allocator's counters) or, on the CPU,

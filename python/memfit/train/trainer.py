@@ -14,6 +14,7 @@ from .._step.arguments import flag
 from .._step.batching import (batch_size, count, map_tensors, narrow_batch,
                               sequence_length, tensors_in)
 from .._step.device import host_memory, to_bytes
+from .._step.frameworks import unwrapped_optimizer
 from .._step.hints import Batch, LossFn, Size, StepFn
 from .._step.training_step import check_loss_trains, check_optimizer
 from .._step.user_step import StepError, as_user_step, is_hf_model
@@ -463,6 +464,7 @@ class Trainer:
         plan = flag(plan, "Trainer", "plan")
         split = flag(split, "Trainer", "split")
         _check_scaler(scaler)
+        optimizer = unwrapped_optimizer(optimizer)  # a list of optimizers: one
         check_optimizer(model, optimizer, "Trainer", instance_only=True)
         _check_not_meta(model)
         # Checked now, not at the first step: see user_step.as_user_step.

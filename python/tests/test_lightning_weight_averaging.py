@@ -6,6 +6,7 @@ leaves alive, and says so (See Note [An average updated beside the step],
 integrations/averaging.py). The truth is Lightning's own loop, with the
 callback, on a simulated device of the budget."""
 
+import copy
 import gc
 
 import pytest
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 import memfit
+from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
 if not hasattr(pl.callbacks, "EMAWeightAveraging"):
@@ -121,3 +123,44 @@ def test_batches_by_length_beside_an_ema_callback_are_checked_too():
     with pytest.raises(memfit.DoesNotFit, match=r"^\[FitBatchSize\] EMAWeightAveraging updates"):
         fit_by_length("8MiB")
     fit_by_length("12MiB")  # Lightning's loop, batched by length, with the callback: no OOM
+
+
+class CopiedOnTheHost(pl.callbacks.StochasticWeightAveraging):
+    """StochasticWeightAveraging as on a GPU: its setup copies the module
+    before the module moves to the card (in host memory here), and the copy
+    moves onto the device at swa_epoch_start (a copy the simulated device
+    counts: .to("cpu") would keep the host's)."""
+
+    def setup(self, trainer, pl_module, stage):
+        with memfit.host_memory():
+            super().setup(trainer, pl_module, stage)
+
+    def on_train_epoch_start(self, trainer, pl_module):
+        if not self._initialized and self.swa_start <= trainer.current_epoch <= self.swa_end:
+            self._average_model = copy.deepcopy(self._average_model)
+        super().on_train_epoch_start(trainer, pl_module)
+
+
+def _swa_fit(budget, batch_size, callbacks=()):
+    """Two epochs of two steps, averaging from the second."""
+    gc.collect()
+    swa = CopiedOnTheHost(swa_lrs=1e-3, swa_epoch_start=1)
+    with memfit.simulated_device(budget + tracked_live_bytes("cpu")):
+        module = Classifier(batch_size)
+        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, max_epochs=2,
+                   limit_train_batches=2, callbacks=[*callbacks, swa]).fit(module)
+    return module.batch_size
+
+
+def test_a_swa_copy_moved_onto_the_device_later_is_kept_free_beside_the_step():
+    # Not kept free, the batch was 556 and the second epoch ran out of
+    # memory: Lightning's loop runs 369 at most.
+    fit = FitBatchSize()
+    b = _swa_fit(8 << 20, 4, [fit])  # Lightning's loop at the batch set: an OOM would raise
+    assert b == fit.optimal_batch_size > 4
+    assert any(n.startswith("the weights' copy CopiedOnTheHost moves onto the device later "
+                            "(1.15 MiB)") for n in fit.plan.notes), fit.plan.notes
+    fit = None
+    with pytest.raises(torch.OutOfMemoryError):  # tight: 3% above it runs out
+        _swa_fit(8 << 20, b + max(2, b // 33))

@@ -91,3 +91,49 @@ def check_averaging(callbacks, module: torch.nn.Module, plan, batch_bytes: float
     plan.notes.append(f"{names} updates its average after each step with {fb(update)} of "
                       f"temporaries: it fits beside the weights, .grad and optimizer state "
                       f"({fb(alive + update)} of {fb(plan.budget_bytes)})")
+
+
+# Note [An average moved onto the device later]
+# Lightning's StochasticWeightAveraging copies the module in its setup,
+# before the strategy moves the module to the accelerator: the copy is on
+# the host through on_fit_start, and moves to `device` (None: the module's)
+# at swa_epoch_start, where it stays beside every later step. Where the
+# copy was made on the host (a GPU's run; on a simulated device, the
+# host's memory) FitBatchSize said 556 and Lightning's loop ran out of
+# memory at the first SWA epoch; it runs 369 at most. So the copy's bytes
+# not on the device yet are kept free beside the step when it moves to the
+# module's device. A copy made on the device is in its live bytes already
+# (See Note [The budget is the whole device], plan/budget.py).
+
+
+def _on_the_device(t: torch.Tensor, device: torch.device) -> bool:
+    """Whether `t` is on `device` as the budget sees it: a card's tensor, or
+    one the simulated device tracks."""
+    if device.type == "cuda":
+        return t.device == device
+    return _memfit.budget("cpu") is not None and _memfit.allocation_id(t) is not None
+
+
+def moved_average_bytes(callbacks, module: torch.nn.Module) -> tuple[int, list]:
+    """(bytes, names): the copies of the weights that averaging callbacks
+    keep off the device now and move onto the module's device later (See
+    Note [An average moved onto the device later]), and the callbacks'
+    names."""
+    first = next(itertools.chain(module.parameters(), module.buffers()), None)
+    device = torch.device("cpu") if first is None else first.device
+    total, names = 0, []
+    for cb in callbacks:
+        copy, to = getattr(cb, "_average_model", None), getattr(cb, "_device", None)
+        if not isinstance(copy, torch.nn.Module) or isinstance(copy, AveragedModel):
+            continue
+        to = device if to is None else torch.device(to)
+        if to.type != device.type or (None not in (to.index, device.index)
+                                      and to.index != device.index):
+            continue  # kept apart, where the user asked (device="cpu" beside a card)
+        storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes()
+                    for t in itertools.chain(copy.parameters(), copy.buffers())
+                    if not _on_the_device(t, device)}
+        if storages:
+            total += sum(storages.values())
+            names.append(type(cb).__name__)
+    return total, names

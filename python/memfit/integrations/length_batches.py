@@ -75,7 +75,7 @@ def _padded(length: int, multiple: int | None) -> int:
 def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: LoopStep, *,
                    seq_dim: Any, lengths: Sequence[int], budget: Any, what: str,
                    batch_dim: int = 0, reserve_bytes: int = 0,
-                   target_device: str | None = None,
+                   reserved_for: str | None = None, target_device: str | None = None,
                    pad_to_multiple_of: int | None = None,
                    plans: list | None = None) -> LengthFit:
     """The largest batch at each of `lengths` that `loop` fits, each
@@ -91,7 +91,7 @@ def fit_per_length(model: torch.nn.Module, batch: Any, optimizer: Any, loop: Loo
     def fit_one(x, _):
         plan = plan_batch(model, x, optimizer, whole=loop, budget=budget, what=what,
                           batch_dim=batch_dim, reserve_bytes=reserve_bytes,
-                          target_device=target_device)
+                          reserved_for=reserved_for, target_device=target_device)
         if plans is not None:
             plans.append(plan)
         return plan.fits[-1]

@@ -42,12 +42,13 @@ from .._native import native as _memfit
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      largest_divisor, plan_batch, plan_eval_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler
-from .averaging import check_averaging
+from .averaging import check_averaging, moved_average_bytes
 from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
                              fit_per_length, pad_multiple, rebatched, sample_lengths,
                              token_accumulation)
-from .lightning_rehearsal import (kept_per_sample, pile_step, quiet_log, samples_validated,
-                                  side_copy, val_loaders, val_source, validation_step)
+from .lightning_rehearsal import (PassedToFit, kept_per_sample, passed_loaders, pile_step,
+                                  quiet_log, samples_validated, side_copy, val_loaders,
+                                  val_source, validation_step)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -151,24 +152,51 @@ def _first_of(loaders):
     return batch, (combined.flattened[0] if len(combined.flattened) == 1 else None)
 
 
-def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=False):
-    """The first samples of the first training batch as training_step gets
-    them (the module's transfer hooks, on its device); the generators are
-    put back, so the fit loop draws the same order. longest=True: (batch,
-    note), the batch as long as the longest training sample (See Note [A
-    first batch shorter than the data], length_batches.py). multiple=True:
-    (batch, the multiple the loader's collate function pads to, or None)."""
+# Note [A dataset the loader holds on the device]
+# A train_dataloader may build its dataset on the device (tensors made in
+# it: torch.randn(...).cuda(), or any tensor on a simulated device). The
+# fit loop builds its loader after on_fit_start, and holds it, dataset and
+# all, beside every step; built in host memory, as memfit builds the
+# example, it was in the room: FitBatchSize said 556 where Lightning's loop
+# beside a 1 MiB dataset made in train_dataloader runs 388 at most. So the
+# loader is built as the loop builds it, on the device, and held through
+# the planning: the room is taken after it (See Note [The budget is the
+# whole device], plan/budget.py). Only the example batch is drawn in host
+# memory. The validation loaders the loop holds from its first validation
+# on are held too, built at the user's batch.
+
+
+def _train_loaders(trainer, pl_module, what):
+    """What train_dataloader returns, built on the device as the fit loop
+    builds it: See Note [A dataset the loader holds on the device]."""
     source = _loader_source(trainer, pl_module)
+    if passed_loaders(trainer.fit_loop) is not None:
+        raise ValueError(
+            f"[{what}] train_dataloaders were passed to fit(): their batch is fixed, and "
+            f"Lightning runs them instead of train_dataloader; define train_dataloader on the "
+            f"module (or a datamodule) reading its batch_size, and pass no loader to fit()")
     if not is_overridden("train_dataloader", source):
         raise ValueError(
             f"[{what}] no train_dataloader on the module or datamodule: memfit takes an example "
             f"batch from it (dataloaders passed to fit() have a fixed batch size)"
         )
+    with kept_rng():
+        return source.train_dataloader()
+
+
+def _first_batch(trainer, pl_module, loaders, what, batch_dim=0, longest=False, multiple=False):
+    """The first samples of the first training batch of `loaders` (what
+    train_dataloader returned) as training_step gets them (the module's
+    transfer hooks, on its device); the generators are put back, so the fit
+    loop draws the same order. longest=True: (batch, note), the batch as
+    long as the longest training sample (See Note [A first batch shorter
+    than the data], length_batches.py). multiple=True: (batch, the multiple
+    the loader's collate function pads to, or None)."""
     # On the host, as beside a GPU: only the few samples memfit keeps go to
     # the device.
     note = None
     with kept_rng(), host_memory():
-        batch, loader = _first_of(source.train_dataloader())
+        batch, loader = _first_of(loaders)
         batch = example_of(batch, batch_dim)
         if longest:
             batch, note = at_longest_sample(getattr(loader, "dataset", None),
@@ -180,13 +208,22 @@ def _first_batch(trainer, pl_module, what, batch_dim=0, longest=False, multiple=
     return (batch, note) if longest else batch
 
 
-def _training_samples(trainer, pl_module):
+def _val_loaders(trainer, pl_module):
+    """The validation loaders val_dataloader returns at the user's batch,
+    built on the device as the loop builds them, or None where the fit does
+    not validate or they were passed to fit()."""
+    source = val_source(trainer, pl_module)
+    if source is None or isinstance(source, PassedToFit):
+        return None
+    with kept_rng():
+        return source.val_dataloader()
+
+
+def _training_samples(loaders):
     """How many samples the training loader's dataset holds, or None where
-    it has no length (an IterableDataset)."""
-    with kept_rng(), host_memory():
-        loader = _loader_source(trainer, pl_module).train_dataloader()
+    it has no length (an IterableDataset) or there are several loaders."""
     try:
-        return len(loader.dataset)
+        return len(loaders.dataset)
     except (AttributeError, TypeError):
         return None
 
@@ -246,6 +283,15 @@ def _unfrozen(trainer, pl_module, optimizer):
             optimizer.state.pop(p, None)
         for p in frozen:
             p.requires_grad_(False)
+
+
+def _moved_average(trainer, pl_module):
+    """(bytes kept free, what for): the copies of the weights an averaging
+    callback moves onto the device after the fit starts: See Note [An
+    average moved onto the device later] (averaging.py)."""
+    later, names = moved_average_bytes(trainer.callbacks, pl_module)
+    what = f"the weights' copy {' and '.join(names)} moves onto the device later"
+    return later, (what if later else None)
 
 
 def _optimizer(trainer, what):
@@ -367,14 +413,20 @@ class FitBatchSize(pl.Callback):
         before = str(lightning_getattr(pl_module, self.batch_arg_name))
         if self.keep_effective_batch is not None:
             before += f" x {trainer.accumulate_grad_batches}"
-        batch, longer = _first_batch(trainer, pl_module, what, self.batch_dim, longest=True)
+        # Held through the planning: See Note [A dataset the loader holds on the device].
+        loaders, val_held = _train_loaders(trainer, pl_module, what), _val_loaders(trainer,
+                                                                                   pl_module)
+        batch, longer = _first_batch(trainer, pl_module, loaders, what, self.batch_dim,
+                                     longest=True)
         # The user's own accumulate_grad_batches (or a scheduler of it): every
         # micro-batch after the first keeps the gradients through its backward.
         accumulating = self.keep_effective_batch is None and _accumulates(trainer)
         optimizer = _optimizer(trainer, what)
         side = side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
+        later, reserved_for = _moved_average(trainer, pl_module)
         with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
-            plan = plan_batch(side, batch, optimizer,
+            plan = plan_batch(side, batch, optimizer, reserve_bytes=later,
+                              reserved_for=reserved_for,
                               whole=lightning_step(trainer, pl_module, what,
                                                    accumulating=accumulating),
                               accumulated=lightning_step(trainer, pl_module, what,
@@ -386,13 +438,17 @@ class FitBatchSize(pl.Callback):
             check_averaging(trainer.callbacks, pl_module, plan,
                             batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size,
                             what)
-            self._fit_validation(trainer, pl_module, plan, side)
+            self._fit_validation(trainer, pl_module, plan, side, later)
+        if later:
+            plan.notes.append(f"{reserved_for} ({_memfit.format_bytes(later)}) is kept free "
+                              f"beside the step")
         if unfrozen:
             plan.notes.append(unfrozen)
         if longer:
             plan.notes.append(longer)
         if self.keep_effective_batch is None:
-            _at_most_the_data(plan, _training_samples(trainer, pl_module))
+            _at_most_the_data(plan, _training_samples(loaders))
+        loaders = val_held = None
         lightning_setattr(pl_module, self.batch_arg_name, plan.batch_size)
         if self.keep_effective_batch is not None:
             trainer.accumulate_grad_batches = plan.accumulation
@@ -402,10 +458,10 @@ class FitBatchSize(pl.Callback):
         for note in plan.notes:
             log.info("memfit: %s", note)
 
-    def _fit_validation(self, trainer, pl_module, plan, side):
+    def _fit_validation(self, trainer, pl_module, plan, side, later=0):
         """The batch lowered to the largest whose validation fits: See Note
         [The validation inside the fit loop]. `side`: the module's copy the
-        step runs on."""
+        step runs on; `later`: bytes an average moves onto the device later."""
         source = val_source(trainer, pl_module)
         if source is None:
             return
@@ -419,7 +475,7 @@ class FitBatchSize(pl.Callback):
         loaders = val_loaders(source, pl_module, self.batch_arg_name, plan.batch_size)
         for i, loader in enumerate(loaders):
             self._fit_one_validation(trainer, pl_module, plan, side, source, loader,
-                                     plan.optimizer_state_bytes + grads,
+                                     plan.optimizer_state_bytes + grads + later,
                                      None if len(loaders) == 1 else i)
 
     def _fit_one_validation(self, trainer, pl_module, plan, side, source, loader, held, index):
@@ -454,6 +510,12 @@ class FitBatchSize(pl.Callback):
             fits = min(fits, at_end)
         if fits >= cap:
             return
+        if isinstance(source, PassedToFit):
+            raise _memfit.DoesNotFit(
+                f"[{what}] validation_step runs out of memory at the batch of {cap} of the "
+                f"val_dataloaders passed to fit(), beside the training's optimizer state (at "
+                f"most {fits} fit), and a loader passed to fit() keeps its batch: pass one of "
+                f"{fits} or fewer, or define val_dataloader on the module reading {name}")
         lo, hi = 0, plan.batch_size  # the largest batch whose loader's batch fits
         while hi - lo > 1:
             mid = (lo + hi) // 2
@@ -482,11 +544,16 @@ class FitBatchSize(pl.Callback):
     def _fit_lengths(self, trainer, pl_module, began):
         """on_fit_start with lengths=: See Note [A loader batched by length]."""
         what = "FitBatchSize"
-        batch, multiple = _first_batch(trainer, pl_module, what, self.batch_dim, multiple=True)
+        # Held through the planning: See Note [A dataset the loader holds on the device].
+        loaders, val_held = _train_loaders(trainer, pl_module, what), _val_loaders(trainer,
+                                                                                   pl_module)
+        batch, multiple = _first_batch(trainer, pl_module, loaders, what, self.batch_dim,
+                                       multiple=True)
         accumulating = self.tokens_per_step is not None or _accumulates(trainer)
         plans = []
         optimizer = _optimizer(trainer, what)
         side = side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
+        later, reserved_for = _moved_average(trainer, pl_module)
         with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
             fit = fit_per_length(side, batch, optimizer,
                                  lightning_step(trainer, pl_module, what,
@@ -494,7 +561,8 @@ class FitBatchSize(pl.Callback):
                                  seq_dim=self.seq_dim, lengths=self.lengths,
                                  budget=self.budget, what=what, batch_dim=self.batch_dim,
                                  target_device=self.target_device,
-                                 pad_to_multiple_of=multiple, plans=plans)
+                                 pad_to_multiple_of=multiple, plans=plans,
+                                 reserve_bytes=later, reserved_for=reserved_for)
             # See Note [An average updated beside the step] (averaging.py): the
             # longest padded batch's tokens beside it.
             per_token = batch_bytes_per_sample(batch, self.batch_dim) / sequence_length(
@@ -502,6 +570,10 @@ class FitBatchSize(pl.Callback):
             said = len(plans[-1].notes)
             check_averaging(trainer.callbacks, pl_module, plans[-1],
                             per_token * fit.max_tokens, what)
+        loaders = val_held = None
+        if later:
+            log.info("memfit: %s (%s) is kept free beside the step", reserved_for,
+                     _memfit.format_bytes(later))
         if unfrozen:
             log.info("memfit: %s", unfrozen)
         for note in plans[-1].notes[said:]:

@@ -7,15 +7,19 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import inspect
+from typing import Any
 
 import torch
 
 try:
+    import lightning.pytorch as pl
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
     from lightning.pytorch.utilities.model_helpers import is_overridden
     from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_setattr
 except ImportError:
+    import pytorch_lightning as pl
     from pytorch_lightning.utilities.combined_loader import CombinedLoader
     from pytorch_lightning.utilities.model_helpers import is_overridden
     from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_setattr
@@ -99,14 +103,42 @@ def side_copy(trainer, pl_module):
 # logger or to files). The last step is sized beside what the earlier
 # batches kept (limit_val_batches of the loader's), the epoch's end beside
 # all of it and its copy.
+# Loaders passed to fit() (val_dataloaders=) replace any val_dataloader and
+# keep their batch: unchecked, 8 augmentations at their batch of 160 ran out
+# of memory at any training batch where memfit said 556. They are what is
+# measured, and where their batch does not fit the fit raises, saying so.
+
+
+def passed_loaders(loop):
+    """What was passed to fit() for `loop` (the fit loop, or its validation
+    loop): loaders, whose batch is fixed; None where the module or the
+    datamodule builds them."""
+    instance = getattr(getattr(loop, "_data_source", None), "instance", None)
+    if instance is None or isinstance(instance, (pl.LightningModule, pl.LightningDataModule)):
+        return None
+    return instance
+
+
+@dataclasses.dataclass
+class PassedToFit:
+    """val_dataloaders passed to fit() as a source: Lightning runs them
+    instead of any val_dataloader, at their own batch."""
+
+    loaders: Any
+
+    def val_dataloader(self):
+        return self.loaders
 
 
 def val_source(trainer, pl_module):
-    """What builds the validation loader the fit loop runs, or None where
-    the fit does not validate (no validation_step, limit_val_batches=0, or
-    loaders given to fit(): their batch is fixed)."""
+    """What builds the validation loader the fit loop runs (a PassedToFit
+    for loaders given to fit()), or None where the fit does not validate
+    (no validation_step, limit_val_batches=0)."""
     if trainer.limit_val_batches == 0 or not is_overridden("validation_step", pl_module):
         return None
+    passed = passed_loaders(trainer.fit_loop.epoch_loop.val_loop)
+    if passed is not None:
+        return PassedToFit(passed)
     dm = trainer.datamodule
     for source in (dm, pl_module):
         if source is not None and is_overridden("val_dataloader", source):

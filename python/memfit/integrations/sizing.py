@@ -147,16 +147,34 @@ class LoopStep:
     set_to_none: bool = True
 
 
+def _check_reserve(reserve: int, available: int, effective, reserved_for, what: str) -> None:
+    """Raises where what plan_batch keeps free beside the step leaves no room."""
+    if not reserve or reserve < available:
+        return
+    fb = _memfit.format_bytes
+    if reserved_for:
+        raise _memfit.DoesNotFit(
+            f"[{what}] {reserved_for} ({fb(reserve)}) leaves nothing of the {fb(available)} the "
+            f"budget leaves beside the model: give a larger budget")
+    # The margin is the callback's own, not one the user gave: say what it is.
+    raise ValueError(
+        f"[{what}] the batches the loop holds beside the step ({fb(reserve)} for {effective} "
+        f"samples) leave nothing of the {fb(available)} the budget leaves beside the model: "
+        f"give a larger budget or a smaller effective batch")
+
+
 def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
                accumulated: LoopStep | None = None, budget, what: str, batch_dim=0,
                effective: int | None = None, reserve_bytes: int = 0,
+               reserved_for: str | None = None,
                target_device: str | None = None) -> BatchPlan:
     """The batch (and accumulation) a loop can use on `model`.
 
     `batch`: an example batch (any size: probes cut or repeat it). `whole`:
     the loop's step without accumulation; `accumulated`: its step between
     the micro-batches of an accumulated one (default `whole` with the
-    gradients kept). `reserve_bytes`: kept free beside the step.
+    gradients kept). `reserve_bytes`: kept free beside the step (for
+    `reserved_for`, default the loop's batches).
 
     Without `effective`: the largest batch `whole` fits, verified. With it:
     does the effective batch fit whole (probes only, as the Trainer's first
@@ -167,13 +185,7 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
     target = budget_target(model, target_device, what)
     plan = BatchPlan(batch_size=0, effective_batch=effective, budget_bytes=available,
                      reserved_bytes=int(reserve_bytes))
-    if reserve_bytes and reserve_bytes >= available:
-        # The margin is the callback's own, not one the user gave: say what it is.
-        fb = _memfit.format_bytes
-        raise ValueError(
-            f"[{what}] the batches the loop holds beside the step ({fb(int(reserve_bytes))} for "
-            f"{effective} samples) leave nothing of the {fb(available)} the budget leaves "
-            f"beside the model: give a larger budget or a smaller effective batch")
+    _check_reserve(int(reserve_bytes), available, effective, reserved_for, what)
 
     def fit(loop, verify, max_batch):
         # Every rank the same batch, or the same error: See Note [One answer

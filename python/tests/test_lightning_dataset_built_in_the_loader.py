@@ -1,0 +1,66 @@
+"""A train_dataloader that builds its dataset on the device: the fit loop
+builds it after on_fit_start and holds it beside every step. FitBatchSize
+built it in host memory, and said 556 where Lightning's loop beside the
+1 MiB dataset runs 388 at most (See Note [A dataset the loader holds on
+the device], integrations/lightning.py). The truth is Lightning's own loop
+on a simulated device, where the tensors train_dataloader makes count."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memfit
+from memfit._native import tracked_live_bytes
+
+pl = pytest.importorskip("lightning.pytorch")
+from memfit.integrations.lightning import FitBatchSize  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
+
+BUDGET = 8 << 20
+SAMPLES = 4096  # 64 floats and a label each: 1.03 MiB
+
+
+class BuildsItsData(pl.LightningModule):
+    """64-512-512-10 with Adam; train_dataloader makes its dataset."""
+
+    def __init__(self, batch_size=4):
+        super().__init__()
+        torch.manual_seed(0)
+        self.batch_size = batch_size
+        self.net = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
+                                       torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                                       torch.nn.Linear(512, 10))
+
+    def training_step(self, batch, batch_idx):
+        return F.cross_entropy(self.net(batch[0]), batch[1])
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters())
+
+    def train_dataloader(self):
+        x, y = torch.randn(SAMPLES, 64), torch.randint(0, 10, (SAMPLES,))
+        return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x, y),
+                                           batch_size=self.batch_size)
+
+
+def _fit(batch_size, callbacks=()):
+    gc.collect()
+    with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
+        module = BuildsItsData(batch_size)
+        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                   enable_progress_bar=False, enable_model_summary=False, max_steps=3,
+                   callbacks=list(callbacks)).fit(module)
+    return module.batch_size
+
+
+def test_the_batch_set_runs_beside_the_dataset_the_loader_builds_and_is_tight():
+    fit = FitBatchSize()
+    b = _fit(4, [fit])  # Lightning's loop at the batch set: an OOM would raise
+    assert b == fit.optimal_batch_size > 4
+    fit = None
+    # Tight: Lightning's loop runs out of memory 3% above it.
+    with pytest.raises(torch.OutOfMemoryError):
+        _fit(b + max(2, b // 33))

@@ -2,8 +2,9 @@
 builds it after on_fit_start and holds it beside every step. FitBatchSize
 built it in host memory, and said 556 where Lightning's loop beside the
 1 MiB dataset runs 388 at most, and as much for a val_dataloader's (See
-Note [A dataset the loader holds on the device], integrations/lightning.py). The truth is Lightning's own loop
-on a simulated device, where the tensors train_dataloader makes count."""
+Note [A dataset the loader holds on the device], integrations/lightning.py).
+The truth is Lightning's own loop on a simulated device, where the tensors
+the loaders' functions make count."""
 
 import gc
 

@@ -1,8 +1,9 @@
-"""A prediction beyond the probes says when an allocation grows faster than
-the batch (a contrastive loss's B x B similarity matrix): the probes are too
-small for it to show in the peak, so the held-out miss is 0.00% while the
-prediction at 256 is 29% under the step. See Note [An allocation that grows
-faster than the batch] (peak_model.cpp)."""
+"""A prediction beyond the probes where an allocation grows faster than the
+batch (a contrastive loss's B x B similarity matrix): the probes are too
+small for it to show in the peak (held-out miss 0.00%), and lines through
+them predicted 29% under the step at 256. The prediction says so, and
+predicts those events as the batch squared. See Note [An allocation that
+grows faster than the batch] (peak_model.cpp)."""
 
 import torch
 import torch.nn as nn
@@ -44,8 +45,12 @@ def test_a_batch_squared_allocation_makes_the_prediction_not_affine_and_is_named
     assert not sure.affine
     assert "grows faster than the batch (aten::mm)" in sure.faster_than_batch
     assert "not affine (an allocation grows faster than the batch" in sure.text()
-    # And it was worth saying: the step at 256 takes more than predicted.
-    assert report.at_batch(256).peak_bytes > 1.1 * sure.predicted_bytes
+    # Predicted as the batch squared: within 1% of the step at 256 and
+    # 1024 (29% and 38% under with lines). The step's own count is memfit's
+    # recording; the prediction is a different path to it (probes 8 to 32).
+    for batch in (256, 1024):
+        step = report.at_batch(batch).peak_bytes
+        assert abs(report.prediction(batch).predicted_bytes - step) <= 0.01 * step, batch
 
 
 def test_allocations_that_grow_with_the_batch_keep_the_prediction_affine():

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -33,8 +34,14 @@ bool useless(const Line& l, const Line& m, const Line& r) {
 // probes: one that grows more than 1.5x as fast as the batch from each to
 // the next (4x for 2x the batch is batch squared) makes the prediction not
 // affine, and says which. It must reach 4 KiB at the largest probe: below,
-// alignment and packing move sizes by more than the batch does.
+// alignment and packing move sizes by more than the batch does. Then the
+// live bytes at each event that rise above the line of the two smaller
+// probes by 1 KiB or more at the largest (the matrix and what is computed
+// from it while it lives) get a curve through the three, not a line: the
+// CLIP step's prediction at 256 is then the step's to the byte
+// (python/tests/test_prediction_faster_than_batch.py).
 constexpr int64_t kSmallestToJudge = 4096;
+constexpr int64_t kCurvatureToJudge = 1024;
 constexpr double kFasterThanBatch = 1.5;
 
 // Indices of the (up to) three largest batches, ascending.
@@ -79,9 +86,32 @@ std::string faster_than_batch(const std::vector<int64_t>& batches,
            (op.empty() ? std::string() : " (" + op + ")") + ": " +
            format_bytes(timelines[below]->events()[i].bytes) + " at batch " +
            std::to_string(batches[below]) + ", " + format_bytes(e.bytes) + " at " +
-           std::to_string(batches[top]) + "; beyond the probes it can top the step";
+           std::to_string(batches[top]) + "; predicted as the batch squared";
   }
   return said;
+}
+
+// The curve through the live bytes at the three largest probes, where they
+// rise above the line through the two smaller ones by kCurvatureToJudge or
+// more at the largest: an event a batch-squared allocation is alive at.
+std::optional<Curve> squared(const std::vector<std::pair<int64_t, int64_t>>& pts,
+                             const std::vector<size_t>& three) {
+  const double x1 = static_cast<double>(pts[three[0]].first);
+  const double x2 = static_cast<double>(pts[three[1]].first);
+  const double x3 = static_cast<double>(pts[three[2]].first);
+  const double y1 = static_cast<double>(pts[three[0]].second);
+  const double y2 = static_cast<double>(pts[three[1]].second);
+  const double y3 = static_cast<double>(pts[three[2]].second);
+  const double line_at_x3 = y1 + (y2 - y1) / (x2 - x1) * (x3 - x1);
+  if (y3 - line_at_x3 < static_cast<double>(kCurvatureToJudge)) return std::nullopt;
+  // Newton's divided differences, then the coefficients of c0 + c1 b + c2 b^2.
+  const double d1 = (y2 - y1) / (x2 - x1);
+  const double d2 = ((y3 - y2) / (x3 - x2) - d1) / (x3 - x1);
+  Curve c;
+  c.per_sample_squared = d2;
+  c.per_sample = d1 - d2 * (x1 + x2);
+  c.fixed = y1 - d1 * x1 + d2 * x1 * x2;
+  return c;
 }
 
 }  // namespace
@@ -114,14 +144,27 @@ std::vector<Line> upper_envelope(std::vector<Line> lines) {
 }
 
 int64_t PhaseFit::predict(int64_t batch) const {
-  if (envelope.empty()) return fit.predict(batch);
-  double best = envelope.front().at(batch);
+  if (envelope.empty() && curves.empty()) return fit.predict(batch);
+  double best = 0;
   for (const Line& l : envelope) best = std::max(best, l.at(batch));
+  for (const Curve& c : curves) best = std::max(best, c.at(batch));
   return ceil_bytes(best);
 }
 
 int64_t PhaseFit::max_batch_under(int64_t budget) const {
   if (predict(1) > budget) return 0;
+  if (!curves.empty()) {
+    // A curve bounds every batch: the largest under the budget by bisection
+    // (the curves and lines grow with the batch past batch 1).
+    int64_t lo = 1, hi = 2;
+    while (hi < kMaxBatch && predict(hi) <= budget) lo = hi, hi = std::min(kMaxBatch, 2 * hi);
+    if (predict(hi) <= budget) return kMaxBatch;
+    while (hi - lo > 1) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      (predict(mid) <= budget ? lo : hi) = mid;
+    }
+    return lo;
+  }
   if (envelope.empty()) {
     return fit.per_sample <= 0 ? kMaxBatch : fit.max_batch_under(budget);
   }
@@ -256,6 +299,9 @@ PeakModel fit_peak_model(const std::vector<int64_t>& batches,
         "peak is fitted as one line (see the residual)");
     return pm;
   }
+  pm.faster_than_batch = faster_than_batch(batches, timelines);
+  const std::vector<size_t> three = largest_three(batches);
+  const bool curved = !pm.faster_than_batch.empty() && three.size() == 3;
   for (size_t p = 0; p < first.size(); ++p) {
     std::vector<Line> lines;
     const auto& span0 = timelines[0]->phase_spans()[p];
@@ -269,6 +315,12 @@ PeakModel fit_peak_model(const std::vector<int64_t>& batches,
                                     : curves[r][first_event + k - 1];
         pts.push_back({batches[r], live});
       }
+      if (curved) {
+        if (auto c = squared(pts, three)) {
+          pm.phases[p].curves.push_back(*c);
+          continue;
+        }
+      }
       const AffineFit f = fit_affine(pts);
       lines.push_back(Line{f.m0, f.per_sample});
       pm.phases[p].fit.max_abs_residual =
@@ -278,7 +330,6 @@ PeakModel fit_peak_model(const std::vector<int64_t>& batches,
     }
     pm.phases[p].envelope = upper_envelope(std::move(lines));
   }
-  pm.faster_than_batch = faster_than_batch(batches, timelines);
   return pm;
 }
 

@@ -29,11 +29,22 @@ struct Line {
   double at(int64_t batch) const { return fixed + per_sample * static_cast<double>(batch); }
 };
 
+// The live bytes at an event that grow as the batch squared (See Note [An
+// allocation that grows faster than the batch]), through three probes.
+struct Curve {
+  double fixed = 0, per_sample = 0, per_sample_squared = 0;
+  double at(int64_t batch) const {
+    const double b = static_cast<double>(batch);
+    return fixed + per_sample * b + per_sample_squared * b * b;
+  }
+};
+
 struct PhaseFit {
   std::string phase;
   int iteration = 0;
   AffineFit fit;                // of the phase's peak (also for reports)
   std::vector<Line> envelope;   // per-event lines on the upper hull; may be empty
+  std::vector<Curve> curves;    // events whose live bytes grow as batch squared
   int64_t predict(int64_t batch) const;
   // Largest batch whose prediction is <= budget; kMaxBatch if the phase does
   // not grow with the batch and fits; 0 if batch 1 does not fit.

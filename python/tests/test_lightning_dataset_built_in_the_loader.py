@@ -16,30 +16,16 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
+from lightning_setup import BUDGET, Classifier  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
 
-BUDGET = 8 << 20
 SAMPLES = 4096  # 64 floats and a label each: 1.03 MiB
 
 
-class BuildsItsData(pl.LightningModule):
-    """64-512-512-10 with Adam; train_dataloader makes its dataset."""
-
-    def __init__(self, batch_size=4):
-        super().__init__()
-        torch.manual_seed(0)
-        self.batch_size = batch_size
-        self.net = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
-                                       torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                       torch.nn.Linear(512, 10))
-
-    def training_step(self, batch, batch_idx):
-        return F.cross_entropy(self.net(batch[0]), batch[1])
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters())
+class BuildsItsData(Classifier):
+    """train_dataloader makes its dataset."""
 
     def train_dataloader(self):
         x, y = torch.randn(SAMPLES, 64), torch.randint(0, 10, (SAMPLES,))

@@ -16,14 +16,11 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
+from lightning_setup import BUDGET, DATA  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
 
-BUDGET = 8 << 20
-X = torch.randn(512, 64, generator=torch.Generator().manual_seed(0))
-Y = torch.randint(0, 10, (512,), generator=torch.Generator().manual_seed(1))
-DATA = torch.utils.data.TensorDataset(X.repeat(8, 1), Y.repeat(8))  # made before the device
 
 
 class FineTuned(pl.LightningModule):

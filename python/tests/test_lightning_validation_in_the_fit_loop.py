@@ -18,41 +18,23 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
+from lightning_setup import BUDGET, DATA, Classifier  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
 
-BUDGET = 8 << 20
-X = torch.randn(512, 64, generator=torch.Generator().manual_seed(0))
-Y = torch.randint(0, 10, (512,), generator=torch.Generator().manual_seed(1))
-DATA = torch.utils.data.TensorDataset(X.repeat(8, 1), Y.repeat(8))  # made before the device
 
 
-class Validated(pl.LightningModule):
-    """64-512-512-10 with Adam; validation_step records each batch it is
-    given in a list of its own."""
+class Validated(Classifier):
+    """validation_step records each batch it is given in a list of its own."""
 
     def __init__(self, batch_size=4):
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
-                                       torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                       torch.nn.Linear(512, 10))
-        self.batch_size = batch_size
+        super().__init__(batch_size)
         self.validated = []
-
-    def training_step(self, batch, batch_idx):
-        return F.cross_entropy(self.net(batch[0]), batch[1])
 
     def validation_step(self, batch, batch_idx):
         self.validated.append(len(batch[0]))
         self.log("val_loss", F.cross_entropy(self.net(batch[0]), batch[1]))
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters())
-
-    def train_dataloader(self):
-        return torch.utils.data.DataLoader(DATA, batch_size=self.batch_size)
 
     def val_dataloader(self):
         return torch.utils.data.DataLoader(DATA, batch_size=self.batch_size)

@@ -17,6 +17,7 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
+import lightning_setup as setup  # noqa: E402
 if not hasattr(pl.callbacks, "EMAWeightAveraging"):
     pytest.skip("this Lightning has no EMAWeightAveraging", allow_module_level=True)
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
@@ -27,22 +28,8 @@ X = torch.randn(4096, 64, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 10, (4096,), generator=torch.Generator().manual_seed(1))
 
 
-class Classifier(pl.LightningModule):
+class Classifier(setup.Classifier):
     """A 1 MiB weight in the middle: the average's update of it makes 3 MiB."""
-
-    def __init__(self, batch_size=4):
-        super().__init__()
-        torch.manual_seed(0)
-        self.batch_size = batch_size
-        self.net = torch.nn.Sequential(torch.nn.Linear(64, 512), torch.nn.ReLU(),
-                                       torch.nn.Linear(512, 512), torch.nn.ReLU(),
-                                       torch.nn.Linear(512, 10))
-
-    def training_step(self, batch, batch_idx):
-        return F.cross_entropy(self.net(batch[0]), batch[1])
-
-    def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters())
 
     def train_dataloader(self):
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y),

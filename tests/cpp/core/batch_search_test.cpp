@@ -19,7 +19,10 @@ constexpr int64_t kParams = 1 << 20;
 // parameters, then two iterations of forward (activations), backward
 // (gradients; activations freed), optimizer_step (Adam-like state in the
 // first) and zero_grad.
-Timeline step_timeline(int64_t b, const std::function<int64_t(int64_t)>& act) {
+// square: a second activation of square(b) bytes beside it (a batch x batch
+// similarity matrix), freed with it; none where null.
+Timeline step_timeline(int64_t b, const std::function<int64_t(int64_t)>& act,
+                       const std::function<int64_t(int64_t)>& square = nullptr) {
   Timeline t;
   testing::StepWriter step(t);
   t.begin_phase("parameters", 1);
@@ -29,8 +32,10 @@ Timeline step_timeline(int64_t b, const std::function<int64_t(int64_t)>& act) {
     const uint64_t x = step.alloc(64 * b, Category::kInput);
     t.begin_phase("forward", it);
     const uint64_t a = step.alloc(act(b), Category::kActivation);
+    const uint64_t sq = square ? step.alloc(square(b), Category::kActivation) : 0;
     t.begin_phase("backward", it);
     const uint64_t g = step.alloc(kParams, Category::kGradient);
+    if (square) step.free(sq);
     step.free(a);
     step.free(x);
     t.begin_phase("optimizer_step", it);
@@ -46,15 +51,17 @@ struct Step {
   std::function<int64_t(int64_t)> act;
   int64_t enforced_budget = -1;  // raise OOM above it, as a simulated device does
   std::vector<int64_t> measured = {};
+  std::function<int64_t(int64_t)> square = nullptr;  // step_timeline's
 
   int64_t peak(int64_t b) const {
-    return make_report(step_timeline(b, act), {"synthetic", b, "adam", "cpu"}).peak_bytes;
+    return make_report(step_timeline(b, act, square), {"synthetic", b, "adam", "cpu"})
+        .peak_bytes;
   }
   MeasureStep measure() {
     return [this](int64_t b) {
       measured.push_back(b);
       StepMeasurement m;
-      m.timeline = step_timeline(b, act);
+      m.timeline = step_timeline(b, act, square);
       m.report = make_report(m.timeline, {"synthetic", b, "adam", "cpu"});
       if (enforced_budget >= 0 && m.report.peak_bytes > enforced_budget) {
         m = StepMeasurement{};
@@ -337,6 +344,34 @@ TEST(ProbeToward, PredictionSaysWhenItExtrapolates) {
   EXPECT_TRUE(c.beyond_probes);
   EXPECT_TRUE(c.affine);
   EXPECT_NE(c.text().find("extrapolated beyond the largest probe"), std::string::npos);
+}
+
+TEST(ProbeToward, ABatchSquaredAllocationIsNamedAndPredictedAsACurve) {
+  // See Note [An allocation that grows faster than the batch]: 4 b^2 bytes
+  // are 4 KiB at batch 32, nothing beside 1 MiB of weights, and lines
+  // through the probes missed the step at 1024 by most of its 4 MiB.
+  Step s{[](int64_t b) { return 4096 * b; }};
+  s.square = [](int64_t b) { return 4 * b * b; };
+  const ProbedModel pm = probe_toward(s.measure(), [](const PeakModel&) { return 1024; },
+                                      ProbePlan{});
+  const PredictionCertainty c = certainty_at(pm, 1024);
+  EXPECT_EQ(c.predicted_bytes, s.peak(1024));
+  EXPECT_FALSE(c.affine);
+  EXPECT_NE(c.faster_than_batch.find("an allocation grows faster than the batch"),
+            std::string::npos)
+      << c.faster_than_batch;
+  EXPECT_NE(c.text().find("predicted as the batch squared"), std::string::npos);
+  // The model answers a budget as a curve: the largest batch whose peak fits.
+  const int64_t budget = s.peak(1500);
+  EXPECT_EQ(pm.model.max_batch_under(budget), s.true_max(budget));
+}
+
+TEST(ProbeToward, LinearAllocationsKeepTheirLines) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  const ProbedModel pm = probe_toward(s.measure(), [](const PeakModel&) { return 1024; },
+                                      ProbePlan{});
+  EXPECT_TRUE(pm.model.faster_than_batch.empty());
+  for (const PhaseFit& p : pm.model.phases) EXPECT_TRUE(p.curves.empty()) << p.phase;
 }
 
 }  // namespace

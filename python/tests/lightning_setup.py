@@ -1,6 +1,7 @@
 """What the Lightning tests share: a budget, data made on the host before
-any simulated device (as a card's loader holds it), and a 64-512-512-10
-classifier trained with Adam on it, which each test's module extends."""
+any simulated device (as a card's loader holds it), a quiet Trainer, and a
+64-512-512-10 classifier trained with Adam on it, which each test's module
+extends."""
 
 import pytest
 import torch
@@ -12,6 +13,13 @@ BUDGET = 8 << 20
 X = torch.randn(512, 64, generator=torch.Generator().manual_seed(0))
 Y = torch.randint(0, 10, (512,), generator=torch.Generator().manual_seed(1))
 DATA = torch.utils.data.TensorDataset(X.repeat(8, 1), Y.repeat(8))  # made before the device
+
+
+def quiet_trainer(**kw):
+    """Lightning's Trainer on the CPU, one device, with nothing written or
+    printed (no logger, checkpoints, progress bar or summary)."""
+    return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                      enable_progress_bar=False, enable_model_summary=False, **kw)
 
 
 class Classifier(pl.LightningModule):

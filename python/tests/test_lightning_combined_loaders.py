@@ -16,7 +16,7 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
-from lightning_setup import BUDGET, DATA  # noqa: E402
+from lightning_setup import BUDGET, DATA, quiet_trainer  # noqa: E402
 from lightning.pytorch.utilities import CombinedLoader  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
@@ -58,9 +58,8 @@ def _fit(make, batch_size, callbacks=()):
     left = tracked_live_bytes("cpu")
     with memfit.simulated_device(BUDGET + left):
         module = make(batch_size)
-        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, max_steps=3,
-                   callbacks=list(callbacks)).fit(module)
+        quiet_trainer(max_steps=3,
+                      callbacks=list(callbacks)).fit(module)
     return module
 
 

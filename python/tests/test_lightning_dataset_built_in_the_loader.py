@@ -16,7 +16,7 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
-from lightning_setup import BUDGET, Classifier  # noqa: E402
+from lightning_setup import BUDGET, Classifier, quiet_trainer  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
@@ -56,10 +56,9 @@ def _fit(make, batch_size, callbacks=()):
     gc.collect()
     with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
         module = make(batch_size)
-        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, max_steps=4,
-                   val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=0,
-                   callbacks=list(callbacks)).fit(module)
+        quiet_trainer(max_steps=4,
+                      val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=0,
+                      callbacks=list(callbacks)).fit(module)
     return module.batch_size
 
 

@@ -16,7 +16,7 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
-from lightning_setup import BUDGET, DATA  # noqa: E402
+from lightning_setup import BUDGET, DATA, quiet_trainer  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
@@ -73,10 +73,9 @@ def _fit(batch_size, callbacks):
     left = tracked_live_bytes("cpu")
     with memfit.simulated_device(BUDGET + left):
         module = FineTuned(batch_size)
-        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, max_epochs=2,
-                   limit_train_batches=2, callbacks=[*callbacks, UnfreezeAtEpoch1()]
-                   ).fit(module)
+        quiet_trainer(max_epochs=2,
+                      limit_train_batches=2, callbacks=[*callbacks, UnfreezeAtEpoch1()]
+                      ).fit(module)
     return module
 
 

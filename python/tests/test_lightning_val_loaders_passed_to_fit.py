@@ -17,7 +17,7 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
-from lightning_setup import BUDGET, DATA, Classifier  # noqa: E402
+from lightning_setup import BUDGET, DATA, Classifier, quiet_trainer  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
@@ -48,11 +48,10 @@ def _fit(batch_size, val_batch, callbacks=()):
     gc.collect()
     with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
         module = Augmented(batch_size)
-        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, max_steps=4,
-                   val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=2,
-                   callbacks=list(callbacks)).fit(
-                       module, val_dataloaders=torch.utils.data.DataLoader(DATA, val_batch))
+        quiet_trainer(max_steps=4,
+                      val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=2,
+                      callbacks=list(callbacks)).fit(
+                          module, val_dataloaders=torch.utils.data.DataLoader(DATA, val_batch))
     return module
 
 
@@ -74,9 +73,8 @@ def test_training_loaders_passed_to_fit_are_refused_in_one_line():
     # Lightning runs them instead of train_dataloader: the batch set to the
     # module was read by nothing, silently.
     module = Augmented(4)
-    trainer = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                         enable_progress_bar=False, enable_model_summary=False, max_steps=1,
-                         limit_val_batches=0, callbacks=[FitBatchSize(budget="8MiB")])
+    trainer = quiet_trainer(max_steps=1,
+                            limit_val_batches=0, callbacks=[FitBatchSize(budget="8MiB")])
     with pytest.raises(ValueError, match=r"^\[FitBatchSize\] train_dataloaders were passed to "
                        r"fit\(\): their batch is fixed"):
         trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader(DATA, batch_size=8))

@@ -18,7 +18,7 @@ import memfit
 from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
-from lightning_setup import BUDGET, DATA, Classifier  # noqa: E402
+from lightning_setup import BUDGET, DATA, Classifier, quiet_trainer  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
@@ -81,10 +81,9 @@ def _fit(make, batch_size, callbacks=()):
     left = tracked_live_bytes("cpu")
     with memfit.simulated_device(BUDGET + left):
         module = make(batch_size)
-        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, max_steps=4,
-                   val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=2,
-                   callbacks=list(callbacks)).fit(module)
+        quiet_trainer(max_steps=4,
+                      val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=2,
+                      callbacks=list(callbacks)).fit(module)
     return module
 
 
@@ -138,10 +137,9 @@ def test_a_validation_inside_keep_effective_batchs_accumulation_fits_beside_the_
     left = tracked_live_bytes("cpu")
     with memfit.simulated_device(BUDGET + left):
         module = FourAugmentations(4)
-        t = pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                       enable_progress_bar=False, enable_model_summary=False, max_steps=2,
-                       val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=0,
-                       callbacks=[fit])
+        t = quiet_trainer(max_steps=2,
+                          val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=0,
+                          callbacks=[fit])
         t.fit(module)
         b, k = fit.optimal_batch_size, t.accumulate_grad_batches
         assert b * k == 1200 and module.validated[:2] == [b, b]

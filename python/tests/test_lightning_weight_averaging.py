@@ -41,9 +41,8 @@ def train(budget, batch_size, callbacks=(), steps=3):
     gc.collect()
     with memfit.simulated_device(budget):
         module = Classifier(batch_size)
-        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, max_steps=steps,
-                   callbacks=[*callbacks, pl.callbacks.EMAWeightAveraging()]).fit(module)
+        setup.quiet_trainer(max_steps=steps,
+                            callbacks=[*callbacks, pl.callbacks.EMAWeightAveraging()]).fit(module)
     return module
 
 
@@ -102,10 +101,9 @@ def test_batches_by_length_beside_an_ema_callback_are_checked_too():
     def fit_by_length(budget):
         gc.collect()
         with memfit.simulated_device(budget):
-            pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                       enable_progress_bar=False, enable_model_summary=False, max_steps=3,
-                       callbacks=[FitBatchSize(seq_dim=1, lengths=[8, 16]),
-                                  pl.callbacks.EMAWeightAveraging()]).fit(Tagger())
+            setup.quiet_trainer(max_steps=3,
+                                callbacks=[FitBatchSize(seq_dim=1, lengths=[8, 16]),
+                                           pl.callbacks.EMAWeightAveraging()]).fit(Tagger())
 
     with pytest.raises(memfit.DoesNotFit, match=r"^\[FitBatchSize\] EMAWeightAveraging updates"):
         fit_by_length("8MiB")
@@ -134,9 +132,8 @@ def _swa_fit(budget, batch_size, callbacks=()):
     swa = CopiedOnTheHost(swa_lrs=1e-3, swa_epoch_start=1)
     with memfit.simulated_device(budget + tracked_live_bytes("cpu")):
         module = Classifier(batch_size)
-        pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                   enable_progress_bar=False, enable_model_summary=False, max_epochs=2,
-                   limit_train_batches=2, callbacks=[*callbacks, swa]).fit(module)
+        setup.quiet_trainer(max_epochs=2,
+                            limit_train_batches=2, callbacks=[*callbacks, swa]).fit(module)
     return module.batch_size
 
 

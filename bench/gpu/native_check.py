@@ -13,8 +13,9 @@ Lightning's BatchSizeFinder, for each case below:
   lightning imports; else the row says it was skipped;
 - uncapped (native.json only): the card's peak reserved and allocated
   bytes of plain steps at memfit's answer and at the truth on the whole
-  card: what decides whether the budget is held against the unbounded
-  reserve (memfit today) or a capped card's.
+  card: how far the unbounded reserve (what memfit's search held to the
+  budget before it ran capped, Note [A card capped at the budget]) is
+  from what a capped card needs.
 
     PYTHONPATH=build-gpu/python python bench/gpu/native_check.py [--out DIR]
         [--only CASE,...] [--skip-lightning] [--dry-run]

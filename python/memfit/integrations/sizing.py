@@ -20,6 +20,7 @@ from ..plan.budget import resolve_budget
 from ..plan.fit import example_that_runs, search, settled_example
 from ..plan.ranks import LocalAnswer, agree
 from ..plan.strategies.eval_step import profile_eval
+from ..report.places import capped_at_budget
 from ..report.profile import Report, profile
 from ..report.value_sized import settle_fit
 
@@ -202,13 +203,15 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
                         lambda x, _: profile(model, x, loss_fn=loop.how, optimizer=optimizer,
                                              batch_dim=batch_dim, set_to_none=loop.set_to_none,
                                              target_device=target),
-                        batch, None, batch_dim, what))
+                        batch, None, batch_dim, what), model)
             room_bytes = min(available, room.room_bytes)
             plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
                                              optimizer_state_bytes(report.timeline))
 
             def at_most(cap):
-                f = search(report, room_bytes, int(reserve_bytes), verify=verify, max_batch=cap)
+                with capped_at_budget(model, room.budget_bytes):  # on a card: See the Note
+                    f = search(report, room_bytes, int(reserve_bytes), verify=verify,
+                               max_batch=cap)
                 # The example's few samples repeated: See Note [Memory that
                 # depends on the batch's values] (op_frames.h).
                 settle_fit(f, report.value_sized_ops, report.batch)

@@ -25,7 +25,7 @@ from .._step.user_state import with_loss_module
 from ..report.compiled import search_notes
 from ..report.value_sized import settle_fit
 from ..report.data_parallel import trainable_sizes
-from ..report.places import place_of
+from ..report.places import capped_at_budget, place_of
 from ..report.step_growth import growth_note
 from ..report.profile import profile
 from .budget import resolve_budget
@@ -167,12 +167,14 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             "report.data_parallel()")
 
     room, report = settled_example(room_now, lambda: example_that_runs(
-        at.profile, inputs, target, batch_dim, "find_batch_size", target_batch_dim))
+        at.profile, inputs, target, batch_dim, "find_batch_size", target_batch_dim), at.model)
 
     def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
         def searched(room):
-            return search(report, available_in(room), to_bytes(margin, "margin"),
-                          verify=verify, max_batch=cap, progress=at.progress)
+            # On a card, capped: See Note [A card capped at the budget] (places.py).
+            with capped_at_budget(at.model, room.budget_bytes):
+                return search(report, available_in(room), to_bytes(margin, "margin"),
+                              verify=verify, max_batch=cap, progress=at.progress)
         fit, kept = searched(room), room_now()
         if kept.beside_bytes > room.beside_bytes:  # a probe left more on the device:
             fit = searched(kept)  # See Note [What a step leaves on the device]
@@ -257,16 +259,20 @@ def _one_step_peak(at: _LoopAt):
 # callbacks' plan_batch and memfit.Trainer's plan take their room the same
 # way (python/tests/test_device_keeps.py: 15 -> 683 of 695 for
 # find_batch_size and the callbacks, 512 -> 586 of 616 for the Trainer).
-def settled_example(room_now, record):
+def settled_example(room_now, record, model):
     """(room, report): the Room from room_now() and the example's Report
     from record(), the room taken after one step made whatever the device
-    keeps from it: See Note [What a step leaves on the device]."""
+    keeps from it: See Note [What a step leaves on the device]. On a card
+    (`model`'s), each recording runs capped at the budget: See Note [A card
+    capped at the budget] (places.py); the search must run so too."""
     room = room_now()
-    report = record()
+    with capped_at_budget(model, room.budget_bytes):
+        report = record()
     after = room_now()
     if after.beside_bytes <= room.beside_bytes:
         return room, report
-    return after, record()
+    with capped_at_budget(model, after.budget_bytes):
+        return after, record()
 
 
 def example_that_runs(profile_at, inputs, target, batch_dim, who, target_dim=None):

@@ -7,6 +7,7 @@ runs over what it records, wherever that is."""
 from __future__ import annotations
 
 import array
+import contextlib
 import dataclasses
 
 import torch
@@ -57,9 +58,54 @@ class Place:
     counters: "CardCounters | None" = None
 
 
-def _card_of(model):
+def card_of(model):
+    """The CUDA device `model`'s first parameter (or buffer) is on; None
+    off a card."""
     p = next((t for t in list(model.parameters()) + list(model.buffers())), None)
     return p.device if p is not None and p.is_cuda else None
+
+
+# Note [A card capped at the budget]
+# On a card, whether batch N fits a budget is whether its step runs with
+# only the budget: torch.cuda.set_per_process_memory_fraction caps what the
+# caching allocator may reserve, and a request that would pass the cap has
+# the allocator free its cached segments and retry before it raises, as on
+# a card that is full. A step measured uncapped keeps whatever cache nothing
+# asked it to give back, and a search that holds that reserve to the budget
+# stops below the batch the capped card runs (the H200's bench truth is
+# plain steps capped this way, docs/benchmarks.md). So on a card the
+# searches (find_batch_size, the callbacks' plan_batch, the Trainer's plan)
+# run every step, the example's, the probes' and the verifying one, capped
+# at the budget: a step that runs fits and one that raises does not, which
+# the search already recovers from (Note [Measured on the device]). The
+# peak held against the room is then the allocated one; the cap holds the
+# reserve. The user's fraction is kept where it is lower, and put back
+# after. Uncapped, the user's own steps at the answer may cache more than
+# the budget: they run where the card has only the budget.
+_capped: dict = {}  # card -> the budget its steps are capped at now
+
+
+@contextlib.contextmanager
+def capped_at_budget(model, budget_bytes: int):
+    """Inside: the card `model` is on runs its steps with at most
+    `budget_bytes` reserved, See Note [A card capped at the budget]. Nothing
+    off a card, inside another cap, or on a torch without
+    get_per_process_memory_fraction (the user's fraction could not be put
+    back)."""
+    card = card_of(model)
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    if card is None or get is None or card in _capped:
+        yield
+        return
+    before = get(card)
+    total = torch.cuda.get_device_properties(card).total_memory
+    torch.cuda.set_per_process_memory_fraction(min(before, budget_bytes / total), card)
+    _capped[card] = budget_bytes
+    try:
+        yield
+    finally:
+        del _capped[card]
+        torch.cuda.set_per_process_memory_fraction(before, card)
 
 
 def place_of(mode, model, target_device: str, who: str) -> Place:
@@ -67,7 +113,7 @@ def place_of(mode, model, target_device: str, who: str) -> Place:
     model is on, a card or the simulated device, else "cpu") for `model`.
     Raises one-line ValueErrors tagged `who` for another mode, or "device"
     where there is no device to measure."""
-    card = _card_of(model)
+    card = card_of(model)
     simulated = _memfit.budget("cpu")
     if mode is None:
         mode = "device" if card is not None or simulated is not None else "cpu"
@@ -214,5 +260,15 @@ class CardCounters:
         is held against)."""
         timeline = phase_timeline(self.samples)
         native = _memfit.make_report(timeline, model_name, batch, optimizer_name, "device")
-        native.set_card_figures(self.peak_allocated, self.peak_reserved)
+        if self.device not in _capped:  # capped, the cap held the reserve: See the Note
+            native.set_card_figures(self.peak_allocated, self.peak_reserved)
         return native, timeline
+
+    def note(self):
+        """What the figures are, for the report's notes."""
+        if self.device not in _capped:
+            return CARD_NOTE
+        fmt = _memfit.format_bytes
+        return (f"{CARD_NOTE}; run with only the budget ({fmt(_capped[self.device])}: the "
+                f"card's cap), held to it by its allocated bytes, {fmt(self.peak_reserved)} "
+                f"reserved at most (See Note [A card capped at the budget])")

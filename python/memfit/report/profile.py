@@ -31,7 +31,7 @@ from .._step.user_step import as_user_step
 from .._step.user_state import kept_rng, step_tensors
 from . import data_parallel as _dp
 from . import page as report_page
-from .places import CARD_NOTE, place_of
+from .places import place_of
 from .step_growth import growth_note
 from .value_sized import profile_note
 from .workspace_note import workspace_note
@@ -670,7 +670,7 @@ class _StepRecorder:
         counters = self.place.counters
         if counters is not None:  # a card: its own counters, See Note [Measured on the device]
             native, timeline = counters.report(model, n, optimizer_name(self.optimizer))
-            notes.append(CARD_NOTE)
+            notes.append(counters.note())
         else:
             # See Note [Workspace meta mode cannot see] (workspace_note.py).
             workspace = workspace_note(self.model, mode, rec.timeline)

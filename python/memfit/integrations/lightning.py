@@ -94,6 +94,18 @@ def _refuse_manual(pl_module, what):
         )
 
 
+# Note [A training_step that skips batches]
+# Lightning's loop skips the backward and the optimizer step at a batch
+# whose training_step returns None (a warm-up batch, a filtered one). At
+# batch_idx 0 such a step failed the rehearsal ("the step returned
+# NoneType") where Lightning's loop trains from the next batch on. So the
+# rehearsed step is called at batch_idx 0, 1, ... until it returns a loss,
+# and at that index after; the forwards of the skipped calls are freed
+# before the next (a skipped batch holds less than a trained one).
+
+_SKIPPED_AT_MOST = 16
+
+
 def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
                    what: str = "FitBatchSize", accumulating: bool = False) -> LoopStep:
     """The LightningModule's training_step as memfit's step (Note [The step
@@ -103,10 +115,23 @@ def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
     after the first of accumulate_grad_batches (no zero_grad)."""
     _refuse_manual(pl_module, what)
     takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
+    trained_at = [0]  # the first batch_idx whose step gives a loss
 
     def step(model, batch):
         with trainer.precision_plugin.train_step_context(), quiet_log(model):
-            out = model.training_step(batch, 0) if takes_index else model.training_step(batch)
+            if not takes_index:
+                out = model.training_step(batch)
+            else:  # See Note [A training_step that skips batches]
+                for i in range(trained_at[0], _SKIPPED_AT_MOST):
+                    out = model.training_step(batch, i)
+                    if out is not None:
+                        trained_at[0] = i
+                        break
+                else:
+                    raise ValueError(
+                        f"[{what}] training_step returned None at batch_idx 0 to "
+                        f"{_SKIPPED_AT_MOST - 1}: Lightning skips those batches, and memfit "
+                        f"measures one that trains; return the loss")
         if not accumulating:
             model.zero_grad(set_to_none=True)  # the closure's zero_grad, before backward
         return out

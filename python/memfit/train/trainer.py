@@ -640,8 +640,9 @@ class Trainer:
 
     def _fitter(self, inputs, target, n, room, on_device):
         """fit(set_to_none, max_batch) -> the BatchFit of this step in `room`
-        bytes (self._room()); verified only where a step measured here
-        (on_device) verifies it."""
+        bytes (self._room()), measured where the model is (a card, or the
+        simulated device: on_device) and verified there at the split's
+        answer (the whole batch's step is its own check)."""
         k = min(n, 2)
         example = narrow_batch(inputs, 0, k, self.batch_dim)
         example_target = None if target is None else map_tensors(
@@ -662,7 +663,7 @@ class Trainer:
             # leaves on the device] (plan/fit.py).
             after, report = fitting.settled_example(
                 lambda: self._resolved_budget(self._device()), record, self._module)
-            verify = on_device and not set_to_none  # the whole batch: the step is the check
+            verify = not set_to_none  # the whole batch: the step is the check
             # On a card, capped: See Note [A card capped at the budget] (places.py).
             with capped_at_budget(self._module, after.budget_bytes):
                 return fitting.search(report, min(room, after.room_bytes), 0, verify=verify,

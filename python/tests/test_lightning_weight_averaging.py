@@ -73,6 +73,26 @@ def test_where_no_batch_fits_beside_the_update_the_fit_says_so():
         train("8MiB", 4, [FitBatchSize()])
 
 
+def test_where_the_update_fits_only_beside_a_smaller_batch_the_batch_is_lowered():
+    # 8.8 MiB: the step alone fits some 490, and the update beside that
+    # batch did not fit: the fit raised where Lightning's loop runs 228.
+    def ema_fit(batch_size, callbacks=()):
+        gc.collect()
+        with memfit.simulated_device(int(8.8 * 2**20) + tracked_live_bytes("cpu")):
+            module = Classifier(batch_size)
+            setup.quiet_trainer(max_steps=3, callbacks=[
+                *callbacks, pl.callbacks.EMAWeightAveraging()]).fit(module)
+        return module.batch_size
+
+    fit = FitBatchSize()
+    batch = ema_fit(4, [fit])  # Lightning's loop at the batch set: an OOM would raise
+    assert batch == fit.optimal_batch_size > 4
+    assert any("the batch is lowered to" in n for n in fit.plan.notes), fit.plan.notes
+    fit = None
+    with pytest.raises(torch.OutOfMemoryError):  # tight: 5% above it runs out
+        ema_fit(batch + batch // 20)
+
+
 TOKENS = [torch.randint(0, 10, (n,), generator=torch.Generator().manual_seed(n))
           for n in [4, 8, 12, 16] * 64]
 

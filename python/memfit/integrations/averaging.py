@@ -12,6 +12,7 @@ from torch.optim.swa_utils import AveragedModel, get_swa_multi_avg_fn
 
 from .._native import native as _memfit
 from ..memory.tracking import track
+from .sizing import largest_divisor
 
 __all__: list = []
 
@@ -23,15 +24,17 @@ __all__: list = []
 # decay * ema + (1 - decay) * p per parameter, three temporaries of the
 # largest weight (3 MiB beside a 1 MiB weight). The update runs when the
 # step's activations are gone but its gradients and the optimizer's state
-# are alive (Lightning zeroes them at the next step), so it does not
-# lower the batch; it can still not fit at all: a fit said 365, verified,
-# where Lightning's loop with the callback ran out of memory at one
-# sample. So the update's own bytes are measured by running it on meta
-# copies of the two models' tensors (exact sizes, no memory), as
-# update_parameters runs it once its average holds a step, and the weights,
-# their gradients, the optimizer's state and the batch beside them must fit
-# in the room the budget leaves, or the fit raises DoesNotFit naming the
-# callback.
+# are alive (Lightning zeroes them at the next step), so it lowers the
+# batch only through the batch the loop holds beside it; it can still not
+# fit at all: a fit said 365, verified, where Lightning's loop with the
+# callback ran out of memory at one sample. So the update's own bytes are
+# measured by running it on meta copies of the two models' tensors (exact
+# sizes, no memory), as update_parameters runs it once its average holds a
+# step, and the weights, their gradients, the optimizer's state and the
+# batch beside them must fit in the room the budget leaves, or the fit
+# raises DoesNotFit naming the callback. Where a smaller batch fits there, the batch is lowered to it:
+# a budget that fitted 490 by the step alone raised, where Lightning's loop
+# with the callback runs 228.
 
 
 def averaged_models(callbacks) -> list:
@@ -67,11 +70,13 @@ def update_bytes(averaged: AveragedModel, module: torch.nn.Module) -> int:
 
 
 def check_averaging(callbacks, module: torch.nn.Module, plan, batch_bytes: float,
-                    what: str) -> None:
+                    what: str, lowers: bool = False) -> None:
     """Raises DoesNotFit where an average `callbacks` update after the step
     does not fit beside what the step leaves alive (`plan`, a BatchPlan:
     its room and the optimizer's state measured; batch_bytes: the loop's
-    batch); else adds a note. See Note [An average updated beside the step]."""
+    batch); else adds a note. See Note [An average updated beside the step].
+    lowers=True: where a smaller batch fits beside the update, plan's batch
+    is lowered to it (batch_bytes: plan.batch_size samples)."""
     found = [(type(cb).__name__, m) for cb in callbacks for m in averaged_models([cb])]
     if not found:
         return
@@ -80,6 +85,17 @@ def check_averaging(callbacks, module: torch.nn.Module, plan, batch_bytes: float
     alive = 2 * weights + plan.optimizer_state_bytes + int(batch_bytes)  # weights and .grad
     names = " and ".join(dict.fromkeys(name for name, _ in found))
     fb = _memfit.format_bytes
+    if lowers and alive + update > plan.budget_bytes and batch_bytes > 0:
+        per_sample = batch_bytes / plan.batch_size
+        room = plan.budget_bytes - (alive - int(batch_bytes)) - update
+        fits = int(room // per_sample) if room > 0 else 0
+        if fits >= 1:
+            _lower(plan, fits)
+            plan.notes.append(f"{names} updates its average after each step with {fb(update)} "
+                              f"of temporaries beside the weights, .grad, the optimizer's state "
+                              f"and the loop's batch: the batch is lowered to {plan.batch_size}, "
+                              f"which fits beside them")
+            return
     if alive + update > plan.budget_bytes:
         raise _memfit.DoesNotFit(
             f"[{what}] {names} updates its average after each step with {fb(update)} of "
@@ -91,6 +107,16 @@ def check_averaging(callbacks, module: torch.nn.Module, plan, batch_bytes: float
     plan.notes.append(f"{names} updates its average after each step with {fb(update)} of "
                       f"temporaries: it fits beside the weights, .grad and optimizer state "
                       f"({fb(alive + update)} of {fb(plan.budget_bytes)})")
+
+
+def _lower(plan, batch: int) -> None:
+    """plan's batch set to at most `batch`, its accumulation kept to the
+    effective batch where one is kept."""
+    batch = min(batch, plan.batch_size)
+    if plan.effective_batch is not None:
+        batch = largest_divisor(plan.effective_batch, batch)
+        plan.accumulation = plan.effective_batch // batch
+    plan.batch_size = batch
 
 
 # Note [An average moved onto the device later]

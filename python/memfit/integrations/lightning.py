@@ -462,7 +462,7 @@ class FitBatchSize(pl.Callback):
             # See Note [An average updated beside the step] (averaging.py).
             check_averaging(trainer.callbacks, pl_module, plan,
                             batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size,
-                            what)
+                            what, lowers=True)
             self._fit_validation(trainer, pl_module, plan, side, later)
         if later:
             plan.notes.append(f"{reserved_for} ({_memfit.format_bytes(later)}) is kept free "

@@ -32,9 +32,9 @@ __all__: list = []
 # sizes, no memory), as update_parameters runs it once its average holds a
 # step, and the weights, their gradients, the optimizer's state and the
 # batch beside them must fit in the room the budget leaves, or the fit
-# raises DoesNotFit naming the callback. Where a smaller batch fits there, the batch is lowered to it:
-# a budget that fitted 490 by the step alone raised, where Lightning's loop
-# with the callback runs 228.
+# raises DoesNotFit naming the callback. Where a smaller batch fits there,
+# the batch is lowered to it: a budget that fitted 490 by the step alone
+# raised, where Lightning's loop with the callback runs 228.
 
 
 def averaged_models(callbacks) -> list:

@@ -11,6 +11,9 @@ Lightning's BatchSizeFinder, for each case below:
   memfit's answer; peak stats reset and the cache emptied between trials;
 - lightning: BatchSizeFinder(mode="binsearch") under the same cap, if
   lightning imports; else the row says it was skipped;
+- truth.runs_above (native.json only): batches above the truth (10% and
+  20%, and memfit's or Lightning's answer if above) run capped: whether the
+  card's memory grows with the batch there, as the bisection assumes;
 - uncapped (native.json only): the card's peak reserved and allocated
   bytes of plain steps at memfit's answer and at the truth on the whole
   card: how far the unbounded reserve (what memfit's search held to the
@@ -135,6 +138,19 @@ def true_max(model, make_batch, loss_fn, start):
     return batch, len(ran), ran[start]
 
 
+def runs_above(model, make_batch, loss_fn, truth, others):
+    """Which batches above the bisected truth still run capped (10% and
+    20% above it, and any other answer above it): the bisection assumes
+    memory grows with the batch, and a card's kernels can change with it
+    (Lightning's Llama trial ran 48 where the truth stopped at 40)."""
+    above = {}
+    for b in sorted({int(truth * 1.1) + 1, int(truth * 1.2) + 1, *[o for o in others if o]}):
+        if b > truth:
+            above[str(b)] = plain_steps(model, make_batch, loss_fn, b)
+            clean()
+    return above
+
+
 def memfit_fit(model, make_batch, loss_fn, budget):
     import memfit
 
@@ -142,8 +158,12 @@ def memfit_fit(model, make_batch, loss_fn, budget):
     t0 = time.perf_counter()
     fit = memfit.find_batch_size(model, x, y, loss_fn=loss_fn, optimizer="adam", budget=budget)
     wall = time.perf_counter() - t0
+    # memfit caps the card at the budget while it searches and must put the
+    # user's fraction (here the default, 1.0) back.
+    get = getattr(torch.cuda, "get_per_process_memory_fraction", None)
+    fraction = get() if get else None
     return dict(batch=fit.max_batch, steps=2 * len(fit.probes), where=fit.mode,
-                verified=fit.verified, wall_s=round(wall, 2),
+                verified=fit.verified, wall_s=round(wall, 2), fraction_after=fraction,
                 probes=[(p.batch, p.peak_bytes, p.out_of_memory) for p in fit.probes])
 
 
@@ -216,6 +236,8 @@ def run_case(case, lightning=True):
         row["found_over_true"] = round(found / max(1, batch), 4) if found else None
         row["lightning"] = (attempt(lightning_fit, model, make_batch, loss_fn) if lightning
                             else dict(skipped="--skip-lightning"))
+        row["truth"]["runs_above"] = runs_above(model, make_batch, loss_fn, batch,
+                                                [found, row["lightning"].get("batch")])
         torch.cuda.set_per_process_memory_fraction(1.0)
         row["uncapped"] = {str(b): uncapped_peaks(model, make_batch, loss_fn, b)
                            for b in {found, batch} if b}

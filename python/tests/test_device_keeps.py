@@ -94,9 +94,11 @@ def test_a_workspace_a_step_keeps_is_held_against_the_budget_and_is_not_growth(e
     assert fit.max_batch >= 0.95 * true_max, (fit.max_batch, true_max)
 
 
-def test_the_callbacks_plan_holds_the_workspace_too():
+@pytest.mark.parametrize("example", [8, 2])
+def test_the_callbacks_plan_holds_the_workspace_too(example):
     # Lightning's and Hugging Face's callbacks size the batch through
-    # plan_batch (memfit.integrations.api): the same room after one step.
+    # plan_batch (memfit.integrations.api): the same room after one step,
+    # and after the search where a probe made the workspace.
     from memfit.integrations import api
 
     gc.collect()
@@ -107,7 +109,7 @@ def test_the_callbacks_plan_holds_the_workspace_too():
         torch.manual_seed(1)
         model = Net()
         opt = torch.optim.Adam(model.parameters())
-        batch = api.plan_batch(model, _batch(8), opt, whole=api.LoopStep(how), budget=None,
+        batch = api.plan_batch(model, _batch(example), opt, whole=api.LoopStep(how), budget=None,
                                what="Callback").batch_size
         del model, opt
         _workspaces.clear()

@@ -17,10 +17,9 @@ from .._step.device import budget_target, host_memory, to_bytes
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
 from ..plan.budget import resolve_budget
-from ..plan.fit import example_that_runs, search, settled_example
+from ..plan.fit import example_that_runs, search, settled_example, settled_search
 from ..plan.ranks import LocalAnswer, agree
 from ..plan.strategies.eval_step import profile_eval
-from ..report.places import capped_at_budget
 from ..report.profile import Report, profile
 from ..report.value_sized import settle_fit
 
@@ -197,21 +196,23 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
                 # Note [Measured on the device] (report/places.py); the room
                 # as the device is after a step: Note [What a step leaves on
                 # the device] (plan/fit.py).
+                def room_now():
+                    return resolve_budget(budget, model, optimizer, what)
+
                 room, report = settled_example(
-                    lambda: resolve_budget(budget, model, optimizer, what),
+                    room_now,
                     lambda: example_that_runs(
                         lambda x, _: profile(model, x, loss_fn=loop.how, optimizer=optimizer,
                                              batch_dim=batch_dim, set_to_none=loop.set_to_none,
                                              target_device=target),
                         batch, None, batch_dim, what), model)
-            room_bytes = min(available, room.room_bytes)
             plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
                                              optimizer_state_bytes(report.timeline))
 
             def at_most(cap):
-                with capped_at_budget(model, room.budget_bytes):  # on a card: See the Note
-                    f = search(report, room_bytes, int(reserve_bytes), verify=verify,
-                               max_batch=cap)
+                f = settled_search(room_now, room, model, lambda r: search(
+                    report, min(available, r.room_bytes), int(reserve_bytes), verify=verify,
+                    max_batch=cap))
                 # The example's few samples repeated: See Note [Memory that
                 # depends on the batch's values] (op_frames.h).
                 settle_fit(f, report.value_sized_ops, report.batch)

@@ -170,14 +170,9 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         at.profile, inputs, target, batch_dim, "find_batch_size", target_batch_dim), at.model)
 
     def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
-        def searched(room):
-            # On a card, capped: See Note [A card capped at the budget] (places.py).
-            with capped_at_budget(at.model, room.budget_bytes):
-                return search(report, available_in(room), to_bytes(margin, "margin"),
-                              verify=verify, max_batch=cap, progress=at.progress)
-        fit, kept = searched(room), room_now()
-        if kept.beside_bytes > room.beside_bytes:  # a probe left more on the device:
-            fit = searched(kept)  # See Note [What a step leaves on the device]
+        fit = settled_search(room_now, room, at.model, lambda r: search(
+            report, available_in(r), to_bytes(margin, "margin"), verify=verify, max_batch=cap,
+            progress=at.progress))
         # The answer is for this loop, from this state; a compiled model's graphs.
         notes = room.notes + report.loop_notes + search_notes(report, fit)
         # See Note [A step whose memory grows step after step] (step_growth.py).
@@ -255,10 +250,12 @@ def _one_step_peak(at: _LoopAt):
 # beside the step than before, that room stands and the example is
 # recorded again, now with the same things beside it as every probe. A
 # probe that makes more (a larger batch taking another kernel) is found
-# after the search, which then runs again in the room that is left. The
-# callbacks' plan_batch and memfit.Trainer's plan take their room the same
-# way (python/tests/test_device_keeps.py: 15 -> 683 of 695 for
-# find_batch_size and the callbacks, 512 -> 586 of 616 for the Trainer).
+# after the search, which then runs again in the room that is left
+# (settled_search). The callbacks' plan_batch and memfit.Trainer's plan
+# take their room the same way (python/tests/test_device_keeps.py: 15 ->
+# 683 of 695 for find_batch_size and the callbacks from an example of 8,
+# 128 -> 683 from an example of 2 whose probe made it; 512 -> 586 of 616
+# for the Trainer).
 def settled_example(room_now, record, model):
     """(room, report): the Room from room_now() and the example's Report
     from record(), the room taken after one step made whatever the device
@@ -273,6 +270,21 @@ def settled_example(room_now, record, model):
         return room, report
     with capped_at_budget(model, after.budget_bytes):
         return after, record()
+
+
+def settled_search(room_now, room, model, searched):
+    """searched(room), a BatchFit, on the device as it is: on a card
+    (`model`'s) capped at the budget (Note [A card capped at the budget],
+    places.py), and searched again in the room left where a probe left more
+    on the device than the example did (Note [What a step leaves on the
+    device]). room_now: the Room now, as settled_example's."""
+    def capped(r):
+        with capped_at_budget(model, r.budget_bytes):
+            return searched(r)
+    fit, kept = capped(room), room_now()
+    if kept.beside_bytes > room.beside_bytes:
+        fit = capped(kept)
+    return fit
 
 
 def example_that_runs(profile_at, inputs, target, batch_dim, who, target_dim=None):

@@ -21,7 +21,6 @@ from .._step.user_step import StepError, as_user_step, is_hf_model
 from .._step.user_state import step_parameters, with_loss_module
 from ..plan import fit as fitting
 from ..plan.budget import DeviceFull, resolve_budget
-from ..report.places import capped_at_budget
 from ..report.profile import profile
 from ..plan.ranks import LocalAnswer, agree
 from .distributed import DistributedStep, RankPlan, batch_signature, is_distributed
@@ -661,13 +660,13 @@ class Trainer:
 
             # The room as the device is after a step: See Note [What a step
             # leaves on the device] (plan/fit.py).
-            after, report = fitting.settled_example(
-                lambda: self._resolved_budget(self._device()), record, self._module)
+            def room_now():
+                return self._resolved_budget(self._device())
+
+            after, report = fitting.settled_example(room_now, record, self._module)
             verify = not set_to_none  # the whole batch: the step is the check
-            # On a card, capped: See Note [A card capped at the budget] (places.py).
-            with capped_at_budget(self._module, after.budget_bytes):
-                return fitting.search(report, min(room, after.room_bytes), 0, verify=verify,
-                                      max_batch=max_batch)
+            return fitting.settled_search(room_now, after, self._module, lambda r: fitting.search(
+                report, min(room, r.room_bytes), 0, verify=verify, max_batch=max_batch))
 
         return fit
 

@@ -164,7 +164,8 @@ def memfit_fit(model, make_batch, loss_fn, budget):
     fraction = get() if get else None
     return dict(batch=fit.max_batch, steps=2 * len(fit.probes), where=fit.mode,
                 verified=fit.verified, wall_s=round(wall, 2), fraction_after=fraction,
-                probes=[(p.batch, p.peak_bytes, p.out_of_memory) for p in fit.probes])
+                probes=[(p.batch, p.peak_bytes, p.out_of_memory) for p in fit.probes],
+                notes=list(fit.notes))  # a compiled model's recompiles and their reasons
 
 
 def lightning_fit(model, make_batch, loss_fn):

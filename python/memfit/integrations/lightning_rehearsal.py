@@ -15,11 +15,13 @@ import torch
 
 try:
     import lightning.pytorch as pl
+    from lightning.pytorch.loggers.logger import DummyLogger
     from lightning.pytorch.utilities.combined_loader import CombinedLoader
     from lightning.pytorch.utilities.model_helpers import is_overridden
     from lightning.pytorch.utilities.parsing import lightning_getattr, lightning_setattr
 except ImportError:
     import pytorch_lightning as pl
+    from pytorch_lightning.loggers.logger import DummyLogger
     from pytorch_lightning.utilities.combined_loader import CombinedLoader
     from pytorch_lightning.utilities.model_helpers import is_overridden
     from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_setattr
@@ -58,8 +60,28 @@ def quiet_log(pl_module):
 # an attribute (a table, not a metric's state); the rest, lists, metrics,
 # counters and generators, is the copy's. A module that cannot be copied
 # is rehearsed itself.
+# A LightningModule's copy forgets its trainer (its __getstate__): a
+# training_step reading self.trainer (current_epoch, a schedule) raised
+# "not attached to a `Trainer`" in the rehearsal where Lightning's loop
+# trains. The copy is given the trainer seen through a _RehearsedTrainer:
+# read through, but its loggers write nowhere (a step that logs an image
+# through self.logger.experiment at batch_idx 0 would log it at each
+# rehearsed step) and what a step sets on it stays on the view.
 
 _SHARED_FROM = 1 << 20
+
+
+class _RehearsedTrainer:
+    """The fit's trainer as a rehearsed step sees it: See Note [Rehearsed
+    on a copy of the module]."""
+
+    def __init__(self, trainer):
+        self.__dict__["trainer_"] = trainer
+        self.logger = None if trainer.logger is None else DummyLogger()
+        self.loggers = [DummyLogger() for _ in trainer.loggers]
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["trainer_"], name)
 
 
 def side_copy(trainer, pl_module):
@@ -73,9 +95,13 @@ def side_copy(trainer, pl_module):
     memo = {id(v): v for v in shared if v is not None}
     try:
         with host_memory():
-            return copy.deepcopy(pl_module, memo)
+            side = copy.deepcopy(pl_module, memo)
     except Exception:  # a lock, a compiled module: not copyable
         return pl_module
+    if isinstance(side, pl.LightningModule) and pl_module._trainer is not None:
+        seen = trainer if isinstance(trainer, _RehearsedTrainer) else _RehearsedTrainer(trainer)
+        side.trainer = seen  # the module's LightningModule children too
+    return side
 
 
 # Note [The validation inside the fit loop]

@@ -367,7 +367,9 @@ def _asked_lengths(seq_dim, lengths, what):
 def _length_error(e, n, have, x, y, seq_dim, what):
     """The ValueError that names why the step at length `n` (the example
     `have` long, resized to x, y) raised `e`, or None where it is the
-    user's own (a length up to the example's)."""
+    user's own (at the example's own length)."""
+    if n == have:  # nothing was resized
+        return None
     first = (str(e).splitlines() or [""])[0]
     square = next((tuple(t.shape) for t in tensors_in(x)
                    if n in t.shape[1:] and have in t.shape[1:]), None)
@@ -392,8 +394,15 @@ def _length_error(e, n, have, x, y, seq_dim, what):
             f"{have} long: a per-token target has a dimension fewer than its inputs, so "
             f"count seq_dim from the end, where both have it (seq_dim={seq_dim - dims} "
             f"here)")
-    if n <= have:
-        return None
+    if n < have:
+        # The example cut: seq_dim names a dimension the model needs whole
+        # (features, not the sequence), or the model takes no shorter input.
+        shapes = ", ".join(str(tuple(t.shape)) for t in tensors_in(x))
+        return ValueError(
+            f"[{what}] at length {n} (the example cut from {have} to {n} along "
+            f"seq_dim={seq_dim}, inputs now {shapes}) the step raised {type(e).__name__}: "
+            f"{first}; check that seq_dim is the dimension of the sequence, or, for a model "
+            f"that takes no shorter input (a convolution's kernel), fit only lengths it takes")
     # The example repeated past its own length: a length the model may not
     # take (its position embeddings, a max_length).
     return ValueError(

@@ -46,9 +46,9 @@ from .averaging import check_averaging, moved_average_bytes
 from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
                              fit_per_length, pad_multiple, rebatched, sample_lengths,
                              token_accumulation)
-from .lightning_rehearsal import (PassedToFit, kept_per_sample, passed_loaders, pile_step,
-                                  quiet_log, samples_validated, side_copy, val_loaders,
-                                  val_source, validation_step)
+from .lightning_rehearsal import (EpochPile, PassedToFit, epoch_pile, kept_per_sample,
+                                  passed_loaders, pile_step, quiet_log, samples_validated,
+                                  side_copy, val_loaders, val_source, validation_step)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -107,17 +107,23 @@ _SKIPPED_AT_MOST = 16
 
 
 def lightning_step(trainer: pl.Trainer, pl_module: pl.LightningModule,
-                   what: str = "FitBatchSize", accumulating: bool = False) -> LoopStep:
+                   what: str = "FitBatchSize", accumulating: bool = False,
+                   kept: EpochPile | None = None) -> LoopStep:
     """The LightningModule's training_step as memfit's step (Note [The step
     function's contract]) under the precision plugin's context (autocast
     for mixed precision), in the order Lightning's loop runs it: See Note
     [How Lightning's loop runs the step]. `accumulating`: a micro-batch
-    after the first of accumulate_grad_batches (no zero_grad)."""
+    after the first of accumulate_grad_batches (no zero_grad). `kept`: what
+    the epoch's earlier steps kept, held beside the step (See Note [What
+    training_step keeps over an epoch], lightning_rehearsal.py)."""
     _refuse_manual(pl_module, what)
     takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
     trained_at = [0]  # the first batch_idx whose step gives a loss
 
     def step(model, batch):
+        if kept is not None:
+            kept.renew(model, batch)
+            model = side_copy(trainer, model)  # what this step keeps goes with it
         with trainer.precision_plugin.train_step_context(), quiet_log(model):
             if not takes_index:
                 out = model.training_step(batch)
@@ -449,13 +455,16 @@ class FitBatchSize(pl.Callback):
         optimizer = _optimizer(trainer, what)
         side = side_copy(trainer, pl_module)  # See Note [Rehearsed on a copy of the module]
         later, reserved_for = _moved_average(trainer, pl_module)
-        with _unfrozen(trainer, pl_module, optimizer) as unfrozen:
+        pile, piled = epoch_pile(trainer, pl_module, batch, _training_samples(loaders), what,
+                                 self.batch_dim)
+        with _unfrozen(trainer, pl_module, optimizer) as unfrozen, \
+                (pile or contextlib.nullcontext()):
             plan = plan_batch(side, batch, optimizer, reserve_bytes=later,
                               reserved_for=reserved_for,
                               whole=lightning_step(trainer, pl_module, what,
-                                                   accumulating=accumulating),
+                                                   accumulating=accumulating, kept=pile),
                               accumulated=lightning_step(trainer, pl_module, what,
-                                                         accumulating=True),
+                                                         accumulating=True, kept=pile),
                               budget=self.budget, what=what, batch_dim=self.batch_dim,
                               effective=self.keep_effective_batch,
                               target_device=self.target_device)
@@ -463,7 +472,12 @@ class FitBatchSize(pl.Callback):
             check_averaging(trainer.callbacks, pl_module, plan,
                             batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size,
                             what, lowers=True)
-            self._fit_validation(trainer, pl_module, plan, side, later)
+            if pile is not None:
+                pile.drop()
+            self._fit_validation(trainer, pl_module, plan, side,
+                                 later + (pile.bytes_at(plan.batch_size) if pile else 0))
+        if piled:
+            plan.notes.append(piled)
         if later:
             plan.notes.append(f"{reserved_for} ({_memfit.format_bytes(later)}) is kept free "
                               f"beside the step")

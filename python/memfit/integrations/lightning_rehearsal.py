@@ -12,6 +12,7 @@ import inspect
 from typing import Any
 
 import torch
+import torch.optim.optimizer as optimizer_hooks
 
 try:
     import lightning.pytorch as pl
@@ -26,6 +27,7 @@ except ImportError:
     from pytorch_lightning.utilities.model_helpers import is_overridden
     from pytorch_lightning.utilities.parsing import lightning_getattr, lightning_setattr
 
+from .._native import native as _memfit
 from .api import UserStep, batch_size, host_memory, kept_rng
 from ..plan.strategies.eval_step import profile_eval
 
@@ -271,3 +273,120 @@ def validation_step(trainer, pl_module, what, loader_index=None, piled=0.0):
         return torch.zeros(())
 
     return UserStep(step=step, what=what)
+
+
+# Note [What training_step keeps over an epoch]
+# A training_step may keep what it computes after it returns: Lightning's
+# docs append each step's outputs to a list that on_train_epoch_end reads
+# and clears. Kept per sample (predictions, features for an epoch-level
+# metric), it piles up over the epoch beside every later step: a module
+# keeping its 512-wide features was set 174 where Lightning's loop over 12
+# batches runs 59. So the bytes training_step keeps per sample are measured
+# (what a second step keeps beside the first's, on a fresh copy of the
+# module: an attribute each step replaces does not pile up), and each
+# rehearsed step runs on a fresh copy beside a block of as many bytes for
+# every sample the epoch trains before it ends (the batches
+# limit_train_batches as an int or max_steps allow, at the step's batch; at
+# most the samples of the loader's share), freed after the optimizer step.
+
+
+def kept_per_training_sample(trainer, pl_module, batch, what, batch_dim):
+    """Bytes per sample that training_step keeps after it returns and
+    piles up over the steps (what a second step keeps beside the first's;
+    an attribute each step replaces does not pile): See Note [What
+    training_step keeps over an epoch]."""
+    takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
+
+    def kept_after(steps):
+        def step(model, batch):
+            # As the loop runs it: with gradients (a step may take autograd.grad).
+            with torch.enable_grad(), trainer.precision_plugin.train_step_context(), \
+                    quiet_log(model):
+                for i in range(steps):
+                    _ = model.training_step(batch, i) if takes_index else \
+                        model.training_step(batch)
+            return torch.zeros(())
+
+        with kept_rng():
+            report = profile_eval(side_copy(trainer, pl_module), batch, None,
+                                  UserStep(step=step, what=what), "no_grad", batch_dim)
+        left = report.timeline.breakdown_after(len(report.timeline) - 1)["categories"]
+        return sum(v for k, v in left.items() if k not in ("parameter", "buffer", "input")), \
+            report.batch
+
+    once, n = kept_after(1)
+    twice, _ = kept_after(2)
+    return max(0, twice - once) / n
+
+
+def epoch_samples(trainer, dataset_samples):
+    """(batches, samples): at most how many batches of the step's batch
+    one training epoch runs (limit_train_batches as an int, max_steps), and
+    at most how many samples (the loader's share of a dataset of
+    `dataset_samples`); None where not bounded."""
+    limit, batches, samples = trainer.limit_train_batches, None, None
+    if isinstance(limit, int):
+        batches = limit
+    elif dataset_samples:
+        samples = max(1, int(dataset_samples * limit))
+    if trainer.max_steps is not None and trainer.max_steps > 0:
+        steps = trainer.max_steps * trainer.accumulate_grad_batches
+        batches = steps if batches is None else min(batches, steps)
+    return batches, samples
+
+
+class EpochPile:
+    """What the epoch's earlier training steps kept, for a rehearsed step
+    to hold beside it (See Note [What training_step keeps over an epoch]):
+    `per_sample` bytes for each of at most `batches` batches and at most
+    `samples` samples (None: not bounded). A block that drops it at its end."""
+
+    def __init__(self, per_sample, batches, samples, batch_dim, what):
+        self.per_sample, self.batches, self.samples = per_sample, batches, samples
+        self.batch_dim, self.what = batch_dim, what
+        self.pile = None
+
+    def bytes_at(self, batch: int) -> int:
+        """The bytes kept before the epoch ends, at `batch` samples a step."""
+        samples = [n for n in (self.samples, None if self.batches is None
+                               else self.batches * batch) if n is not None]
+        return int(self.per_sample * min(samples))
+
+    def renew(self, model, batch) -> None:
+        """The last step's pile freed, and one for a step of `batch` held
+        (on the model's device) until the next step or drop()."""
+        self.pile = None
+        n = self.bytes_at(batch_size(batch, self.batch_dim, self.what))
+        first = next(model.parameters(), None)
+        device = None if first is None else first.device
+        self.pile = torch.empty(n, dtype=torch.uint8, device=device) if n else None
+
+    def drop(self) -> None:
+        self.pile = None
+
+    def __enter__(self):
+        # Freed after the optimizer step, as the step ends: alive after it,
+        # the planning took it for memory the device keeps.
+        self._hook = optimizer_hooks.register_optimizer_step_post_hook(
+            lambda *_: self.drop())
+        return self
+
+    def __exit__(self, *exc):
+        self._hook.remove()
+        self.drop()
+
+
+def epoch_pile(trainer, pl_module, batch, dataset_samples, what, batch_dim):
+    """(an EpochPile or None, the note to add or None): See Note [What
+    training_step keeps over an epoch]. `dataset_samples`: the training
+    loader's dataset length, or None."""
+    per_sample = kept_per_training_sample(trainer, pl_module, batch, what, batch_dim)
+    if not per_sample:
+        return None, None
+    batches, samples = epoch_samples(trainer, dataset_samples)
+    kept = f"training_step keeps {_memfit.format_bytes(int(per_sample))} a sample after it returns"
+    if batches is None and samples is None:
+        return None, (f"{kept}, and the epoch's length is unknown: what it keeps over the "
+                      f"epoch was not counted")
+    return (EpochPile(per_sample, batches, samples, batch_dim, what),
+            f"{kept}: held beside each step for the samples an epoch trains before it ends")

@@ -1,0 +1,58 @@
+"""A training_step that keeps its outputs for on_train_epoch_end (Lightning's
+docs pattern: a list the epoch's end reads and clears): kept per sample,
+they pile up over the epoch beside every later step. FitBatchSize said 174
+for features kept over 12 batches where Lightning's loop runs 59 (See Note
+[What training_step keeps over an epoch], integrations/lightning_rehearsal.py).
+The truth is Lightning's own loop on a simulated device of the budget."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memfit
+from memfit._native import tracked_live_bytes
+
+pl = pytest.importorskip("lightning.pytorch")
+import lightning_setup as setup  # noqa: E402
+from memfit.integrations.lightning import FitBatchSize  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
+
+
+class KeepsFeatures(setup.Classifier):
+    """Keeps each step's 512-wide features for an epoch-level metric."""
+
+    def __init__(self, batch_size=4):
+        super().__init__(batch_size)
+        self.features = []
+
+    def training_step(self, batch, batch_idx):
+        h = self.net[:4](batch[0])
+        self.features.append(h.detach())
+        return F.cross_entropy(self.net[4](h), batch[1])
+
+    def on_train_epoch_end(self):
+        self.features.clear()
+
+
+def train(batch_size, callbacks=()):
+    """Lightning's loop over one epoch of 12 batches, the module made on the
+    device."""
+    gc.collect()
+    with memfit.simulated_device(setup.BUDGET + tracked_live_bytes("cpu")):
+        module = KeepsFeatures(batch_size)
+        setup.quiet_trainer(max_epochs=1, limit_train_batches=12,
+                            callbacks=list(callbacks)).fit(module)
+    return module.batch_size
+
+
+def test_outputs_kept_over_the_epoch_are_held_beside_each_step():
+    fit = FitBatchSize()
+    batch = train(4, [fit])  # an OOM in Lightning's loop would raise
+    assert batch == fit.optimal_batch_size > 4
+    assert any(n.startswith("training_step keeps 2.00 KiB a sample") for n in fit.plan.notes)
+    fit = None
+    with pytest.raises(torch.OutOfMemoryError):  # tight: 5% above it runs out
+        train(batch + max(2, batch // 20))

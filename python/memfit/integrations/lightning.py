@@ -325,6 +325,27 @@ def _moved_average(trainer, pl_module):
     return later, (what if later else None)
 
 
+# Note [A loader built before the fit starts]
+# The fit loop builds its loaders after on_fit_start, unless something asked
+# for them before: trainer.estimated_stepping_batches (read in
+# configure_optimizers to give OneCycleLR its total steps) builds the
+# training loader at the user's batch, and the loop kept it: FitBatchSize
+# said 556 and Lightning's loop trained at 4. So, as Lightning's own
+# BatchSizeFinder does, the loaders the loops hold are dropped once the
+# batch is set, and the loops build them again from it.
+
+
+def _built_again(trainer) -> bool:
+    """Whether the fit loop held a training loader already; the loops'
+    loaders are dropped either way: See Note [A loader built before the fit
+    starts]."""
+    loop = trainer.fit_loop
+    built = getattr(loop, "_combined_loader", None) is not None
+    loop._combined_loader = None
+    loop.epoch_loop.val_loop._combined_loader = None
+    return built
+
+
 def _optimizer(trainer, what):
     optimizers = trainer.optimizers
     if len(optimizers) != 1:
@@ -489,6 +510,11 @@ class FitBatchSize(pl.Callback):
             _at_most_the_data(plan, _training_samples(loaders))
         loaders = val_held = None
         lightning_setattr(pl_module, self.batch_arg_name, plan.batch_size)
+        if _built_again(trainer):
+            plan.notes.append("the training loader was built before the fit started (by "
+                              "estimated_stepping_batches?): it is built again at the batch set; "
+                              "what configure_optimizers computed from the old batch (a "
+                              "schedule's total steps) stays")
         if self.keep_effective_batch is not None:
             trainer.accumulate_grad_batches = plan.accumulation
         self.plan, self.optimal_batch_size = plan, plan.batch_size
@@ -643,6 +669,7 @@ class FitBatchSize(pl.Callback):
 
         source.train_dataloader = train_dataloader
         self._rebatched = source  # put back on_fit_end
+        _built_again(trainer)  # See Note [A loader built before the fit starts]
         self.length_fit = fit
         log.info("memfit: batched by length: %r (%.1f s)", fit, time.perf_counter() - began)
 

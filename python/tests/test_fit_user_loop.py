@@ -287,10 +287,9 @@ def gpt_loss(out, target):
     (small_gpt, gpt_batch, gpt_loss, "meta"),
 ], ids=["cnn-cpu", "gpt-cpu", "gpt-meta"])
 def test_held_adam_state_is_counted_on_a_cnn_and_a_gpt(make_model, make_batch, loss_fn, mode):
-    def step(model, opt, b):  # the quickstart's: `pred` (the logits) alive through backward
+    def step(model, opt, b):
         x, y = make_batch(b)
-        pred = model(x)
-        loss_fn(pred, y).backward()
+        loss_fn(model(x), y).backward()
         opt.step()
         opt.zero_grad()
 
@@ -339,8 +338,7 @@ def test_an_hf_model_in_eval_mode_with_adamws_state_held_is_fitted_as_it_trains(
 
     def step(model, opt, b):
         model.train()  # as HF's Trainer does
-        outputs = model(**hf_batch(b))  # HF's own PyTorch loop: the logits alive through backward
-        outputs.loss.backward()
+        model(**hf_batch(b)).loss.backward()
         opt.step()
         opt.zero_grad()
 

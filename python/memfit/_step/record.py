@@ -251,8 +251,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     def loss():
         step.loss = how.loss(step.out, step.y)
         check_loss_trains(step.loss, model, how.what)
-        # `out` stays alive to the iteration's end, as the user's
-        # `pred = model(x)` does: See Note [The order of a training iteration].
+        step.out = None  # See Note [The order of a training iteration] (report.h).
 
     def optimizer_step():
         step.optimizer.step()

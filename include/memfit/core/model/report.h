@@ -21,13 +21,11 @@ namespace memfit {
 // (set_to_none): PyTorch's quickstart order. Gradients die before the next
 // forward, so they never sit beside activations; a loop that zeroes them
 // just before backward instead holds them through the next forward, and
-// peaks higher. The model's output stays alive to the iteration's end, as
-// the tutorial's `pred = model(X); loss = loss_fn(pred, y); loss.backward()`
-// keeps it: a language model's logits are its largest tensor, and a step that
-// dropped them once the loss existed answered 73 where that loop ran 58. A
-// loop that drops them (`loss_fn(model(x), y).backward()`) has that much room
-// to spare. The Trainer drops them (its own loop), so its plan is safe by
-// the same bytes. "parameters" comes once, first.
+// peaks higher. The model's output is dropped once the loss exists (the
+// loss's backward keeps what it needs): a loop that keeps `out` alive through
+// backward holds that many bytes more. The Trainer runs the same step, which
+// is what lets `fit` predict the steps `train` runs. "parameters" comes once,
+// first.
 inline constexpr const char* kPhaseParameters = "parameters";
 inline constexpr const char* kPhaseInputs = "inputs";
 inline constexpr const char* kPhaseForward = "forward";

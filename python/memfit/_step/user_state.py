@@ -43,13 +43,21 @@ def kept_rng(*holders):
     first batch leaves the order training draws as it was (a loader made
     with generator=self.g drew another order after a callback's peek)."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    states = [(g, g.get_state()) for g in _generators_of(holders)]
-    with torch.random.fork_rng(devices=devices):
-        try:
-            yield
-        finally:
-            for g, state in states:
-                g.set_state(state)
+    # memfit's copies, not the step's: a CPU generator's state is a 5 KiB
+    # tensor, which the simulated device counted beside every rehearsal
+    # (a verified answer that ran out by it on the device the step runs on).
+    with host_memory():
+        cpu = torch.get_rng_state()
+        cards = [(d, torch.cuda.get_rng_state(d)) for d in devices]
+        states = [(g, g.get_state()) for g in _generators_of(holders)]
+    try:
+        yield
+    finally:
+        torch.set_rng_state(cpu)
+        for d, state in cards:
+            torch.cuda.set_rng_state(state, d)
+        for g, state in states:
+            g.set_state(state)
 
 
 def _generators_of(holders):

@@ -18,6 +18,7 @@ from torch.utils import _pytree as pytree
 
 from .._step.compiled import compilation_metrics, fresh_call, graph_break_of, uncompiled_call
 from .._step.tracking import Tracking
+from .._step.user_state import kept_rng
 from .._step.user_step import output_loss
 
 __all__: list = []
@@ -34,10 +35,9 @@ class TrialResult:
 
 @contextlib.contextmanager
 def _rehearsal(module):
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     buffers = [(b, b.detach().clone()) for b in module.buffers()]
     try:
-        with torch.random.fork_rng(devices=devices):
+        with kept_rng():
             yield
     finally:
         with torch.no_grad():

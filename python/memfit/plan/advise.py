@@ -23,6 +23,7 @@ from .._step.meta_checked import unchecked
 from .._step.progress import as_progress
 from .._step.step_flops import counting_flops
 from .._step.training_step import check_optimizer
+from .._step.user_state import kept_rng
 from .._step.user_step import as_user_step
 from .cost import StepFlops, count_step_flops
 from .fit import DoesNotFit
@@ -32,7 +33,7 @@ from .strategies.advice import Advice, CardPlan, Plan, Row
 from .strategies.compiler import compile_rows
 from .strategies.llm_settings import (Setting, copy_changed, kv_cache_bytes, kv_cache_notes,
                                       llm_settings, user_optimizer_on)
-from .strategies.measure import Bench, cuda_devices
+from .strategies.measure import Bench
 from .strategies.optimizer import kind_of
 
 __all__ = ["advise"]
@@ -158,7 +159,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     crows, cplan = [], None
     wants_compile = is_compiled(model) if compile is None else bool(compile)
     if wants_compile and not recorder.on_meta:
-        with torch.random.fork_rng(devices=cuda_devices(model)):
+        with kept_rng():
             crows, cplan, cnotes = compile_rows(model, bench, native.plain_peak, req.limit,
                                                 allow_approximate,
                                                 progress=as_progress(progress, "advise"))
@@ -304,7 +305,7 @@ def _plan_natively(recorder, req, optimizer, proposed, allow_approximate, progre
     """The core planner's rows and plans, recorded through `recorder`."""
     user = req.user
     choices = _memfit.optimizer_choices(user)
-    with torch.random.fork_rng(devices=cuda_devices(recorder.bench.model)):
+    with kept_rng():
         relay = as_progress(progress, "advise").relay()
         planned = _memfit.AdviseSettings(
             batch=req.n, budget=-1 if req.limit is None else req.limit, optimizer=user,

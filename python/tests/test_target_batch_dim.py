@@ -59,7 +59,7 @@ def test_find_batch_size_cuts_the_label_along_its_own_dimension_as_a_step_would(
 
 def test_without_it_the_error_says_to_pass_target_batch_dim():
     x, y = batch(8)
-    with pytest.raises(ValueError, match=r"^\[profile\] the target is cut along dimension 1 .*"
+    with pytest.raises(ValueError, match=r"^\[find_batch_size\] the target is cut along dimension 1 .*"
                        r"pass target_batch_dim=0"):
         memfit.find_batch_size(SeqFirst(), x, y, optimizer="adam", budget=BUDGET, batch_dim=1)
 

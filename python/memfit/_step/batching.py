@@ -172,6 +172,28 @@ def batch_size(obj, batch_dim=0, what="inputs"):
     return size
 
 
+def check_samples(inputs, target, batch_dim, target_dim, what):
+    """The inputs' batch size; raises ValueError tagged `what` (the
+    operation the user called) where `target`, cut along `target_dim`,
+    does not hold the same samples."""
+    b = batch_size(inputs, batch_dim, what)
+    if target is None:
+        return b
+    lowest = min((t.dim() for t in tensors_in(target)), default=target_dim + 1)
+    # A (batch,) target beside seq-first inputs (T, batch, ...).
+    if target_dim > 0 and target_dim >= lowest:
+        raise ValueError(
+            f"[{what}] the target is cut along dimension {target_dim} (batch_dim's first, "
+            f"unless target_batch_dim= says), which a target of {lowest} dimension(s) does "
+            f"not have: pass target_batch_dim=0 for a target batched along its first "
+            f"dimension (a (batch,) label beside seq-first inputs)")
+    tb = batch_size(target, target_dim, f"{what} target")
+    if tb != b:
+        raise ValueError(f"[{what}] inputs hold {b} samples but target holds {tb}: they must "
+                         f"hold the same samples")
+    return b
+
+
 def _map_batched(obj, batch_dim, fn):
     """`obj` with fn(tensor, dim) applied to every tensor; dim None for a
     shared one (see _dims)."""

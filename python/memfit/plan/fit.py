@@ -13,7 +13,8 @@ import torch
 
 from .._native import native as _memfit
 from .._step.arguments import flag
-from .._step.batching import batch_size, count, resize_batch, target_batch_dim_of
+from .._step.batching import (batch_size, check_samples, count, resize_batch,
+                               target_batch_dim_of)
 from .._step.device import budget_target, host_memory, to_bytes
 from .._step.loop import as_loop
 from .._step.frameworks import accumulation_setter, unwrapped_optimizer
@@ -154,6 +155,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                   progress)
     verify = flag(verify, "find_batch_size", "verify")
     place_of(mode, at.model, at.target_device, "find_batch_size")  # its checks, tagged as ours
+    check_samples(inputs, target, batch_dim, target_batch_dim_of(
+        batch_dim, target_batch_dim, "find_batch_size"), "find_batch_size")
 
     def room_now():
         return resolve_budget(budget, with_loss_module(at.model, at.how), at.optimizer,

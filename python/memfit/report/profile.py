@@ -11,7 +11,7 @@ from typing import Any, Callable
 import torch
 
 from .._native import native as _memfit
-from .._step.batching import (batch_size, count, resize_batch,
+from .._step.batching import (batch_size, check_samples, count, resize_batch,
                               target_batch_dim_of, tensors_in)
 from .._step.device import host_memory, to_bytes
 from .._step.frameworks import unwrapped_optimizer
@@ -479,21 +479,7 @@ def _checked_inputs(model, inputs, target, batch_dim, d, how, place):
     """Checks the batch against the model and the place it runs at (the
     target batched along `d`); returns what holds meta tensors ("inputs
     are", ...) or None."""
-    b = batch_size(inputs, batch_dim, "profile")
-    if target is not None:
-        lowest = min((t.dim() for t in tensors_in(target)), default=d + 1)
-        if d > 0 and d >= lowest:  # a (batch,) target beside seq-first inputs (T, batch, ...)
-            raise ValueError(
-                f"[profile] the target is cut along dimension {d} (batch_dim's first, unless "
-                f"target_batch_dim= says), which a target of {lowest} dimension(s) does not "
-                f"have: pass target_batch_dim=0 for a target batched along its first "
-                f"dimension (a (batch,) label beside seq-first inputs)")
-        tb = batch_size(target, d, "profile target")
-        if tb != b:
-            raise ValueError(
-                f"[profile] inputs hold {b} samples but target holds {tb}: "
-                f"they must hold the same samples"
-            )
+    b = check_samples(inputs, target, batch_dim, d, "profile")
     how.check_batch(model, inputs, target)
     meta = _meta_tensors(model, inputs, target)
     if place.mode != "meta":

@@ -277,7 +277,8 @@ def validation_step(trainer, pl_module, what, loader_index=None, piled=0.0):
 
 # Note [What training_step keeps over an epoch]
 # A training_step may keep what it computes after it returns: Lightning's
-# docs append each step's outputs to a list that on_train_epoch_end reads
+# docs append each step's outputs (in training_step, or in the module's
+# on_train_batch_end, run here too) to a list that on_train_epoch_end reads
 # and clears. Kept per sample (predictions, features for an epoch-level
 # metric), it piles up over the epoch beside every later step: a module
 # keeping its 512-wide features was set 174 where Lightning's loop over 12
@@ -296,6 +297,7 @@ def kept_per_training_sample(trainer, pl_module, batch, what, batch_dim):
     an attribute each step replaces does not pile): See Note [What
     training_step keeps over an epoch]."""
     takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
+    hook = is_overridden("on_train_batch_end", pl_module)
 
     def kept_after(steps):
         def step(model, batch):
@@ -303,8 +305,11 @@ def kept_per_training_sample(trainer, pl_module, batch, what, batch_dim):
             with torch.enable_grad(), trainer.precision_plugin.train_step_context(), \
                     quiet_log(model):
                 for i in range(steps):
-                    _ = model.training_step(batch, i) if takes_index else \
+                    out = model.training_step(batch, i) if takes_index else \
                         model.training_step(batch)
+                    if hook and out is not None:
+                        model.on_train_batch_end(_as_after_backward(out), batch, i)
+                    out = None
             return torch.zeros(())
 
         with kept_rng():
@@ -317,6 +322,14 @@ def kept_per_training_sample(trainer, pl_module, batch, what, batch_dim):
     once, n = kept_after(1)
     twice, _ = kept_after(2)
     return max(0, twice - once) / n
+
+
+def _as_after_backward(out):
+    """training_step's output as the loop hands it to on_train_batch_end
+    (a dict with the loss), its tensors detached: after the backward their
+    graphs hold nothing."""
+    out = out if isinstance(out, dict) else {"loss": out}
+    return {k: v.detach() if isinstance(v, torch.Tensor) else v for k, v in out.items()}
 
 
 def epoch_samples(trainer, dataset_samples):

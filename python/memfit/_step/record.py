@@ -10,6 +10,7 @@ import traceback
 import torch
 
 from .._native import native as _memfit
+from .batching import tensors_in
 from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor_error,
                        is_compiled, record_warm)
 from .meta_reads import run_foreach
@@ -43,6 +44,9 @@ class RecordedStep:
     # For a card (as_on_cuda): each convolution forward's and backward's
     # cuDNN workspace bound, in the order of its mark in the timeline.
     conv_workspaces: list = dataclasses.field(default_factory=list)
+    # The model's output, dropped once the loss exists (loss_fn's step): a
+    # loop that keeps it through backward holds these bytes more.
+    output_bytes: int = 0
 
 
     @property
@@ -228,6 +232,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         step.held = [private_copy(inputs, device) for _ in range(how.held_batches)]
 
     timed = [0.0, 0.0]  # forward, backward
+    dropped = [0]  # the output's bytes, at most over the iterations
 
     def forward():
         if flops is not None:
@@ -251,6 +256,9 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     def loss():
         step.loss = how.loss(step.out, step.y)
         check_loss_trains(step.loss, model, how.what)
+        if step.out is not step.loss:  # a step function's forward gives its loss
+            out = {id(o): o.nbytes for o in tensors_in(step.out)}  # a tensor once
+            dropped[0] = max(dropped[0], sum(out.values()))
         step.out = None  # See Note [The order of a training iteration] (report.h).
 
     def optimizer_step():
@@ -295,6 +303,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.
     host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
-    return RecordedStep(t, ran_foreach, host_bytes, forward_seconds=timed[0],
+    return RecordedStep(t, ran_foreach, host_bytes, output_bytes=dropped[0],
+                        forward_seconds=timed[0],
                         backward_seconds=timed[1],
                         conv_workspaces=conv_workspaces)

@@ -178,6 +178,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             progress=at.progress))
         # The answer is for this loop, from this state; a compiled model's graphs.
         notes = room.notes + report.loop_notes + search_notes(report, fit)
+        notes += output_note(report, fit)
         # See Note [A step whose memory grows step after step] (step_growth.py).
         grows = growth_note(report.phases, report.batch)
         if grows:  # verified on the steps recorded, not on a longer loop
@@ -237,6 +238,21 @@ def _one_step_peak(at: _LoopAt):
         except torch.cuda.OutOfMemoryError:
             return None
     return peak
+
+
+def output_note(report, fit) -> list:
+    """The note on the model's output, which the step fitted drops once
+    the loss exists (Note [The order of a training iteration], report.h),
+    where a loop that keeps it through backward would need 1% of the budget
+    more at the answer's peak; else none."""
+    extra = int(report.output_per_sample * fit.max_batch)
+    if fit.peak_phase not in ("loss", "backward") or extra * 100 < fit.budget_bytes:
+        return []
+    fmt = _memfit.format_bytes
+    return [f"the answer is for a loop that drops the model's output once the loss exists "
+            f"(loss_fn(model(x), y).backward()); one that keeps it through backward (pred = "
+            f"model(x) as PyTorch's quickstart, outputs = model(**batch)) holds {fmt(extra)} "
+            f"more at batch {fit.max_batch}, at the peak: pass margin={extra} to keep it free"]
 
 
 # Note [What a step leaves on the device]

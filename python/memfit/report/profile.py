@@ -51,9 +51,12 @@ class Report:
     def __init__(self, native: _memfit.Report, timeline: _memfit.Timeline,
                  model_sizes: tuple = ((), 0), record_at: Callable | None = None,
                  compiled: Any = None, loop_notes: tuple = (),
-                 value_sized_ops: tuple = ()) -> None:
+                 value_sized_ops: tuple = (), output_per_sample: float = 0.0) -> None:
         self._native = native
         self.loop_notes = list(loop_notes)  # the loop's and the held state's notes
+        # The model's output a sample, which the step drops once the loss
+        # exists: See Note [The order of a training iteration] (report.h).
+        self.output_per_sample = output_per_sample
         # The ops of the step that size their output by the batch's values:
         # See Note [Memory that depends on the batch's values] (op_frames.h).
         self.value_sized_ops = list(value_sized_ops)
@@ -224,7 +227,8 @@ class Report:
             raise ValueError("[at_batch] this report cannot record other batches")
         native, timeline = self._record_at(count(batch, "at_batch", "batch"))
         return Report(native, timeline, (self._trainable_sizes, self._largest_unit_bytes),
-                      self._record_at, self._compiled, self.loop_notes, self.value_sized_ops)
+                      self._record_at, self._compiled, self.loop_notes, self.value_sized_ops,
+                      self.output_per_sample)
 
     def measure_step(self, batch: int) -> tuple[_memfit.Report, _memfit.Timeline] | None:
         """(C++ report, timeline) of the step at `batch`, or None when it ran
@@ -472,7 +476,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
     return Report(native, timeline, sizes, record_at, recorder.compiled, recorder.loop_notes,
-                  recorder.value_sized_ops)
+                  recorder.value_sized_ops, recorder.output_per_sample)
 
 
 def _checked_inputs(model, inputs, target, batch_dim, d, how, place):
@@ -518,6 +522,7 @@ class _StepRecorder:
         self.meta, self.batch_dim, self.loop_notes = meta, batch_dim, loop_notes
         self.compiled = None
         self.value_sized_ops = []  # the first recording's: the example batch's
+        self.output_per_sample = 0.0  # the first recording's too
         # mode='meta': None until the first recording decides, then whether
         # each step is rehearsed on the CPU instead (its RNNs, kernels meta
         # does not size), and the peaks there by batch (See Note [What meta
@@ -650,6 +655,8 @@ class _StepRecorder:
         if ops:  # See Note [Memory that depends on the batch's values] (op_frames.h).
             notes.append(profile_note(ops, n))
             self.value_sized_ops = self.value_sized_ops or ops
+        if rec.output_bytes and not self.output_per_sample:
+            self.output_per_sample = rec.output_bytes / n
         if self.compiled is not None and not eager:
             notes.extend(self.compiled.add(n, rec.compile))
         model = type(getattr(self.model, "_orig_mod", self.model)).__name__  # torch.compile's

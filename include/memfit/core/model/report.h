@@ -23,8 +23,10 @@ namespace memfit {
 // just before backward instead holds them through the next forward, and
 // peaks higher. The model's output is dropped once the loss exists (the
 // loss's backward keeps what it needs): a loop that keeps `out` alive through
-// backward holds that many bytes more. The Trainer runs the same step, which
-// is what lets `fit` predict the steps `train` runs. "parameters" comes once,
+// backward holds that many bytes more, which find_batch_size's answer
+// says where they are 1% of the budget or more (output_note, plan/fit.py).
+// The Trainer runs the same step, which is what lets `fit` predict the
+// steps `train` runs. "parameters" comes once,
 // first.
 inline constexpr const char* kPhaseParameters = "parameters";
 inline constexpr const char* kPhaseInputs = "inputs";

@@ -547,15 +547,34 @@ BatchFit search_batch(const MeasureStep& measure, const SearchOptions& given) {
   };
   ProbedModel pm = probe_toward(measure, target, plan, options.progress);
 
-  const Report* reference = nullptr;
-  int64_t best = 0;  // the largest batch measured under the limit
-  for (size_t i = 0; i < pm.probes.size(); ++i) {
-    if (!pm.probes[i].out_of_memory && reference == nullptr) reference = &pm.measured[i].report;
-    if (fits(pm.probes[i], usable)) best = std::max(best, pm.probes[i].batch);
+  // The largest batch measured under the limit, no larger than max_batch:
+  // a probe above it (max_batch: a smaller batch another rank runs, a
+  // Trainer's whole batch) is not an answer. Where only such probes fit,
+  // max_batch itself is measured: it was answered unasked before (8 where
+  // another rank could run 2, and the ranks never agreed).
+  auto best_under_cap = [&] {
+    int64_t b = 0;
+    for (const ProbeRecord& p : pm.probes) {
+      if (fits(p, usable) && p.batch <= options.max_batch) b = std::max(b, p.batch);
+    }
+    return b;
+  };
+  int64_t best = best_under_cap();
+  const bool cap_measured =
+      best == 0 && std::any_of(pm.probes.begin(), pm.probes.end(),
+                               [&](const ProbeRecord& p) { return fits(p, usable); });
+  if (cap_measured) {
+    measure_into(pm, measure, options.max_batch, true, plan, options.progress);
+    best = best_under_cap();
+  }
+  const Report* reference = nullptr;  // after the last measurement: pm.measured may move
+  for (size_t i = 0; i < pm.probes.size() && reference == nullptr; ++i) {
+    if (!pm.probes[i].out_of_memory) reference = &pm.measured[i].report;
   }
   if (best == 0) raise_nothing_fits(pm, options);
 
   BatchFit f;
+  if (cap_measured) f.trials = 1;
   f.budget_bytes = options.budget_bytes;
   f.mode = reference->mode;
   if (reference->cuda) {

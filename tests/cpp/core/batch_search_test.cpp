@@ -105,6 +105,22 @@ TEST(BatchSearch, AffineStepIsFoundExactlyAndVerifiedOnce) {
   EXPECT_LT(probe_samples, f.max_batch / 2);
 }
 
+TEST(BatchSearch, NoAnswerIsAboveMaxBatchEvenWhereLargerProbesFit) {
+  // Another rank runs only 3 (or a Trainer's whole batch is 3): probes at
+  // 8, 16 and 32 fit, and the answer is 3, measured. It was 32 before, and
+  // the ranks never agreed on a batch.
+  Step s{[](int64_t b) { return 4096 * b; }};
+  SearchOptions o = budget_of(64 << 20);
+  o.probes.first = {8, 16, 32};
+  o.max_batch = 3;
+  const BatchFit f = search_batch(s.measure(), o);
+  EXPECT_EQ(f.max_batch, 3);
+  EXPECT_TRUE(f.verified);
+  EXPECT_EQ(f.trials, 1);
+  EXPECT_EQ(f.measured_peak_bytes, s.peak(3));
+  EXPECT_EQ(s.measured.back(), 3);
+}
+
 TEST(BatchSearch, AnAnswerAProbeMeasuredIsVerifiedWithoutAStepAndSaysSo) {
   // A budget that the probe at 32 exactly fills: that probe is the answer,
   // and no further full-size step runs; the answer says why it is verified

@@ -107,22 +107,21 @@ def small_mlp():
                                torch.nn.GELU(), torch.nn.Linear(128, VOCAB))
 
 
-def test_on_a_device_that_rounds_each_block_a_check_backs_off_and_stays_close_to_plain_steps():
+def test_on_a_device_that_rounds_each_block_the_checks_stay_close_to_plain_steps():
     # The simulated device rounds each block as a card's allocator does.
     # The chord's answer at 9 tokens is the plain steps' largest batch, and
-    # memfit's check of it, a recorded step at the budget's very edge, ran
-    # out there: the gap backs off a 32nd and checks again.
+    # memfit's check of it is a recorded step at the budget's very edge: it
+    # ran out there by memfit's own saved RNG state (5 KiB) until that was
+    # kept on the host, and the gap backed off a 32nd (at(9) 332 of 381).
     budget = 6 << 20
     x = torch.randint(0, VOCAB, (4, 12))
     with memfit.simulated_device(budget):
         fit = memfit.find_batch_size(small_mlp(), x, x.clone(), loss_fn=token_loss,
                                      optimizer="sgd", seq_dim=1, lengths=[8, 32, 128])
     assert fit.jumps == ()
-    assert 0.9 <= dict(fit.scales)[(8, 32)] < 1
-    assert any("at() answers" in n and "less there, checked" in n for n in fit.notes)
     largest = largest_that_fits(lambda b: runs(small_mlp, b, 9, budget, torch.optim.SGD),
                                 fit.at(9))
-    assert 0.9 * largest <= fit.at(9) <= largest
+    assert 0.97 * largest <= fit.at(9) <= largest, (fit.at(9), largest)
     for n in (20, 33, 80):
         assert fit.at(n) > fit.fits[next(m for m in fit.lengths if m >= n)].max_batch
         assert runs(small_mlp, fit.at(n), n, budget, torch.optim.SGD), n

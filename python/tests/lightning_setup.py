@@ -3,9 +3,14 @@ any simulated device (as a card's loader holds it), a quiet Trainer, and a
 64-512-512-10 classifier trained with Adam on it, which each test's module
 extends."""
 
+import gc
+
 import pytest
 import torch
 import torch.nn.functional as F
+
+import memfit
+from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
 
@@ -20,6 +25,18 @@ def quiet_trainer(**kw):
     printed (no logger, checkpoints, progress bar or summary)."""
     return pl.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                       enable_progress_bar=False, enable_model_summary=False, **kw)
+
+
+def fit_on_device(make, batch_size, callbacks=(), **flags):
+    """Lightning's loop (quiet_trainer(**flags).fit) on a simulated device
+    of BUDGET, beside what earlier tests left tracked, the module
+    make(batch_size) made on it; returns the batch it trained at. An OOM
+    there raises torch.OutOfMemoryError."""
+    gc.collect()
+    with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
+        module = make(batch_size)
+        quiet_trainer(callbacks=list(callbacks), **flags).fit(module)
+    return module.batch_size
 
 
 class Classifier(pl.LightningModule):

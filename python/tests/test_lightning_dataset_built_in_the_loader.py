@@ -6,17 +6,12 @@ Note [A dataset the loader holds on the device], integrations/lightning.py).
 The truth is Lightning's own loop on a simulated device, where the tensors
 the loaders' functions make count."""
 
-import gc
-
 import pytest
 import torch
 import torch.nn.functional as F
 
-import memfit
-from memfit._native import tracked_live_bytes
-
 pl = pytest.importorskip("lightning.pytorch")
-from lightning_setup import BUDGET, Classifier, quiet_trainer  # noqa: E402
+from lightning_setup import Classifier, fit_on_device  # noqa: E402
 from memfit.integrations.lightning import FitBatchSize  # noqa: E402
 
 pytestmark = pytest.mark.usefixtures("quiet_lightning")  # see conftest.py
@@ -53,13 +48,8 @@ class BuildsItsValidationData(BuildsItsData):
 
 def _fit(make, batch_size, callbacks=()):
     """Four steps, validating 2 batches after the second and the fourth."""
-    gc.collect()
-    with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
-        module = make(batch_size)
-        quiet_trainer(max_steps=4,
-                      val_check_interval=2, limit_val_batches=2, num_sanity_val_steps=0,
-                      callbacks=list(callbacks)).fit(module)
-    return module.batch_size
+    return fit_on_device(make, batch_size, callbacks, max_steps=4, val_check_interval=2,
+                         limit_val_batches=2, num_sanity_val_steps=0)
 
 
 # Each said 556, where Lightning's loop runs 388 at most.

@@ -5,14 +5,9 @@ for features kept over 12 batches where Lightning's loop runs 59 (See Note
 [What training_step keeps over an epoch], integrations/lightning_rehearsal.py).
 The truth is Lightning's own loop on a simulated device of the budget."""
 
-import gc
-
 import pytest
 import torch
 import torch.nn.functional as F
-
-import memfit
-from memfit._native import tracked_live_bytes
 
 pl = pytest.importorskip("lightning.pytorch")
 import lightning_setup as setup  # noqa: E402
@@ -50,14 +45,9 @@ class KeepsThemAtTheBatchEnd(KeepsFeatures):
 
 
 def train(batch_size, callbacks=(), kind=KeepsFeatures):
-    """Lightning's loop over one epoch of 12 batches, the module made on the
-    device."""
-    gc.collect()
-    with memfit.simulated_device(setup.BUDGET + tracked_live_bytes("cpu")):
-        module = kind(batch_size)
-        setup.quiet_trainer(max_epochs=1, limit_train_batches=12,
-                            callbacks=list(callbacks)).fit(module)
-    return module.batch_size
+    """Lightning's loop over one epoch of 12 batches."""
+    return setup.fit_on_device(kind, batch_size, callbacks, max_epochs=1,
+                               limit_train_batches=12)
 
 
 @pytest.mark.parametrize("kind", [KeepsFeatures, KeepsThemAtTheBatchEnd],

@@ -309,14 +309,18 @@ def plain_steps_fit(spec, batch, budget, steps=2):
     """Whether `steps` plain training steps at `batch` (forward, loss,
     backward, Adam, zero_grad; no memfit recorder) run on a simulated device
     of `budget` bytes, the model, optimizer and batch made on it: the truth
-    that does not rest on memfit's own measurement."""
+    that does not rest on memfit's own measurement. The loop is PyTorch's
+    quickstart, the one find_batch_size fits by default (keep_output):
+    `pred` and `loss` stay alive until the next iteration assigns them."""
 
     def build():
         model = spec.model()
-        return model, torch.optim.Adam(model.parameters(), lr=1e-3), spec.batch(batch)
+        return model, torch.optim.Adam(model.parameters(), lr=1e-3), spec.batch(batch), {}
 
-    def step(model, opt, xy):
-        spec.loss(model(xy[0]), xy[1]).backward()
+    def step(model, opt, xy, body):  # body: the for-loop's locals
+        body["pred"] = model(xy[0])
+        body["loss"] = spec.loss(body["pred"], xy[1])
+        body["loss"].backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 

@@ -56,10 +56,11 @@ def runs(make, batch, length, budget=BUDGET, optimizer=torch.optim.Adam):
         torch.manual_seed(0)
         model = make()
         x = torch.randint(0, VOCAB, (batch, length))
-        return model, optimizer(model.parameters(), lr=1e-3), x, x.clone()
+        return model, optimizer(model.parameters(), lr=1e-3), x, x.clone(), {}
 
-    def step(model, opt, x, y):
-        token_loss(model(x), y).backward()
+    def step(model, opt, x, y, body):  # PyTorch's quickstart: the fits' default loop
+        body["pred"] = model(x)  # alive until the next iteration's assigns it
+        token_loss(body["pred"], y).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
     return plain_steps_run(budget, build, step)

@@ -37,8 +37,9 @@ def batch(n, dtype=torch.float32):
 def test_find_batch_size_cuts_the_label_along_its_own_dimension_as_a_step_would():
     x, y = batch(8)
     fit = memfit.find_batch_size(SeqFirst(), x, y, optimizer="adam", budget=BUDGET,
-                                 batch_dim=1, target_batch_dim=0)
-    # The same step written with the label inside the batch and a step=.
+                                 batch_dim=1, target_batch_dim=0, keep_output=False)
+    # The same step written with the label inside the batch and a step=
+    # (whose output dies with its locals: keep_output=False above).
     inside = memfit.find_batch_size(SeqFirst(), (x, y), None, optimizer="adam", budget=BUDGET,
                                     batch_dim=(1, 0),
                                     step=lambda model, b: F.cross_entropy(model(b[0]), b[1]))

@@ -30,12 +30,19 @@ class Loop:
     ZERO_GRAD_PLACES. train_mode: the step is measured with model.train()
     (True: a model left in eval mode after validation, or from
     from_pretrained, trains in train mode); False: each module's train/eval
-    flag as it is (a model trained in eval mode on purpose)."""
+    flag as it is (a model trained in eval mode on purpose). keep_output:
+    the model's output stays alive until the next forward replaces it, as
+    `pred = model(X); loss = loss_fn(pred, y)` (PyTorch's quickstart) and
+    `outputs = model(**batch)` keep it (True), or it is dropped once the
+    loss exists (False: `loss_fn(model(x), y).backward()`, memfit.Trainer,
+    a Lightning training_step's locals). See Note [The order of a training
+    iteration] (report.h)."""
 
     set_to_none: bool = True
     accumulation_steps: int = 1
     zero_grad: str = "after_step"
     train_mode: bool = True
+    keep_output: bool = True
 
     @property
     def zero_grad_first(self) -> bool:
@@ -55,15 +62,18 @@ class Loop:
         if self.zero_grad_first:
             parts.append("zero_grad just before backward (the last step's gradients alive "
                          "through the forward)")
+        if not self.keep_output:
+            parts.append("the model's output dropped once the loss exists (keep_output=False)")
         return "the loop: " + "; ".join(parts) if parts else None
 
 
 def as_loop(set_to_none: bool = True, accumulation_steps: int = 1,
             zero_grad: str = "after_step", train_mode: bool = True,
-            what: str = "profile") -> Loop:
+            what: str = "profile", keep_output: bool = True) -> Loop:
     """The Loop of the user's arguments, each checked with a one-line
     ValueError tagged `what`."""
-    for name, value in (("set_to_none", set_to_none), ("train_mode", train_mode)):
+    for name, value in (("set_to_none", set_to_none), ("train_mode", train_mode),
+                        ("keep_output", keep_output)):
         if not isinstance(value, bool):
             raise ValueError(f"[{what}] {name} must be True or False, got {value!r}")
     if (isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int)
@@ -73,7 +83,7 @@ def as_loop(set_to_none: bool = True, accumulation_steps: int = 1,
     if zero_grad not in ZERO_GRAD_PLACES:
         raise ValueError(f"[{what}] zero_grad must be one of {list(ZERO_GRAD_PLACES)} (where "
                          f"your loop calls optimizer.zero_grad()), got {zero_grad!r}")
-    return Loop(set_to_none, accumulation_steps, zero_grad, train_mode)
+    return Loop(set_to_none, accumulation_steps, zero_grad, train_mode, keep_output)
 
 
 def eval_modules(model: torch.nn.Module) -> int:

@@ -44,8 +44,9 @@ class RecordedStep:
     # For a card (as_on_cuda): each convolution forward's and backward's
     # cuDNN workspace bound, in the order of its mark in the timeline.
     conv_workspaces: list = dataclasses.field(default_factory=list)
-    # The model's output, dropped once the loss exists (loss_fn's step): a
-    # loop that keeps it through backward holds these bytes more.
+    # The model's output (loss_fn's step), at most over the iterations:
+    # what a loop that drops it once the loss exists (Loop.keep_output)
+    # holds less, or one that keeps it more.
     output_bytes: int = 0
 
 
@@ -145,11 +146,14 @@ class _StepState:
         self.x = self.y = self.out = self.loss = None
         self.held = None  # batches a framework's loop holds beside the step's
 
-    def drop(self):
+    def drop(self, keep_output=False):
+        """keep_output: the output stays until the next forward replaces
+        it, as the user's `pred = model(X)` does (Loop.keep_output)."""
         self.held = None
         self.x = None
         self.y = None
-        self.out = None
+        if not keep_output:
+            self.out = None
         self.loss = None
 
 
@@ -232,7 +236,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         step.held = [private_copy(inputs, device) for _ in range(how.held_batches)]
 
     timed = [0.0, 0.0]  # forward, backward
-    dropped = [0]  # the output's bytes, at most over the iterations
+    output = [0]  # the output's bytes, at most over the iterations
 
     def forward():
         if flops is not None:
@@ -258,8 +262,9 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         check_loss_trains(step.loss, model, how.what)
         if step.out is not step.loss:  # a step function's forward gives its loss
             out = {id(o): o.nbytes for o in tensors_in(step.out)}  # a tensor once
-            dropped[0] = max(dropped[0], sum(out.values()))
-        step.out = None  # See Note [The order of a training iteration] (report.h).
+            output[0] = max(output[0], sum(out.values()))
+        if not loop.keep_output:  # See Note [The order of a training iteration] (report.h).
+            step.out = None
 
     def optimizer_step():
         step.optimizer.step()
@@ -281,7 +286,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         t.end_phase()
         if counters is not None:
             counters.end_phase()
-        step.drop()
+        step.drop(loop.keep_output)
 
     if flops is not None:
         flops.start(model)
@@ -303,7 +308,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.
     host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
-    return RecordedStep(t, ran_foreach, host_bytes, output_bytes=dropped[0],
+    return RecordedStep(t, ran_foreach, host_bytes, output_bytes=output[0],
                         forward_seconds=timed[0],
                         backward_seconds=timed[1],
                         conv_workspaces=conv_workspaces)

@@ -55,7 +55,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
            compile: bool | None = None,
            cards: Sequence[Size] | None = None, set_to_none: bool = True,
            accumulation_steps: int = 1, zero_grad: str = "after_step",
-           train_mode: bool = True) -> Advice:
+           train_mode: bool = True, keep_output: bool = True) -> Advice:
     """Measure what lowers the memory of a training step of `model` on
     `inputs`, and plan the cheapest combination that fits `budget`.
 
@@ -85,9 +85,10 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       micro-batches. The user's model is never changed: each setting is
       applied to a copy (on a real device, a copy of the weights).
 
-    set_to_none, accumulation_steps, zero_grad, train_mode: the loop you
-    train with, as memfit.find_batch_size takes it; every row is recorded in
-    that loop's shape, from the state the model and optimizer hold now.
+    set_to_none, accumulation_steps, zero_grad, train_mode, keep_output: the
+    loop you train with, as memfit.find_batch_size takes it; every row is
+    recorded in that loop's shape, from the state the model and optimizer
+    hold now.
 
     mode="cpu" records every row for real. mode="meta" records the rows on
     the meta device where the step allows (not bf16, not the state on the
@@ -148,7 +149,7 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     """
     req = _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode,
                    repeats, cards, target_device, step, set_to_none, accumulation_steps,
-                   zero_grad, train_mode)
+                   zero_grad, train_mode, keep_output)
     proposed, notes = _proposals(model, inputs, settings, req, allow_approximate)
     found_chain = resolve_chain(model, chain)
     paths = found_chain.block_paths if found_chain else []
@@ -189,7 +190,7 @@ class _Request:
 
 def _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode, repeats,
              cards, target_device, step, set_to_none, accumulation_steps, zero_grad,
-             train_mode):
+             train_mode, keep_output=True):
     """advise's arguments checked at the door, each refused in one line."""
     repeats = count(repeats, "advise", "repeats", minimum=0)
     if mode not in ("cpu", "meta"):
@@ -205,7 +206,8 @@ def _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode,
                         f"{type(cards).__name__} {cards!r}: pass cards=[{cards!r}] "
                         f"(or several, cards=['8GiB', '12GiB'])")
     card_bytes = _card_bytes(cards)
-    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "advise")
+    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "advise",
+                   keep_output)
     return _Request(loss_fn, target_device, n, limit, card_bytes, repeats, loop,
                     _parameter_bytes(model), kind_of(optimizer))
 
@@ -213,8 +215,8 @@ def _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode,
 def _card_bytes(cards):
     """The cards' budgets in bytes, each card once."""
     if isinstance(cards, dict):
-        raise TypeError(f"[advise] cards is a list of card budgets, got a dict: pass "
-                        f"cards=list(your_dict.values()) (budgets like '12GiB')")
+        raise TypeError("[advise] cards is a list of card budgets, got a dict: pass "
+                        "cards=list(your_dict.values()) (budgets like '12GiB')")
     card_bytes = [to_bytes(c, "advise") for c in (cards or [])]
     twice = sorted({b for b in card_bytes if card_bytes.count(b) > 1})
     if twice:

@@ -48,7 +48,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
                     lengths: Any = None, set_to_none: bool = True,
                     accumulation_steps: int = 1, zero_grad: str = "after_step",
                     train_mode: bool = True, across_ranks: Any = True,
-                    target_batch_dim: int | None = None) -> _memfit.BatchFit | LengthFit:
+                    target_batch_dim: int | None = None,
+                    keep_output: bool = True) -> _memfit.BatchFit | LengthFit:
     """The largest batch whose whole training step fits `budget`, verified.
 
     `inputs`/`target` are an example batch of any size: memfit records the
@@ -77,8 +78,11 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     your zero_grad frees the gradients), accumulation_steps (micro-batches
     per optimizer step: max_batch is then the micro-batch), zero_grad
     ("after_step" or "before_backward", the tutorial order), train_mode
-    (False: measure the model's train/eval flags as they are). The notes say
-    which loop the answer is for.
+    (False: measure the model's train/eval flags as they are), keep_output
+    (True, the default: your loop holds the model's output until the next
+    forward, as `pred = model(X)` does; False: `loss_fn(model(x),
+    y).backward()` drops it once the loss exists). The notes say which loop
+    the answer is for.
 
     mode: where each step is measured, as memfit.profile takes it (See
     Note [Measured on the device]): None (the default) measures on the
@@ -139,7 +143,8 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     """
     def args():
         return dict(set_to_none=set_to_none, accumulation_steps=accumulation_steps,
-                    zero_grad=zero_grad, train_mode=train_mode, target_batch_dim=target_batch_dim)
+                    zero_grad=zero_grad, train_mode=train_mode, target_batch_dim=target_batch_dim,
+                    keep_output=keep_output)
     if seq_dim is not None or lengths is not None:  # one fit per length: plan/lengths.py
         fits = dict(args(), loss_fn=loss_fn, optimizer=optimizer, budget=budget,
                     batch_dim=batch_dim, mode=mode, margin=margin, verify=verify,
@@ -213,7 +218,8 @@ def _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, lo
     how = as_user_step(loss_fn, step, "find_batch_size", model)
     target_device = budget_target(model, target_device, "find_batch_size")
     loop = as_loop(loop_args["set_to_none"], loop_args["accumulation_steps"],
-                   loop_args["zero_grad"], loop_args["train_mode"], "find_batch_size")
+                   loop_args["zero_grad"], loop_args["train_mode"], "find_batch_size",
+                   loop_args["keep_output"])
     if isinstance(model, torch.nn.parallel.DistributedDataParallel):
         model = model.module
     said = as_progress(progress, "find_batch_size")
@@ -223,7 +229,8 @@ def _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, lo
                        mode=mode, progress=said, target_device=target_device,
                        set_to_none=loop.set_to_none, accumulation_steps=loop.accumulation_steps,
                        zero_grad=loop.zero_grad, train_mode=loop.train_mode,
-                       target_batch_dim=loop_args["target_batch_dim"])
+                       target_batch_dim=loop_args["target_batch_dim"],
+                       keep_output=loop.keep_output)
     return _LoopAt(model, optimizer, how, target_device, said, profile_at)
 
 
@@ -241,18 +248,17 @@ def _one_step_peak(at: _LoopAt):
 
 
 def output_note(report, fit) -> list:
-    """The note on the model's output, which the step fitted drops once
-    the loss exists (Note [The order of a training iteration], report.h),
-    where a loop that keeps it through backward would need 1% of the budget
-    more at the answer's peak; else none."""
-    extra = int(report.output_per_sample * fit.max_batch)
-    if fit.peak_phase not in ("loss", "backward") or extra * 100 < fit.budget_bytes:
+    """The note on the model's output, which the step fitted keeps until
+    the next forward (Note [The order of a training iteration], report.h),
+    where it is 1% of the budget or more at the answer: a loop that drops
+    it has that much room to spare; else none."""
+    kept = int(report.output_per_sample * fit.max_batch)
+    if not report.output_kept or kept * 100 < fit.budget_bytes:
         return []
-    fmt = _memfit.format_bytes
-    return [f"the answer is for a loop that drops the model's output once the loss exists "
-            f"(loss_fn(model(x), y).backward()); one that keeps it through backward (pred = "
-            f"model(x) as PyTorch's quickstart, outputs = model(**batch)) holds {fmt(extra)} "
-            f"more at batch {fit.max_batch}, at the peak: pass margin={extra} to keep it free"]
+    return [f"the answer keeps the model's output ({_memfit.format_bytes(kept)} at batch "
+            f"{fit.max_batch}) alive until the next forward, as `pred = model(x); loss = "
+            f"loss_fn(pred, y)` does; a loop that drops it once the loss exists "
+            f"(loss_fn(model(x), y).backward()) may fit more: pass keep_output=False"]
 
 
 # Note [What a step leaves on the device]

@@ -51,12 +51,15 @@ class Report:
     def __init__(self, native: _memfit.Report, timeline: _memfit.Timeline,
                  model_sizes: tuple = ((), 0), record_at: Callable | None = None,
                  compiled: Any = None, loop_notes: tuple = (),
-                 value_sized_ops: tuple = (), output_per_sample: float = 0.0) -> None:
+                 value_sized_ops: tuple = (), output_per_sample: float = 0.0,
+                 output_kept: bool = True) -> None:
         self._native = native
         self.loop_notes = list(loop_notes)  # the loop's and the held state's notes
-        # The model's output a sample, which the step drops once the loss
-        # exists: See Note [The order of a training iteration] (report.h).
+        # The model's output a sample, and whether the step kept it until the
+        # next forward (profile's keep_output): See Note [The order of a
+        # training iteration] (report.h).
         self.output_per_sample = output_per_sample
+        self.output_kept = output_kept
         # The ops of the step that size their output by the batch's values:
         # See Note [Memory that depends on the batch's values] (op_frames.h).
         self.value_sized_ops = list(value_sized_ops)
@@ -228,7 +231,7 @@ class Report:
         native, timeline = self._record_at(count(batch, "at_batch", "batch"))
         return Report(native, timeline, (self._trainable_sizes, self._largest_unit_bytes),
                       self._record_at, self._compiled, self.loop_notes, self.value_sized_ops,
-                      self.output_per_sample)
+                      self.output_per_sample, self.output_kept)
 
     def measure_step(self, batch: int) -> tuple[_memfit.Report, _memfit.Timeline] | None:
         """(C++ report, timeline) of the step at `batch`, or None when it ran
@@ -347,7 +350,8 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             progress: ProgressArg = None, step: StepFn | None = None,
             compare_eager: bool = False, accumulation_steps: int = 1,
             zero_grad: str = "after_step", train_mode: bool = True,
-            seq_dim: Any = None, target_batch_dim: int | None = None) -> Report:
+            seq_dim: Any = None, target_batch_dim: int | None = None,
+            keep_output: bool = True) -> Report:
     """Profile `iterations` training iterations of `model` on `inputs`.
 
     Each iteration runs the phases inputs, forward, loss, backward,
@@ -405,6 +409,12 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       as it trains: a model left in eval mode (after validation, or by
       from_pretrained) is switched for the step and put back, and the notes
       say so. False: each module's train/eval flag as it is.
+    - keep_output: True (the default) keeps the model's output alive until
+      the next forward replaces it, as PyTorch's quickstart (`pred =
+      model(X); loss = loss_fn(pred, y)`) and Hugging Face's loop (`outputs
+      = model(**batch)`) do: a language model's logits are its largest
+      tensor. False: dropped once the loss exists, as in
+      `loss_fn(model(x), y).backward()` or a Lightning training_step.
     - The step starts with what the model and optimizer hold now: the
       optimizer's state (Adam's after a step, a resumed checkpoint,
       Adagrad's from construction) and any .grad are copied in and counted
@@ -452,7 +462,8 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         )
     place = place_of(mode, model, target_device, "profile")
     iterations = count(iterations, "profile", "iterations")
-    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "profile")
+    loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "profile",
+                   keep_output)
     if not isinstance(compare_eager, bool):
         raise ValueError(f"[profile] compare_eager must be True or False, got {compare_eager!r}")
     target_dim = target_batch_dim_of(batch_dim, target_batch_dim, "profile")
@@ -476,7 +487,7 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
 
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
     return Report(native, timeline, sizes, record_at, recorder.compiled, recorder.loop_notes,
-                  recorder.value_sized_ops, recorder.output_per_sample)
+                  recorder.value_sized_ops, recorder.output_per_sample, loop.keep_output)
 
 
 def _checked_inputs(model, inputs, target, batch_dim, d, how, place):

@@ -656,6 +656,7 @@ class Trainer:
                                optimizer=self.optimizer, batch_dim=self.batch_dim,
                                set_to_none=set_to_none, target_device=card,
                                train_mode=False,  # the Trainer runs the model's modes as they are
+                               keep_output=False,  # its micro-batch drops it: _chunk_loss
                                target_batch_dim=self.target_batch_dim)
 
             # The room as the device is after a step: See Note [What a step
@@ -710,7 +711,7 @@ class Trainer:
         return fitting.find_batch_size(
             self._module, example, example_target, loss_fn=self._how,
             optimizer=self.optimizer, budget=self._native.budget, batch_dim=self.batch_dim,
-            set_to_none=False, train_mode=False, seq_dim=self.seq_dim,
+            set_to_none=False, train_mode=False, keep_output=False, seq_dim=self.seq_dim,
             lengths=self._fit_lengths, target_batch_dim=self.target_batch_dim)
 
     def _batch(self, inputs, target):

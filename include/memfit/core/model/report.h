@@ -21,13 +21,18 @@ namespace memfit {
 // (set_to_none): PyTorch's quickstart order. Gradients die before the next
 // forward, so they never sit beside activations; a loop that zeroes them
 // just before backward instead holds them through the next forward, and
-// peaks higher. The model's output is dropped once the loss exists (the
-// loss's backward keeps what it needs): a loop that keeps `out` alive through
-// backward holds that many bytes more, which find_batch_size's answer
-// says where they are 1% of the budget or more (output_note, plan/fit.py).
-// The Trainer runs the same step, which is what lets `fit` predict the
-// steps `train` runs. "parameters" comes once,
-// first.
+// peaks higher. The model's output: memfit's own steps (profile_model's,
+// the Trainer's micro-batches) drop it once the loss exists (the loss's
+// backward keeps what it needs). The user's loop usually keeps it until the
+// next forward replaces it (PyTorch's quickstart `pred = model(X); loss =
+// loss_fn(pred, y)`, Hugging Face's `outputs = model(**batch)`), and a
+// language model's logits are its largest tensor: a tied-weight LM fitted
+// with them dropped answered 73 where that loop ran 58. So Python's
+// profile, find_batch_size and advise keep it by default (keep_output=True,
+// Loop in _step/loop.py), and keep_output=False records the one-line loop
+// `loss_fn(model(x), y).backward()`. The Trainer runs the step it measures,
+// which is what lets `fit` predict the steps `train` runs. "parameters"
+// comes once, first.
 inline constexpr const char* kPhaseParameters = "parameters";
 inline constexpr const char* kPhaseInputs = "inputs";
 inline constexpr const char* kPhaseForward = "forward";

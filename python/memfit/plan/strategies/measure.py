@@ -76,7 +76,8 @@ class Bench:
                            batch_dim=self.batch_dim, mode=mode,
                            target_device=self.target_device, set_to_none=loop.set_to_none,
                            accumulation_steps=loop.accumulation_steps,
-                           zero_grad=loop.zero_grad, train_mode=loop.train_mode)
+                           zero_grad=loop.zero_grad, train_mode=loop.train_mode,
+                           keep_output=loop.keep_output)
 
     def as_recorded(self):
         """The model as profile() records it, inside the block."""

@@ -106,3 +106,17 @@ def test_keep_output_must_be_a_bool():
                                          r"False, got 'no'$"):
         memfit.find_batch_size(model, torch.randn(4, 4), torch.randn(4, 2), budget="1MiB",
                                keep_output="no")
+
+
+def test_profile_counts_the_kept_logits_at_the_peak_to_the_byte_and_says_so():
+    torch.manual_seed(0)
+    x = torch.randint(0, VOCAB, (32, LENGTH))
+    kept = memfit.profile(TiedLM(), x, x.clone(), loss_fn=_loss, optimizer="adam")
+    dropped = memfit.profile(TiedLM(), x, x.clone(), loss_fn=_loss, optimizer="adam",
+                             keep_output=False)
+    logits = 32 * LENGTH * VOCAB * 4  # float32
+    # The peak is in the loss's backward either way; the kept logits sit beside it.
+    assert kept.peak_bytes - dropped.peak_bytes == logits
+    said = [n for n in kept.notes if "keep_output=False" in n]
+    assert len(said) == 1 and memfit.format_bytes(logits) in said[0], kept.notes
+    assert not any("stays alive until the next forward" in n for n in dropped.notes)

@@ -12,6 +12,8 @@ import dataclasses
 
 import torch
 
+from .._native import format_bytes
+
 __all__: list = []
 
 # Where the loop calls zero_grad: after the optimizer step (PyTorch's
@@ -65,6 +67,15 @@ class Loop:
         if not self.keep_output:
             parts.append("the model's output dropped once the loss exists (keep_output=False)")
         return "the loop: " + "; ".join(parts) if parts else None
+
+
+def kept_output_note(output_bytes: int, batch: int) -> str:
+    """What a report or an answer of a loop that keeps the model's output
+    (Loop.keep_output) says of it, where it matters (1% or more)."""
+    return (f"the model's output ({format_bytes(output_bytes)} at batch {batch}) stays alive "
+            f"until the next forward, as `pred = model(x); loss = loss_fn(pred, y)` keeps it; "
+            f"a loop that drops it once the loss exists (loss_fn(model(x), y).backward()) "
+            f"needs that much less: pass keep_output=False")
 
 
 def as_loop(set_to_none: bool = True, accumulation_steps: int = 1,

@@ -16,7 +16,7 @@ from .._step.arguments import flag
 from .._step.batching import (batch_size, check_samples, count, resize_batch,
                                target_batch_dim_of)
 from .._step.device import budget_target, host_memory, to_bytes
-from .._step.loop import as_loop
+from .._step.loop import as_loop, kept_output_note
 from .._step.frameworks import accumulation_setter, unwrapped_optimizer
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
@@ -255,10 +255,7 @@ def output_note(report, fit) -> list:
     kept = int(report.output_per_sample * fit.max_batch)
     if not report.output_kept or kept * 100 < fit.budget_bytes:
         return []
-    return [f"the answer keeps the model's output ({_memfit.format_bytes(kept)} at batch "
-            f"{fit.max_batch}) alive until the next forward, as `pred = model(x); loss = "
-            f"loss_fn(pred, y)` does; a loop that drops it once the loss exists "
-            f"(loss_fn(model(x), y).backward()) may fit more: pass keep_output=False"]
+    return [kept_output_note(kept, fit.max_batch)]
 
 
 # Note [What a step leaves on the device]

@@ -19,7 +19,7 @@ from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.compiled import CompileCost, compiled_paths
 from .compiled import CompiledRecordings
 from .length_surface import LengthAxis, LengthPrediction, LengthSurface, with_length_axis
-from .._step.loop import as_loop, eval_modules
+from .._step.loop import as_loop, eval_modules, kept_output_note
 from .._step.meta_checked import CHECK_TOLERANCE, checked_note, cpu_kernels_note, is_checked
 from .._step.meta_reads import MetaReads, foreach_as_on_cuda
 from .._step.meta_rnn import (HEADROOM, free_host_bytes, host_bytes_at, on_cpu_note,
@@ -693,6 +693,8 @@ class _StepRecorder:
             notes.append(f"optimizer state and step on the host: "
                          f"{_memfit.format_bytes(rec.host_bytes)} of host memory (parameter "
                          f"copies, gradient buffers, state), not in the device's figures")
+        if self.loop.keep_output and rec.output_bytes * 100 >= native.peak_bytes:
+            notes.append(kept_output_note(rec.output_bytes, n))
         grows = growth_note([p.as_dict() for p in native.phases], n)
         if grows:  # See Note [A step whose memory grows step after step] (step_growth.py).
             notes.append(grows)

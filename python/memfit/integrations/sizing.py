@@ -215,7 +215,7 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
                     max_batch=cap))
                 # The example's few samples repeated: See Note [Memory that
                 # depends on the batch's values] (op_frames.h).
-                settle_fit(f, report.value_sized_ops, report.batch)
+                settle_fit(f, report.value_sized_ops, report.samples)
                 return f
 
             # Another rank's cap is below this rank's answer, so below max_batch.

@@ -192,7 +192,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         if notes:
             fit.notes = list(fit.notes) + notes
         # See Note [Memory that depends on the batch's values] (op_frames.h).
-        settle_fit(fit, report.value_sized_ops, report.batch)
+        settle_fit(fit, report.value_sized_ops, report.samples)
         return fit
 
     return LocalAnswer(fit_at_most(), fit_at_most)
@@ -316,11 +316,16 @@ def example_that_runs(profile_at, inputs, target, batch_dim, who, target_dim=Non
     simulated device it is measured on), the example cut in half until a
     step runs: the rehearsal put everything back (Note [A rehearsal that
     runs out of memory puts everything back]), and the search goes on from
-    what was measured. Raises DoesNotFit when even one sample runs out."""
+    what was measured, its other batches cut from the whole example (real
+    samples: a step whose memory follows the values, such as a sparse
+    Embedding's gradient, measures them). Raises DoesNotFit when even one
+    sample runs out."""
     n = batch_size(inputs, batch_dim, who)
+    whole = inputs, target
     while True:
         try:
-            return profile_at(inputs, target)
+            report = profile_at(inputs, target)
+            return report if inputs is whole[0] else report.from_samples(*whole)
         except torch.cuda.OutOfMemoryError as e:
             first = str(e).splitlines()[0] if str(e) else "out of memory"
             traceback.clear_frames(e.__traceback__)

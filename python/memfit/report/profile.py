@@ -233,6 +233,25 @@ class Report:
                       self._record_at, self._compiled, self.loop_notes, self.value_sized_ops,
                       self.output_per_sample, self.output_kept)
 
+    @property
+    def samples(self) -> int:
+        """The real samples other batches are cut from or repeated: the
+        example's, or those of from_samples."""
+        return getattr(self._record_at, "samples", self.batch)
+
+    def from_samples(self, inputs: Batch, target: Batch = None) -> Report:
+        """This report, its other batches cut or repeated from `inputs` (and
+        `target`) instead of its own example: more real samples of the same
+        step, such as the example find_batch_size had to cut before a step
+        ran (a step whose memory follows the values measures them)."""
+        if not hasattr(self._record_at, "drawing_from"):
+            raise ValueError("[from_samples] this report cannot record other batches")
+        return Report(self.native, self.timeline,
+                      (self._trainable_sizes, self._largest_unit_bytes),
+                      self._record_at.drawing_from(inputs, target), self._compiled,
+                      self.loop_notes, self.value_sized_ops, self.output_per_sample,
+                      self.output_kept)
+
     def measure_step(self, batch: int) -> tuple[_memfit.Report, _memfit.Timeline] | None:
         """(C++ report, timeline) of the step at `batch`, or None when it ran
         out of memory: the measurement memfit's search calls back. This
@@ -477,17 +496,31 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         report = Report(native, timeline, compiled=recorder.compiled)
         native.notes = native.notes + [recorder.compiled.comparison(report)]
 
-    def record_at(n):
-        # The cut or repeated batch is memfit's, made on the host: only the
-        # step's own copy of it counts (under a simulated device too).
-        with host_memory():
-            x = resize_batch(inputs, n, batch_dim)
-            y = None if target is None else resize_batch(target, n, target_dim)
-        return recorder.run(x, y)
-
+    record_at = _Batches(recorder, inputs, target, batch_dim, target_dim)
     sizes = (_dp.trainable_sizes(model), _dp.largest_unit_bytes(model))
     return Report(native, timeline, sizes, record_at, recorder.compiled, recorder.loop_notes,
                   recorder.value_sized_ops, recorder.output_per_sample, loop.keep_output)
+
+
+class _Batches:
+    """A Report's record_at: the step recorded at n samples cut or repeated
+    from `inputs` (and the target along target_dim), `samples` real ones."""
+
+    def __init__(self, recorder, inputs, target, batch_dim, target_dim):
+        self.recorder, self.inputs, self.target = recorder, inputs, target
+        self.batch_dim, self.target_dim = batch_dim, target_dim
+        self.samples = batch_size(inputs, batch_dim, "profile")
+
+    def __call__(self, n):
+        # The cut or repeated batch is memfit's, made on the host: only the
+        # step's own copy of it counts (under a simulated device too).
+        with host_memory():
+            x = resize_batch(self.inputs, n, self.batch_dim)
+            y = None if self.target is None else resize_batch(self.target, n, self.target_dim)
+        return self.recorder.run(x, y)
+
+    def drawing_from(self, inputs, target):
+        return _Batches(self.recorder, inputs, target, self.batch_dim, self.target_dim)
 
 
 def _checked_inputs(model, inputs, target, batch_dim, d, how, place):

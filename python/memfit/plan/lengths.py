@@ -518,8 +518,8 @@ def _checked_between(fit: LengthFit, peak_at: Callable) -> LengthFit:
                 break
         if (lo, hi) in scales:
             notes.append(f"between {lo} and {hi}: a step at the chord's batch did not fit (the "
-                         f"allocator's rounding?): at() answers {1 - scales[(lo, hi)]:.1%} less "
-                         f"there, checked")
+                         f"allocator's rounding, or a kernel that takes more at that length?): "
+                         f"at() answers {1 - scales[(lo, hi)]:.1%} less there, checked")
     checked = ("between measured lengths: checked one step past each shorter length and "
                "half way" + (f"; {len(jumps)} gap(s) jump, see above" if jumps else ""))
     return dataclasses.replace(fit, jumps=tuple(jumps), scales=tuple(scales.items()),

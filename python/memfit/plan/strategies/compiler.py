@@ -102,7 +102,8 @@ def dropout_of(model) -> str | None:
 def _measure(module, bench, progress):
     report = profile(module, bench.inputs, bench.target, loss_fn=bench.loss_fn,
                      optimizer=bench.optimizer, batch_dim=bench.batch_dim,
-                     target_device=bench.target_device, progress=progress)
+                     target_device=bench.target_device, progress=progress,
+                     **bench.loop_args())
     return report
 
 
@@ -123,7 +124,7 @@ def compile_rows(model, bench, plain_peak: int, limit: int | None, allow_approxi
         report = profile(model, bench.inputs, bench.target, loss_fn=bench.loss_fn,
                          optimizer=bench.optimizer, batch_dim=bench.batch_dim,
                          target_device=bench.target_device, progress=progress,
-                         compare_eager=True)
+                         compare_eager=True, **bench.loop_args())
         eager = report.eager_peak_bytes
         rows.append(CompileRow("without torch.compile (eager)", "eager", None, eager,
                                plain_peak - eager, fits(eager), True, 0.0,

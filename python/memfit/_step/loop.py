@@ -71,11 +71,13 @@ class Loop:
 
 def kept_output_note(output_bytes: int, batch: int) -> str:
     """What a report or an answer of a loop that keeps the model's output
-    (Loop.keep_output) says of it, where it matters (1% or more)."""
+    (Loop.keep_output) says of it, where it matters (1% or more). Up to:
+    what the loss's backward holds anyway (features it reads) is at the
+    peak either way. See Note [What a kept output holds] (record.py)."""
     return (f"the model's output ({format_bytes(output_bytes)} at batch {batch}) stays alive "
             f"until the next forward, as `pred = model(x); loss = loss_fn(pred, y)` keeps it; "
             f"a loop that drops it once the loss exists (loss_fn(model(x), y).backward()) "
-            f"needs that much less: pass keep_output=False")
+            f"needs up to that much less: pass keep_output=False")
 
 
 def as_loop(set_to_none: bool = True, accumulation_steps: int = 1,

@@ -699,7 +699,7 @@ class MemoryReport(pl.Callback):
         with kept_rng():
             self.report = profile(side, batch, loss_fn=loop.how,
                                   optimizer=_optimizer(trainer, "MemoryReport"),
-                                  set_to_none=loop.set_to_none)
+                                  set_to_none=loop.set_to_none, keep_output=loop.keep_output)
         self.report.save_html(self.path, title=f"memfit: {type(pl_module).__name__}, first "
                               f"training step", budget=self.budget, predict=self.predict)
 

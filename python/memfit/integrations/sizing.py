@@ -141,10 +141,15 @@ class LoopStep:
     whether the gradients are freed when a step ends (set_to_none=True) or
     stay alive through the next forward (False: accumulated micro-batches;
     Lightning, which zeroes them only after training_step: its UserStep
-    frees them there)."""
+    frees them there); keep_output: whether what the step returns stays
+    alive through the next forward (False: a framework's loop hands it to
+    its hooks and drops it as the batch ends; Lightning's kept outputs,
+    training_step's dict to a list, are held apart: See Note [What
+    training_step keeps over an epoch], lightning_rehearsal.py)."""
 
     how: UserStep
     set_to_none: bool = True
+    keep_output: bool = False
 
 
 def _check_reserve(reserve: int, available: int, effective, reserved_for, what: str) -> None:
@@ -204,7 +209,7 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
                     lambda: example_that_runs(
                         lambda x, _: profile(model, x, loss_fn=loop.how, optimizer=optimizer,
                                              batch_dim=batch_dim, set_to_none=loop.set_to_none,
-                                             target_device=target),
+                                             target_device=target, keep_output=loop.keep_output),
                         batch, None, batch_dim, what), model)
             plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
                                              optimizer_state_bytes(report.timeline))
@@ -259,7 +264,8 @@ def one_step_peak(model: torch.nn.Module, optimizer, loop: LoopStep, *, batch_di
             with kept_rng():
                 return profile(model, batch, loss_fn=loop.how, optimizer=optimizer,
                                batch_dim=batch_dim, set_to_none=loop.set_to_none,
-                               target_device=target).budget_peak_bytes
+                               target_device=target,
+                               keep_output=loop.keep_output).budget_peak_bytes
         except torch.cuda.OutOfMemoryError:
             return None
     return peak

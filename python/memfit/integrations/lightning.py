@@ -480,15 +480,8 @@ class FitBatchSize(pl.Callback):
                                  self.batch_dim)
         with _unfrozen(trainer, pl_module, optimizer) as unfrozen, \
                 (pile or contextlib.nullcontext()):
-            plan = plan_batch(side, batch, optimizer, reserve_bytes=later,
-                              reserved_for=reserved_for,
-                              whole=lightning_step(trainer, pl_module, what,
-                                                   accumulating=accumulating, kept=pile),
-                              accumulated=lightning_step(trainer, pl_module, what,
-                                                         accumulating=True, kept=pile),
-                              budget=self.budget, what=what, batch_dim=self.batch_dim,
-                              effective=self.keep_effective_batch,
-                              target_device=self.target_device)
+            plan = self._plan_step(trainer, pl_module, side, batch, optimizer, pile,
+                                   accumulating, later, reserved_for)
             # See Note [An average updated beside the step] (averaging.py).
             check_averaging(trainer.callbacks, pl_module, plan,
                             batch_bytes_per_sample(batch, self.batch_dim) * plan.batch_size,
@@ -497,8 +490,7 @@ class FitBatchSize(pl.Callback):
                 pile.drop()
             self._fit_validation(trainer, pl_module, plan, side,
                                  later + (pile.bytes_at(plan.batch_size) if pile else 0))
-        if piled:
-            plan.notes.append(piled)
+        plan.notes += piled
         if later:
             plan.notes.append(f"{reserved_for} ({_memfit.format_bytes(later)}) is kept free "
                               f"beside the step")
@@ -522,6 +514,39 @@ class FitBatchSize(pl.Callback):
         log.info(plan.summary())
         for note in plan.notes:
             log.info("memfit: %s", note)
+
+    def _plan_step(self, trainer, pl_module, side, batch, optimizer, pile, accumulating,
+                   later, reserved_for):
+        """plan_batch for the module's training_step beside `pile` (what the
+        epoch's earlier steps kept, or None); where no batch fits beside it
+        but one fits without it, raises DoesNotFit saying so (See Note [What
+        training_step keeps over an epoch], lightning_rehearsal.py)."""
+        what = "FitBatchSize"
+
+        def plan(kept):
+            return plan_batch(side, batch, optimizer, reserve_bytes=later,
+                              reserved_for=reserved_for,
+                              whole=lightning_step(trainer, pl_module, what,
+                                                   accumulating=accumulating, kept=kept),
+                              accumulated=lightning_step(trainer, pl_module, what,
+                                                         accumulating=True, kept=kept),
+                              budget=self.budget, what=what, batch_dim=self.batch_dim,
+                              effective=self.keep_effective_batch,
+                              target_device=self.target_device)
+
+        try:
+            return plan(pile)
+        except _memfit.DoesNotFit:
+            if pile is None:
+                raise
+            pile.drop()
+            try:  # each step still on a fresh copy, beside nothing kept
+                without = plan(pile.emptied()).batch_size
+            except _memfit.DoesNotFit:
+                without = None
+            if without is None:
+                raise
+        raise _memfit.DoesNotFit(pile.fits_none(what, without))
 
     def _fit_validation(self, trainer, pl_module, plan, side, later=0):
         """The batch lowered to the largest whose validation fits: See Note

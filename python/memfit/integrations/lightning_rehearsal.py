@@ -9,6 +9,7 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -86,15 +87,22 @@ class _RehearsedTrainer:
         return getattr(self.__dict__["trainer_"], name)
 
 
-def side_copy(trainer, pl_module):
-    """A copy of the module for the rehearsed steps: See Note [Rehearsed on
-    a copy of the module]."""
+def _shared(trainer, pl_module, owners):
+    """The deepcopy memo keeping what a copy shares with the run: the
+    trainer, the module's parameters and buffers, and the datasets, loaders
+    and tensors of 1 MiB or more that `owners` hold as attributes."""
     shared = [trainer, trainer.datamodule, *pl_module.parameters(), *pl_module.buffers()]
-    for m in pl_module.modules():
+    for m in owners:
         shared += [v for v in vars(m).values()
                    if isinstance(v, (torch.utils.data.Dataset, torch.utils.data.DataLoader))
                    or (isinstance(v, torch.Tensor) and v.nbytes >= _SHARED_FROM)]
-    memo = {id(v): v for v in shared if v is not None}
+    return {id(v): v for v in shared if v is not None}
+
+
+def side_copy(trainer, pl_module):
+    """A copy of the module for the rehearsed steps: See Note [Rehearsed on
+    a copy of the module]."""
+    memo = _shared(trainer, pl_module, pl_module.modules())
     try:
         with host_memory():
             side = copy.deepcopy(pl_module, memo)
@@ -289,17 +297,125 @@ def validation_step(trainer, pl_module, what, loader_index=None, piled=0.0):
 # every sample the epoch trains before it ends (the batches
 # limit_train_batches as an int or max_steps allow, at the step's batch; at
 # most the samples of the loader's share), freed after the optimizer step.
+# Where that leaves no batch (a whole epoch's features kept), "even a batch
+# of 1 ran out of memory ... use a smaller batch" sent the user after the
+# batch: the error says who keeps how much a sample, and what to keep
+# instead (a number, a host copy), where a batch fits without them.
 
 
-def kept_per_training_sample(trainer, pl_module, batch, what, batch_dim):
-    """Bytes per sample that training_step keeps after it returns and
-    piles up over the steps (what a second step keeps beside the first's;
-    an attribute each step replaces does not pile): See Note [What
-    training_step keeps over an epoch]."""
+# Note [What the callbacks keep at each batch's end]
+# Lightning's loop runs each callback's on_train_batch_end after the step
+# (before the module's), given the step's outputs and the module: a callback
+# appending outputs["h"], or a tensor the module holds, to a list for its
+# on_train_epoch_end keeps it over the epoch as the module's own hook does.
+# Not run, it went uncounted: FitBatchSize said 419 beside such a callback,
+# where Lightning's loop ran out of memory and runs 59 at most. So where
+# what a step keeps is measured (See Note [What training_step keeps over an
+# epoch]) the user's callbacks that define the hook run too, each a copy of
+# its own (its lists and counters the copy's, the user's untouched; the
+# trainer, the module, datasets and tensors of 1 MiB or more shared, as in
+# Note [Rehearsed on a copy of the module]) given the module's copy and the
+# trainer as a rehearsed step sees it (its loggers write nowhere).
+# Lightning's own callbacks (checkpoints, progress bars; an average is
+# sized apart) are not run. A callback extending one of them (a
+# ModelCheckpoint's hook saves), one that cannot be copied or whose hook
+# raises in the rehearsal is not run either: a note names it and says the
+# batch is unverified beside it. What a hook writes elsewhere (a file) it
+# writes in the rehearsal too, as the module's own hook does.
+
+_LIGHTNINGS_OWN = ("lightning", "pytorch_lightning", "lightning_fabric", "memfit")
+
+
+def _lightnings_own(cls) -> bool:
+    return cls.__module__.split(".")[0] in _LIGHTNINGS_OWN
+
+
+@dataclasses.dataclass
+class BatchEndCallbacks:
+    """The user's callbacks with an on_train_batch_end: those rehearsed
+    (`run`), and why each of the others is not (`unrehearsed`, by name).
+    See Note [What the callbacks keep at each batch's end]."""
+
+    run: list
+    unrehearsed: dict
+
+    @classmethod
+    def of(cls, trainer) -> "BatchEndCallbacks":
+        run, unrehearsed = [], {}
+        for cb in trainer.callbacks:
+            defines = [k for k in type(cb).__mro__
+                       if "on_train_batch_end" in vars(k) and k is not pl.Callback]
+            if not defines or _lightnings_own(defines[0]):
+                continue
+            base = next((k for k in defines if _lightnings_own(k)), None)
+            if base is None:
+                run.append(cb)
+            else:
+                unrehearsed[type(cb).__name__] = f"it extends Lightning's {base.__name__}"
+        return cls(run, unrehearsed)
+
+    def copies(self, trainer, pl_module) -> list:
+        """A copy of each rehearsed callback, sharing what the module's
+        copy shares, and the module (the hook is given its copy)."""
+        made = []
+        for cb in self.run:
+            memo = _shared(trainer, pl_module, [cb])
+            memo[id(pl_module)] = pl_module
+            try:
+                with host_memory():
+                    made.append(copy.deepcopy(cb, memo))
+            except Exception:  # a lock, a file: not copyable
+                self.unrehearsed[type(cb).__name__] = "it cannot be copied"
+        return made
+
+    def call(self, copies, *args) -> None:
+        """Each copy's on_train_batch_end(*args); one that raises is dropped."""
+        for c in list(copies):
+            try:
+                c.on_train_batch_end(*args)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as e:
+                copies.remove(c)
+                self.unrehearsed[type(c).__name__] = (f"its on_train_batch_end raised "
+                                                      f"{type(e).__name__} in the rehearsal")
+
+    def keepers(self) -> list:
+        return [type(c).__name__ for c in self.run if type(c).__name__ not in self.unrehearsed]
+
+
+@dataclasses.dataclass
+class KeptPerSample:
+    """Bytes per sample a training step leaves kept after it, piling up
+    over the epoch: by the module's training_step and on_train_batch_end
+    (`module`), and with the user's callbacks' on_train_batch_end
+    (`total`); `callbacks`: what ran of those."""
+
+    module: float
+    total: float
+    callbacks: BatchEndCallbacks
+
+    def who(self) -> str:
+        """Who keeps them, for a note: "training_step and Keeps.on_train_batch_end"."""
+        keepers = self.callbacks.keepers() if self.total > self.module else []
+        return " and ".join((["training_step"] if self.module else [])
+                            + [f"{n}.on_train_batch_end" for n in keepers])
+
+
+def kept_per_training_sample(trainer, pl_module, batch, what, batch_dim) -> KeptPerSample:
+    """What training_step keeps per sample after it returns and piles up
+    over the steps (what a second step keeps beside the first's; an
+    attribute each step replaces does not pile), and the user's callbacks'
+    on_train_batch_end with it: See Note [What training_step keeps over an
+    epoch] and Note [What the callbacks keep at each batch's end]."""
     takes_index = len(inspect.signature(pl_module.training_step).parameters) >= 2
     hook = is_overridden("on_train_batch_end", pl_module)
+    callbacks, seen = BatchEndCallbacks.of(trainer), _RehearsedTrainer(trainer)
 
-    def kept_after(steps):
+    def kept_after(steps, with_callbacks):
+        side = side_copy(trainer, pl_module)
+        copies = callbacks.copies(trainer, pl_module) if with_callbacks else []
+
         def step(model, batch):
             # As the loop runs it: with gradients (a step may take autograd.grad).
             with torch.enable_grad(), trainer.precision_plugin.train_step_context(), \
@@ -307,21 +423,28 @@ def kept_per_training_sample(trainer, pl_module, batch, what, batch_dim):
                 for i in range(steps):
                     out = model.training_step(batch, i) if takes_index else \
                         model.training_step(batch)
-                    if hook and out is not None:
-                        model.on_train_batch_end(_as_after_backward(out), batch, i)
-                    out = None
+                    if out is not None and (hook or copies):
+                        after, out = _as_after_backward(out), None
+                        callbacks.call(copies, seen, model, after, batch, i)  # the loop's order
+                        if hook:
+                            model.on_train_batch_end(after, batch, i)
+                    out = after = None
             return torch.zeros(())
 
         with kept_rng():
-            report = profile_eval(side_copy(trainer, pl_module), batch, None,
-                                  UserStep(step=step, what=what), "no_grad", batch_dim)
+            report = profile_eval(side, batch, None, UserStep(step=step, what=what),
+                                  "no_grad", batch_dim)
         left = report.timeline.breakdown_after(len(report.timeline) - 1)["categories"]
         return sum(v for k, v in left.items() if k not in ("parameter", "buffer", "input")), \
             report.batch
 
-    once, n = kept_after(1)
-    twice, _ = kept_after(2)
-    return max(0, twice - once) / n
+    def per_sample(with_callbacks):
+        (once, n), (twice, _) = kept_after(1, with_callbacks), kept_after(2, with_callbacks)
+        return max(0, twice - once) / n
+
+    module = per_sample(False)
+    total = per_sample(True) if callbacks.run else module
+    return KeptPerSample(module, max(module, total), callbacks)
 
 
 def _as_after_backward(out):
@@ -352,18 +475,40 @@ class EpochPile:
     """What the epoch's earlier training steps kept, for a rehearsed step
     to hold beside it (See Note [What training_step keeps over an epoch]):
     `per_sample` bytes for each of at most `batches` batches and at most
-    `samples` samples (None: not bounded). A block that drops it at its end."""
+    `samples` samples (None: not bounded); `who`: who keeps them, for the
+    notes. A block that drops it at its end."""
 
-    def __init__(self, per_sample, batches, samples, batch_dim, what):
+    def __init__(self, per_sample, batches, samples, batch_dim, what, who="training_step"):
         self.per_sample, self.batches, self.samples = per_sample, batches, samples
-        self.batch_dim, self.what = batch_dim, what
+        self.batch_dim, self.what, self.who = batch_dim, what, who
         self.pile = None
+
+    def keeps(self) -> str:
+        """"<who> keeps", or "keep" for several."""
+        return f"{self.who} keep" + ("" if " and " in self.who else "s")
+
+    def emptied(self) -> "EpochPile":
+        """The same epoch with nothing kept."""
+        return EpochPile(0.0, self.batches, self.samples, self.batch_dim, self.what, self.who)
+
+    def fits_none(self, what: str, without: int) -> str:
+        """The one-line error where no batch fits beside the pile, and
+        `without` fit without it."""
+        fmt = _memfit.format_bytes
+        return (f"[{what}] no batch fits beside what {self.keeps()} over the epoch: "
+                f"{fmt(int(self.per_sample))} a sample after each step, "
+                f"{fmt(self.bytes_at(1))} over the epoch's {self.samples_at(1)} samples even at "
+                f"a batch of 1 ({without} fit without them); keep numbers (.item()) or host copies "
+                f"(.detach().cpu()), not the tensors on the device")
+
+    def samples_at(self, batch: int) -> int:
+        """The samples an epoch trains before it ends, at `batch` a step."""
+        return min(n for n in (self.samples, None if self.batches is None
+                               else self.batches * batch) if n is not None)
 
     def bytes_at(self, batch: int) -> int:
         """The bytes kept before the epoch ends, at `batch` samples a step."""
-        samples = [n for n in (self.samples, None if self.batches is None
-                               else self.batches * batch) if n is not None]
-        return int(self.per_sample * min(samples))
+        return int(self.per_sample * self.samples_at(batch))
 
     def renew(self, model, batch) -> None:
         """The last step's pile freed, and one for a step of `batch` held
@@ -390,16 +535,23 @@ class EpochPile:
 
 
 def epoch_pile(trainer, pl_module, batch, dataset_samples, what, batch_dim):
-    """(an EpochPile or None, the note to add or None): See Note [What
+    """(an EpochPile or None, the notes to add): See Note [What
     training_step keeps over an epoch]. `dataset_samples`: the training
     loader's dataset length, or None."""
-    per_sample = kept_per_training_sample(trainer, pl_module, batch, what, batch_dim)
-    if not per_sample:
-        return None, None
+    kept = kept_per_training_sample(trainer, pl_module, batch, what, batch_dim)
+    notes = [f"{name}.on_train_batch_end was not rehearsed ({why}): what it keeps over the "
+             f"epoch is not counted, and the batch is unverified beside it"
+             for name, why in kept.callbacks.unrehearsed.items()]
+    for note in notes:
+        warnings.warn(f"[{what}] {note}", UserWarning, stacklevel=3)
+    if not kept.total:
+        return None, notes
     batches, samples = epoch_samples(trainer, dataset_samples)
-    kept = f"training_step keeps {_memfit.format_bytes(int(per_sample))} a sample after it returns"
+    pile = EpochPile(kept.total, batches, samples, batch_dim, what, kept.who())
+    said = (f"{pile.keeps()} {_memfit.format_bytes(int(kept.total))} a sample after "
+            f"{'it returns' if kept.who() == 'training_step' else 'each step'}")
     if batches is None and samples is None:
-        return None, (f"{kept}, and the epoch's length is unknown: what it keeps over the "
-                      f"epoch was not counted")
-    return (EpochPile(per_sample, batches, samples, batch_dim, what),
-            f"{kept}: held beside each step for the samples an epoch trains before it ends")
+        return None, notes + [f"{said}, and the epoch's length is unknown: what it keeps over "
+                              f"the epoch was not counted"]
+    return pile, notes + [f"{said}: held beside each step for the samples an epoch trains "
+                          f"before it ends"]

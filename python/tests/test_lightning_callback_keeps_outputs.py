@@ -86,3 +86,43 @@ def test_a_callback_not_rehearsed_is_named_and_the_batch_unverified():
             train(4, [fit, KeepsBehindALock()])
     assert any(n.startswith("KeepsBehindALock.on_train_batch_end was not rehearsed")
                for n in fit.plan.notes)
+
+
+class ValidatesFeatures(setup.Classifier):
+    """validation_step returns its 512-wide features, over DATA."""
+
+    def validation_step(self, batch, batch_idx):
+        return {"h": self.net[:4](batch[0])}
+
+    def val_dataloader(self):
+        return torch.utils.data.DataLoader(setup.DATA, batch_size=self.batch_size)
+
+
+class KeepsValidationOutputs(pl.Callback):
+    """Keeps outputs["h"] of each validation batch until the validation ends:
+    FitBatchSize said 557, where Lightning's loop ran out of memory and runs
+    177 at most."""
+
+    def __init__(self):
+        self.kept, self.seen = [], []
+
+    def on_validation_batch_end(self, trainer, pl_module, outputs, batch, batch_idx,
+                                dataloader_idx=0):
+        self.kept.append(outputs["h"])
+        self.seen.append(batch_idx)
+
+    def on_validation_epoch_end(self, trainer, pl_module):
+        self.kept.clear()
+
+
+def test_what_a_callback_keeps_over_a_validation_is_held_beside_it():
+    flags = dict(max_steps=4, val_check_interval=2, limit_val_batches=12,
+                 num_sanity_val_steps=0)
+    fit, keeps = FitBatchSize(), KeepsValidationOutputs()
+    batch = setup.fit_on_device(ValidatesFeatures, 4, [fit, keeps], **flags)
+    assert batch == fit.optimal_batch_size > 4
+    assert keeps.seen == list(range(12)) * 2  # the loop's two validations, no more
+    fit = None
+    with pytest.raises(torch.OutOfMemoryError):  # tight: 5% above it runs out
+        setup.fit_on_device(ValidatesFeatures, batch + max(2, batch // 20),
+                            [KeepsValidationOutputs()], **flags)

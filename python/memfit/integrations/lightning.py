@@ -579,7 +579,9 @@ class FitBatchSize(pl.Callback):
         with kept_rng(), host_memory(), kept_rng(loader):
             batch = example_of(next(iter(loader)), self.batch_dim)
         batch = _as_the_loop_gives(trainer, pl_module, batch)
-        kept, end = kept_per_sample(trainer, pl_module, batch, what, index, self.batch_dim)
+        kept, end, notes = kept_per_sample(trainer, pl_module, batch, what, index,
+                                           self.batch_dim)
+        plan.notes += notes
         batches, samples = samples_validated(trainer, loader) if kept else (None, None)
         if kept and batches is None and samples is None:
             plan.notes.append("validation_step keeps tensors after it returns, and the "

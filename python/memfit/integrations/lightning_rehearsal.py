@@ -133,7 +133,9 @@ def side_copy(trainer, pl_module):
 # for on_validation_epoch_end) piles up over the validation's batches:
 # kept features of 4 batches, concatenated at the epoch's end, ran out of
 # memory at 548 where 286 run. So the bytes it keeps per sample are
-# measured (alive after one step on a fresh copy), and
+# measured (alive after one step on a fresh copy, the module's and the
+# callbacks' on_validation_batch_end run after it: a callback keeping the
+# outputs said 557 where 177 run), and
 # on_validation_epoch_end, where the module has one, is taken to make as
 # many again (a torch.cat of them; it is not run: it may write to the
 # logger or to files). The last step is sized beside what the earlier
@@ -203,14 +205,25 @@ def _val_args(pl_module, loader_index):
 
 
 def kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
-    """(bytes per validated sample that validation_step keeps after it
-    returns, what on_validation_epoch_end is taken to make of them):
-    See Note [The validation inside the fit loop]."""
+    """(bytes per validated sample that validation_step, and the module's
+    and the user's callbacks' on_validation_batch_end, keep after it
+    returns, what on_validation_epoch_end is taken to make of them, the
+    notes on callbacks not rehearsed): See Note [The validation inside the
+    fit loop] and Note [What the callbacks keep at each batch's end]."""
     side, args = side_copy(trainer, pl_module), _val_args(pl_module, index)
+    hook = is_overridden("on_validation_batch_end", pl_module)
+    callbacks = BatchEndCallbacks.of(trainer, "on_validation_batch_end")
+    copies, seen = callbacks.copies(trainer, pl_module), _RehearsedTrainer(trainer)
+    # The loop passes dataloader_idx to the hooks only where there are several.
+    at = (0,) if index is None else (0, index)
 
     def step(model, batch):
         with trainer.precision_plugin.val_step_context(), quiet_log(model):
-            _ = model.validation_step(batch, *args)
+            out = model.validation_step(batch, *args)
+            callbacks.call(copies, seen, model, out, batch, *at)  # the loop's order
+            if hook:
+                model.on_validation_batch_end(out, batch, *at)
+            out = None
         return torch.zeros(())
 
     with kept_rng():
@@ -218,12 +231,13 @@ def kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
                               batch_dim)
     left = report.timeline.breakdown_after(len(report.timeline) - 1)["categories"]
     kept = sum(v for k, v in left.items() if k not in ("parameter", "buffer", "input"))
+    copies = None
     if not kept:
-        return 0.0, 0.0
+        return 0.0, 0.0, callbacks.notes(what)
     # on_validation_epoch_end is not run (it may write to the logger or to
     # files): taken as a torch.cat of what was kept, one byte a byte.
     end = kept if is_overridden("on_validation_epoch_end", pl_module) else 0
-    return kept / report.batch, end / report.batch
+    return kept / report.batch, end / report.batch, callbacks.notes(what)
 
 
 def pile_step(what, per_sample):
@@ -321,7 +335,8 @@ def validation_step(trainer, pl_module, what, loader_index=None, piled=0.0):
 # ModelCheckpoint's hook saves), one that cannot be copied or whose hook
 # raises in the rehearsal is not run either: a note names it and says the
 # batch is unverified beside it. What a hook writes elsewhere (a file) it
-# writes in the rehearsal too, as the module's own hook does.
+# writes in the rehearsal too, as the module's own hook does. The same for
+# on_validation_batch_end (See Note [The validation inside the fit loop]).
 
 _LIGHTNINGS_OWN = ("lightning", "pytorch_lightning", "lightning_fabric", "memfit")
 
@@ -332,19 +347,21 @@ def _lightnings_own(cls) -> bool:
 
 @dataclasses.dataclass
 class BatchEndCallbacks:
-    """The user's callbacks with an on_train_batch_end: those rehearsed
-    (`run`), and why each of the others is not (`unrehearsed`, by name).
-    See Note [What the callbacks keep at each batch's end]."""
+    """The user's callbacks with the hook `hook` (on_train_batch_end,
+    on_validation_batch_end): those rehearsed (`run`), and why each of the
+    others is not (`unrehearsed`, by name). See Note [What the callbacks
+    keep at each batch's end]."""
 
+    hook: str
     run: list
     unrehearsed: dict
 
     @classmethod
-    def of(cls, trainer) -> "BatchEndCallbacks":
+    def of(cls, trainer, hook="on_train_batch_end") -> "BatchEndCallbacks":
         run, unrehearsed = [], {}
         for cb in trainer.callbacks:
             defines = [k for k in type(cb).__mro__
-                       if "on_train_batch_end" in vars(k) and k is not pl.Callback]
+                       if hook in vars(k) and k is not pl.Callback]
             if not defines or _lightnings_own(defines[0]):
                 continue
             base = next((k for k in defines if _lightnings_own(k)), None)
@@ -352,7 +369,7 @@ class BatchEndCallbacks:
                 run.append(cb)
             else:
                 unrehearsed[type(cb).__name__] = f"it extends Lightning's {base.__name__}"
-        return cls(run, unrehearsed)
+        return cls(hook, run, unrehearsed)
 
     def copies(self, trainer, pl_module) -> list:
         """A copy of each rehearsed callback, sharing what the module's
@@ -369,19 +386,28 @@ class BatchEndCallbacks:
         return made
 
     def call(self, copies, *args) -> None:
-        """Each copy's on_train_batch_end(*args); one that raises is dropped."""
+        """Each copy's hook(*args); one that raises is dropped."""
         for c in list(copies):
             try:
-                c.on_train_batch_end(*args)
+                getattr(c, self.hook)(*args)
             except torch.OutOfMemoryError:
                 raise
             except Exception as e:
                 copies.remove(c)
-                self.unrehearsed[type(c).__name__] = (f"its on_train_batch_end raised "
+                self.unrehearsed[type(c).__name__] = (f"its {self.hook} raised "
                                                       f"{type(e).__name__} in the rehearsal")
 
     def keepers(self) -> list:
         return [type(c).__name__ for c in self.run if type(c).__name__ not in self.unrehearsed]
+
+    def notes(self, what: str) -> list:
+        """A note for each callback not rehearsed, each warned too."""
+        notes = [f"{name}.{self.hook} was not rehearsed ({why}): what it keeps is not "
+                 f"counted, and the batch is unverified beside it"
+                 for name, why in self.unrehearsed.items()]
+        for note in notes:
+            warnings.warn(f"[{what}] {note}", UserWarning, stacklevel=4)
+        return notes
 
 
 @dataclasses.dataclass
@@ -539,11 +565,7 @@ def epoch_pile(trainer, pl_module, batch, dataset_samples, what, batch_dim):
     training_step keeps over an epoch]. `dataset_samples`: the training
     loader's dataset length, or None."""
     kept = kept_per_training_sample(trainer, pl_module, batch, what, batch_dim)
-    notes = [f"{name}.on_train_batch_end was not rehearsed ({why}): what it keeps over the "
-             f"epoch is not counted, and the batch is unverified beside it"
-             for name, why in kept.callbacks.unrehearsed.items()]
-    for note in notes:
-        warnings.warn(f"[{what}] {note}", UserWarning, stacklevel=3)
+    notes = kept.callbacks.notes(what)
     if not kept.total:
         return None, notes
     batches, samples = epoch_samples(trainer, dataset_samples)

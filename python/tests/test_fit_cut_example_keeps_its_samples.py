@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import memfit
 from memfit._native import tracked_live_bytes
-from memfit.testing.truth import largest_that_fits, plain_steps_run
+from memfit.testing.truth import largest_that_fits, loop_body, plain_steps_run
 
 VOCAB, WIDTH, LENGTH = 20000, 64, 32
 BUDGET = 24 << 20
@@ -47,13 +47,7 @@ def _runs(n):
         return model, _optimizers(model), _data(n), {}
 
     def step(model, opts, xy, body):  # the quickstart's body
-        body["pred"] = model(xy[0])
-        body["loss"] = F.cross_entropy(body["pred"], xy[1])
-        body["loss"].backward()
-        for o in opts:
-            o.step()
-        for o in opts:
-            o.zero_grad()
+        loop_body(model, opts, *xy, F.cross_entropy, body)
     return plain_steps_run(BUDGET, build, step, steps=3)
 
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 import memfit
 from memfit._native import tracked_live_bytes
-from memfit.testing.truth import largest_that_fits, plain_steps_run
+from memfit.testing.truth import largest_that_fits, loop_body, plain_steps_run
 
 BUDGET = 8 << 20
 VOCAB, LENGTH = 500, 16
@@ -50,14 +50,7 @@ def _runs(n, keeps_pred):
 
     def step(model, opt, loop):
         x, y = torch.randint(0, VOCAB, (n, LENGTH)), torch.randint(0, VOCAB, (n, LENGTH))
-        if keeps_pred:  # the quickstart's body
-            loop["pred"] = model(x)
-            loop["loss"] = _loss(loop["pred"], y)
-            loop["loss"].backward()
-        else:
-            _loss(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+        loop_body(model, opt, x, y, _loss, loop if keeps_pred else None)
     return plain_steps_run(BUDGET, build, step, steps=3)
 
 

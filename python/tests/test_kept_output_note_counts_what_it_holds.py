@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import memfit
 from memfit._native import tracked_live_bytes
-from memfit.testing.truth import plain_steps_run
+from memfit.testing.truth import loop_body, plain_steps_run
 
 D, H, C, VOCAB, LENGTH = 64, 256, 10, 500, 32
 
@@ -65,15 +65,7 @@ def _plain(cls, loss_fn, batch, keeps):
         return model, torch.optim.Adam(model.parameters()), {}
 
     def step(model, opt, loop):
-        x, y = batch
-        if keeps:  # `pred` and `loss` survive into the next iteration
-            loop["pred"] = model(x)
-            loop["loss"] = loss_fn(loop["pred"], y)
-            loop["loss"].backward()
-        else:
-            loss_fn(model(x), y).backward()
-        opt.step()
-        opt.zero_grad()
+        loop_body(model, opt, *batch, loss_fn, loop if keeps else None)
         after.append(tracked_live_bytes("cpu"))
     return (lambda budget: plain_steps_run(budget, build, step, steps=3)), after
 

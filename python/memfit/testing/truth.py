@@ -45,6 +45,28 @@ def plain_steps_run(budget: int, build: Callable[[], Any], step: Callable[..., N
         gc.collect()
 
 
+def loop_body(model: torch.nn.Module, optimizer: Any, x: Any, y: Any,
+              loss_fn: Callable, kept: dict | None = None) -> None:
+    """One iteration of a user's training loop as it is written in a
+    for-loop's body. kept: a dict that holds `pred` and `loss` into the
+    next iteration, as PyTorch's quickstart body (`pred = model(X); loss =
+    loss_fn(pred, y)`) does: the loop profile and find_batch_size fit by
+    default (keep_output=True); None: the one-line loop
+    `loss_fn(model(x), y).backward()` (keep_output=False). optimizer: one,
+    or a list stepped in turn."""
+    if kept is not None:
+        kept["pred"] = model(x)
+        kept["loss"] = loss_fn(kept["pred"], y)
+        kept["loss"].backward()
+    else:
+        loss_fn(model(x), y).backward()
+    optimizers = optimizer if isinstance(optimizer, (list, tuple)) else [optimizer]
+    for o in optimizers:
+        o.step()
+    for o in optimizers:
+        o.zero_grad()
+
+
 def largest_that_fits(fits: Callable[[int], bool], start: int) -> int:
     """The largest batch for which fits(batch) holds, searched from `start`
     (memfit's answer): up by doubling steps then bisection, or down by

@@ -156,7 +156,10 @@ def memfit_fit(model, make_batch, loss_fn, budget):
 
     x, y = (t.cuda() for t in make_batch(8))
     t0 = time.perf_counter()
-    fit = memfit.find_batch_size(model, x, y, loss_fn=loss_fn, optimizer="adam", budget=budget)
+    # The truth's loop (plain_steps) and Lightning's training_step drop the
+    # output once the loss exists: keep_output=False fits that loop.
+    fit = memfit.find_batch_size(model, x, y, loss_fn=loss_fn, optimizer="adam", budget=budget,
+                                 keep_output=False)
     wall = time.perf_counter() - t0
     # memfit caps the card at the budget while it searches and must put the
     # user's fraction (here the default, 1.0) back.

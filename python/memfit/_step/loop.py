@@ -68,6 +68,11 @@ class Loop:
             parts.append("the model's output dropped once the loss exists (keep_output=False)")
         return "the loop: " + "; ".join(parts) if parts else None
 
+    def profile_args(self) -> dict:
+        """memfit.profile's keyword arguments for this loop: its fields are
+        named as profile's."""
+        return dataclasses.asdict(self)
+
 
 def kept_output_note(output_bytes: int, batch: int) -> str:
     """What a report or an answer of a loop that keeps the model's output

@@ -227,10 +227,7 @@ def _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, lo
     def profile_at(x, y):
         return profile(model, x, y, loss_fn=how, optimizer=optimizer, batch_dim=batch_dim,
                        mode=mode, progress=said, target_device=target_device,
-                       set_to_none=loop.set_to_none, accumulation_steps=loop.accumulation_steps,
-                       zero_grad=loop.zero_grad, train_mode=loop.train_mode,
-                       target_batch_dim=loop_args["target_batch_dim"],
-                       keep_output=loop.keep_output)
+                       target_batch_dim=loop_args["target_batch_dim"], **loop.profile_args())
     return _LoopAt(model, optimizer, how, target_device, said, profile_at)
 
 

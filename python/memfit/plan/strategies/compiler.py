@@ -103,7 +103,7 @@ def _measure(module, bench, progress):
     report = profile(module, bench.inputs, bench.target, loss_fn=bench.loss_fn,
                      optimizer=bench.optimizer, batch_dim=bench.batch_dim,
                      target_device=bench.target_device, progress=progress,
-                     **bench.loop_args())
+                     **bench.loop.profile_args())
     return report
 
 
@@ -124,7 +124,7 @@ def compile_rows(model, bench, plain_peak: int, limit: int | None, allow_approxi
         report = profile(model, bench.inputs, bench.target, loss_fn=bench.loss_fn,
                          optimizer=bench.optimizer, batch_dim=bench.batch_dim,
                          target_device=bench.target_device, progress=progress,
-                         compare_eager=True, **bench.loop_args())
+                         compare_eager=True, **bench.loop.profile_args())
         eager = report.eager_peak_bytes
         rows.append(CompileRow("without torch.compile (eager)", "eager", None, eager,
                                plain_peak - eager, fits(eager), True, 0.0,

@@ -73,15 +73,7 @@ class Bench:
                                 s.host_state)
             return profile(m, x, y, loss_fn=self.loss_fn, optimizer=opt,
                            batch_dim=self.batch_dim, mode=mode,
-                           target_device=self.target_device, **self.loop_args())
-
-    def loop_args(self) -> dict:
-        """profile's arguments for the user's loop (See Note [The loop the
-        user runs]): every row is recorded in it."""
-        loop = self.loop
-        return dict(set_to_none=loop.set_to_none, accumulation_steps=loop.accumulation_steps,
-                    zero_grad=loop.zero_grad, train_mode=loop.train_mode,
-                    keep_output=loop.keep_output)
+                           target_device=self.target_device, **self.loop.profile_args())
 
     def as_recorded(self):
         """The model as profile() records it, inside the block."""

@@ -102,8 +102,10 @@ def main(argv=None):
                 model, x, y = model.cuda(), x.cuda(), y.cuda()
                 torch.cuda.empty_cache()
             try:
+                # The card's loop (real_reserved) drops the output once the loss exists.
                 fit = memfit.find_batch_size(model, x, y, loss_fn=lf, optimizer="adam",
-                                             budget=text, target_device="cuda")
+                                             budget=text, target_device="cuda",
+                                             keep_output=False)
             except memfit.DoesNotFit as e:
                 print(f"{name:<8} {text:>8}   none fits: {str(e)[:80]}")
                 continue

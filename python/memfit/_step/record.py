@@ -10,7 +10,6 @@ import traceback
 import torch
 
 from .._native import native as _memfit
-from .batching import tensors_in
 from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor_error,
                        is_compiled, record_warm)
 from .meta_reads import run_foreach
@@ -44,9 +43,9 @@ class RecordedStep:
     # For a card (as_on_cuda): each convolution forward's and backward's
     # cuDNN workspace bound, in the order of its mark in the timeline.
     conv_workspaces: list = dataclasses.field(default_factory=list)
-    # The model's output (loss_fn's step), at most over the iterations:
-    # what a loop that drops it once the loss exists (Loop.keep_output)
-    # holds less, or one that keeps it more.
+    # What dropping the kept model output frees (Loop.keep_output; 0 when
+    # the loop drops it, or a step function's forward is its loss): what a
+    # loop that drops it once the loss exists holds less.
     output_bytes: int = 0
 
 
@@ -258,7 +257,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         step.held = [private_copy(inputs, device) for _ in range(how.held_batches)]
 
     timed = [0.0, 0.0]  # forward, backward
-    output = [0]  # the output's bytes, at most over the iterations
+    has_output = [False]  # an output beside the loss (a step function's forward is its loss)
 
     def forward():
         if flops is not None:
@@ -282,9 +281,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     def loss():
         step.loss = how.loss(step.out, step.y)
         check_loss_trains(step.loss, model, how.what)
-        if step.out is not step.loss:  # a step function's forward gives its loss
-            out = {id(o): o.nbytes for o in tensors_in(step.out)}  # a tensor once
-            output[0] = max(output[0], sum(out.values()))
+        has_output[0] = step.out is not step.loss
         if not loop.keep_output:  # See Note [The order of a training iteration] (report.h).
             step.out = None
 
@@ -327,12 +324,12 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
             flops.stop()
         conv_workspaces = t.take_conv_workspaces() if as_on_cuda else []
         t.stop()
-    if loop.keep_output and output[0]:  # See Note [What a kept output holds].
-        output[0] = _freed_by_dropping(step, device)
+    # See Note [What a kept output holds]; a dropped output costs nothing more.
+    output_bytes = _freed_by_dropping(step, device) if loop.keep_output and has_output[0] else 0
     optimizer = step.optimizer
     # Kept on the host, out of the recording: said in the report's notes.
     host_bytes = optimizer.host_bytes() if isinstance(optimizer, OffloadedOptimizer) else 0
-    return RecordedStep(t, ran_foreach, host_bytes, output_bytes=output[0],
+    return RecordedStep(t, ran_foreach, host_bytes, output_bytes=output_bytes,
                         forward_seconds=timed[0],
                         backward_seconds=timed[1],
                         conv_workspaces=conv_workspaces)

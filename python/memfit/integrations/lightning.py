@@ -48,7 +48,8 @@ from .length_batches import (at_longest_sample, check_length_options, dimensions
                              token_accumulation)
 from .lightning_rehearsal import (EpochPile, PassedToFit, epoch_pile, kept_per_sample,
                                   passed_loaders, pile_step, quiet_log, samples_validated,
-                                  side_copy, val_loaders, val_source, validation_step)
+                                  side_copy, val_loaders, val_source, validation_fits_none,
+                                  validation_step)
 
 __all__ = ["FitBatchSize", "MemoryDoctor", "MemoryReport", "lightning_step"]
 
@@ -356,6 +357,21 @@ def _optimizer(trainer, what):
     return optimizers[0]
 
 
+def _validation_fits(trainer, side, batch, index, held, batches, samples, kw, kept, end):
+    """The largest validation batch that fits: its last step beside what
+    the earlier ones kept (`kept` bytes a sample), then the epoch's end
+    (`end` more a sample). See Note [The validation inside the fit loop]."""
+    what = kw["what"]
+    piled = kept * max(0, (batches or 0) - 1)
+    fits, _ = plan_eval_batch(side, batch, validation_step(trainer, side, what, index, piled),
+                              held_bytes=held + int(kept * (samples or 0)), **kw)
+    if kept and (batches or samples):
+        at_end, _ = plan_eval_batch(side, batch, pile_step(what, (kept + end) * (batches or 0)),
+                                    held_bytes=held + int((kept + end) * (samples or 0)), **kw)
+        fits = min(fits, at_end)
+    return fits
+
+
 class FitBatchSize(pl.Callback):
     """A drop-in for Lightning's BatchSizeFinder: the largest batch the fit
     loop can run, measured from the module's own training_step and
@@ -579,8 +595,8 @@ class FitBatchSize(pl.Callback):
         with kept_rng(), host_memory(), kept_rng(loader):
             batch = example_of(next(iter(loader)), self.batch_dim)
         batch = _as_the_loop_gives(trainer, pl_module, batch)
-        kept, end, notes = kept_per_sample(trainer, pl_module, batch, what, index,
-                                           self.batch_dim)
+        kept, end, notes, who = kept_per_sample(trainer, pl_module, batch, what, index,
+                                                self.batch_dim)
         plan.notes += notes
         batches, samples = samples_validated(trainer, loader) if kept else (None, None)
         if kept and batches is None and samples is None:
@@ -589,17 +605,15 @@ class FitBatchSize(pl.Callback):
         loader = None
         kw = dict(budget=self.budget, what=what, batch_dim=self.batch_dim, cap=cap,
                   target_device=self.target_device)
-        # The last step beside what the earlier ones kept, then the epoch's end.
-        piled = kept * max(0, (batches or 0) - 1)
-        fits, _ = plan_eval_batch(side, batch,
-                                  validation_step(trainer, side, what, index, piled),
-                                  held_bytes=held + int(kept * (samples or 0)), **kw)
-        if kept and (batches or samples):
-            at_end, _ = plan_eval_batch(side, batch,
-                                        pile_step(what, (kept + end) * (batches or 0)),
-                                        held_bytes=held + int((kept + end) * (samples or 0)),
-                                        **kw)
-            fits = min(fits, at_end)
+        step = (trainer, side, batch, index, held, batches, samples, kw)
+        try:
+            fits = _validation_fits(*step, kept, end)
+        except _memfit.DoesNotFit:
+            if not kept:
+                raise
+            without = _validation_fits(*step, 0.0, 0.0)  # raises where that fits none too
+            raise _memfit.DoesNotFit(validation_fits_none(what, who, kept, samples or batches,
+                                                          without)) from None
         if fits >= cap:
             return
         if isinstance(source, PassedToFit):

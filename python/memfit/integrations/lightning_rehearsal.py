@@ -208,7 +208,8 @@ def kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
     """(bytes per validated sample that validation_step, and the module's
     and the user's callbacks' on_validation_batch_end, keep after it
     returns, what on_validation_epoch_end is taken to make of them, the
-    notes on callbacks not rehearsed): See Note [The validation inside the
+    notes on callbacks not rehearsed, who ran: "validation_step and
+    Keeps.on_validation_batch_end"): See Note [The validation inside the
     fit loop] and Note [What the callbacks keep at each batch's end]."""
     side, args = side_copy(trainer, pl_module), _val_args(pl_module, index)
     hook = is_overridden("on_validation_batch_end", pl_module)
@@ -232,12 +233,27 @@ def kept_per_sample(trainer, pl_module, batch, what, index, batch_dim):
     left = report.timeline.breakdown_after(len(report.timeline) - 1)["categories"]
     kept = sum(v for k, v in left.items() if k not in ("parameter", "buffer", "input"))
     copies = None
+    who = " and ".join(["validation_step"] + [f"{n}.on_validation_batch_end" for n in (
+        (["the module"] if hook else []) + callbacks.keepers())])
     if not kept:
-        return 0.0, 0.0, callbacks.notes(what)
+        return 0.0, 0.0, callbacks.notes(what), who
     # on_validation_epoch_end is not run (it may write to the logger or to
     # files): taken as a torch.cat of what was kept, one byte a byte.
     end = kept if is_overridden("on_validation_epoch_end", pl_module) else 0
-    return kept / report.batch, end / report.batch, callbacks.notes(what)
+    return kept / report.batch, end / report.batch, callbacks.notes(what), who
+
+
+def validation_fits_none(what, who, per_sample, samples, without) -> str:
+    """The one-line error where no validation batch fits beside what `who`
+    keeps, `per_sample` bytes for each of the validation's `samples` (at a
+    batch of 1), and `without` fit without it (0: none)."""
+    fmt = _memfit.format_bytes
+    kept = fmt(int(per_sample * samples)) if samples else "more"
+    return (f"[{what}] no validation batch fits beside what {who} "
+            f"keep{'' if ' and ' in who else 's'} over the validation: "
+            f"{fmt(int(per_sample))} a sample, {kept} over its {samples or 'unknown'} samples "
+            f"({without} fit without them); keep numbers (.item()) or host copies "
+            f"(.detach().cpu()), not the tensors on the device")
 
 
 def pile_step(what, per_sample):
@@ -260,9 +276,13 @@ def samples_validated(trainer, loader):
     if isinstance(limit, int):
         return limit, None
     try:
-        return None, max(1, int(len(loader) * limit)) * loader.batch_size
+        samples = max(1, int(len(loader) * limit)) * loader.batch_size
     except TypeError:
         return None, None
+    try:  # the last batch is short where the batch does not divide the data
+        return None, min(samples, len(loader.dataset))
+    except TypeError:
+        return None, samples
 
 
 def val_loaders(source, pl_module, name, batch):

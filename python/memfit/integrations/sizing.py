@@ -290,10 +290,15 @@ def plan_eval_batch(model: torch.nn.Module, batch, how: UserStep, *, budget, wha
             r.native.set_cuda_estimate(r.timeline)
         return r.native, r.timeline
 
+    if int(held_bytes) >= available:
+        fb = _memfit.format_bytes
+        raise _memfit.DoesNotFit(
+            f"[{what}] no evaluation batch fits: what the training holds beside it "
+            f"({fb(int(held_bytes))}) takes the whole {fb(available)} of the budget")
     native, timeline = record_at(batch_size(batch, batch_dim, what))
     report = Report(native, timeline, record_at=record_at)
     kwargs = {} if cap is None else {"max_batch": cap}
-    f = search(report, max(0, available - int(held_bytes)), verify=True, **kwargs)
+    f = search(report, available - int(held_bytes), verify=True, **kwargs)
     return f.max_batch, f
 
 

@@ -26,19 +26,10 @@ from ..plan.ranks import LocalAnswer, agree
 from .distributed import DistributedStep, RankPlan, batch_signature, is_distributed
 from .length_sampler import LengthBatchSampler
 from .loss_weighting import LossWeighting, StepRerun
-from .step_notes import split_notes
+from .step_guard import StepGuard
+from .step_notes import coupled_layers, split_notes
 
 __all__ = ["Trainer"]
-
-
-def coupled_layers(model):
-    """Paths of the layers that mix the samples of a batch in training mode
-    (BatchNorm); splitting the batch changes what they compute."""
-    return [
-        path or type(m).__name__
-        for path, m in model.named_modules()
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
-    ]
 
 
 def _grad_slots(model):
@@ -58,20 +49,6 @@ def _check_grads_kept(before, after):
             "left; take zero_grad out of the step (memfit runs it once per step)")
 
 
-# Note [Buffers of a failed micro-batch]
-# A forward in training mode writes buffers (BatchNorm's running statistics
-# and num_batches_tracked): a micro-batch that runs out of memory after its
-# forward would leave its statistics in them, and its redo would add them a
-# second time. So the buffers of the modules in training mode (eval-mode
-# modules write none) are copied before a micro-batch's first attempt and
-# copied back before it is redone. The native step only asks for the same
-# start again when the attempt there failed (pos moves on success only), so
-# that is how a redo is recognised. Every such buffer is copied: kernels
-# such as batch_norm write running statistics without moving their version
-# counter, so versions cannot tell which moved. The copies die with the
-# step. If the step raises, its gradients are dropped and the buffers go back
-# to how they were before it: the step did not happen.
-#
 # Note [Out of memory inside the backward's Python code]
 # The native step runs each micro-batch's backward in C++ and recovers from
 # the out-of-memory error a kernel raises there. A Python hook the backward
@@ -80,46 +57,12 @@ def _check_grads_kept(before, after):
 # which reaches C++ as another error, and the step failed: a checkpointed
 # model's step that ran out of memory in the recompute raised RuntimeError
 # where the same model unchecked recovered. The failed step did not happen
-# (its gradients dropped, the buffers and the optimizer's new state put
-# back), so the step is run again from its start in micro-batches half as
+# (its gradients dropped, the buffers, the RNG and the optimizer's new state
+# put back), so the step is run again from its start in micro-batches half as
 # large: each sample counted once, as a micro-batch redone is. A forward
 # that wrote into the user's samples in place is not run again (the write
 # would apply twice), nor a distributed step (every rank would have to):
 # that error is raised as it came.
-class BufferGuard:
-    """Copies of the buffers a forward may write, to undo a failed attempt."""
-
-    def __init__(self, module):
-        self._buffers = list(
-            {id(b): b for m in module.modules() if m.training
-             for b in m.buffers(recurse=False)}.values()
-        )
-        self._first = None  # copies from before the step
-        self._copies = None  # copies from before the attempts at _start
-        self._start = None
-
-    def _put_back(self, copies):
-        with torch.no_grad():
-            for buf, copy in zip(self._buffers, copies):
-                buf.copy_(copy)
-
-    def before_attempt(self, start):
-        """Called before each attempt at the micro-batch from `start`."""
-        if not self._buffers:
-            return
-        if start == self._start:
-            self._put_back(self._copies)  # the attempt there failed
-            return
-        self._copies = None  # the last position's copies are done with
-        with torch.no_grad():
-            copies = [buf.clone() for buf in self._buffers]
-        self._copies, self._start = copies, start
-        if self._first is None:
-            self._first = copies
-
-    def restore_before_step(self):
-        if self._first is not None:
-            self._put_back(self._first)
 
 
 def _weighted_step(opt_step, optimizer, weighting):
@@ -421,10 +364,11 @@ class Trainer:
 
     A micro-batch that runs out of memory leaves no trace: its gradients are
     not kept (see Note [Why a retried micro-batch never counts twice],
-    trainer.cpp) and the buffers its forward wrote (BatchNorm's running
-    statistics) are put back before it is redone; a step that raises puts
-    them back as they were before it. See Note [Buffers of a failed
-    micro-batch].
+    trainer.cpp), and the buffers its forward wrote (BatchNorm's running
+    statistics) and the RNG it drew from are put back before it is redone;
+    a step that raises puts them back as they were before it. See Note
+    [Buffers of a failed micro-batch] (step_guard.py). A split step whose
+    forward wrote buffers, or drew random numbers, says so in its notes.
 
     The parameters that train and the BatchNorm layers in training mode are
     read at each step: freezing a layer or putting it in eval mode after
@@ -789,7 +733,7 @@ class Trainer:
 
         return StepRerun(model, run, batch)
 
-    def _chunk_loss(self, inputs, target, batch, buffers=None):
+    def _chunk_loss(self, inputs, target, batch, guard=None):
         model, how, bd, tbd = self._module, self._how, self.batch_dim, self.target_batch_dim
         # A step function's or the model's own loss is computed inside the
         # forward: the weighting watches the forward too (its reductions).
@@ -815,8 +759,8 @@ class Trainer:
                         f"changed); redoing them would apply that write twice. Write out of "
                         f"place (x = x * 2, not x.mul_(2)), or pass a micro_batch= that fits"
                     )
-            if buffers is not None:
-                buffers.before_attempt(start)
+            if guard is not None:
+                guard.before_attempt(start)
             versions = [t._version for t in users]
             moved = []  # (the user's view, its copy on the device, its version)
 
@@ -900,9 +844,9 @@ class Trainer:
         """run(loss_of) -> the native StepReport, where loss_of(inputs,
         target, n) gives the micro-batches' loss callback: the step with the
         loss weighting around it (Note [Probing how the loss reduces]), the
-        buffers restored if it fails (and the optimizer state it made), and
-        the notes of a split step."""
-        buffers = BufferGuard(self._module)
+        buffers and RNG restored if it fails (and the optimizer state it
+        made), and the notes of a split step."""
+        guard = StepGuard(self._module)
         # A parameter's state is made by its first optimizer step (Adam's
         # exp_avg, then exp_avg_sq): a step that fails between them left
         # half of it, and the next step raised KeyError. Made by a failed
@@ -911,9 +855,9 @@ class Trainer:
                      if not self.optimizer.state.get(p)]
         self._weighting.begin_step(target)
         try:
-            report = run(lambda x, y, n: self._chunk_loss(x, y, n, buffers))
+            report = run(lambda x, y, n: self._chunk_loss(x, y, n, guard))
         except BaseException:
-            buffers.restore_before_step()
+            guard.restore_before_step()
             for p in stateless:
                 self.optimizer.state.pop(p, None)
             self._weighting.finish_step()
@@ -921,5 +865,12 @@ class Trainer:
         scale = self._weighting.finish_step()
         if scale is not None:
             report.loss *= scale
-        report.notes = split_notes(self._module, report.micro_batches)
+        split = report.micro_batches > 1
+        report.notes = split_notes(
+            self._module, report.micro_batches, drew_random=split and guard.drew_random(),
+            written=guard.written_buffers(skip=self._batchnorms()) if split else ())
         return report
+
+    def _batchnorms(self):
+        return [m for m in self._module.modules()
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]

@@ -160,3 +160,33 @@ def test_find_batch_size_says_when_the_example_batch_verified_it():  # item 7
     assert fit.verified and fit.trials == 0 and fit.max_batch == 16, fit
     assert any(n.startswith("verified by a step already recorded: batch 16 was measured as a "
                             "probe (the example batch's own step") for n in fit.notes), fit.notes
+
+
+class ForwardRaises(nn.Module):
+    """A model whose step would fail: an argument refused before it is the
+    argument's own error, said before anything is recorded."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+
+    def forward(self, x):
+        raise AssertionError("recorded before the arguments were read")
+
+
+@pytest.mark.parametrize("kwargs,said", [
+    (dict(margin="lots"), "[find_batch_size] margin: cannot read 'lots' as a size: use a byte "
+                          "count (17179869184) or a number with KiB, MiB, GiB or TiB and no "
+                          "space (16GiB)"),
+    (dict(margin=-1), "[find_batch_size] margin: cannot use -1 as a size: it must be >= 0 "
+                      "bytes (an int of bytes, or a string like '16GiB')"),
+    # Was: "across_ranks is a process group but torch.distributed is not initialized".
+    (dict(across_ranks="all"), "[find_batch_size] across_ranks must be True, False or a "
+                               "torch.distributed ProcessGroup, got str 'all'"),
+])
+def test_find_batch_size_names_the_argument_it_refuses_before_recording(kwargs, said):
+    x, y = xy()
+    with pytest.raises(ValueError) as e:
+        memfit.find_batch_size(ForwardRaises(), x, y, loss_fn=nn.CrossEntropyLoss(),
+                               optimizer="sgd", budget="1MiB", **kwargs)
+    assert one_line(e) == said

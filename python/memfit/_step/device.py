@@ -14,11 +14,20 @@ __all__: list = []
 _MAX_BYTES = (1 << 63) - 1
 
 
-def to_bytes(size: Size, what: str = "size") -> int:
+def to_bytes(size: Size, what: str = "size", name: str | None = None) -> int:
     """Bytes in `size`: an int of bytes, or a string like "16GiB" or "512MiB".
 
-    Raises ValueError naming the accepted forms for anything else.
+    Raises ValueError naming the accepted forms for anything else, tagged
+    `what` (the call) and naming the argument `name` where given.
     """
+    if name is not None:
+        try:
+            return to_bytes(size, what)
+        except ValueError as e:  # "[what] ..." -> "[what] name: ..."
+            tag = f"[{what}] "
+            said = str(e)
+            raise ValueError(tag + f"{name}: " + said[len(tag):] if said.startswith(tag)
+                             else said) from None
     if isinstance(size, bool) or not isinstance(size, (int, str)):
         raise ValueError(
             f"[{what}] expected an int of bytes or a string like '16GiB', "

@@ -159,6 +159,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     at = _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, args(),
                   progress)
     verify = flag(verify, "find_batch_size", "verify")
+    margin = to_bytes(margin, "find_batch_size", "margin")
     place_of(mode, at.model, at.target_device, "find_batch_size")  # its checks, tagged as ours
     check_samples(inputs, target, batch_dim, target_batch_dim_of(
         batch_dim, target_batch_dim, "find_batch_size"), "find_batch_size")
@@ -179,7 +180,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
 
     def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
         fit = settled_search(room_now, room, at.model, lambda r: search(
-            report, available_in(r), to_bytes(margin, "margin"), verify=verify, max_batch=cap,
+            report, available_in(r), margin, verify=verify, max_batch=cap,
             progress=at.progress))
         # The answer is for this loop, from this state; a compiled model's graphs.
         notes = room.notes + report.loop_notes + search_notes(report, fit)

@@ -91,6 +91,10 @@ def group_of(across_ranks: Any, what: str = "find_batch_size"):
     if across_ranks is False or across_ranks is None:
         return None
     dist = torch.distributed
+    if across_ranks is not True and not (dist.is_available()
+                                         and isinstance(across_ranks, dist.ProcessGroup)):
+        raise ValueError(f"[{what}] across_ranks must be True, False or a torch.distributed "
+                         f"ProcessGroup, got {type(across_ranks).__name__} {across_ranks!r}")
     if not dist.is_available() or not dist.is_initialized():
         if across_ranks is True:
             return None
@@ -98,9 +102,6 @@ def group_of(across_ranks: Any, what: str = "find_batch_size"):
                          f"not initialized: call init_process_group first, or pass "
                          f"across_ranks=False")
     group = dist.group.WORLD if across_ranks is True else across_ranks
-    if not isinstance(group, dist.ProcessGroup):
-        raise ValueError(f"[{what}] across_ranks must be True, False or a "
-                         f"torch.distributed ProcessGroup, got {across_ranks!r}")
     if dist.get_world_size(group) < 2:
         return None
     return group

@@ -190,3 +190,12 @@ def test_find_batch_size_names_the_argument_it_refuses_before_recording(kwargs, 
         memfit.find_batch_size(ForwardRaises(), x, y, loss_fn=nn.CrossEntropyLoss(),
                                optimizer="sgd", budget="1MiB", **kwargs)
     assert one_line(e) == said
+
+
+def test_an_optimizer_class_is_told_to_be_made():
+    m = small()
+    x, y = xy()
+    with pytest.raises(ValueError) as e:  # was: "... or None, got type"
+        memfit.profile(m, x, y, loss_fn=nn.CrossEntropyLoss(), optimizer=torch.optim.AdamW)
+    assert one_line(e) == ("[profile] optimizer is the class AdamW, not an optimizer: make one "
+                           "over the model's parameters, torch.optim.AdamW(model.parameters())")

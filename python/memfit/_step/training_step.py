@@ -182,6 +182,11 @@ def check_optimizer(model, optimizer, what, instance_only=False):
                 f"scheduler, not an optimizer: pass the optimizer it drives "
                 f"(scheduler.optimizer); the scheduler's step() stays yours to call"
             )
+        if isinstance(optimizer, type) and issubclass(optimizer, torch.optim.Optimizer):
+            torch_own = optimizer.__module__.startswith("torch.optim")
+            make = f"{'torch.optim.' if torch_own else ''}{optimizer.__name__}(model.parameters())"
+            raise ValueError(f"[{what}] optimizer is the class {optimizer.__name__}, not an "
+                             f"optimizer: make one over the model's parameters, {make}")
         raise ValueError(
             f"[{what}] optimizer must be a torch.optim optimizer"
             f"{'' if instance_only else ', one of ' + str(sorted(OPTIMIZERS)) + ', or None'}, "

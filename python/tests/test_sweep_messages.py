@@ -199,3 +199,13 @@ def test_an_optimizer_class_is_told_to_be_made():
         memfit.profile(m, x, y, loss_fn=nn.CrossEntropyLoss(), optimizer=torch.optim.AdamW)
     assert one_line(e) == ("[profile] optimizer is the class AdamW, not an optimizer: make one "
                            "over the model's parameters, torch.optim.AdamW(model.parameters())")
+
+
+def test_a_budget_below_the_model_is_said_under_the_users_call():
+    m = small()
+    x, y = xy()
+    with pytest.raises(memfit.DoesNotFit) as e:  # was tagged [fit_batch], the core's name
+        memfit.find_batch_size(m, x, y, loss_fn=nn.CrossEntropyLoss(), optimizer="adam",
+                               budget=1024)
+    assert one_line(e).startswith("[find_batch_size] budget 1.00 KiB is below what the model "
+                                  "needs before any sample: "), str(e.value)

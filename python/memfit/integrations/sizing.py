@@ -217,7 +217,7 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
             def at_most(cap):
                 f = settled_search(room_now, room, model, lambda r: search(
                     report, min(available, r.room_bytes), int(reserve_bytes), verify=verify,
-                    max_batch=cap))
+                    max_batch=cap, who=what))
                 # The example's few samples repeated: See Note [Memory that
                 # depends on the batch's values] (op_frames.h).
                 settle_fit(f, report.value_sized_ops, report.samples)
@@ -298,7 +298,7 @@ def plan_eval_batch(model: torch.nn.Module, batch, how: UserStep, *, budget, wha
     native, timeline = record_at(batch_size(batch, batch_dim, what))
     report = Report(native, timeline, record_at=record_at)
     kwargs = {} if cap is None else {"max_batch": cap}
-    f = search(report, available - int(held_bytes), verify=True, **kwargs)
+    f = search(report, available - int(held_bytes), verify=True, who=what, **kwargs)
     return f.max_batch, f
 
 

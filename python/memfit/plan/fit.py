@@ -337,23 +337,36 @@ def example_that_runs(profile_at, inputs, target, batch_dim, who, target_dim=Non
                 target, n, target_batch_dim_of(batch_dim, target_dim, who))
 
 
-def search(report, available, margin=0, verify=True, max_batch=None, progress=None):
+# The core's search and fit name themselves as the command line's `memfit
+# fit` does; a Python caller reads its own call's name.
+_CORE_TAGS = ("[fit] ", "[fit_batch] ", "[search_batch] ", "[probe] ")
+
+
+def search(report, available, margin=0, verify=True, max_batch=None, progress=None,
+           who="find_batch_size"):
     """The largest batch whose step, as `report` (a memfit.profile Report)
     measures it at other batches, fits `available` bytes less `margin`: the
     search of find_batch_size (see Note [Probing toward the answer] and Note
     [Verifying the answer]). max_batch: no larger batch is wanted (a
     Trainer's whole batch); the search stops there. Returns a BatchFit;
-    raises DoesNotFit when even batch 1 does not fit."""
+    raises DoesNotFit when even batch 1 does not fit, tagged `who`."""
     kwargs = {} if max_batch is None else {"max_batch": count(max_batch, "search", "max_batch")}
 
     # Probes end at the example batch when it fits and is large enough to
     # start from: small batches cost their fixed overhead for little.
     if report.batch >= 16 and report.budget_peak_bytes <= available - margin:
         kwargs["first"] = [report.batch // 4, report.batch // 2, report.batch]
-    return _memfit.search_batch(_below_what_ran(report, available - margin), available, margin,
-                                verify=bool(verify),
-                                host_limit=_memfit.probe_memory_limit(report.mode),
-                                progress=as_progress(progress, "search").relay(), **kwargs)
+    try:
+        return _memfit.search_batch(_below_what_ran(report, available - margin), available,
+                                    margin, verify=bool(verify),
+                                    host_limit=_memfit.probe_memory_limit(report.mode),
+                                    progress=as_progress(progress, "search").relay(), **kwargs)
+    except ValueError as e:  # DoesNotFit is one
+        said = str(e)
+        tag = next((t for t in _CORE_TAGS if said.startswith(t)), None)
+        if tag is None or isinstance(e, torch.cuda.OutOfMemoryError):
+            raise
+        raise type(e)(f"[{who}] " + said[len(tag):]) from None
 
 
 def _below_what_ran(report, room):

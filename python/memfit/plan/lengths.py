@@ -12,8 +12,8 @@ from typing import Any, Callable
 import torch
 
 from .._native import native as _memfit
-from .._step.batching import (count, first_batch_dim, resize_batch, resize_length,
-                              sequence_length, target_batch_dim_of, tensors_in)
+from .._step.batching import (count, first_batch_dim, map_tensors, resize_batch,
+                              resize_length, sequence_length, target_batch_dim_of, tensors_in)
 from .._step.device import host_memory
 from .ranks import RankFailed, gathered_from_ranks
 
@@ -312,7 +312,7 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     fits = {}
     for n in asked:
         with host_memory():  # memfit's copies: only the step's own count
-            x = resize_length(inputs, n, seq_dim, have, what)
+            x = at_full_length(resize_length(inputs, n, seq_dim, have, what), n, have)
             y = None if target is None else resize_length(target, n, target_dim, have, what)
         try:
             fits[n] = fit_one(x, y)
@@ -331,6 +331,9 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     notes = []
     if len(asked) == 1:
         notes.append("one length measured: at(L) below it is its batch, above it refused")
+    packed = lengths_tensor_note(inputs, have)
+    if packed:
+        notes.append(packed)
     kept = _kept_at_the_examples_length(inputs, seq_dim)
     if kept:
         notes.append(f"not resized with the length (no seq_dim for them): {', '.join(kept)}; "
@@ -429,6 +432,67 @@ def _agreed_between(checked: Callable, across_ranks, what) -> LengthFit:
     return dataclasses.replace(done["fit"], jumps=jumps, ranks=tuple(views))
 
 
+# Note [A tensor of each sample's length]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A model that packs its batch (pack_padded_sequence's lengths, beside the
+# tokens in its inputs) runs each sample's own tokens: its memory follows
+# those values, not the padded shape. Left as the example's, a length
+# repeated to 256 still ran the example's 24 tokens per sample (an LSTM:
+# at(256) 15, plain steps 9), and a length cut below them raised inside
+# pack_padded_sequence. So an integer input with one dimension whose
+# largest value is the example's length is taken for it, and at each length
+# n every sample is n long there: the padded batch at its worst, as long as
+# its longest sample in every row. A mapping's labels are left alone.
+
+
+def at_full_length(inputs, n, have):
+    """`inputs` with each tensor of the samples' lengths (See Note [A tensor
+    of each sample's length]) saying that every sample is `n` long."""
+    def full(t):
+        return torch.full_like(t, n) if _holds_lengths(t, have) else t
+
+    if isinstance(inputs, dict) or (hasattr(inputs, "keys") and hasattr(inputs, "items")):
+        items = {k: v if "label" in str(k) else map_tensors(v, full) for k, v in inputs.items()}
+        return _same_kind(inputs, items)
+    return map_tensors(inputs, full)
+
+
+def _holds_lengths(t, have):
+    """Whether `t` reads as each sample's length in an example `have` long."""
+    if t.dim() != 1 or t.numel() == 0 or t.is_floating_point() or t.is_complex() \
+            or t.dtype == torch.bool or have < 2:
+        return False
+    return int(t.min()) >= 0 and int(t.max()) == have
+
+
+def _same_kind(mapping, items):
+    """`items` as a mapping of `mapping`'s kind (a BatchEncoding) where it
+    takes a dict, else a dict."""
+    if type(mapping) is dict:
+        return items
+    try:
+        return type(mapping)(items)
+    except Exception:  # noqa: BLE001 (any constructor that will not take a dict)
+        return items
+
+
+def lengths_tensor_note(inputs, have):
+    """The note naming the inputs read as each sample's length, or None."""
+    found = []
+    parts = (inputs.items() if hasattr(inputs, "keys") and hasattr(inputs, "items")
+             else [(None, inputs)])
+    for k, v in parts:
+        if k is not None and "label" in str(k):
+            continue
+        found += [(k, tuple(t.shape)) for t in tensors_in(v) if _holds_lengths(t, have)]
+    if not found:
+        return None
+    names = ", ".join(f"{k} {s}" if k is not None else f"an input {s}" for k, s in found)
+    return (f"each sample's length read from {names} (integers, the largest the example's "
+            f"{have}): set to every fitted length for every sample, a padded batch at its "
+            f"longest")
+
+
 def _kept_at_the_examples_length(inputs, seq_dim):
     """'name (shape)' of each input a per-input seq_dim (a dict beside a
     dict batch) leaves out, with more dimensions than a per-sample label:
@@ -454,7 +518,7 @@ class _Example:
         what = "find_batch_size"
         with host_memory():  # memfit's copies: only the step's own count
             x = resize_length(self.inputs, length, self.seq_dim, self.length, what)
-            x = resize_batch(x, batch, self.batch_dim)
+            x = resize_batch(at_full_length(x, length, self.length), batch, self.batch_dim)
             if self.target is None:
                 return x, None
             y = resize_length(self.target, length, first_batch_dim(self.seq_dim), self.length,

@@ -336,6 +336,32 @@ def _moved_average(trainer, pl_module):
 # batch is set, and the loops build them again from it.
 
 
+def _loader_batch(loaders):
+    """The batch_size of the one DataLoader train_dataloader returned, or
+    None (several loaders, a batch sampler)."""
+    flat = (loaders if isinstance(loaders, CombinedLoader)
+            else CombinedLoader(loaders, "max_size_cycle")).flattened
+    batch = getattr(flat[0], "batch_size", None) if len(flat) == 1 else None
+    return batch if isinstance(batch, int) else None
+
+
+def _set_batch(trainer, pl_module, name, batch, was, what):
+    """Sets the module's `name` to `batch`, and checks that train_dataloader
+    batches by it: a loader built with a batch of its own trained at 4
+    while FitBatchSize said 557 (`was`: its batch before)."""
+    old = lightning_getattr(pl_module, name)
+    lightning_setattr(pl_module, name, batch)
+    if was is None or batch == was:
+        return
+    now = _loader_batch(_train_loaders(trainer, pl_module, what))
+    if now is not None and now != batch:
+        lightning_setattr(pl_module, name, old)
+        raise ValueError(
+            f"[{what}] train_dataloader builds batches of {now} with {name} set to {batch} "
+            f"({was} at {old}): its DataLoader must take batch_size={name}, or FitBatchSize "
+            f"sizes a batch the loop does not run; {batch} fits")
+
+
 def _built_again(trainer) -> bool:
     """Whether the fit loop held a training loader already; the loops'
     loaders are dropped either way: See Note [A loader built before the fit
@@ -516,8 +542,8 @@ class FitBatchSize(pl.Callback):
             plan.notes.append(longer)
         if self.keep_effective_batch is None:
             _at_most_the_data(plan, _training_samples(loaders))
-        loaders = val_held = None
-        lightning_setattr(pl_module, self.batch_arg_name, plan.batch_size)
+        was, loaders, val_held = _loader_batch(loaders), None, None
+        _set_batch(trainer, pl_module, self.batch_arg_name, plan.batch_size, was, what)
         if _built_again(trainer):
             plan.notes.append("the training loader was built before the fit started (by "
                               "estimated_stepping_batches?): it is built again at the batch set; "

@@ -178,6 +178,8 @@ class Observer:
         self.markers = []
         self.forwards = []
         self.zero_grads = []
+        self.accumulations = []  # (event, id of the parameter, bytes of its .grad)
+        self._accumulating = set()  # ids of the parameters with our hook
         self.graph_uses = []
         self.float64 = []
         self.copies = []
@@ -359,6 +361,7 @@ class Observer:
             outside_bytes=self._outside_bytes(),
             compiles=tuple(self.compiles),
             model_files=frozenset(self._model_files),
+            accumulations=tuple(self.accumulations),
         )
 
     def _outside_bytes(self):
@@ -419,6 +422,7 @@ class Observer:
             if self.optimizer_steps and self._forwards_since_step == 0:
                 present = sum(p.grad.numel() * p.grad.element_size()
                               for p in self.params() if p.grad is not None)
+                self._watch_accumulation()
             self._forwards_since_step += 1
             if module not in self._module_names:
                 self._module_names.update((m, name or type(m).__name__)
@@ -514,6 +518,21 @@ class Observer:
                     yield from group["params"]
         elif self.model is not None:
             yield from self.model.parameters()
+
+    def _watch_accumulation(self):
+        """Records when backward writes each parameter's gradient: the
+        gradients a step keeps are only needed from then on."""
+        for p in self.params():
+            if id(p) in self._accumulating or not p.requires_grad:
+                continue
+            self._accumulating.add(id(p))
+            handle = p.register_post_accumulate_grad_hook(self._accumulated)
+            self._undo.append(handle.remove)
+
+    def _accumulated(self, p):
+        g = p.grad
+        if g is not None:
+            self.accumulations.append((len(self.timeline), id(p), g.numel() * g.element_size()))
 
     def _zero_grad_wrapper(self, original):
         observer = self

@@ -205,6 +205,9 @@ class Observation:
     # modules the loop ran (where the model's graph breaks can lie).
     compiles: Tuple[CompileEvent, ...] = ()
     model_files: frozenset = frozenset()
+    # (event, id of the parameter, bytes of its .grad) each time backward
+    # wrote a gradient, from the first forward after an optimizer step on.
+    accumulations: Tuple[Tuple[int, int, int], ...] = ()
 
 
 @dataclass(frozen=True)

@@ -113,7 +113,9 @@ class Doctor:
         elif finding.kind == "grads_kept":
             site = next((f.site for f in forwards if f.grad_bytes_present), None)
             inputs = observer.inputs.get(site, observer.last_inputs)
-            result = trials.try_set_to_none(inputs, list(observer.params()))
+            zgs = run.observation.zero_grads  # none at all: accumulated through backward
+            zeroed = not zgs or any(not z.set_to_none for z in zgs)
+            result = trials.try_set_to_none(inputs, list(observer.params()), zeroed)
         elif finding.kind == "graph_kept":
             backward = any(f.backward_reached for f in forwards)
             result = trials.try_item(observer.last_inputs, backward)

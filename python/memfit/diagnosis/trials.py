@@ -135,10 +135,12 @@ def try_item(inputs, backward, steps=3):
     return _trial(run, inputs)
 
 
-def try_set_to_none(inputs, params):
+def try_set_to_none(inputs, params, through_backward=True):
     """The peak of a forward and backward with the gradients zeroed but
-    present, and with them freed (None). The user's .grad tensors are set
-    aside and put back."""
+    present, and with them freed (None). `through_backward`: present until
+    backward accumulates into them (set_to_none=False), else freed between
+    the forward and backward (zero_grad() after the forward). The user's
+    .grad tensors are set aside and put back."""
 
     def run(inputs):
         refused = _refuse(inputs[0])
@@ -154,7 +156,12 @@ def try_set_to_none(inputs, params):
                     for p in ps:
                         p.grad = torch.zeros_like(p) if zeroed else None
                     with torch.enable_grad():
-                        _scalar(_forward(inputs)).backward()
+                        loss = _scalar(_forward(inputs))
+                        if not through_backward:
+                            for p in ps:
+                                p.grad = None
+                        loss.backward()
+                        del loss
                     peaks.append(t.peak_bytes)
                 finally:
                     for p in ps:
@@ -163,8 +170,9 @@ def try_set_to_none(inputs, params):
         finally:
             for p, g in zip(ps, kept):
                 p.grad = g
-        return TrialResult(peaks[0] - peaks[1], "re-ran the last forward and a backward with "
-                                                "gradients zeroed and with them set to None: "
+        how = ("zeroed" if through_backward else "alive through the forward")
+        return TrialResult(peaks[0] - peaks[1], f"re-ran the last forward and a backward with "
+                                                f"gradients {how} and with them set to None: "
                                                 "difference of the peaks")
 
     return _trial(run, inputs)

@@ -189,8 +189,9 @@ def check_graph_kept(run, kept=None):
 def check_memory_growth(run, graph_explained=False, kept=None):
     """Live memory at the end of every step above the step before, with the
     lines whose allocations stay alive; what a list keeps (list_kept) at
-    the line that appends it."""
-    steps = run.steady_steps
+    the line that appends it. A last step cut at the loop's last torch call
+    is left out: its end counts that line's temporaries too."""
+    steps = run.steady_steps[:-1] if run.last_step_cut else run.steady_steps
     if len(steps) < 3:
         return []
     live = [s.live_after for s in steps]

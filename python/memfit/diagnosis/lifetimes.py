@@ -59,6 +59,9 @@ class Run:
     steps: Tuple[Step, ...]
     allocations: Dict[int, Allocation]
     live: List[int]  # bytes alive after each event
+    # The last step ends at the loop's last torch call, not where a next
+    # step began: the temporaries of that call's line are still alive there.
+    last_step_cut: bool = False
 
     def live_before(self, event):
         return self.live[event - 1] if event > 0 and self.live else 0
@@ -82,7 +85,8 @@ class Run:
 
 
 def _boundaries(observation, finished):
-    """(kind, [(first_event, end_event)] of each complete step). A step is
+    """(kind, [(first_event, end_event)] of each complete step, whether the
+    last one was cut at the loop's last torch call). A step is
     complete once the next one began: what follows the last optimizer step
     is the loop's end, not a step. The last forward's step is complete when
     the block `finished` (exited without an exception) after it: it ends
@@ -90,16 +94,17 @@ def _boundaries(observation, finished):
     after that is not the step's)."""
     ends = [m.event for m in observation.markers if m.kind == "optimizer_step"]
     if ends:
-        return "optimizer step", list(zip([0] + ends[:-1], ends))
+        return "optimizer step", list(zip([0] + ends[:-1], ends)), False
     starts = sorted(m.event for m in observation.markers if m.kind == "forward")
     ends = starts[1:]
     # A StopRun at a forward marks it and raises before it is recorded: that
     # mark ends the last step already.
-    if finished and starts and len(starts) == len(observation.forwards):
+    cut = finished and bool(starts) and len(starts) == len(observation.forwards)
+    if cut:
         last = starts[-1]
         ends.append(max([observation.forwards[-1].end_event]
                         + [s.end_event for s in observation.spans if s.first_event >= last]))
-    return "forward", list(zip(starts, ends))
+    return "forward", list(zip(starts, ends)), cut
 
 
 def build_run(events, observation, finished=False):
@@ -138,7 +143,7 @@ def build_run(events, observation, finished=False):
                 total -= a.bytes
         live.append(total)
 
-    kind, ranges = _boundaries(observation, finished)
+    kind, ranges, cut = _boundaries(observation, finished)
     steps = []
     for i, (first, end) in enumerate(ranges):
         before = live[first - 1] if first > 0 and live else 0
@@ -148,4 +153,4 @@ def build_run(events, observation, finished=False):
                 peak, peak_event = live[e], e
         after = live[end - 1] if end > 0 and live else 0
         steps.append(Step(i, first, end, before, after, peak, peak_event))
-    return Run(observation, kind, tuple(steps), allocations, live)
+    return Run(observation, kind, tuple(steps), allocations, live, cut)

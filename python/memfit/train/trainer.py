@@ -334,9 +334,12 @@ class Trainer:
       (Note [Probing how the loss reduces], loss_weighting.py): a torch loss
       function's or .mean()/.sum()'s own reduction, with cross_entropy and
       nll_loss weighted by counted targets (ignore_index, class weights), as
-      memfit.lazy does; a loss made otherwise is probed by its values once,
+      memfit.lazy does, and a mean over tokens ((l * mask).sum() /
+      mask.sum(), l[mask].mean()) by each micro-batch's tokens (Note [A sum
+      over a count]); a loss made otherwise is probed by its values once,
       and refused when it is neither a mean nor a sum. reduction= says it
-      for such losses; one contradicting the loss's own is refused.
+      for such losses, checked by the same values where they can run; one
+      contradicting the loss's own, or its values, is refused.
     - Dropout draws its masks per micro-batch: a split step of a model with
       dropout in training mode is a valid step but not the eager step on the
       whole batch, and its report's notes say so (Note [Dropout in a split

@@ -231,6 +231,28 @@ def _warn_every_output_kept(trainer, batch, room: int) -> None:
             f"it keeps are sized in)", UserWarning, stacklevel=2)
 
 
+def _set_batch(trainer, batch, accumulation, what) -> None:
+    """Sets the batch and the accumulation in the Trainer's args, and checks
+    that get_train_dataloader batches by them: one overridden with a batch
+    of its own ran out of memory in the Trainer's loop at the batch of 64
+    it kept where memfit had set 16."""
+    args = trainer.args
+    was = (args.per_device_train_batch_size, args.gradient_accumulation_steps)
+    args.per_device_train_batch_size, args.gradient_accumulation_steps = batch, accumulation
+    trainer._train_batch_size = args.train_batch_size  # See Note [Where the HF ...]
+    if batch == was[0]:
+        return
+    built = getattr(trainer.get_train_dataloader(), "batch_size", None)
+    if isinstance(built, int) and built != trainer._train_batch_size:
+        args.per_device_train_batch_size, args.gradient_accumulation_steps = was
+        trainer._train_batch_size = args.train_batch_size
+        raise ValueError(
+            f"[{what}] get_train_dataloader builds batches of {built} with "
+            f"per_device_train_batch_size set to {batch}: it must batch by "
+            f"self._train_batch_size, as the Trainer's own does, or FitBatchSize sizes a batch "
+            f"the loop does not run; {batch} fits")
+
+
 def _optimizer_for(trainer, model, given):
     if given is not None:
         return given
@@ -326,9 +348,7 @@ class FitBatchSize(TrainerCallback):
                               target_device=self.target_device)
         if longer:
             plan.notes.append(longer)
-        args.per_device_train_batch_size = plan.batch_size
-        args.gradient_accumulation_steps = plan.accumulation
-        trainer._train_batch_size = args.train_batch_size  # See Note [Where the HF ...]
+        _set_batch(trainer, plan.batch_size, plan.accumulation, what)
         if self.size_eval and trainer.eval_dataset is not None:
             self._fit_eval(trainer, how, plan)
         if args.auto_find_batch_size:

@@ -1,0 +1,55 @@
+"""A Trainer whose get_train_dataloader builds batches of its own: FitBatchSize
+set per_device_train_batch_size from 64 to 16, the loader went on giving 64,
+and the Trainer's loop ran out of memory at the first step. It now refuses
+in one line naming the loader's batch, and the args are left as they were.
+The truth is the Trainer's own loop on the simulated device."""
+
+import gc
+
+import pytest
+import torch
+
+import memfit
+
+transformers = pytest.importorskip("transformers")
+from memfit.integrations.transformers import FitBatchSize  # noqa: E402
+from test_integrations_transformers import BUDGET, Counting, Tokens, arguments, gpt2  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("quiet_and_collected")  # see conftest.py
+
+
+class FixedLoader(Counting):
+    """Batches of 64 whatever the arguments say."""
+
+    def get_train_dataloader(self):
+        return torch.utils.data.DataLoader(self.train_dataset, batch_size=64,
+                                           collate_fn=self.data_collator)
+
+
+def trained(tmp_path, callbacks):
+    gc.collect()
+    with memfit.simulated_device(BUDGET):
+        args = arguments(tmp_path, per_device_train_batch_size=64, max_steps=2)
+        trainer = FixedLoader(model=gpt2(), args=args, train_dataset=Tokens(),
+                              callbacks=callbacks)
+        trainer.train()
+    return args
+
+
+def test_a_loader_with_a_batch_of_its_own_is_refused_in_one_line(tmp_path):
+    with pytest.raises(torch.OutOfMemoryError):  # the loop at the loader's 64
+        trained(tmp_path, [])
+    args = []
+    with pytest.raises(ValueError) as error:
+        gc.collect()
+        with memfit.simulated_device(BUDGET):
+            args.append(arguments(tmp_path, per_device_train_batch_size=64, max_steps=2))
+            FixedLoader(model=gpt2(), args=args[0], train_dataset=Tokens(),
+                        callbacks=[FitBatchSize()])
+    said = str(error.value)
+    assert "\n" not in said
+    assert said.startswith("[FitBatchSize] get_train_dataloader builds batches of 64 with "
+                           "per_device_train_batch_size set to "), said
+    assert said.endswith(" fits") and "must batch by self._train_batch_size" in said
+    assert args[0].per_device_train_batch_size == 64  # as it was
+    assert args[0].gradient_accumulation_steps == 1

@@ -69,14 +69,22 @@ def _top(counter):
 
 
 def _graph_uses(run):
-    """Calls that took a tensor with an autograd graph from an earlier step."""
+    """Calls that took a tensor with an autograd graph from an earlier step:
+    one every optimizer stepped after (a GAN's generator output, made before
+    the discriminator's step and used after it, is of the same iteration)."""
+    by_optimizer = collections.defaultdict(list)
+    for m in run.observation.markers:
+        if m.kind == "optimizer_step":
+            by_optimizer[m.optimizer].append(m.event)
     out = []
     for u in run.observation.graph_uses:
         a = run.allocations.get(u.id)
         if a is None:
             continue
         made, used = run.step_of(a.alloc_event), run.step_of(u.event)
-        if 0 <= made < used:
+        if 0 <= made < used and all(
+                bisect.bisect_right(e, u.event) > bisect.bisect_right(e, a.alloc_event)
+                for e in by_optimizer.values()):
             out.append((u, a))
     return out
 

@@ -346,7 +346,7 @@ class Observer:
             self.pending = {}
         return Observation(
             spans=tuple(Span(a, b, site_of(k), func_name(f), g) for a, b, k, f, g in self.spans),
-            markers=tuple(Marker(e, kind) for e, kind in self.markers),
+            markers=tuple(Marker(*m) for m in self.markers),
             forwards=tuple(self.forwards),
             zero_grads=tuple(ZeroGradCall(e, site_of(k), s) for e, k, s in self.zero_grads),
             graph_uses=tuple(GraphUse(i, e, site_of(k), func_name(f))
@@ -492,9 +492,10 @@ class Observer:
         n1 = len(self.timeline)
         try:
             self.spans.append((n0, n1, key, "optimizer.step", False))
-            self.markers.append((n1, "optimizer_step"))
             if not any(o is optimizer for o in self._optimizers):
                 self._optimizers.append(optimizer)
+            which = next(i for i, o in enumerate(self._optimizers) if o is optimizer)
+            self.markers.append((n1, "optimizer_step", which))
             self._new_boundary()
             self.optimizer_steps += 1
             self._forwards_since_step = 0

@@ -91,6 +91,7 @@ class Marker:
 
     event: int
     kind: str
+    optimizer: int = 0  # an optimizer_step's: which optimizer (in the order first seen)
 
 
 @dataclass

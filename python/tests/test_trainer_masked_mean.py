@@ -87,10 +87,11 @@ TOLERANCE = 1.5e-13
 
 @pytest.mark.parametrize("name", list(LOSSES))
 @pytest.mark.parametrize("masked_from", [B, 3])  # 3: the last micro-batches have no tokens
-def test_a_token_mean_split_gives_the_whole_batchs_gradients(name, masked_from):
+@pytest.mark.parametrize("coupled", ["error", "allow"])  # allow: the loss's check skipped
+def test_a_token_mean_split_gives_the_whole_batchs_gradients(name, masked_from, coupled):
     model, (ids, target) = TinyLM().double(), data(masked_from)
     want = eager_gradients(model, ids, target, LOSSES[name])
-    got, report = split_gradients(model, ids, target, LOSSES[name])
+    got, report = split_gradients(model, ids, target, LOSSES[name], coupled=coupled)
     assert list(report.chunks) == [3, 2, 2]
     # Weighted by samples it was 0.06 (0.65 relative) off, or refused as a
     # loss neither mean nor sum (a select's mean: as mixing the samples).

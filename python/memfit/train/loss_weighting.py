@@ -353,6 +353,8 @@ class LossWeighting:
         rule, count = found
         if not self._separable:
             self._check_separable(output, target, target_dim, rule, rerun)
+        elif rule.kind == "mean" and self._by_count is None:
+            self._decide_by_count(output, target, target_dim, rerun)  # coupled="allow"
         if self._declared is not None and self._declared != ("sum" if rule.kind == "sum" else
                                                               "mean"):
             raise ValueError(
@@ -430,6 +432,26 @@ class LossWeighting:
             f"own samples (an in-batch contrastive loss, a batch statistic) and the gradients "
             f"would not be the whole batch's; run the batch whole (a larger budget), or pass "
             f"coupled='allow' to split anyway")
+
+    def _decide_by_count(self, output, target, target_dim, rerun):
+        """Whether a .mean()'s chunks weigh by their elements, where the
+        check that decides it is skipped (coupled="allow"): from the counts
+        of the same values (See Note [A sum over a count])."""
+        self._by_count = False
+        probe = self._values(output, target, target_dim, rerun)
+        if probe is None:
+            return
+        try:
+            with _rerun_quietly(probe.rerun):
+                in_all = probe.value(0, probe.k)[1]
+                alone = [(0.0, probe.value(i, i + 1)[1]) for i in range(probe.k)]
+        except torch.cuda.OutOfMemoryError:
+            if probe.rerun is None:
+                raise  # the step's to recover from, as any of its allocations
+            return
+        except Exception:  # noqa: BLE001 - a loss that cannot run so weighs by samples
+            return
+        self._combined(LossRule("mean"), in_all, alone)
 
     def _combined(self, rule, in_all, alone):
         """The losses `alone` ((value, count) of each sample) combined as

@@ -125,10 +125,10 @@ class StepGuard:
         those of the modules in `skip` left out."""
         if self._first is None:
             return []
-        out = []
+        out, skipped = [], {id(m) for m in skip}
         with torch.no_grad():
             for (m, name, path, _), copy in zip(self._named, self._first):
-                if any(m is s for s in skip):
+                if id(m) in skipped:
                     continue
                 b = m._buffers.get(name)  # the forward may have set another tensor
                 if not _same_tensor(b, copy):

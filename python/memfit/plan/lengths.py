@@ -313,6 +313,7 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     for n in asked:
         with host_memory():  # memfit's copies: only the step's own count
             x = at_full_length(resize_length(inputs, n, seq_dim, have, what), n, have)
+            x = with_padding(x, seq_dim)
             y = None if target is None else resize_length(target, n, target_dim, have, what)
         try:
             fits[n] = fit_one(x, y)
@@ -331,9 +332,7 @@ def fit_lengths(fit_one: Callable, inputs, target, seq_dim, lengths, batch_dim=0
     notes = []
     if len(asked) == 1:
         notes.append("one length measured: at(L) below it is its batch, above it refused")
-    packed = lengths_tensor_note(inputs, have)
-    if packed:
-        notes.append(packed)
+    notes += [n for n in (lengths_tensor_note(inputs, have), padding_note(inputs, seq_dim)) if n]
     kept = _kept_at_the_examples_length(inputs, seq_dim)
     if kept:
         notes.append(f"not resized with the length (no seq_dim for them): {', '.join(kept)}; "
@@ -476,6 +475,64 @@ def _same_kind(mapping, items):
         return items
 
 
+# Note [A mask without padding]
+# ~~~~~~~~~~~~~~~~~~~~~~~~~~~~~
+# A batch of samples of different lengths, padded to its longest, has
+# padding in its attention mask; an example batch may have none (samples of
+# one length, packed text). A model may build a mask only where there is
+# padding: BERT's SDPA path expands it to (batch, 1, L, L), and a fit on an
+# example without padding answered 17 at 64 tokens where padded batches run
+# 16. So the fit per length pads the example's mask: an attention_mask (a
+# mapping's, all ones; a *padding_mask all zero) gets its last position
+# along seq_dim marked as padding in every sample, the batch still L wide.
+
+
+def with_padding(inputs, seq_dim):
+    """`inputs` with a mask that has no padding padded at its last position:
+    See Note [A mask without padding]."""
+    if not (hasattr(inputs, "keys") and hasattr(inputs, "items")):
+        return inputs
+    items, changed = {}, False
+    for k, v in inputs.items():
+        d = seq_dim.get(k) if isinstance(seq_dim, dict) else seq_dim
+        pad = _padding_value(k, v, d)
+        if pad is not None:
+            v = v.clone()
+            v.narrow(d, v.shape[d] - 1, 1).fill_(pad)
+            changed = True
+        items[k] = v
+    return _same_kind(inputs, items) if changed else inputs
+
+
+def _padding_value(key, t, d):
+    """The value that marks padding in `t`, a mask named `key` without any
+    (seq_dim `d`); None where `t` is no such mask."""
+    if not isinstance(t, torch.Tensor) or not isinstance(d, int) or isinstance(d, bool) \
+            or t.dim() < 2 or not -t.dim() <= d < t.dim() or t.shape[d] < 2 \
+            or t.is_floating_point() or t.is_complex():
+        return None
+    name = str(key)
+    if name.endswith("attention_mask") and bool((t == 1).all()):
+        return False if t.dtype == torch.bool else 0
+    if name.endswith("padding_mask") and bool((t == 0).all()):
+        return True if t.dtype == torch.bool else 1
+    return None
+
+
+def padding_note(inputs, seq_dim):
+    """The note naming the masks with_padding pads, or None."""
+    if not (hasattr(inputs, "keys") and hasattr(inputs, "items")):
+        return None
+    names = [str(k) for k, v in inputs.items()
+             if _padding_value(k, v, seq_dim.get(k) if isinstance(seq_dim, dict) else seq_dim)
+             is not None]
+    if not names:
+        return None
+    return (f"the example's {', '.join(names)} has no padding: fitted with each sample's last "
+            f"position padded, as a batch padded to its longest sample has (a model may build "
+            f"a mask only where there is padding)")
+
+
 def lengths_tensor_note(inputs, have):
     """The note naming the inputs read as each sample's length, or None."""
     found = []
@@ -518,7 +575,8 @@ class _Example:
         what = "find_batch_size"
         with host_memory():  # memfit's copies: only the step's own count
             x = resize_length(self.inputs, length, self.seq_dim, self.length, what)
-            x = resize_batch(at_full_length(x, length, self.length), batch, self.batch_dim)
+            x = with_padding(at_full_length(x, length, self.length), self.seq_dim)
+            x = resize_batch(x, batch, self.batch_dim)
             if self.target is None:
                 return x, None
             y = resize_length(self.target, length, first_batch_dim(self.seq_dim), self.length,

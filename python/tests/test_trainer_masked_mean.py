@@ -112,7 +112,8 @@ def test_a_token_mean_whose_first_samples_hold_as_many_tokens_each_stays_exact()
     # The loss's check sees up to 8 samples: here all full, the next ones
     # padded. Weighted by samples it was off once they came.
     g = torch.Generator().manual_seed(2)
-    ids, labels = torch.randint(0, V, (12, T), generator=g), torch.randint(0, V, (12, T), generator=g)
+    ids = torch.randint(0, V, (12, T), generator=g)
+    labels = torch.randint(0, V, (12, T), generator=g)
     mask = torch.ones(12, T, dtype=torch.float64)
     mask[8:, 2:] = 0
     loss_fn = LOSSES["masked select's mean"]

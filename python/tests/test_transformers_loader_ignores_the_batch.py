@@ -1,7 +1,8 @@
 """A Trainer whose get_train_dataloader builds batches of its own: FitBatchSize
 set per_device_train_batch_size from 64 to 16, the loader went on giving 64,
 and the Trainer's loop ran out of memory at the first step. It now refuses
-in one line naming the loader's batch, and the args are left as they were.
+in one line naming the loader's batch, and the args are left as they were;
+so does a get_eval_dataloader that evaluates at a batch that runs out.
 The truth is the Trainer's own loop on the simulated device."""
 
 import gc
@@ -53,3 +54,30 @@ def test_a_loader_with_a_batch_of_its_own_is_refused_in_one_line(tmp_path):
     assert said.endswith(" fits") and "must batch by self._train_batch_size" in said
     assert args[0].per_device_train_batch_size == 64  # as it was
     assert args[0].gradient_accumulation_steps == 1
+
+
+class FixedEvalLoader(Counting):
+    """Evaluates in batches of 4096 whatever the arguments say."""
+
+    def get_eval_dataloader(self, eval_dataset=None):
+        return torch.utils.data.DataLoader(self.eval_dataset, batch_size=4096,
+                                           collate_fn=self.data_collator)
+
+
+def test_an_eval_loader_with_a_batch_of_its_own_is_refused_in_one_line(tmp_path):
+    gc.collect()
+    with memfit.simulated_device(BUDGET):
+        args = arguments(tmp_path, per_device_train_batch_size=4, per_device_eval_batch_size=4096)
+        trainer = FixedEvalLoader(model=gpt2(), args=args, train_dataset=Tokens(),
+                                  eval_dataset=Tokens(4096))
+        with pytest.raises(torch.OutOfMemoryError):  # the Trainer's evaluation at 4096
+            trainer.evaluate()
+        trainer = None
+        with pytest.raises(ValueError) as error:
+            FixedEvalLoader(model=gpt2(), args=args, train_dataset=Tokens(),
+                            eval_dataset=Tokens(4096), callbacks=[FitBatchSize()])
+    said = str(error.value)
+    assert "\n" not in said
+    assert said.startswith("[FitBatchSize] get_eval_dataloader builds batches of 4096 with "
+                           "per_device_eval_batch_size set to "), said
+    assert args.per_device_eval_batch_size == 4096  # as it was

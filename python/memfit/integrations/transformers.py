@@ -372,7 +372,16 @@ class FitBatchSize(TrainerCallback):
                 cap=args.per_device_eval_batch_size, target_device=self.target_device)
             if _kept_window(trainer) is None:
                 _warn_every_output_kept(trainer, eval_batch, f.budget_bytes)
-        args.per_device_eval_batch_size = plan.eval_batch_size = size
+        asked, args.per_device_eval_batch_size = args.per_device_eval_batch_size, size
+        plan.eval_batch_size = size
+        built = getattr(trainer.get_eval_dataloader(), "batch_size", None) if size < asked else None
+        if isinstance(built, int) and built > args.eval_batch_size:  # it would run out
+            args.per_device_eval_batch_size = asked
+            raise ValueError(
+                f"[FitBatchSize] get_eval_dataloader builds batches of {built} with "
+                f"per_device_eval_batch_size set to {size}: it must batch by "
+                f"args.eval_batch_size, as the Trainer's own does, or the evaluation runs at "
+                f"{built}; {size} fits")
 
     def _fit_lengths(self, trainer, optimizer, began):
         """fit() with lengths=: See Note [A loader batched by length]."""

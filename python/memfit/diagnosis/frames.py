@@ -96,6 +96,26 @@ def user_frame(depth=1):
     return None
 
 
+_TORCH_DIRS = tuple(d for d in _LIBRARY_DIRS
+                    if d.startswith(os.path.dirname(os.path.abspath(torch.__file__))))
+
+
+def called_from_other_library(depth=1):
+    """Whether the innermost frame outside torch and memfit, starting
+    `depth` frames above the caller, is library code (a transformers
+    model's forward): a line the user did not write, called from theirs."""
+    f = sys._getframe(depth + 1)
+    own = _TORCH_DIRS + (_LIBRARY_DIRS_MEMFIT,)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(own):
+            return is_library_file(name)
+        f = f.f_back
+    return False
+
+
+_LIBRARY_DIRS_MEMFIT = os.path.dirname(
+    os.path.abspath(sys.modules[__name__.partition(".")[0]].__file__)) + os.sep
 _sites = {}
 
 

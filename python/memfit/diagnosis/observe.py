@@ -31,7 +31,7 @@ from torch.utils import _pytree as pytree
 
 from .._native import native as _memfit
 from .._step.compiled import CompileWatch, compiled_roots, module_calls, watch_call
-from .frames import is_library_file, site_of, user_frame
+from .frames import called_from_other_library, is_library_file, site_of, user_frame
 from .records import (CompileEvent, Float64Tensor, ForwardCall, GraphUse, HostCopy,
                       InPlaceCandidate, Marker, Observation, Span, ZeroGradCall)
 
@@ -683,6 +683,8 @@ class Observer:
             return
         if not isinstance(out, _Tensor) or "out" in kwargs:
             return
+        if called_from_other_library(2):
+            return  # a transformers model's add: not a line the user can change
         inputs = [a for a in args[:2] if isinstance(a, _Tensor)] if check == "add" else args[:1]
         for x in inputs:
             if self._could_overwrite(x, out):

@@ -91,9 +91,10 @@ def split_notes(model: torch.nn.Module, micro_batches: int, drew_random: bool = 
         notes.append(
             f"the step drew random numbers per micro-batch ({micro_batches} of them: "
             f"F.dropout, torch.randn_like, a stochastic-depth layer), not once for the whole "
-            f"batch: each sample got its own draw, but not the one an eager step on the whole "
-            f"batch would make, so the gradients differ from that step's. For a step equal to "
-            f"eager's, turn the randomness off (eval mode, p=0)")
+            f"batch: each sample got its own draw, but not necessarily the one an eager step on "
+            f"the whole batch would make (torch.randn draws in blocks; on CUDA each kernel from "
+            f"its own offset), so the gradients may differ from that step's. For a step equal "
+            f"to eager's, turn the randomness off (eval mode, p=0)")
     coupled = coupled_layers(model)
     if coupled:
         notes.append(

@@ -397,6 +397,9 @@ def check_eval_with_grad(run):
         if (a.alloc_event < f.end_event and a.forward != f.index
                 and a.alive_at_boundary(f.end_event)):
             by_forward[f.index] += a.bytes
+    for index, nbytes in _inputs_held(run, idle).items():
+        if nbytes:
+            by_forward[index] += nbytes
     groups = collections.defaultdict(list)
     for index, nbytes in by_forward.items():
         groups[idle[index].site].append(nbytes)
@@ -433,6 +436,33 @@ def _grads_saving(run, forward, zero_grad, late, keep):
     if not intervals:
         return 0
     return step.peak - _peak_without(run, step, intervals)
+
+
+def _inputs_held(run, idle):
+    """{forward index: bytes of its inputs made on its own line
+    (`model(x * 2)`, `model(x.to(device))`) that its graph keeps}. The
+    doctor holds each line's last inputs for its trials until that line's
+    next forward begins: one the graph keeps outlives that forward, one it
+    does not is freed as it begins. The last forward of a line is judged as
+    the one before it."""
+    by_site = collections.defaultdict(list)
+    for f in sorted(idle.values(), key=lambda f: f.first_event):
+        by_site[f.site].append(f)
+    later = collections.defaultdict(list)
+    for f in run.observation.forwards:
+        later[f.site].append(f)
+    held = {}
+    for site, fs in by_site.items():
+        kept = False
+        for f in fs:
+            nxt = next((g for g in later[site] if g.first_event > f.first_event), None)
+            ins = [run.allocations.get(i) for i in set(f.input_ids)]
+            ins = [a for a in ins if a is not None and a.site == site and a.forward is None
+                   and a.alloc_event < f.first_event]
+            if nxt is not None and ins:
+                kept = all(a.free_event is None or a.free_event >= nxt.end_event for a in ins)
+            held[f.index] = sum(a.bytes for a in ins) if kept else 0
+    return held
 
 
 def check_grads_kept(run):

@@ -614,7 +614,8 @@ class Trainer:
             after, report = fitting.settled_example(room_now, record, self._module)
             verify = not set_to_none  # the whole batch: the step is the check
             return fitting.settled_search(room_now, after, self._module, lambda r: fitting.search(
-                report, min(room, r.room_bytes), 0, verify=verify, max_batch=max_batch))
+                report, min(room, r.room_bytes), 0, verify=verify, max_batch=max_batch,
+                who="Trainer"))
 
         return fit
 

@@ -267,6 +267,15 @@ class _Probe:
     k: int
     tolerance: float
     rerun: StepRerun | None = None
+    dtypes: set = dataclasses.field(default_factory=set)  # the losses' dtypes, once run
+
+    def agreement(self) -> float:
+        """The tolerance, no tighter than the rounding of the losses' own
+        dtype summed over k values (up to 1%): a loss cast to float32 from
+        a float64 model rounds as float32 (See Note [How close a step run
+        again agrees])."""
+        own = [64 * self.k * torch.finfo(d).eps for d in self.dtypes if d.is_floating_point]
+        return max([self.tolerance] + [min(0.01, t) for t in own])
 
 
 @contextlib.contextmanager
@@ -422,7 +431,7 @@ class LossWeighting:
             self._separable = True
             return
         scale = max(max(abs(v) for v, _ in alone), abs(together), 1e-30)
-        if abs(together - combined) <= tol * scale:
+        if abs(together - combined) <= max(tol, probe.agreement()) * scale:
             self._separable = True
             return
         raise ValueError(
@@ -516,9 +525,10 @@ class LossWeighting:
                              f"batch (run again on its samples without grad, it raised "
                              f"{type(e).__name__}): {ask}") from None
         total = sum(alone)
-        scale = max(max(abs(v) for v in alone), abs(together), 1e-30)
-        is_mean = abs(together - total / k) <= tol * scale
-        is_sum = abs(together - total) <= tol * scale
+        allowed = max(max(abs(v) for v in alone), abs(together), 1e-30) * max(
+            tol, probe.agreement())
+        is_mean = abs(together - total / k) <= allowed
+        is_sum = abs(together - total) <= allowed
         seen = (f"on {k} samples it gave {together:.6g}; alone they give {total / k:.6g} on "
                 f"average, {total:.6g} in all")
         if declared is not None and not (is_mean and is_sum) and \
@@ -546,10 +556,13 @@ class LossWeighting:
         """The _Probe of the loss on k samples: from loss_fn on the output's
         rows or, where the output cannot tell, from the step run again
         (rerun). None where neither can run."""
+        dtypes = set()  # the losses' own: a float64 model's HF loss is float32
+
         def counted(run):
             mode = _Reductions()
             with mode:
                 v = run()
+            dtypes.add(v.dtype)
             c = next((c for out, _, c in mode.calls if out is v and c is not None), None)
             return float(v), (None if c is None else float(c))
 
@@ -560,7 +573,7 @@ class LossWeighting:
                 return None
             return _Probe(lambda a, b: counted(lambda: rerun.run(a, b)), k,
                           _step_tolerance(rerun.module),
-                          rerun)
+                          rerun, dtypes)
         o, tgt, k = sample
 
         def value(a, b):

@@ -30,7 +30,7 @@ from ..report.places import capped_at_budget, place_of
 from ..report.step_growth import growth_note
 from ..report.profile import profile
 from .budget import resolve_budget
-from .lengths import LengthFit, fit_lengths
+from .lengths import LengthFit, fit_lengths, padding_note, with_padding
 from .ranks import LocalAnswer, agreed_across_ranks
 
 __all__ = ["DoesNotFit", "find_batch_size", "auto_batch_size"]
@@ -164,6 +164,12 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     check_samples(inputs, target, batch_dim, target_batch_dim_of(
         batch_dim, target_batch_dim, "find_batch_size"), "find_batch_size")
 
+    # Batches padded to their longest sample: See Note [A mask without
+    # padding] (lengths.py). A mask is (batch, length): its last dimension.
+    padded = padding_note(inputs, -1)
+    with host_memory():  # memfit's copy of the example, not the step's
+        inputs = with_padding(inputs, -1)
+
     def room_now():
         return resolve_budget(budget, with_loss_module(at.model, at.how), at.optimizer,
                               "find_batch_size", at.target_device)
@@ -184,7 +190,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             progress=at.progress))
         # The answer is for this loop, from this state; a compiled model's graphs.
         notes = room.notes + report.loop_notes + search_notes(report, fit)
-        notes += output_note(report, fit)
+        notes += output_note(report, fit) + ([padded] if padded else [])
         # See Note [A step whose memory grows step after step] (step_growth.py).
         grows = growth_note(report.phases, report.batch)
         if grows:  # verified on the steps recorded, not on a longer loop

@@ -209,3 +209,19 @@ def test_a_budget_below_the_model_is_said_under_the_users_call():
                                budget=1024)
     assert one_line(e).startswith("[find_batch_size] budget 1.00 KiB is below what the model "
                                   "needs before any sample: "), str(e.value)
+
+
+@pytest.mark.parametrize("call,said", [
+    (lambda: memfit.LengthBatchSampler([3, 0, 5], lambda n: 4),
+     "[LengthBatchSampler] the length of sample 1 must be an int >= 1, got int 0"),
+    (lambda: memfit.LengthBatchSampler("35", lambda n: 4),
+     "[LengthBatchSampler] lengths must be each sample's length, a list of ints, got str '35'"),
+    # Was read letter by letter: "each of lengths must be an int >= 1, got str '1'".
+    (lambda: memfit.find_batch_size(small(), *xy(), loss_fn=nn.CrossEntropyLoss(),
+                                    budget="1MiB", seq_dim=1, lengths="16"),
+     "[find_batch_size] lengths must be a list of ints, got str '16'"),
+], ids=["zero", "sampler-str", "fit-str"])
+def test_lengths_name_the_sample_or_the_argument(call, said):
+    with pytest.raises(ValueError) as e:
+        call()
+    assert one_line(e) == said

@@ -358,8 +358,9 @@ def _asked_lengths(seq_dim, lengths, what):
         raise ValueError(f"[{what}] a fit per length takes both seq_dim= (the dimension of the "
                          f"inputs that indexes tokens) and lengths= (the lengths to fit, e.g. "
                          f"[128, 512, 2048]); got seq_dim={seq_dim!r}, lengths={lengths!r}")
-    if isinstance(lengths, int) or not hasattr(lengths, "__iter__"):
-        raise ValueError(f"[{what}] lengths must be a list of ints, got {lengths!r}")
+    if isinstance(lengths, (int, str, bytes)) or not hasattr(lengths, "__iter__"):
+        raise ValueError(f"[{what}] lengths must be a list of ints, got "
+                         f"{type(lengths).__name__} {lengths!r}")
     asked = sorted({count(n, what, "each of lengths") for n in lengths})
     if not asked:
         raise ValueError(f"[{what}] lengths is empty: give the lengths to fit")

@@ -73,7 +73,11 @@ class LengthBatchSampler(Sampler[list[int]]):
                  num_replicas: int | None = None, rank: int | None = None,
                  pad_to_multiple_of: int | None = None) -> None:
         what = "LengthBatchSampler"
-        self.lengths = [count(n, what, "each length") for n in lengths]
+        if isinstance(lengths, (str, bytes)) or not hasattr(lengths, "__iter__"):
+            raise ValueError(f"[{what}] lengths must be each sample's length, a list of ints, "
+                             f"got {type(lengths).__name__} {lengths!r}")
+        self.lengths = [count(n, what, f"the length of sample {i}")
+                        for i, n in enumerate(lengths)]
         if not self.lengths:
             raise ValueError(f"[{what}] lengths is empty: give each sample's length")
         if not callable(getattr(fit, "at", None)):

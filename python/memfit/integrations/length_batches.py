@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from .._step.batching import count, resize_length, sequence_length
 from ..memory.device import host_memory
-from ..plan.lengths import LengthFit, fit_lengths
+from ..plan.lengths import LengthFit, fit_lengths, padding_note, with_padding
 from ..train.length_sampler import LengthBatchSampler
 from .sizing import LoopStep, one_step_peak, plan_batch
 
@@ -348,8 +348,15 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
                 labels.add(label)
     batch, note = _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim)
     batch, grown = _longest_labels(batch, labels, pad_multiple(collate_fn), what, batch_dim)
-    if grown:
-        note = grown if note is None else f"{note}; {grown}"
+    # Samples of several lengths make padded batches: See Note [A mask
+    # without padding] (plan/lengths.py). A mask is (batch, length).
+    padded = padding_note(batch, -1) if len(shapes) > 1 else None
+    if padded:
+        with host_memory():
+            batch = with_padding(batch, -1)
+    for more in (grown, padded):
+        if more:
+            note = more if note is None else f"{note}; {more}"
     return batch, note
 
 

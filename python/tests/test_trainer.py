@@ -2,6 +2,7 @@ import pytest
 import torch
 
 import memfit
+from memfit.testing.truth import GradientCapture as Capture
 
 B = 21
 
@@ -14,17 +15,6 @@ def small_model():
 def data():
     g = torch.Generator().manual_seed(1)
     return torch.randn(B, 8, generator=g), torch.randint(0, 3, (B,), generator=g)
-
-
-class Capture(torch.optim.SGD):
-    """An optimizer whose step records the accumulated gradients."""
-
-    def __init__(self, params):
-        super().__init__(params, lr=0.0)
-        self.grads = None
-
-    def step(self, closure=None):
-        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
 
 
 def reference_gradients(model, x, y, loss_fn):

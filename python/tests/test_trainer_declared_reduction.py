@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import memfit
+from memfit.testing.truth import GradientCapture as Capture
 
 B, T, V = 7, 5, 11
 
@@ -38,15 +39,6 @@ def token_mean_plus_sample_mean(o, t):
 
 def scaled_mean(o, t):
     return 0.5 * F.cross_entropy(o.reshape(-1, V), t.reshape(-1).clamp(min=0))
-
-
-class Capture(torch.optim.SGD):
-    def __init__(self, params):
-        super().__init__(params, lr=0.0)
-        self.grads = None
-
-    def step(self, closure=None):
-        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
 
 
 def split(loss_fn, **kw):

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import memfit
+from memfit.testing.truth import GradientCapture as Capture
 
 B = 21
 
@@ -124,15 +125,6 @@ def by_hand(model, x, y, chunks):
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     return grads
-
-
-class Capture(torch.optim.SGD):
-    def __init__(self, params):
-        super().__init__(params, lr=0.0)
-        self.grads = None
-
-    def step(self, closure=None):
-        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
 
 
 @pytest.mark.slow

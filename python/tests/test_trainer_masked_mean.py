@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import memfit
+from memfit.testing.truth import GradientCapture as Capture
 
 B, T, V = 7, 5, 11
 
@@ -46,15 +47,6 @@ LOSSES = {
     "token weights": lambda o, t: (per_token(o, t[0]) * t[1] * (1 + t[0] % 2)).sum()
     / (t[1] * (1 + t[0] % 2)).sum(),
 }
-
-
-class Capture(torch.optim.SGD):
-    def __init__(self, params):
-        super().__init__(params, lr=0.0)
-        self.grads = None
-
-    def step(self, closure=None):
-        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
 
 
 def eager_gradients(model, ids, target, loss_fn):

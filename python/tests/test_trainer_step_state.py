@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 import memfit
+from memfit.testing.truth import GradientCapture as Capture
 
 B = 8
 
@@ -22,17 +23,6 @@ def dropout_model():
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(13, 13), torch.nn.Dropout(0.5),
                                torch.nn.Linear(13, 3)).double()
-
-
-class Capture(torch.optim.SGD):
-    """An optimizer whose step records the accumulated gradients."""
-
-    def __init__(self, params):
-        super().__init__(params, lr=0.0)
-        self.grads = None
-
-    def step(self, closure=None):
-        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]
 
 
 def eager(model, x, y, seed):

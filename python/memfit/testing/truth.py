@@ -89,3 +89,16 @@ def largest_that_fits(fits: Callable[[int], bool], start: int) -> int:
         mid = (lo + hi) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid)
     return lo
+
+
+class GradientCapture(torch.optim.SGD):
+    """An optimizer whose step records the gradients it was given and
+    changes nothing (lr 0): a split step's accumulated gradients, to hold
+    against the whole batch's."""
+
+    def __init__(self, params):
+        super().__init__(params, lr=0.0)
+        self.grads = None
+
+    def step(self, closure=None):
+        self.grads = [p.grad.clone() for g in self.param_groups for p in g["params"]]

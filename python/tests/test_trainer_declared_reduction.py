@@ -10,19 +10,7 @@ import torch.nn.functional as F
 
 import memfit
 from memfit.testing.truth import GradientCapture as Capture
-
-B, T, V = 7, 5, 11
-
-
-class TinyLM(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(0)
-        self.emb = torch.nn.Embedding(V, 6)
-        self.out = torch.nn.Linear(6, V)
-
-    def forward(self, ids):
-        return self.out(torch.tanh(self.emb(ids)))
+from test_trainer_masked_mean import B, T, V, TinyLM
 
 
 def data():

@@ -183,31 +183,6 @@ def test_n_forwards_are_n_steps():
     assert d.report().startswith(f"memfit doctor: {STEPS} steps observed")
 
 
-def test_a_training_forward_that_keeps_a_kv_cache_is_named_with_its_bytes():
-    # An HF model with use_cache=True (Llama's default) keeps a KV cache
-    # through a training forward: the doctor names it with its bytes.
-    pytest.importorskip("transformers")
-    model = tiny_llama().train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    ids = torch.randint(0, 97, (2, 9), generator=torch.Generator().manual_seed(1))
-    for use_cache in (True, False):
-        model.config.use_cache = use_cache
-        with memfit.doctor(model, opt, trials=False) as d:
-            for _ in range(4):
-                out = model(input_ids=ids, labels=ids)  # <- kv cache
-                out.loss.backward()
-                opt.step()
-                opt.zero_grad()
-        found = of_kind(d, "kv_cache")
-        if not use_cache:
-            assert not found, d.report()
-            continue
-        f = assert_found(d, "kv_cache", "kv cache")
-        # 2 layers x keys and values x [2, 1, 9, 16] float32.
-        assert f.bytes == 2 * 2 * 2 * 9 * 16 * 4
-        assert "use_cache = False" in f.fix
-
-
 def test_growth_fixed_by_keeping_numbers():
     model = mlp().eval()
     outputs = []

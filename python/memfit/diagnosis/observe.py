@@ -116,8 +116,7 @@ def _cache_tensors(cache):
 def kv_cache_bytes(output):
     """Bytes of the KV cache a model's output carries (HF's past_key_values),
     each storage once; 0 when it carries none."""
-    cache = (output.get("past_key_values") if isinstance(output, dict)
-             else getattr(output, "past_key_values", None))
+    cache = _cache_of(output)
     if cache is None:
         return 0
     storages = {}
@@ -125,6 +124,11 @@ def kv_cache_bytes(output):
         if t.device.type != "meta":
             storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
     return sum(storages.values())
+
+
+def _cache_of(output):
+    return (output.get("past_key_values") if isinstance(output, dict)
+            else getattr(output, "past_key_values", None))
 
 
 def _next_allocation_id():
@@ -457,6 +461,8 @@ class Observer:
             call.has_graph = bool(nodes)
             call.training = module.training
             call.kv_cache_bytes = kv_cache_bytes(output)
+            if call.kv_cache_bytes:
+                call.kv_cache_ids = tuple(set(self._ids(_cache_tensors(_cache_of(output)))))
             for node in nodes:
                 handle = node.register_prehook(functools.partial(_mark_backward, call))
                 self._undo.append(handle.remove)

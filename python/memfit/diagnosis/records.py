@@ -113,6 +113,7 @@ class ForwardCall:
     # Bytes of the KV cache (past_key_values) its output carries, each
     # storage once; 0: none.
     kv_cache_bytes: int = 0
+    kv_cache_ids: Tuple[int, ...] = ()  # its storages' allocations
     training: bool = False  # the model was in train mode
 
 

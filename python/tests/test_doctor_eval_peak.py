@@ -29,7 +29,8 @@ def loop(val_batch, grad):
     model = mlp()
     opt = torch.optim.Adam(model.parameters())
     g = torch.Generator().manual_seed(1)
-    vx, vy = torch.randn(val_batch, 64, generator=g), torch.randint(0, 10, (val_batch,), generator=g)
+    vx = torch.randn(val_batch, 64, generator=g)
+    vy = torch.randint(0, 10, (val_batch,), generator=g)
     data = [(torch.randn(64, 64, generator=g), torch.randint(0, 10, (64,), generator=g))
             for _ in range(STEPS)]
     return model, opt, data, vx, vy, grad

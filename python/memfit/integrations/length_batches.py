@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader
 
 from .._step.batching import count, resize_length, sequence_length
 from ..memory.device import host_memory
-from ..plan.lengths import LengthFit, fit_lengths, padding_note, with_padding
+from ..plan.lengths import LengthFit, fit_lengths, padded_example
 from ..train.length_sampler import LengthBatchSampler
 from .sizing import LoopStep, one_step_peak, plan_batch
 
@@ -350,10 +350,7 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
     batch, grown = _longest_labels(batch, labels, pad_multiple(collate_fn), what, batch_dim)
     # Samples of several lengths make padded batches: See Note [A mask
     # without padding] (plan/lengths.py). A mask is (batch, length).
-    padded = padding_note(batch, -1) if len(shapes) > 1 else None
-    if padded:
-        with host_memory():
-            batch = with_padding(batch, -1)
+    batch, padded = padded_example(batch, -1) if len(shapes) > 1 else (batch, None)
     for more in (grown, padded):
         if more:
             note = more if note is None else f"{note}; {more}"

@@ -30,7 +30,7 @@ from ..report.places import capped_at_budget, place_of
 from ..report.step_growth import growth_note
 from ..report.profile import profile
 from .budget import resolve_budget
-from .lengths import LengthFit, fit_lengths, padding_note, with_padding
+from .lengths import LengthFit, fit_lengths, padded_example
 from .ranks import LocalAnswer, agreed_across_ranks
 
 __all__ = ["DoesNotFit", "find_batch_size", "auto_batch_size"]
@@ -166,9 +166,7 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
 
     # Batches padded to their longest sample: See Note [A mask without
     # padding] (lengths.py). A mask is (batch, length): its last dimension.
-    padded = padding_note(inputs, -1)
-    with host_memory():  # memfit's copy of the example, not the step's
-        inputs = with_padding(inputs, -1)
+    inputs, padded = padded_example(inputs, -1)
 
     def room_now():
         return resolve_budget(budget, with_loss_module(at.model, at.how), at.optimizer,

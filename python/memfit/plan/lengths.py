@@ -523,6 +523,17 @@ def _padding_value(key, t, d):
     return None
 
 
+def padded_example(inputs, seq_dim):
+    """(`inputs` with a mask without padding padded, copied in host memory,
+    and the note naming it; or `inputs` and None): See Note [A mask without
+    padding]."""
+    note = padding_note(inputs, seq_dim)
+    if note is None:
+        return inputs, None
+    with host_memory():  # memfit's copy of the example, not the step's
+        return with_padding(inputs, seq_dim), note
+
+
 def padding_note(inputs, seq_dim):
     """The note naming the masks with_padding pads, or None."""
     if not (hasattr(inputs, "keys") and hasattr(inputs, "items")):

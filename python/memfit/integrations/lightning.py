@@ -10,7 +10,9 @@ Needs Lightning (`lightning.pytorch`, or the older `pytorch_lightning`)."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import inspect
+import itertools
 import logging
 import time
 from typing import Any
@@ -35,7 +37,8 @@ except ImportError:
             "[memfit.integrations.lightning] Lightning is not installed: pip install lightning"
         ) from None
 
-from .api import Size, UserStep, count, host_memory, kept_rng, sequence_length
+from .api import (Size, UserStep, batch_size, count, host_memory, kept_rng,
+                  sequence_length)
 from ..diagnosis import Doctor
 from ..report.profile import Report, profile
 from .._native import native as _memfit
@@ -336,29 +339,104 @@ def _moved_average(trainer, pl_module):
 # batch is set, and the loops build them again from it.
 
 
-def _loader_batch(loaders):
-    """The batch_size of the one DataLoader train_dataloader returned, or
-    None (several loaders, a batch sampler)."""
-    flat = (loaders if isinstance(loaders, CombinedLoader)
-            else CombinedLoader(loaders, "max_size_cycle")).flattened
-    batch = getattr(flat[0], "batch_size", None) if len(flat) == 1 else None
-    return batch if isinstance(batch, int) else None
+# Note [The batch the training loader runs]
+# FitBatchSize sets the module's batch attribute; the loop runs whatever
+# train_dataloader then builds. Read only as a DataLoader's int batch_size,
+# the rest went unchecked: a batch_sampler of fixed buckets of 16 trained
+# at 16 while FitBatchSize said 557 (buckets of 1500 ran out of memory), a
+# DataLoader(batch_size=None) over a dataset yielding batches of 16 trained
+# at 16, and a dict of loaders, one at a fixed 32, failed in the sizing
+# ("the tensors disagree on the batch size"). So each loader
+# train_dataloader returns is read for the batch it gives: its batch_size,
+# else the largest of its batch sampler's first batches (indices only),
+# else the first batch it draws (on the host). Several loaders must agree
+# at the user's batch, and each must give the batch set (a batch sampler at
+# most its dataset), or the fit is refused in one line naming the loader.
+
+_SAMPLER_BATCHES = 64  # a batch sampler's batches read for their largest
 
 
-def _set_batch(trainer, pl_module, name, batch, was, what):
-    """Sets the module's `name` to `batch`, and checks that train_dataloader
-    batches by it: a loader built with a batch of its own trained at 4
-    while FitBatchSize said 557 (`was`: its batch before)."""
+@dataclasses.dataclass(frozen=True)
+class LoaderBatch:
+    """The batch one training loader gives: `size` (None: unknown), `who`
+    names the loader among several (" (loader 'b')"), `how` says what must
+    batch by the attribute ({name}), `cap` the most a batch sampler can
+    give (its dataset's samples)."""
+
+    who: str
+    how: str
+    size: int | None
+    cap: int | None = None
+
+
+def _named_loaders(loaders):
+    """(name, loader) for each loader train_dataloader returned."""
+    found = loaders.iterables if isinstance(loaders, CombinedLoader) else loaders
+    pairs = (list(found.items()) if isinstance(found, dict) else
+             list(enumerate(found)) if isinstance(found, (list, tuple)) else [(None, found)])
+    if any(isinstance(v, (dict, list, tuple)) for _, v in pairs):  # nested: by position
+        flat = CombinedLoader(found, "max_size_cycle").flattened
+        pairs = list(enumerate(flat))
+    if len(pairs) == 1:
+        return [("", pairs[0][1])]
+    return [(f" (loader {k!r})", v) for k, v in pairs]
+
+
+def _batch_given(who, loader, batch_dim, what) -> LoaderBatch:
+    """The batch `loader` gives: See Note [The batch the training loader runs]."""
+    size = getattr(loader, "batch_size", None)
+    if isinstance(size, int):
+        return LoaderBatch(who, "its DataLoader must take batch_size={name}", size)
+    sampler = getattr(loader, "batch_sampler", None)
+    with kept_rng(loader), host_memory():
+        if sampler is not None:
+            sizes = [len(b) for b in itertools.islice(iter(sampler), _SAMPLER_BATCHES)]
+            try:
+                cap = len(loader.dataset)
+            except (AttributeError, TypeError):
+                cap = None
+            return LoaderBatch(who, f"its batch_sampler ({type(sampler).__name__}) must batch "
+                               f"by {{name}}", max(sizes, default=None), cap)
+        how = ("its dataset, which gives whole batches (DataLoader(batch_size=None)), must "
+               "batch by {name}")
+        try:
+            return LoaderBatch(who, how, batch_size(next(iter(loader)), batch_dim, what))
+        except (StopIteration, TypeError, ValueError):
+            return LoaderBatch(who, how, None)
+
+
+def _loader_batches(loaders, batch_dim, what) -> list:
+    """A LoaderBatch for each loader train_dataloader returned."""
+    return [_batch_given(who, loader, batch_dim, what)
+            for who, loader in _named_loaders(loaders)]
+
+
+def _check_agree(batches, name, old, what):
+    """Refuses loaders that give different batches at the user's batch: See
+    Note [The batch the training loader runs]."""
+    known = [b for b in batches if b.size is not None]
+    if len({b.size for b in known}) > 1:
+        said = ", ".join(f"{b.who.strip(' ()')}: {b.size}" for b in known)
+        raise ValueError(
+            f"[{what}] train_dataloader's loaders give batches of different sizes with {name} "
+            f"at {old} ({said}): each must batch by {name}, as FitBatchSize sets one batch "
+            f"for all of them")
+
+
+def _set_batch(trainer, pl_module, name, batch, was, what, batch_dim):
+    """Sets the module's `name` to `batch`, and checks that each loader
+    train_dataloader builds then gives that batch (`was`: the LoaderBatch
+    of each before): See Note [The batch the training loader runs]."""
     old = lightning_getattr(pl_module, name)
     lightning_setattr(pl_module, name, batch)
-    if was is None or batch == was:
-        return
-    now = _loader_batch(_train_loaders(trainer, pl_module, what))
-    if now is not None and now != batch:
+    now = _loader_batches(_train_loaders(trainer, pl_module, what), batch_dim, what)
+    for b, before in zip(now, was):
+        if b.size is None or b.size == min(batch, b.cap or batch):
+            continue
         lightning_setattr(pl_module, name, old)
         raise ValueError(
-            f"[{what}] train_dataloader builds batches of {now} with {name} set to {batch} "
-            f"({was} at {old}): its DataLoader must take batch_size={name}, or FitBatchSize "
+            f"[{what}] train_dataloader{b.who} builds batches of {b.size} with {name} set to "
+            f"{batch} ({before.size} at {old}): {b.how.format(name=name)}, or FitBatchSize "
             f"sizes a batch the loop does not run; {batch} fits")
 
 
@@ -510,6 +588,10 @@ class FitBatchSize(pl.Callback):
         # Held through the planning: See Note [A dataset the loader holds on the device].
         loaders, val_held = _train_loaders(trainer, pl_module, what), _val_loaders(trainer,
                                                                                    pl_module)
+        # See Note [The batch the training loader runs].
+        was = _loader_batches(loaders, self.batch_dim, what)
+        _check_agree(was, self.batch_arg_name, lightning_getattr(pl_module, self.batch_arg_name),
+                     what)
         batch, longer = _first_batch(trainer, pl_module, loaders, what, self.batch_dim,
                                      longest=True)
         # The user's own accumulate_grad_batches (or a scheduler of it): every
@@ -542,8 +624,9 @@ class FitBatchSize(pl.Callback):
             plan.notes.append(longer)
         if self.keep_effective_batch is None:
             _at_most_the_data(plan, _training_samples(loaders))
-        was, loaders, val_held = _loader_batch(loaders), None, None
-        _set_batch(trainer, pl_module, self.batch_arg_name, plan.batch_size, was, what)
+        loaders = val_held = None
+        _set_batch(trainer, pl_module, self.batch_arg_name, plan.batch_size, was, what,
+                   self.batch_dim)
         if _built_again(trainer):
             plan.notes.append("the training loader was built before the fit started (by "
                               "estimated_stepping_batches?): it is built again at the batch set; "

@@ -451,6 +451,57 @@ def _built_again(trainer) -> bool:
     return built
 
 
+# Note [A checkpoint being resumed]
+# trainer.fit(ckpt_path=...) loads the checkpoint before on_fit_start, its
+# tensors where they were saved (a card's onto the card), and holds it until
+# it has restored the weights and the optimizer's state, after on_fit_start
+# and before the first step. Taken for memory held beside every step, it
+# left no room: FitBatchSize raised "even a batch of 1 ran out of memory"
+# where Lightning's loop resumed at 557. So while the batch is sized, the
+# checkpoint's weights and optimizer states on the device wait in host
+# memory, and go back where they were after (Lightning restores from them
+# as it would); the optimizer state they restore is what the rehearsed
+# steps make, and the restore itself holds no more than the device holds
+# now.
+
+
+@contextlib.contextmanager
+def _checkpoint_on_host(trainer):
+    """The loaded checkpoint's device tensors in host memory for the block:
+    See Note [A checkpoint being resumed]."""
+    connector = getattr(trainer, "_checkpoint_connector", None)
+    loaded = getattr(connector, "_loaded_checkpoint", None) or {}
+    # By id: the tensors loaded coexist, so their ids are distinct.
+    moved, copies = [], {}  # (holder, key, device, id); the host copy by id
+
+    def visit(holder, key):
+        v = holder[key]
+        if isinstance(v, (dict, list)):
+            for k in (list(v) if isinstance(v, dict) else range(len(v))):
+                visit(v, k)
+        elif isinstance(v, torch.Tensor) and (v.is_cuda or _memfit.allocation_id(v) is not None):
+            if id(v) not in copies:
+                with host_memory():
+                    copies[id(v)] = v.detach().to("cpu", copy=True)
+            moved.append((holder, key, v.device, id(v)))
+            holder[key] = copies[id(v)]
+
+    for key in ("state_dict", "optimizer_states"):
+        if key in loaded:
+            visit(loaded, key)
+    try:
+        yield
+    finally:
+        back = {}
+        for holder, key, device, i in moved:
+            if i not in back:
+                back[i] = copies[i].to(device, copy=True)
+            holder[key] = back[i]
+        # visit's closure holds itself: the holders must not wait for the gc.
+        moved.clear()
+        copies.clear()
+
+
 def _optimizer(trainer, what):
     optimizers = trainer.optimizers
     if len(optimizers) != 1:
@@ -577,11 +628,16 @@ class FitBatchSize(pl.Callback):
             )
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        with _checkpoint_on_host(trainer):  # See Note [A checkpoint being resumed]
+            if self.lengths is not None:
+                self._fit_lengths(trainer, pl_module, time.perf_counter())
+            else:
+                self._fit_batch(trainer, pl_module)
+
+    def _fit_batch(self, trainer, pl_module):
+        """on_fit_start without lengths=: the batch attribute set."""
         what = "FitBatchSize"
         began = time.perf_counter()
-        if self.lengths is not None:
-            self._fit_lengths(trainer, pl_module, began)
-            return
         before = str(lightning_getattr(pl_module, self.batch_arg_name))
         if self.keep_effective_batch is not None:
             before += f" x {trainer.accumulate_grad_batches}"

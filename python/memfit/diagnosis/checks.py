@@ -36,7 +36,9 @@ def run_checks(run: Run):
     findings += growth
     # What a list keeps is growth's finding, at the line that appends it.
     skip = {f.where for f in growth} | {made for k in kept.values() for made in k.made}
-    findings += check_tensors_kept(run, skip_sites=skip)
+    retained, retained_ids = check_retain_graph(run)
+    findings += retained
+    findings += check_tensors_kept(run, skip_sites=skip, skip_ids=retained_ids)
     findings += check_eval_with_grad(run)
     findings += check_grads_kept(run)
     findings += check_float64(run)
@@ -309,10 +311,11 @@ def _peak_without(run, step, intervals):
     return peak
 
 
-def check_tensors_kept(run, skip_sites=()):
+def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
     """Tensors of step k still alive at step k+1's peak (the output of the
     last step held while the next forward runs, a batch kept aside), where
-    dropping them earlier lowers that peak."""
+    dropping them earlier lowers that peak. `skip_ids`: allocations another
+    finding names (a graph retain_graph=True kept)."""
     steps = run.steps
     if len(steps) < 3:
         return []
@@ -342,7 +345,8 @@ def check_tensors_kept(run, skip_sites=()):
                   for i in f.input_ids}
         kept = collections.defaultdict(list)
         for a in made_in[k]:
-            if (a.id in excluded or a.id in inputs or a.site in skip_sites or a.func in state_calls
+            if (a.id in excluded or a.id in inputs or a.id in skip_ids or a.site in skip_sites
+                    or a.func in state_calls
                     or a.site is UNKNOWN_SITE or not a.alive_after(p)
                     or (a.in_graph and k in unused_graph)):
                 continue
@@ -375,6 +379,63 @@ def check_tensors_kept(run, skip_sites=()):
 
 
 # -- autograd and gradients ---------------------------------------------------
+
+
+def _retained_allocations(run, rb, reached):
+    """What the graph of the forwards `reached` by the backward `rb` saved
+    and still holds after it: allocated from the first of them to the
+    backward (the loss's own saved tensors too), in a graph, not a forward's
+    output (the user holds that), alive once the backward returned."""
+    first = min(f.first_event for f in reached)
+    held = run.observation.held_ids
+    return [a for a in run.allocations.values()
+            if first <= a.alloc_event < rb.first_event and a.in_graph and a.forward is None
+            and a.id not in held and a.alive_at_boundary(rb.end_event)]
+
+
+def check_retain_graph(run):
+    """`loss.backward(retain_graph=True)` where no later backward goes
+    through the same forward: the graph keeps every tensor it saved until
+    the user drops the loss and output (usually at the next iteration's
+    assignment, after the next forward made its own activations). Returns
+    (findings, the ids of the allocations they name). Reported where
+    freeing them as backward ends lowers the steps' peak by MIN_SHARE of
+    the memory in use."""
+    obs = run.observation
+    steps = _steps_for_average(run)
+    if not obs.retained or not steps:
+        return [], set()
+    by_site = collections.defaultdict(list)
+    for rb in obs.retained:
+        reached = [f for f in obs.forwards
+                   if any(rb.first_event <= e < rb.end_event for e in f.backward_events)]
+        if not reached or any(e >= rb.end_event for f in reached for e in f.backward_events):
+            continue  # used again by a later backward (two losses, a penalty): on purpose
+        allocs = _retained_allocations(run, rb, reached)
+        if allocs:
+            by_site[rb.site].append((rb, allocs))
+    peak = max(s.peak for s in steps)
+    findings, ids = [], set()
+    for site, items in by_site.items():
+        # Without retain_graph a node frees what it saved once it ran: its
+        # result then (the ops that read it ran before it, in backward).
+        intervals = [(dict(rb.released).get(a.id, rb.end_event), _end_of(run, a), a.bytes)
+                     for rb, allocs in items for a in allocs]
+        saving = peak - max(_peak_without(run, s, intervals) for s in steps)
+        if saving <= 0 or saving < MIN_SHARE * (peak + obs.outside_bytes):
+            continue
+        per = statistics.mean(sum(a.bytes for a in allocs) for _rb, allocs in items)
+        ids |= {a.id for _rb, allocs in items for a in allocs}
+        n = len(items)
+        seen = (f"backward(retain_graph=True) at {site} keeps what the graph saved "
+                f"({_fmt(per)}) alive after it, in {n} backward{'s' if n > 1 else ''}, "
+                "and no later backward goes through that graph: it lives until the loss "
+                "and output are dropped (into the next forward); freed as backward runs "
+                f"through it, the steps' peak falls by {_fmt(saving)}.")
+        fix = ("call `loss.backward()` without retain_graph=True (it is for a second "
+               "backward through the same graph)")
+        findings.append(Finding("retain_graph", int(per), site, seen, fix, int(saving)))
+    return findings, ids
 
 
 def check_eval_with_grad(run):

@@ -33,7 +33,8 @@ from .._native import native as _memfit
 from .._step.compiled import CompileWatch, compiled_roots, module_calls, watch_call
 from .frames import called_from_other_library, is_library_file, site_of, user_frame
 from .records import (CompileEvent, Float64Tensor, ForwardCall, GraphUse, HostCopy,
-                      InPlaceCandidate, Marker, Observation, Span, ZeroGradCall)
+                      InPlaceCandidate, Marker, Observation, RetainedBackward, Span,
+                      ZeroGradCall)
 
 __all__ = ["StopRun"]
 
@@ -80,6 +81,11 @@ _IN_PLACE = {
 _COPIES = (_Tensor.to, _Tensor.cuda, _Tensor.copy_)
 _SPECIAL = {f: "in_place" for f in _IN_PLACE}
 _SPECIAL.update({f: "copy" for f in _COPIES})
+# Backward's two spellings, each with the position of retain_graph and
+# create_graph: loss.backward(gradient, retain_graph, create_graph) and
+# torch.autograd.backward(tensors, grad_tensors, retain_graph, create_graph).
+_BACKWARDS = {_Tensor.backward: (2, 3), torch.autograd.backward: (2, 3)}
+_SPECIAL.update({f: "backward" for f in _BACKWARDS})
 
 # The in-place spelling of each op, by its name in reports (for the checks).
 IN_PLACE_FIXES = {name: fix for name, fix, _pos, _check in _IN_PLACE.values()}
@@ -155,7 +161,12 @@ class _Calls(TorchFunctionMode):
         n0 = len(timeline)
         if o.pending:
             o.note_uses(args)
-        out = func(*args, **kwargs)
+        watch = o.watch_backward(func, args, kwargs) if func in _BACKWARDS else None
+        try:
+            out = func(*args, **kwargs)
+        finally:
+            if watch is not None:
+                o.end_backward(watch, n0, len(timeline))
         if len(timeline) != n0 or func in _SPECIAL:
             o.note_call(func, args, kwargs, out, n0, len(timeline))
         elif isinstance(out, _Tensor) and out.requires_grad:
@@ -183,6 +194,11 @@ class Observer:
         self.forwards = []
         self.zero_grads = []
         self.accumulations = []  # (event, id of the parameter, bytes of its .grad)
+        self.retained = []  # RetainedBackward's fields, but the key for its site
+        # id(grad_fn) -> the allocations of the results it made, this step
+        # (an autograd node cannot be weakly referenced, and a strong one
+        # would keep what it saved alive).
+        self._creators = {}
         self._accumulating = set()  # ids of the parameters with our hook
         self.graph_uses = []
         self.float64 = []
@@ -366,6 +382,7 @@ class Observer:
             compiles=tuple(self.compiles),
             model_files=frozenset(self._model_files),
             accumulations=tuple(self.accumulations),
+            retained=tuple(RetainedBackward(a, b, site_of(k), r) for a, b, k, r in self.retained),
         )
 
     def _outside_bytes(self):
@@ -464,11 +481,15 @@ class Observer:
             if call.kv_cache_bytes:
                 call.kv_cache_ids = tuple(set(self._ids(_cache_tensors(_cache_of(output)))))
             for node in nodes:
-                handle = node.register_prehook(functools.partial(_mark_backward, call))
+                handle = node.register_prehook(functools.partial(self._backward_reached, call))
                 self._undo.append(handle.remove)
             self.last_inputs = self.inputs[call.site] = (module, args, kwargs)
         finally:
             self.quiet = prev
+
+    def _backward_reached(self, call, grad_outputs):
+        call.backward_reached = True
+        call.backward_events.append(len(self.timeline))
 
     def _is_model(self, module):
         """Without a model named, the forward of a model is the outermost
@@ -503,6 +524,7 @@ class Observer:
             which = next(i for i, o in enumerate(self._optimizers) if o is optimizer)
             self.markers.append((n1, "optimizer_step", which))
             self._new_boundary()
+            self._creators = {}
             self.optimizer_steps += 1
             self._forwards_since_step = 0
         finally:
@@ -587,6 +609,8 @@ class Observer:
         if n1 != n0:
             self.spans.append((n0, n1, key, func, grad))
             self.note_float64(out, args, n0, key, func)
+            if grad:
+                self._note_creators(out)
         if grad:
             self.note_graph_inputs(func, args, n0, 3)
         special = _SPECIAL.get(func)
@@ -594,6 +618,48 @@ class Observer:
             self._note_copy(func, args, kwargs, out, n0, key)
         elif special == "in_place":
             self._note_in_place(func, args, kwargs, out, n0, key)
+
+    def _note_creators(self, out):
+        if len(self._creators) > 1_000_000:  # a loop with no optimizer step
+            self._creators = {}
+        for t in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(t, _Tensor) and t.grad_fn is not None:
+                i = _allocation_id(t)
+                if i is not None:
+                    self._creators.setdefault(id(t.grad_fn), []).append(i)
+
+    def watch_backward(self, func, args, kwargs):
+        """Before a backward that retains its graph (and makes none): a hook
+        on each node of the graph notes the event it ran at, when backward
+        without retain_graph would have freed what it saved. Returns what
+        end_backward takes, or None for any other backward."""
+        retain, create = _BACKWARDS[func]
+        if (not _arg(args, kwargs, retain, "retain_graph", None)
+                or _arg(args, kwargs, create, "create_graph", False)):
+            return None
+        ran, handles, seen = {}, [], set()
+        todo = [t.grad_fn for t in _tensors(args[:1]) if t.grad_fn is not None]
+        while todo:
+            node = todo.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            if id(node) in self._creators:
+                handles.append(node.register_hook(
+                    functools.partial(self._node_ran, ran, id(node))))
+            todo += [n for n, _ in node.next_functions]
+        return ran, handles, user_frame(2)
+
+    def _node_ran(self, ran, node_id, grad_inputs, grad_outputs):
+        ran[node_id] = len(self.timeline)
+
+    def end_backward(self, watch, n0, n1):
+        ran, handles, key = watch
+        for h in handles:
+            h.remove()
+        released = tuple((i, e) for node_id, e in ran.items()
+                         for i in self._creators.get(node_id, ()))
+        self.retained.append((n0, n1, key, released))
 
     def note_graph_inputs(self, func, args, n0, depth):
         """A tensor with a graph from before this step taken by a call whose
@@ -732,9 +798,6 @@ class Observer:
         # Two owners: x itself and the storage object made for this call.
         return torch._C._storage_Use_Count(x.untyped_storage()._cdata) == 2
 
-
-def _mark_backward(call, grad_outputs):
-    call.backward_reached = True
 
 
 def _drop_pending(pending, xid, _ref):

@@ -12,7 +12,7 @@ between.
 
 import os
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Tuple, Union
 
 __all__ = ["KINDS", "Site", "Finding"]
@@ -36,6 +36,8 @@ KINDS = {
                   "shape, a changed Python value)",
     "graph_break": "a graph break splits a compiled region in two graphs",
     "kv_cache": "a training forward keeps a KV cache (an HF model with use_cache=True)",
+    "retain_graph": "backward(retain_graph=True) keeps the graph's saved tensors alive, and no "
+                    "second backward goes through it",
     # memfit explain: what a CUDA snapshot's trace shows (and grads_kept above).
     "peak": "what filled memory at the peak",
     "fragmentation": "reserved bytes the allocator held but could not use",
@@ -115,6 +117,9 @@ class ForwardCall:
     kv_cache_bytes: int = 0
     kv_cache_ids: Tuple[int, ...] = ()  # its storages' allocations
     training: bool = False  # the model was in train mode
+    # The events at which a backward ran through one of its outputs (one or
+    # more per backward pass: a node of each output).
+    backward_events: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -122,6 +127,19 @@ class ZeroGradCall:
     event: int
     site: Site
     set_to_none: bool
+
+
+@dataclass(frozen=True)
+class RetainedBackward:
+    """A backward called with retain_graph=True (and no create_graph):
+    its events [first_event, end_event), the user's line, and (allocation
+    id, event) of each result of the graph whose node ran: where backward
+    without retain_graph frees what that node saved."""
+
+    first_event: int
+    end_event: int
+    site: Site
+    released: Tuple[Tuple[int, int], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -210,6 +228,7 @@ class Observation:
     # (event, id of the parameter, bytes of its .grad) each time backward
     # wrote a gradient, from the first forward after an optimizer step on.
     accumulations: Tuple[Tuple[int, int, int], ...] = ()
+    retained: Tuple[RetainedBackward, ...] = ()
 
 
 @dataclass(frozen=True)

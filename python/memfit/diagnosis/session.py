@@ -119,6 +119,8 @@ class Doctor:
         elif finding.kind == "graph_kept":
             backward = any(f.backward_reached for f in forwards)
             result = trials.try_item(observer.last_inputs, backward)
+        elif finding.kind == "retain_graph":
+            result = trials.try_without_retain(observer.last_inputs)
         elif finding.kind == "graph_break":
             if self._split is None:  # one re-run measures every break
                 self._split = trials.try_graph_split(observer.last_inputs)

@@ -178,6 +178,37 @@ def try_set_to_none(inputs, params, through_backward=True):
     return _trial(run, inputs)
 
 
+def try_without_retain(inputs):
+    """The peak of a forward, a backward (torch.autograd.grad: no .grad is
+    written) and a second forward while the first loss lives, as a loop
+    runs them, with the backward retaining its graph and without."""
+
+    def run(inputs):
+        refused = _refuse(inputs[0])
+        if refused:
+            return TrialResult(None, refused)
+        params = [p for p in inputs[0].parameters() if p.requires_grad]
+        if not params:
+            return TrialResult(None, "not tried: the model has no parameter that requires grad")
+        peaks = []
+        for retain in (True, False):
+            t = Tracking()
+            try:
+                with torch.enable_grad():
+                    loss = _scalar(_forward(inputs))
+                    torch.autograd.grad(loss, params, retain_graph=retain, allow_unused=True)
+                    nxt = _forward(inputs)
+                    del nxt, loss
+                peaks.append(t.peak_bytes)
+            finally:
+                t.stop()
+        return TrialResult(peaks[0] - peaks[1], "re-ran the last forward, a backward with and "
+                                                "without retain_graph=True and the next forward: "
+                                                "difference of the peaks")
+
+    return _trial(run, inputs)
+
+
 def _output_bytes(gm):
     """Bytes of the tensors a captured graph returns (its example values)."""
     total = 0

@@ -204,20 +204,21 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
                 def room_now():
                     return resolve_budget(budget, model, optimizer, what)
 
-                room, report = settled_example(
-                    room_now,
-                    lambda: example_that_runs(
+                def record():
+                    return example_that_runs(
                         lambda x, _: profile(model, x, loss_fn=loop.how, optimizer=optimizer,
                                              batch_dim=batch_dim, set_to_none=loop.set_to_none,
                                              target_device=target, keep_output=loop.keep_output),
-                        batch, None, batch_dim, what), model)
+                        batch, None, batch_dim, what)
+
+                room, report = settled_example(room_now, record, model)
             plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
                                              optimizer_state_bytes(report.timeline))
 
             def at_most(cap):
                 f = settled_search(room_now, room, model, lambda r: search(
                     report, min(available, r.room_bytes), int(reserve_bytes), verify=verify,
-                    max_batch=cap, who=what))
+                    max_batch=cap, who=what), record)
                 # The example's few samples repeated: See Note [Memory that
                 # depends on the batch's values] (op_frames.h).
                 settle_fit(f, report.value_sized_ops, report.samples)

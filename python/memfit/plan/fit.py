@@ -179,13 +179,16 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
             room.room_bytes, sum(trainable_sizes(at.model)), "find_batch_size",
             "report.data_parallel()")
 
-    room, report = settled_example(room_now, lambda: example_that_runs(
-        at.profile, inputs, target, batch_dim, "find_batch_size", target_batch_dim), at.model)
+    def record():
+        return example_that_runs(at.profile, inputs, target, batch_dim, "find_batch_size",
+                                 target_batch_dim)
+
+    room, report = settled_example(room_now, record, at.model)
 
     def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
         fit = settled_search(room_now, room, at.model, lambda r: search(
             report, available_in(r), margin, verify=verify, max_batch=cap,
-            progress=at.progress))
+            progress=at.progress), record)
         # The answer is for this loop, from this state; a compiled model's graphs.
         notes = room.notes + report.loop_notes + search_notes(report, fit)
         notes += output_note(report, fit) + ([padded] if padded else [])
@@ -280,6 +283,13 @@ def output_note(report, fit) -> list:
 # 683 of 695 for find_batch_size and the callbacks from an example of 8,
 # 128 -> 683 from an example of 2 whose probe made it; 512 -> 586 of 616
 # for the Trainer).
+# What a step leaves may also be its own, replaced by the next step: a
+# forward hook that keeps each layer's output (feature extraction) held the
+# last probe's activations, which the search took as kept for good and
+# answered 561 where plain steps ran 1563. So before searching again, the
+# example's step runs once more: what it replaces goes back to the
+# example's size, and only what stays (a workspace, a cache per shape) is
+# taken out (test_device_keeps.py).
 def settled_example(room_now, record, model):
     """(room, report): the Room from room_now() and the example's Report
     from record(), the room taken after one step made whatever the device
@@ -296,18 +306,23 @@ def settled_example(room_now, record, model):
         return after, record()
 
 
-def settled_search(room_now, room, model, searched):
+def settled_search(room_now, room, model, searched, again):
     """searched(room), a BatchFit, on the device as it is: on a card
     (`model`'s) capped at the budget (Note [A card capped at the budget],
     places.py), and searched again in the room left where a probe left more
-    on the device than the example did (Note [What a step leaves on the
-    device]). room_now: the Room now, as settled_example's."""
+    on the device than the example did, once the example's step, again(),
+    ran again (Note [What a step leaves on the device]). room_now: the Room
+    now, as settled_example's."""
     def capped(r):
         with capped_at_budget(model, r.budget_bytes):
             return searched(r)
     fit, kept = capped(room), room_now()
     if kept.beside_bytes > room.beside_bytes:
-        fit = capped(kept)
+        with capped_at_budget(model, room.budget_bytes):
+            again()
+        kept = room_now()
+        if kept.beside_bytes > room.beside_bytes:
+            fit = capped(kept)
     return fit
 
 

@@ -615,7 +615,7 @@ class Trainer:
             verify = not set_to_none  # the whole batch: the step is the check
             return fitting.settled_search(room_now, after, self._module, lambda r: fitting.search(
                 report, min(room, r.room_bytes), 0, verify=verify, max_batch=max_batch,
-                who="Trainer"))
+                who="Trainer"), record)
 
         return fit
 

@@ -108,10 +108,40 @@ def side_copy(trainer, pl_module):
             side = copy.deepcopy(pl_module, memo)
     except Exception:  # a lock, a compiled module: not copyable
         return pl_module
+    _uncompiled(side)
     if isinstance(side, pl.LightningModule) and pl_module._trainer is not None:
         seen = trainer if isinstance(trainer, _RehearsedTrainer) else _RehearsedTrainer(trainer)
         side.trainer = seen  # the module's LightningModule children too
     return side
+
+
+# Note [A module compiled whole]
+# trainer.fit(torch.compile(module)) hands Lightning an OptimizedModule,
+# which it unwraps (from_compiled): the module's forward and steps become
+# instance attributes, each dynamo's wrapper of the module's own bound
+# method. A copy shares those wrappers (a function is copied as itself), so
+# the copy's training_step ran the user's module: the losses it keeps held
+# the rehearsal's steps beside the loop's. Wrapped again over the copy's
+# methods, each copy would compile anew (the code's cache has a limit,
+# after which the user's own steps run eager), and the second rehearsed
+# step's compile was taken for what a step keeps (1.75 MiB a sample: "no
+# batch fits" where the loop runs 577). So the copy runs its own methods
+# uncompiled: eager, which holds at least what the compiled step holds
+# (557 where the loop runs 577).
+
+_COMPILED = ("forward", "training_step", "validation_step", "test_step", "predict_step")
+
+
+def _uncompiled(side):
+    """The copy's steps its own, uncompiled: See Note [A module compiled
+    whole]."""
+    ctx = getattr(side, "_compiler_ctx", None)
+    if not isinstance(ctx, dict):
+        return
+    for name in _COMPILED:
+        original = ctx.get(f"original_{name}")  # the copy's: deepcopy rebinds a bound method
+        if getattr(original, "__self__", None) is side:
+            setattr(side, name, original)
 
 
 # Note [The validation inside the fit loop]

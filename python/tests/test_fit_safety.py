@@ -1,10 +1,13 @@
 """find_batch_size on models it was not built with: never above what fits,
 close to it, and saying when the memory is not affine in the batch."""
 
+import gc
+
 import pytest
 import torch
 
 import memfit
+from memfit._native import tracked_live_bytes
 
 
 class PathByBatch(torch.nn.Module):
@@ -139,3 +142,34 @@ def test_a_batchnorm_model_whose_two_samples_do_not_fit_is_does_not_fit_not_its_
                                                 r"train \(ValueError: Expected more than 1 value"):
         memfit.find_batch_size(model, x, y, loss_fn=torch.nn.CrossEntropyLoss(),
                                optimizer="adam", budget="1MiB", target_device="cuda", mode="cpu")
+
+
+def test_a_device_the_model_and_its_adam_state_fill_names_them():
+    # On the device (the simulated one here, a card alike) even one sample
+    # ran out, and the device's own message said to let memfit find a
+    # batch. The weights (9.8 MiB), their gradients and Adam's two states
+    # take 39 MiB of a 24 MiB device: that is the cause, and plain steps of
+    # one sample run out there too.
+    from memfit.testing.truth import plain_steps_run
+
+    def build():
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.EmbeddingBag(20000, 128), torch.nn.Linear(128, 10))
+        return model, torch.optim.Adam(model.parameters())
+
+    def one_sample(model, opt):
+        torch.nn.functional.cross_entropy(model(torch.randint(0, 20000, (1, 8))),
+                                          torch.randint(0, 10, (1,))).backward()
+        opt.step()
+        opt.zero_grad()
+
+    budget = 24 << 20
+    assert not plain_steps_run(budget, build, one_sample)
+    gc.collect()
+    with memfit.simulated_device(budget + tracked_live_bytes("cpu")):
+        model, opt = build()
+        x, y = torch.randint(0, 20000, (4, 8)), torch.randint(0, 10, (4,))
+        with pytest.raises(memfit.DoesNotFit,
+                           match=r"^\[find_batch_size\] not even one sample fits: .*Adam's state at "
+                                 r"its first step \(19\.5\d MiB\) take 39\.\d\d MiB"):
+            memfit.find_batch_size(model, x, y, optimizer=opt)

@@ -20,9 +20,9 @@ from .._step.loop import as_loop, kept_output_note
 from .._step.frameworks import accumulation_setter, unwrapped_optimizer
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
-from .._step.training_step import check_optimizer
+from .._step.training_step import builtin_name, check_optimizer
 from .._step.user_step import as_user_step
-from .._step.user_state import with_loss_module
+from .._step.user_state import step_bytes, with_loss_module
 from ..report.compiled import search_notes
 from ..report.value_sized import settle_fit
 from ..report.data_parallel import trainable_sizes
@@ -183,7 +183,11 @@ def find_batch_size(model: torch.nn.Module, inputs: Batch, target: Batch = None,
         return example_that_runs(at.profile, inputs, target, batch_dim, "find_batch_size",
                                  target_batch_dim)
 
-    room, report = settled_example(room_now, record, at.model)
+    try:
+        room, report = settled_example(room_now, record, at.model)
+    except DoesNotFit as e:
+        raise cause_at_one_sample(e, at.model, at.optimizer,
+                                  available_in(room_now()) - margin, "find_batch_size") from None
 
     def fit_at_most(cap=None):  # cap: a smaller batch another rank can run (plan/ranks.py)
         fit = settled_search(room_now, room, at.model, lambda r: search(
@@ -354,6 +358,44 @@ def example_that_runs(profile_at, inputs, target, batch_dim, who, target_dim=Non
             inputs = resize_batch(inputs, n, batch_dim)
             target = None if target is None else resize_batch(
                 target, n, target_batch_dim_of(batch_dim, target_dim, who))
+
+
+def cause_at_one_sample(error, model, optimizer, room, who):
+    """What to raise for `error`, example_that_runs's DoesNotFit (even one
+    sample ran out where it was measured): where the model's weights,
+    buffers, gradients and the optimizer's state alone take the room, a
+    refusal that names them (the device's own message said to let memfit
+    find a batch, which is what failed); else `error`."""
+    held = step_bytes(model, optimizer)  # weights, buffers, .grad and state held now
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    grads = sum(p.numel() * p.element_size() for p in trainable if p.grad is None)
+    spec = _builtin_spec(optimizer)
+    fresh = not isinstance(optimizer, torch.optim.Optimizer) or not optimizer.state
+    state = spec.states * sum(p.numel() * p.element_size() for p in trainable) \
+        if spec is not None and fresh else 0
+    if held + grads + state < room:
+        return error
+    fmt = _memfit.format_bytes
+    parts = [f"what the model holds now ({fmt(held)}: weights, buffers, any .grad and "
+             f"optimizer state)"]
+    if grads:
+        parts.append(f"the gradients backward makes ({fmt(grads)})")
+    if state:
+        named = type(optimizer).__name__ if not isinstance(optimizer, str) else optimizer
+        parts.append(f"{named}'s state at its first step ({fmt(state)})")
+    return DoesNotFit(
+        f"[{who}] not even one sample fits: " + ", ".join(parts) + f" take "
+        f"{fmt(held + grads + state)} before any sample, and the budget leaves the step "
+        f"{fmt(room)}. Try a bigger budget, an optimizer with less state or its state on the "
+        f"host, or lower precision (memfit.advise plans and measures these)")
+
+
+def _builtin_spec(optimizer):
+    """memfit's built-in optimizer `optimizer` is (a name, or a torch
+    optimizer built as one), or None."""
+    name = optimizer if isinstance(optimizer, str) else (
+        builtin_name(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None)
+    return next((s for s in _memfit.builtin_optimizers() if s.name == name), None)
 
 
 # The core's search and fit name themselves as the command line's `memfit

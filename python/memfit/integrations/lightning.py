@@ -426,18 +426,78 @@ def _check_agree(batches, name, old, what):
 def _set_batch(trainer, pl_module, name, batch, was, what, batch_dim):
     """Sets the module's `name` to `batch`, and checks that each loader
     train_dataloader builds then gives that batch (`was`: the LoaderBatch
-    of each before): See Note [The batch the training loader runs]."""
+    of each before), See Note [The batch the training loader runs], and
+    that the loop takes its settings at that batch, See Note [Settings
+    counted in batches]; refused, `name` is put back."""
     old = lightning_getattr(pl_module, name)
     lightning_setattr(pl_module, name, batch)
-    now = _loader_batches(_train_loaders(trainer, pl_module, what), batch_dim, what)
-    for b, before in zip(now, was):
-        if b.size is None or b.size == min(batch, b.cap or batch):
-            continue
+    try:
+        loaders = _train_loaders(trainer, pl_module, what)
+        for b, before in zip(_loader_batches(loaders, batch_dim, what), was):
+            if b.size is None or b.size == min(batch, b.cap or batch):
+                continue
+            raise ValueError(
+                f"[{what}] train_dataloader{b.who} builds batches of {b.size} with {name} set "
+                f"to {batch} ({before.size} at {old}): {b.how.format(name=name)}, or "
+                f"FitBatchSize sizes a batch the loop does not run; {batch} fits")
+        _check_epoch_settings(trainer, pl_module, loaders, name, batch, what)
+    except ValueError:
         lightning_setattr(pl_module, name, old)
+        raise
+
+
+# Note [Settings counted in batches]
+# Lightning checks some settings against the batches an epoch has, as it
+# builds the loaders: limit_train_batches and limit_val_batches given as a
+# fraction must keep a batch, and val_check_interval given as a number of
+# batches must come within the epoch. Right at the user's batch of 4 (1024
+# batches an epoch), they were wrong at the 557 FitBatchSize set (8): the
+# loop raised after it ("`val_check_interval` (100) must be less than or
+# equal to the number of the training batches (8)"), saying nothing of the
+# batch. So they are checked at the batch set, as the loop counts them, and
+# the fit is refused in one line naming the setting to change.
+
+
+def _epoch_batches(stage, loaders, limit, batch, what):
+    """How many batches of each loader an epoch runs under `limit`
+    (limit_<stage>_batches), inf where it has no length: See Note [Settings
+    counted in batches]."""
+    counts = []
+    for dl in loaders:
+        try:
+            length = len(dl)
+        except TypeError:
+            counts.append(float("inf"))
+            continue
+        if isinstance(limit, float) and limit > 0 and length and int(length * limit) == 0:
+            raise ValueError(
+                f"[{what}] at the batch of {batch} the {stage} loader has {length} batches, and "
+                f"limit_{stage}_batches={limit} of them is none (Lightning raises): give it as a "
+                f"number of batches, or a fraction of at least {1 / length:.3g}; {batch} fits")
+        counts.append(min(length, limit) if isinstance(limit, int) else int(length * limit))
+    return counts
+
+
+def _check_epoch_settings(trainer, pl_module, loaders, name, batch, what):
+    """Refuses the settings the loop raises at `batch`: See Note [Settings
+    counted in batches]. `loaders`: what train_dataloader built at it."""
+    if trainer.limit_train_batches == 0:
+        return
+    flat = (loaders if isinstance(loaders, CombinedLoader)
+            else CombinedLoader(loaders, "max_size_cycle")).flattened
+    train = max(_epoch_batches("train", flat, trainer.limit_train_batches, batch, what))
+    source = val_source(trainer, pl_module)
+    if source is not None and not isinstance(source, PassedToFit):
+        _epoch_batches("val", val_loaders(source, pl_module, name, batch),
+                       trainer.limit_val_batches, batch, what)
+    interval = trainer.val_check_interval
+    if (isinstance(interval, int) and not isinstance(interval, bool) and interval > train
+            and trainer.check_val_every_n_epoch is not None and trainer.limit_val_batches > 0):
         raise ValueError(
-            f"[{what}] train_dataloader{b.who} builds batches of {b.size} with {name} set to "
-            f"{batch} ({before.size} at {old}): {b.how.format(name=name)}, or FitBatchSize "
-            f"sizes a batch the loop does not run; {batch} fits")
+            f"[{what}] at the batch of {batch} an epoch has {train} training batches, and "
+            f"val_check_interval={interval} is past its end (Lightning raises): pass "
+            f"check_val_every_n_epoch=None to count it across epochs, or give it as a fraction "
+            f"of the epoch; {batch} fits")
 
 
 def _built_again(trainer) -> bool:

@@ -173,3 +173,20 @@ def test_a_device_the_model_and_its_adam_state_fill_names_them():
                            match=r"^\[find_batch_size\] not even one sample fits: .*Adam's state at "
                                  r"its first step \(19\.5\d MiB\) take 39\.\d\d MiB"):
             memfit.find_batch_size(model, x, y, optimizer=opt)
+
+
+def test_the_callbacks_name_the_model_and_its_adam_state_too():
+    # Lightning's and Hugging Face's callbacks size through plan_batch.
+    from memfit.integrations import api
+
+    gc.collect()
+    with memfit.simulated_device((24 << 20) + tracked_live_bytes("cpu")):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.EmbeddingBag(20000, 128), torch.nn.Linear(128, 10))
+        how = api.UserStep(step=lambda m, b: torch.nn.functional.cross_entropy(m(b[0]), b[1]),
+                           what="Callback")
+        batch = torch.randint(0, 20000, (4, 8)), torch.randint(0, 10, (4,))
+        with pytest.raises(memfit.DoesNotFit, match=r"^\[Callback\] not even one sample fits: "
+                                                    r".*Adam's state at its first step"):
+            api.plan_batch(model, batch, torch.optim.Adam(model.parameters()),
+                           whole=api.LoopStep(how), budget=None, what="Callback")

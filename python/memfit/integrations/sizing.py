@@ -17,7 +17,8 @@ from .._step.device import budget_target, host_memory, to_bytes
 from .._step.user_state import kept_rng
 from .._step.user_step import UserStep
 from ..plan.budget import resolve_budget
-from ..plan.fit import example_that_runs, search, settled_example, settled_search
+from ..plan.fit import (DoesNotFit, cause_at_one_sample, example_that_runs, search,
+                        settled_example, settled_search)
 from ..plan.ranks import LocalAnswer, agree
 from ..plan.strategies.eval_step import profile_eval
 from ..report.profile import Report, profile
@@ -211,7 +212,11 @@ def plan_batch(model: torch.nn.Module, batch, optimizer, *, whole: LoopStep,
                                              target_device=target, keep_output=loop.keep_output),
                         batch, None, batch_dim, what)
 
-                room, report = settled_example(room_now, record, model)
+                try:
+                    room, report = settled_example(room_now, record, model)
+                except DoesNotFit as e:
+                    raise cause_at_one_sample(e, model, optimizer, min(
+                        available, room_now().room_bytes) - int(reserve_bytes), what) from None
             plan.optimizer_state_bytes = max(plan.optimizer_state_bytes,
                                              optimizer_state_bytes(report.timeline))
 

@@ -263,7 +263,7 @@ def _labels_shape(sample):
     return None
 
 
-def _longest_labels(batch, labels, multiple, what, batch_dim=0):
+def _longest_labels(batch, labels, multiple, what, batch_dim=0, samples="training"):
     """(batch, note): `batch` with its labels, and the decoder_* tensors of
     their length, repeated to the longest labels' length `labels` where
     shorter (See Note [A first batch shorter than the data]); else as it
@@ -288,8 +288,13 @@ def _longest_labels(batch, labels, multiple, what, batch_dim=0):
     with host_memory():
         grown = resize_length({k: batch[k] for k in keys}, longest, seq_dim, have, what)
         batch = _replaced(batch, grown)
-    return batch, (f"the first batch's labels are {have} long and a training sample's "
+    return batch, (f"the first batch's labels are {have} long and {_a(samples)} sample's "
                    f"{longest}: its labels (and decoder inputs) are fitted at {longest}")
+
+
+def _a(word):
+    """'a training', 'an evaluation'."""
+    return f"{'an' if word[:1] in 'aeiou' else 'a'} {word}"
 
 
 def _replaced(batch, items):
@@ -322,11 +327,12 @@ def _stacks_only(collate_fn):
 
 
 def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
-                      batch_dim: int = 0) -> tuple[Any, str | None]:
-    """(batch, note): the example batch as long as the longest training
-    sample read, where it is shorter; the note says so, and when more
-    samples than SCANNED were not read; else None. See Note [A first batch
-    shorter than the data]."""
+                      batch_dim: int = 0, samples: str = "training") -> tuple[Any, str | None]:
+    """(batch, note): the example batch as long as the longest sample of
+    `dataset` read, where it is shorter; the note says so, and when more
+    samples than SCANNED were not read; else None. `samples` names them in
+    the note ("training", "evaluation"). See Note [A first batch shorter
+    than the data]."""
     if _stacks_only(collate_fn):  # samples of one shape: nothing to read
         return batch, None
     try:
@@ -346,8 +352,9 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
             label = _labels_shape(sample)
             if label is not None:
                 labels.add(label)
-    batch, note = _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim)
-    batch, grown = _longest_labels(batch, labels, pad_multiple(collate_fn), what, batch_dim)
+    batch, note = _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim, samples)
+    batch, grown = _longest_labels(batch, labels, pad_multiple(collate_fn), what, batch_dim,
+                                   samples)
     # Samples of several lengths make padded batches: See Note [A mask
     # without padding] (plan/lengths.py). A mask is (batch, length).
     batch, padded = padded_example(batch, -1) if len(shapes) > 1 else (batch, None)
@@ -357,10 +364,10 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
     return batch, note
 
 
-def _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim=0):
+def _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim=0, samples="training"):
     """at_longest_sample's (batch, note) over the inputs' `shapes`."""
     # Past SCANNED a sample is not read: one longer there runs past the fit.
-    unread = (f"only the first {SCANNED} of the {n} training samples were read, and a "
+    unread = (f"only the first {SCANNED} of the {n} {samples} samples were read, and a "
               f"longer one after them would run past this batch: pass lengths= to batch by "
               f"length (every sample is read)" if n > SCANNED else None)
     if len(shapes) == 1:
@@ -384,7 +391,8 @@ def _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim=0):
         return batch, unread
     with host_memory():
         batch = resize_length(batch, longest, seq_dim, have, what)
-    return batch, (f"the first batch is {have} long along dimension {seq_dim} and a training "
-                   f"sample {longest}: the batch is fitted at {longest} (seq_dim={seq_dim}, "
-                   f"lengths=[...] fits one per length and batches the data by length)"
+    return batch, (f"the first batch is {have} long along dimension {seq_dim} and {_a(samples)} "
+                   f"sample {longest}: the batch is fitted at {longest} (seq_dim={seq_dim}"
+                   + (", lengths=[...] fits one per length and batches the data by length)"
+                      if samples == "training" else ")")
                    + (f"; {unread}" if unread else ""))

@@ -253,6 +253,25 @@ def _set_batch(trainer, batch, accumulation, what) -> None:
             f"the loop does not run; {batch} fits")
 
 
+# Note [auto_find_batch_size beside FitBatchSize]
+# With auto_find_batch_size, train() resuming from a checkpoint takes the
+# checkpoint's train_batch_size in place of the batch set here, and an OOM
+# shrinks the batch (by 0.9 in accelerate 1.15) keeping the accumulation:
+# from a checkpoint saved at 64, memfit's 16 x 4 trained 19 x 4 after ten
+# out-of-memory retries (64, 57, ... 22). So the callback turns it off and
+# says so: the batch it set is the one the loop runs, and an OOM is raised.
+def _auto_find_off(args, plan) -> None:
+    if not args.auto_find_batch_size:
+        return
+    args.auto_find_batch_size = False
+    plan.notes.append("auto_find_batch_size turned off")
+    warnings.warn(
+        f"[FitBatchSize] auto_find_batch_size turned off: the batch is the one set here "
+        f"({plan.batch_size} x {plan.accumulation}); it would take a checkpoint's batch on "
+        f"resume_from_checkpoint and shrink the batch on an OOM, changing the effective batch",
+        UserWarning, stacklevel=3)
+
+
 def _optimizer_for(trainer, model, given):
     if given is not None:
         return given
@@ -266,12 +285,13 @@ class FitBatchSize(TrainerCallback):
     settings: the largest divisor of your effective batch
     (per_device_train_batch_size x gradient_accumulation_steps as you set
     them) that fits, and the accumulation that keeps the product exact. No
-    out-of-memory trials: it replaces auto_find_batch_size, which halves the
+    out-of-memory trials: it replaces auto_find_batch_size, which shrinks the
     batch on each OOM and leaves the accumulation as it was (the effective
-    batch changes). The evaluation batch is sized apart: your
-    per_device_eval_batch_size where it fits beside the training's
-    optimizer state, else the largest that does (an eval OOM never shrinks
-    the training batch).
+    batch changes), and turns it off where set, with a warning (See Note
+    [auto_find_batch_size beside FitBatchSize]). The evaluation batch is
+    sized apart: your per_device_eval_batch_size where it fits beside the
+    training's optimizer state, else the largest that does (an eval OOM
+    never shrinks the training batch).
 
         Trainer(model, args, train_dataset=ds, eval_dataset=ev,
                 callbacks=[FitBatchSize(budget="24GiB")])
@@ -351,9 +371,7 @@ class FitBatchSize(TrainerCallback):
         _set_batch(trainer, plan.batch_size, plan.accumulation, what)
         if self.size_eval and trainer.eval_dataset is not None:
             self._fit_eval(trainer, how, plan)
-        if args.auto_find_batch_size:
-            plan.notes.append("auto_find_batch_size is on: it would only act on an OOM, and "
-                              "would then change the effective batch; memfit's batch fits")
+        _auto_find_off(args, plan)
         tell_change(what, before, plan, time.perf_counter() - began)
         log.info(plan.summary())
         for note in plan.notes:
@@ -363,7 +381,14 @@ class FitBatchSize(TrainerCallback):
     def _fit_eval(self, trainer, how, plan):
         """Sets the evaluation batch: See FitBatchSize's doc."""
         args = trainer.args
-        eval_batch = _first_batch(trainer.get_eval_dataloader())
+        # The evaluation loader is not shuffled: its first batch is the first
+        # samples', as long as they are (See Note [A first batch shorter than
+        # the data], length_batches.py).
+        eval_batch, longer = at_longest_sample(
+            trainer.eval_dataset, trainer.data_collator,
+            _first_batch(trainer.get_eval_dataloader()), "FitBatchSize", samples="evaluation")
+        if longer:
+            plan.notes.append(f"evaluation: {longer}")
         with _precision_as_trained(trainer):  # See Note [The mixed precision the Trainer's ...]
             how = _eval_step(trainer, how, eval_batch)  # See Note [The outputs the evaluation ...]
             size, f = plan_eval_batch(
@@ -438,4 +463,5 @@ class FitBatchSize(TrainerCallback):
                           + (f", at most {max_tokens} padded tokens each, {accumulation} per "
                              f"optimizer step" if max_tokens else ""))
         log.info("memfit: %s (%.1f s)", plan.notes[-1], time.perf_counter() - began)
+        _auto_find_off(args, plan)
         return plan

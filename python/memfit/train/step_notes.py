@@ -38,14 +38,17 @@ __all__: list = []
 # step's report, with what makes the step equal to eager's.
 
 
+def batchnorms(model):
+    """(path, module) of each BatchNorm layer of `model`: the layers whose
+    statistics mix a batch's samples (and whose buffers a forward writes)."""
+    return [(path, m) for path, m in model.named_modules()
+            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
 def coupled_layers(model):
     """Paths of the layers that mix the samples of a batch in training mode
     (BatchNorm); splitting the batch changes what they compute."""
-    return [
-        path or type(m).__name__
-        for path, m in model.named_modules()
-        if isinstance(m, torch.nn.modules.batchnorm._BatchNorm) and m.training
-    ]
+    return [path or type(m).__name__ for path, m in batchnorms(model) if m.training]
 
 
 def _shown(names):

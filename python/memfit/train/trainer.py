@@ -27,7 +27,7 @@ from .distributed import DistributedStep, RankPlan, batch_signature, is_distribu
 from .length_sampler import LengthBatchSampler
 from .loss_weighting import LossWeighting, StepRerun
 from .step_guard import StepGuard
-from .step_notes import coupled_layers, split_notes
+from .step_notes import batchnorms, coupled_layers, split_notes
 
 __all__ = ["Trainer"]
 
@@ -872,9 +872,6 @@ class Trainer:
         split = report.micro_batches > 1
         report.notes = split_notes(
             self._module, report.micro_batches, drew_random=split and guard.drew_random(),
-            written=guard.written_buffers(skip=self._batchnorms()) if split else ())
+            written=guard.written_buffers(skip=[m for _, m in batchnorms(self._module)])
+            if split else ())
         return report
-
-    def _batchnorms(self):
-        return [m for m in self._module.modules()
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]

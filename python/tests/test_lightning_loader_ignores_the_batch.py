@@ -209,3 +209,27 @@ def test_a_loader_batching_by_the_batch_set_trains_there_and_is_tight(make):
     assert b == fit.optimal_batch_size == getattr(module, "data", module).batch_size
     with pytest.raises(torch.OutOfMemoryError):  # Lightning's loop 3% above it
         _fit(make, b + max(2, b // 33))
+
+
+def _two_views(samples):
+    """Each sample twice, the second view shifted: 2 rows a sample."""
+    x, y = torch.utils.data.default_collate(samples)
+    return torch.cat([x, x + 0.1]), torch.cat([y, y])
+
+
+class TwoViews(Seen):
+    def train_dataloader(self):
+        return torch.utils.data.DataLoader(setup.DATA, batch_size=self.batch_size,
+                                           collate_fn=_two_views)
+
+
+def test_a_collate_function_making_two_rows_a_sample_is_set_half_the_rows():
+    # See Note [A collate function that makes rows]: 557 set made batches of
+    # 1114 rows, and Lightning's loop ran out of memory.
+    fit = FitBatchSize()
+    module = _fit(TwoViews, 4, [fit])
+    b = fit.optimal_batch_size
+    assert module.batch_size == b and module.seen == [2 * b] and 2 * b <= 557
+    module = None
+    with pytest.raises(torch.OutOfMemoryError):  # Lightning's loop 3% above it
+        _fit(TwoViews, b + max(2, b // 33))

@@ -223,15 +223,17 @@ def _first_batch(trainer, pl_module, loaders, what, batch_dim=0, longest=False, 
     """The first samples of the first training batch of `loaders` (what
     train_dataloader returned) as training_step gets them (the module's
     transfer hooks, on its device); the generators are put back, so the fit
-    loop draws the same order. longest=True: (batch, note), the batch as
-    long as the longest training sample (See Note [A first batch shorter
-    than the data], length_batches.py). multiple=True: (batch, the multiple
-    the loader's collate function pads to, or None)."""
+    loop draws the same order. longest=True: (batch, note, the rows the
+    whole first batch holds along batch_dim), the batch as long as the
+    longest training sample (See Note [A first batch shorter than the data],
+    length_batches.py). multiple=True: (batch, the multiple the loader's
+    collate function pads to, or None)."""
     # On the host, as beside a GPU: only the few samples memfit keeps go to
     # the device.
     note = None
     with kept_rng(), host_memory():
         batch, loader = _first_of(loaders)
+        rows = batch_size(batch, batch_dim, what)
         batch = example_of(batch, batch_dim)
         if longest:
             batch, note = at_longest_sample(getattr(loader, "dataset", None),
@@ -240,7 +242,31 @@ def _first_batch(trainer, pl_module, loaders, what, batch_dim=0, longest=False, 
     batch = _as_the_loop_gives(trainer, pl_module, batch)
     if multiple:
         return batch, pad_multiple(getattr(loader, "collate_fn", None))
-    return (batch, note) if longest else batch
+    return (batch, note, rows) if longest else batch
+
+
+# Note [A collate function that makes rows]
+# A collate_fn may give training_step more rows than the loader's
+# batch_size (two augmented views of each sample, concatenated: 8 rows for
+# a batch of 4). memfit sizes the rows; set as the batch_size, 557 rows
+# that fit made batches of 1114, and Lightning's loop ran out of memory. So
+# where the first batch holds k times the loader's batch (k a whole
+# number), the batch set is the rows that fit over k.
+
+
+def _rows_per_sample(was, rows, effective, what) -> int:
+    """k, the rows the collate function gives a sample of the one training
+    loader (`was`: its LoaderBatch; `rows`: its first batch's), else 1:
+    See Note [A collate function that makes rows]."""
+    size = was[0].size if len(was) == 1 else None
+    if not size or not rows or rows <= size or rows % size:
+        return 1
+    if effective is not None:
+        raise ValueError(
+            f"[{what}] train_dataloader's first batch holds {rows} rows for a batch of {size} "
+            f"(its collate_fn makes {rows // size} a sample), and keep_effective_batch= counts "
+            f"samples: set accumulate_grad_batches yourself, without keep_effective_batch")
+    return rows // size
 
 
 def _val_loaders(trainer, pl_module):
@@ -708,8 +734,9 @@ class FitBatchSize(pl.Callback):
         was = _loader_batches(loaders, self.batch_dim, what)
         _check_agree(was, self.batch_arg_name, lightning_getattr(pl_module, self.batch_arg_name),
                      what)
-        batch, longer = _first_batch(trainer, pl_module, loaders, what, self.batch_dim,
-                                     longest=True)
+        batch, longer, rows = _first_batch(trainer, pl_module, loaders, what, self.batch_dim,
+                                           longest=True)
+        per = _rows_per_sample(was, rows, self.keep_effective_batch, what)
         # The user's own accumulate_grad_batches (or a scheduler of it): every
         # micro-batch after the first keeps the gradients through its backward.
         accumulating = self.keep_effective_batch is None and _accumulates(trainer)
@@ -738,6 +765,14 @@ class FitBatchSize(pl.Callback):
             plan.notes.append(unfrozen)
         if longer:
             plan.notes.append(longer)
+        if per > plan.batch_size:  # See Note [A collate function that makes rows]
+            raise _memfit.DoesNotFit(f"[{what}] {plan.batch_size} rows fit, and a sample of "
+                                     f"train_dataloader gives {per}: no batch fits")
+        if per > 1:
+            plan.notes.append(f"train_dataloader gives {per} rows a sample (its first batch: "
+                              f"{rows} for {was[0].size}): the {plan.batch_size} rows that fit "
+                              f"are a batch of {plan.batch_size // per}")
+            plan.batch_size = max(1, plan.batch_size // per)
         if self.keep_effective_batch is None:
             _at_most_the_data(plan, _training_samples(loaders))
         loaders = val_held = None

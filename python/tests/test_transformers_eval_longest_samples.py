@@ -82,3 +82,25 @@ def test_the_eval_batch_fitted_on_short_first_samples_evaluates_the_longest(tmp_
         run.train()
         assert run.evaluate()["eval_loss"] > 0  # an OOM would raise
         run = None
+
+
+def test_named_eval_sets_are_each_fitted_and_evaluate_at_the_batch_set(tmp_path):
+    # Guards against what was: eval_dataset={"short": ..., "long": ...} raised KeyError: 0
+    # when the Trainer was built (the loader of the dict itself was read).
+    sets = {"short": Texts(256, short=256), "long": Texts(256)}
+    gc.collect()
+    with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
+        fit = FitBatchSize()
+        trainer(tmp_path, 128, sets, [fit])
+    eval_batch = fit.plan.eval_batch_size
+    assert 0 < eval_batch < 128  # the long set's: the short one's is the 128 asked
+    fit = None
+    gc.collect()
+    # The truth: the Trainer's own loop, a step then the evaluation of each set.
+    with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
+        run = trainer(tmp_path, eval_batch, {"short": Texts(2 * eval_batch, short=256),
+                                             "long": Texts(2 * eval_batch)})
+        run.train()
+        metrics = run.evaluate()  # an OOM would raise
+        assert metrics["eval_short_loss"] > 0 and metrics["eval_long_loss"] > 0
+        run = None

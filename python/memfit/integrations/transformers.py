@@ -216,11 +216,11 @@ def _eval_step(trainer, how: UserStep, batch) -> UserStep:
     return dataclasses.replace(how, step=step)
 
 
-def _warn_every_output_kept(trainer, batch, room: int) -> None:
+def _warn_every_output_kept(trainer, dataset, batch, room: int) -> None:
     """One warning line where the evaluation keeps every batch's outputs
     (no eval_accumulation_steps) and they and their last concatenation
     outgrow the room the evaluation has: no eval batch helps."""
-    samples = len(trainer.eval_dataset) if hasattr(trainer.eval_dataset, "__len__") else 0
+    samples = len(dataset) if hasattr(dataset, "__len__") else 0
     kept = int(2 * _outputs_per_sample(trainer, batch) * samples)
     if kept > room:
         fb = _memfit.format_bytes
@@ -379,27 +379,16 @@ class FitBatchSize(TrainerCallback):
         return plan
 
     def _fit_eval(self, trainer, how, plan):
-        """Sets the evaluation batch: See FitBatchSize's doc."""
-        args = trainer.args
-        # The evaluation loader is not shuffled: its first batch is the first
-        # samples', as long as they are (See Note [A first batch shorter than
-        # the data], length_batches.py).
-        eval_batch, longer = at_longest_sample(
-            trainer.eval_dataset, trainer.data_collator,
-            _first_batch(trainer.get_eval_dataloader()), "FitBatchSize", samples="evaluation")
-        if longer:
-            plan.notes.append(f"evaluation: {longer}")
-        with _precision_as_trained(trainer):  # See Note [The mixed precision the Trainer's ...]
-            how = _eval_step(trainer, how, eval_batch)  # See Note [The outputs the evaluation ...]
-            size, f = plan_eval_batch(
-                trainer.model, eval_batch, how, budget=self.budget, what="FitBatchSize",
-                held_bytes=plan.optimizer_state_bytes + plan.reserved_bytes,
-                cap=args.per_device_eval_batch_size, target_device=self.target_device)
-            if _kept_window(trainer) is None:
-                _warn_every_output_kept(trainer, eval_batch, f.budget_bytes)
+        """Sets the evaluation batch: See FitBatchSize's doc. Named
+        evaluation sets (a dict) run one after the other at one batch: the
+        smallest that fits each."""
+        args, sets = trainer.args, trainer.eval_dataset
+        names = list(sets) if isinstance(sets, dict) else [None]
+        size = min(self._eval_size(trainer, how, plan, name) for name in names)
         asked, args.per_device_eval_batch_size = args.per_device_eval_batch_size, size
         plan.eval_batch_size = size
-        built = getattr(trainer.get_eval_dataloader(), "batch_size", None) if size < asked else None
+        built = (getattr(trainer.get_eval_dataloader(names[0]), "batch_size", None)
+                 if size < asked else None)
         if isinstance(built, int) and built > args.eval_batch_size:  # it would run out
             args.per_device_eval_batch_size = asked
             raise ValueError(
@@ -407,6 +396,28 @@ class FitBatchSize(TrainerCallback):
                 f"per_device_eval_batch_size set to {size}: it must batch by "
                 f"args.eval_batch_size, as the Trainer's own does, or the evaluation runs at "
                 f"{built}; {size} fits")
+
+    def _eval_size(self, trainer, how, plan, name) -> int:
+        """The largest evaluation batch that fits the set `name` (None: the
+        only one)."""
+        dataset = trainer.eval_dataset if name is None else trainer.eval_dataset[name]
+        # The evaluation loader is not shuffled: its first batch is the first
+        # samples', as long as they are (See Note [A first batch shorter than
+        # the data], length_batches.py).
+        eval_batch, longer = at_longest_sample(
+            dataset, trainer.data_collator, _first_batch(trainer.get_eval_dataloader(name)),
+            "FitBatchSize", samples="evaluation")
+        if longer:
+            plan.notes.append(f"evaluation{'' if name is None else f' {name!r}'}: {longer}")
+        with _precision_as_trained(trainer):  # See Note [The mixed precision the Trainer's ...]
+            how = _eval_step(trainer, how, eval_batch)  # See Note [The outputs the evaluation ...]
+            size, f = plan_eval_batch(
+                trainer.model, eval_batch, how, budget=self.budget, what="FitBatchSize",
+                held_bytes=plan.optimizer_state_bytes + plan.reserved_bytes,
+                cap=trainer.args.per_device_eval_batch_size, target_device=self.target_device)
+            if _kept_window(trainer) is None:
+                _warn_every_output_kept(trainer, dataset, eval_batch, f.budget_bytes)
+        return size
 
     def _fit_lengths(self, trainer, optimizer, began):
         """fit() with lengths=: See Note [A loader batched by length]."""

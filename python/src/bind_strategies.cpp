@@ -314,7 +314,10 @@ void init_strategies(py::module_& m) {
                      "card])")
       .def_readwrite("predict_rows", &AdviseSettings::predict_rows,
                      "rows that follow from other recordings are predicted (True) or "
-                     "recorded; the plan is recorded either way");
+                     "recorded; the plan is recorded either way")
+      .def_readwrite("split_changes", &AdviseSettings::split_changes,
+                     "the layers that mix a batch's samples (BatchNorm in training), named; "
+                     "'': none. Micro-batches then only with allow_approximate");
 
   m.def(
       "plan_advice",

@@ -43,9 +43,8 @@ def gpt_twin():
 
 def test_cli_and_python_plan_the_same_on_the_same_model(capfd, gpt_twin):
     model, ids, target, loss_fn = gpt_twin
-    # The CLI keeps the batch's ids and targets out of the budget (the
-    # Trainer's whole batch stays on the device): the Python budget is the
-    # same limit.
+    # Both keep the batch's ids and targets out of the budget (the Trainer's
+    # whole batch stays on the device): each plans for the same limit.
     reserve = ids.nbytes + target.nbytes
     # The CLI's step drops the logits once the loss exists: keep_output=False.
     free = memfit.advise(model, ids, target, loss_fn=loss_fn, repeats=0, keep_output=False)
@@ -56,8 +55,8 @@ def test_cli_and_python_plan_the_same_on_the_same_model(capfd, gpt_twin):
     # of checkpointed steps meet.
     for limit in ((plain + every) // 2, every * 9 // 10):
         status, cli = cli_advice(capfd, limit + reserve)
-        py = memfit.advise(model, ids, target, loss_fn=loss_fn, budget=limit, repeats=0,
-                           keep_output=False)
+        py = memfit.advise(model, ids, target, loss_fn=loss_fn, budget=limit + reserve,
+                           repeats=0, keep_output=False)
         assert status == (0 if py.plan.found else 2)
         assert cli["plan"]["found"] == py.plan.found
         # The same plan: as many blocks checkpointed, the same micro-batch,

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from .._native import native as _memfit
-from .._step.batching import batch_size, count
+from .._step.batching import batch_size, count, tensors_in
 from .._step.device import budget_target, to_bytes
 from .._step.gc_frozen import with_gc_frozen
 from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
@@ -42,6 +42,14 @@ __all__ = ["advise"]
 def _parameter_bytes(model):
     tensors = list(model.parameters()) + list(model.buffers())
     return sum(t.nelement() * t.element_size() for t in tensors)
+
+
+def _data_bytes(inputs, target):
+    """Bytes of the whole batch's tensors, inputs and target: kept out of
+    the budget, as `memfit advise` keeps them. A plan in micro-batches is
+    recorded on a micro-batch's data, while the whole batch stays on the
+    device that memfit.Trainer (or a loop slicing it) splits."""
+    return sum(t.nelement() * t.element_size() for t in tensors_in((inputs, target)))
 
 
 @with_gc_frozen  # See Note [Long calls freeze the objects alive before them].
@@ -110,7 +118,13 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     state on the host; then the exact settings; then, with
     allow_approximate, the other settings, bf16 and lighter optimizers,
     with every block checkpointed. plan.micro_batch (0: whole) is what to
-    give memfit.Trainer(micro_batch=...).
+    give memfit.Trainer(micro_batch=...). The whole batch's data (inputs
+    and target) is kept out of the budget, as `memfit advise` keeps it: a
+    micro-batch's step is recorded on its own samples, while the batch it
+    is cut from stays on the device. A model with BatchNorm in training is
+    split only with allow_approximate, after the whole-batch plans that
+    keep the numbers (each micro-batch gets its own statistics: See Note
+    [Micro-batches of a model that mixes samples], advise_search.cpp).
 
     target_device: the device the budget is for, "cpu" or "cuda"; None:
     "cuda" when the model's parameters are on a CUDA device, else "cpu".
@@ -186,6 +200,8 @@ class _Request:
     loop: object
     param_bytes: int
     user: str  # the user's optimizer, as kind_of names it
+    data_bytes: int  # the whole batch's inputs and target: See _data_bytes
+    mixing: str  # the BatchNorm layers the step trains, named; '': none (_mixing_layers)
 
 
 def _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode, repeats,
@@ -209,7 +225,21 @@ def _checked(model, inputs, target, loss_fn, optimizer, budget, batch_dim, mode,
     loop = as_loop(set_to_none, accumulation_steps, zero_grad, train_mode, "advise",
                    keep_output)
     return _Request(loss_fn, target_device, n, limit, card_bytes, repeats, loop,
-                    _parameter_bytes(model), kind_of(optimizer))
+                    _parameter_bytes(model), kind_of(optimizer), _data_bytes(inputs, target),
+                    _mixing_layers(model, loop.train_mode))
+
+
+def _mixing_layers(model, train_mode):
+    """The BatchNorm layers the step runs in training, as one phrase ('':
+    none): See Note [Micro-batches of a model that mixes samples]
+    (advise_search.cpp). train_mode=True puts every module in training."""
+    paths = [path or type(m).__name__ for path, m in model.named_modules()
+             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+             and (train_mode or m.training)]
+    if not paths:
+        return ""
+    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+    return f"the BatchNorm layers ({shown})"
 
 
 def _card_bytes(cards):
@@ -317,6 +347,8 @@ def _plan_natively(recorder, req, optimizer, proposed, allow_approximate, progre
                       for st in proposed],
             allow_approximate=allow_approximate, cards=req.card_bytes,
             progress=_memfit.Progress() if relay is None else _memfit.Progress(relay))
+        planned.reserve_bytes = req.data_bytes
+        planned.split_changes = req.mixing
         timed = req.repeats > 0 and not recorder.on_meta
         return _memfit.plan_advice(
             recorder.record, planned, time_ratio=recorder.time_ratio if timed else None,
@@ -333,6 +365,9 @@ def _assembled(native, model, inputs, req, found_chain, proposed, notes, benches
     if native.plan.found and native.plan.variant.setting and native.plan.time_measured:
         native.notes = native.notes + [
             "the plan's time is not timed: it trains a changed copy of the model"]
+    if native.plan.found and native.plan.micro_batch > 0 and req.mixing:
+        native.notes = native.notes + [
+            f"memfit.Trainer splits {req.mixing} only when told: pass it coupled='allow'"]
     native.model = type(model).__name__
     native.parameter_bytes = req.param_bytes
     if found_chain:

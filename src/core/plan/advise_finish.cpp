@@ -43,7 +43,14 @@ void Planner::finish_plan() {
   p.variant = t->variant;
   p.micro_batch = t->micro_batch;
   p.peak_bytes = t->peak;
-  p.exact = t->variant.exact();
+  // See Note [Micro-batches of a model that mixes samples].
+  const bool mixes = p.micro_batch > 0 && !s_.split_changes.empty();
+  p.exact = t->variant.exact() && !mixes;
+  if (p.found && mixes) {
+    a_.notes.push_back("micro-batches of " + std::to_string(p.micro_batch) + " change what " +
+                       s_.split_changes + " compute (each micro-batch normalized with its own "
+                       "statistics): not the plain step's numbers");
+  }
   p.optimizer = t->variant.optimizer.empty() ? s_.optimizer : t->variant.optimizer;
   if (t->variant.host_state) p.optimizer += "-offload";
   p.summary = describe(p.variant, s_.optimizer, s_.offload_label, p.micro_batch);
@@ -106,6 +113,11 @@ std::string Planner::does_not_fit_message(int64_t outside) const {
     m += "; " + s_.approximate_flag + " also tries bf16 autocast and lighter optimizers" +
          (listed.empty() ? "" : " and the settings (" + listed + ")") +
          " combined with these, changing the numbers";
+  }
+  if (whole_only_) {  // See Note [Micro-batches of a model that mixes samples].
+    m += "; micro-batches were not tried: " + s_.split_changes +
+         " mix the batch's samples, so splitting it changes the numbers (" +
+         s_.approximate_flag + " tries them)";
   }
   const bool state_on_host = optimizer_on_host(s_.optimizer);
   const OomPhase phase = oom_phase_of(plain_.report.peak_phase);

@@ -113,6 +113,9 @@ class Planner {
                                       const VariantRecording& every,
                                       std::optional<std::pair<StepVariant, int64_t>>* first);
   bool search(StepVariant base, bool approximate_only_every);
+  // The searches that keep the numbers: the plain step and checkpointing,
+  // the state on the host, the exact settings.
+  bool search_exact();
   bool try_level(const StepVariant& base, int64_t c, bool every_only);
   bool verify(const StepVariant& v, int64_t c, std::optional<VariantRecording> real = std::nullopt);
   void finish_plan();
@@ -143,6 +146,11 @@ class Planner {
   std::optional<Tried> closest_;
   std::optional<VariantRecording> accepted_recording_;
   bool accepted_verified_ = false;
+  // The micro-batches a search tries: from the whole batch, or from its half
+  // (the second pass of Note [Micro-batches of a model that mixes samples]);
+  // whole_only_: none.
+  bool from_half_ = false;
+  bool whole_only_ = false;
   // batch_free_floor of each optimizer and setting (the front's setting,
   // optimizer, state on the host) recorded at the whole batch: a search it
   // rules out is skipped.

@@ -10,16 +10,24 @@
 
 namespace memfit::impl {
 
+// Note [Micro-batches of a model that mixes samples]
+// BatchNorm in training normalizes with the statistics of the samples it is
+// given: a micro-batch gets its own, so a split step computes other
+// numbers (and memfit.Trainer refuses to split it unless told). For such a
+// model (AdviseSettings::split_changes) the searches that keep the numbers
+// stay at the whole batch. With allow_approximate they run again from half
+// the batch, before bf16 and the lighter optimizers (which change more: the
+// precision or the training itself), and the plan says it changes the
+// numbers.
 bool Planner::search_plan() {
-  bool found = search(StepVariant{}, false);
-  if (!found && s_.can_offload) {
-    // The state on the host: the same training, slower steps beside a GPU
-    // (three transfers of the parameters, a step on the CPU).
-    StepVariant v;
-    v.host_state = true;
-    found = search(v, false);
+  whole_only_ = !s_.split_changes.empty() && s_.batch > 1;
+  bool found = search_exact();
+  if (!found && whole_only_ && s_.allow_approximate) {
+    whole_only_ = false;
+    from_half_ = true;  // the whole batch's levels were searched above
+    found = search_exact();
+    from_half_ = false;
   }
-  if (!found) found = search_settings(true);
   if (!found && s_.allow_approximate) found = search_settings(false);
   if (!found && s_.allow_approximate) {
     std::vector<StepVariant> variants;
@@ -38,6 +46,18 @@ bool Planner::search_plan() {
     }
   }
   return found;
+}
+
+bool Planner::search_exact() {
+  bool found = search(StepVariant{}, false);
+  if (!found && s_.can_offload) {
+    // The state on the host: the same training, slower steps beside a GPU
+    // (three transfers of the parameters, a step on the CPU).
+    StepVariant v;
+    v.host_state = true;
+    found = search(v, false);
+  }
+  return found || search_settings(true);
 }
 
 // The settings that keep the result (exact) or change it, in the front's
@@ -175,12 +195,12 @@ bool Planner::search(StepVariant base, bool every_only) {
       return false;
     }
   }
-  for (int64_t c = s_.batch;; c = (c + 1) / 2) {
+  for (int64_t c = from_half_ ? (s_.batch + 1) / 2 : s_.batch;; c = (c + 1) / 2) {
     StepVariant level = base;
     // Between micro-batches the gradients accumulate: zeroed in place.
     level.zero_grad_in_place = base.zero_grad_in_place || c < s_.batch;
     if (try_level(level, c, every_only)) return true;
-    if (c == 1) return false;
+    if (c == 1 || whole_only_) return false;
   }
 }
 

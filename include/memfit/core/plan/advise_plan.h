@@ -141,6 +141,11 @@ struct AdviseSettings {
   // (AdviseRow::predicted; Note [Rows advise predicts]); false records
   // every row, as a check of the predictions. The plan is recorded either way.
   bool predict_rows = true;
+  // The layers that mix a batch's samples in training (BatchNorm), named;
+  // empty: none. Micro-batches change what they compute, so the plan splits
+  // the batch only with allow_approximate, and such a plan is not exact.
+  // See Note [Micro-batches of a model that mixes samples] (advise_search.cpp).
+  std::string split_changes;
 };
 
 // One strategy at the user's whole batch.

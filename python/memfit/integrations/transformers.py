@@ -179,6 +179,31 @@ def _kept_window(trainer) -> int | None:
     return args.eval_accumulation_steps
 
 
+# Note [The evaluation Seq2SeqTrainer generates]
+# Seq2SeqTrainer(predict_with_generate=True) with compute_metrics runs
+# model.generate (generation_num_beams beams, up to generation_max_length)
+# in each evaluation step before the loss's forward. Sized from the loss
+# alone, the eval batch set (39 of a T5 with 4 beams, 64 long, at 8 MiB) ran
+# out of memory in the Trainer's evaluation, as 20 did; 12 runs (the fit's
+# answer now) and 13 runs out. So the eval
+# step fitted is the Trainer's prediction_step, with the generate()
+# arguments Seq2SeqTrainer.evaluate passes it from args.
+def _generation_kwargs(trainer) -> dict | None:
+    """generate()'s arguments as evaluate() takes them from args; None
+    where the evaluation does not generate."""
+    args = trainer.args
+    if (not isinstance(trainer, transformers.Seq2SeqTrainer)
+            or not getattr(args, "predict_with_generate", False)
+            or trainer.compute_metrics is None or args.prediction_loss_only):
+        return None
+    kwargs = {}
+    if args.generation_max_length is not None:
+        kwargs["max_length"] = args.generation_max_length
+    if args.generation_num_beams is not None:
+        kwargs["num_beams"] = args.generation_num_beams
+    return kwargs
+
+
 def _outputs_per_sample(trainer, batch) -> float:
     """Bytes of logits and labels the evaluation loop keeps per sample:
     one prediction_step on `batch`, in host memory."""
@@ -187,7 +212,8 @@ def _outputs_per_sample(trainer, batch) -> float:
     try:
         with kept_rng(), host_memory():
             model.eval()
-            _, logits, labels = trainer.prediction_step(model, batch, False)
+            _, logits, labels = trainer.prediction_step(model, batch, False,
+                                                        **(_generation_kwargs(trainer) or {}))
             if trainer.preprocess_logits_for_metrics is not None and logits is not None:
                 logits = trainer.preprocess_logits_for_metrics(logits, labels)
             kept = sum(t.nbytes for t in tensors_in((logits, labels)))
@@ -198,7 +224,13 @@ def _outputs_per_sample(trainer, batch) -> float:
 
 def _eval_step(trainer, how: UserStep, batch) -> UserStep:
     """The evaluation step as the loop runs it: See Note [The outputs the
-    evaluation loop keeps]."""
+    evaluation loop keeps] and [The evaluation Seq2SeqTrainer generates]."""
+    generation = _generation_kwargs(trainer)
+    if generation is not None:
+        def predict(model, x):
+            return trainer.prediction_step(model, x, False, **generation)[0]
+
+        how = dataclasses.replace(how, step=predict)
     window = _kept_window(trainer)
     if window is None or window < 2:
         return how

@@ -13,6 +13,7 @@ from torch import nn
 
 import memfit
 from memfit._native import tracked_live_bytes
+from memfit.testing.truth import smallest_budget
 
 STEPS = 4
 
@@ -58,11 +59,8 @@ def _runs(budget, val_batch, grad):
 
 def peak_saving_holds(saving, val_batch):
     """Plain steps with grad need `saving` bytes more than under no_grad."""
-    lo, hi = 256 << 10, 16 << 20
-    assert _runs(hi, val_batch, False) and not _runs(lo, val_batch, False)
-    while hi - lo > 128:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if _runs(mid, val_batch, False) else (mid, hi)
+    hi = smallest_budget(lambda budget: _runs(budget, val_batch, False), 256 << 10, 16 << 20,
+                         128)
     return _runs(hi + saving + 128, val_batch, True) and not _runs(hi + saving - 128, val_batch,
                                                                  True)
 

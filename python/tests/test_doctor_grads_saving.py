@@ -13,6 +13,7 @@ from torch import nn
 
 import memfit
 from memfit._native import tracked_live_bytes
+from memfit.testing.truth import smallest_budget
 
 THIS = os.path.realpath(__file__)
 STEPS = 4
@@ -53,13 +54,9 @@ def _runs(budget, optimizer, batch, late, set_to_none):
         return False
 
 
-def true_peak(*args, lo=256 << 10, hi=8 << 20):
+def true_peak(*args):
     """The smallest budget (to 128 bytes) plain steps of the loop run in."""
-    assert _runs(hi, *args) and not _runs(lo, *args)
-    while hi - lo > 128:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if _runs(mid, *args) else (mid, hi)
-    return hi
+    return smallest_budget(lambda budget: _runs(budget, *args), 256 << 10, 8 << 20, 128)
 
 
 def runs_within(saving, *args):

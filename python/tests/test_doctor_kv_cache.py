@@ -12,6 +12,7 @@ import torch
 import memfit
 from memfit._native import tracked_live_bytes
 from memfit.testing.models import tiny_llama
+from memfit.testing.truth import smallest_budget
 
 STEPS = 3
 
@@ -44,12 +45,8 @@ def _runs(budget, use_cache):
         return False
 
 
-def true_peak(use_cache, lo=1 << 20, hi=4 << 20):
-    assert _runs(hi, use_cache) and not _runs(lo, use_cache)
-    while hi - lo > 1024:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if _runs(mid, use_cache) else (mid, hi)
-    return hi
+def true_peak(use_cache):
+    return smallest_budget(lambda budget: _runs(budget, use_cache), 1 << 20, 4 << 20, 1024)
 
 
 def test_a_kv_cache_replaced_before_backward_is_no_finding():

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 import memfit
 from memfit._native import tracked_live_bytes
-from memfit.testing.truth import loop_body, plain_steps_run
+from memfit.testing.truth import loop_body, plain_steps_run, smallest_budget
 
 D, H, C, VOCAB, LENGTH = 64, 256, 10, 500, 32
 
@@ -73,14 +73,6 @@ def _plain(cls, loss_fn, batch, keeps):
 STEP = 32 << 10  # the budgets' resolution
 
 
-def _smallest_budget(runs, lo, hi):
-    """The smallest budget, within STEP, that `runs` runs in, in (lo, hi]."""
-    while hi - lo > STEP:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if runs(mid) else (mid, hi)
-    return hi
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_the_note_says_what_stays_alive_and_bounds_what_dropping_saves(case):
     cls, loss_fn, batch_at, n = CASES[case]
@@ -96,8 +88,7 @@ def test_the_note_says_what_stays_alive_and_bounds_what_dropping_saves(case):
     assert keeps(8 << 20) and drops(8 << 20)
     alive = held[-1] - dropped[-1]  # into the next forward: what the note says
     # What the loop holds between iterations is below its peak.
-    least = _smallest_budget(drops, dropped[-1], dropped[-1] + (4 << 20))
-    assert least < dropped[-1] + (4 << 20)
+    least = smallest_budget(drops, dropped[-1], dropped[-1] + (4 << 20), STEP)
     # Before, the note counted the output's own tensors: the view's 47 KiB
     # where 1.5 MiB stayed alive; the aux output's 0.6 MiB of 1.2 MiB.
     assert abs(figure - alive) <= 0.01 * alive, (figure, alive)

@@ -59,6 +59,12 @@ def _slope(values):
     return (values[-1] - values[0]) / (len(values) - 1) if len(values) > 1 else 0.0
 
 
+def _worth(saving, peak, run):
+    """Whether a fix that lowers the steps' `peak` by `saving` is reported:
+    by MIN_SHARE of the memory in use then, the state from before counted."""
+    return saving > 0 and saving >= MIN_SHARE * (peak + run.observation.outside_bytes)
+
+
 def _steps_for_average(run):
     return run.steady_steps or run.steps
 
@@ -360,10 +366,9 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
     findings = []
     n = len(steps) - 2
     mean_peak = statistics.mean(peaks)
-    in_use = mean_peak + obs.outside_bytes
     for site, by_step in per_site.items():
         saving = sum(savings[site]) / n
-        if saving <= 0 or saving < MIN_SHARE * in_use:
+        if not _worth(saving, mean_peak, run):
             continue
         per = sum(by_step.values()) / n
         a = funcs[site]
@@ -399,7 +404,7 @@ def check_retain_graph(run):
     the user drops the loss and output (usually at the next iteration's
     assignment, after the next forward made its own activations). Returns
     (findings, the ids of the allocations they name). Reported where
-    freeing them as backward ends lowers the steps' peak by MIN_SHARE of
+    freeing them as backward runs lowers the steps' peak by MIN_SHARE of
     the memory in use."""
     obs = run.observation
     steps = _steps_for_average(run)
@@ -422,7 +427,7 @@ def check_retain_graph(run):
         intervals = [(dict(rb.released).get(a.id, rb.end_event), _end_of(run, a), a.bytes)
                      for rb, allocs in items for a in allocs]
         saving = peak - max(_peak_without(run, s, intervals) for s in steps)
-        if saving <= 0 or saving < MIN_SHARE * (peak + obs.outside_bytes):
+        if not _worth(saving, peak, run):
             continue
         per = statistics.mean(sum(a.bytes for a in allocs) for _rb, allocs in items)
         ids |= {a.id for _rb, allocs in items for a in allocs}
@@ -570,7 +575,7 @@ def check_grads_kept(run):
         savings.append(_grads_saving(run, f, z, z in late or z is None, z in keep))
     saving = statistics.mean(savings)
     in_use = statistics.mean(run.steps[run.step_of(f.first_event)].peak for f in present)
-    if saving <= 0 or saving < MIN_SHARE * (in_use + run.observation.outside_bytes):
+    if not _worth(saving, in_use, run):
         return []
     f0 = present[0]
     lowers = f"; freed before it, the step's peak falls by {_fmt(saving)}"
@@ -660,7 +665,6 @@ def check_not_in_place(run):
         return []
     wanted = [s.index for s in _steps_for_average(run)]
     mean_peak = statistics.mean(steps[i].peak for i in wanted)
-    in_use = mean_peak + run.observation.outside_bytes
 
     def saving(keys):
         return statistics.mean(
@@ -675,9 +679,9 @@ def check_not_in_place(run):
         site, func = key
         alone = saving([key])
         marginal = together - saving([k for k in every if k != key])
-        if alone > 0 and alone >= MIN_SHARE * in_use:
+        if _worth(alone, mean_peak, run):
             estimate, how = alone, ""
-        elif marginal > 0 and together >= MIN_SHARE * in_use:
+        elif marginal > 0 and _worth(together, mean_peak, run):
             others = sorted({str(k[0]) for k in every if k != key})
             estimate = together
             how = f" together with the same change at {', '.join(others)}" if others else ""
@@ -757,7 +761,7 @@ def check_kv_cache(run):
             intervals += [(start, _end_of(run, a), a.bytes) for a in
                           (run.allocations.get(i) for i in f.kv_cache_ids) if a is not None]
         saving = peak - max(_peak_without(run, s, intervals) for s in steps)
-        if saving <= 0 or saving < MIN_SHARE * (peak + run.observation.outside_bytes):
+        if not _worth(saving, peak, run):
             continue
         per = max(f.kv_cache_bytes for f in forwards)
         n = len(forwards)

@@ -67,6 +67,18 @@ def loop_body(model: torch.nn.Module, optimizer: Any, x: Any, y: Any,
         o.zero_grad()
 
 
+def smallest_budget(runs: Callable[[int], bool], lo: int, hi: int, resolution: int) -> int:
+    """The smallest budget, within `resolution` bytes, in which runs(budget)
+    holds (plain steps run): by bisection of (lo, hi], where `hi` must run
+    and `lo` must not (asserted: a range that misses the peak is the test's
+    mistake, not a figure)."""
+    assert runs(hi) and not runs(lo), (lo, hi)
+    while hi - lo > resolution:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if runs(mid) else (mid, hi)
+    return hi
+
+
 def largest_that_fits(fits: Callable[[int], bool], start: int) -> int:
     """The largest batch for which fits(batch) holds, searched from `start`
     (memfit's answer): up by doubling steps then bisection, or down by

@@ -215,15 +215,16 @@ void init_trainer(py::module_& m) {
       "explain_oom",
       [](const std::string& operation, const std::string& what, const std::string& phase,
          const OomMemory& memory, std::optional<int64_t> budget, bool state_on_host,
-         const std::string& detail) {
+         const std::string& detail, bool training) {
         return explain_oom(operation, what, oom_phase_of(phase), memory, budget, state_on_host,
-                           detail);
+                           detail, training);
       },
       py::arg("operation"), py::arg("what"), py::arg("phase"), py::arg("memory"),
       py::kw_only(), py::arg("budget") = py::none(), py::arg("state_on_host") = false,
-      py::arg("detail") = "",
+      py::arg("detail") = "", py::arg("training") = true,
       "An OOM explained (an OomExplanation): what fills the memory and the advice that "
-      "fits it. phase: a profile phase name.");
+      "fits it. phase: a profile phase name. training=False: grad disabled (an "
+      "evaluation), no gradient to come beside the parameters.");
   m.def("allocator_figures", &allocator_figures, py::arg("message"),
         "An allocator's OOM message without CUDA's words and its generic advice.");
 }

@@ -95,6 +95,24 @@ def test_an_oom_in_the_forward_names_the_activations():
     assert "Use a smaller batch" not in msg
 
 
+def test_an_oom_in_an_evaluation_forward_names_what_its_ops_hold():
+    # Under no_grad nothing is saved for a backward, and no gradient will
+    # sit beside the weights: 2.02 MiB of them in 6 MiB are not the model
+    # alone exceeding the device (they were, counted twice), and the
+    # activations are not "saved for the backward".
+    gc.collect()
+    with memfit.simulated_device("6MiB"):
+        m = nn.Sequential(nn.Linear(64, 4096), nn.ReLU(), nn.Linear(4096, 64))
+        with torch.no_grad(), pytest.raises(torch.cuda.OutOfMemoryError) as e:
+            m(torch.randn(512, 64))
+    msg = str(e.value)
+    del e, m
+    assert msg.startswith("CUDA out of memory. [simulated_device] ran out in the forward, with "
+                          "parameters 2.02 MiB, temporaries"), msg
+    assert "What the ops hold while they run is the excess" in msg
+    assert "saved for the backward" not in msg and "cannot help" not in msg
+
+
 def test_an_oom_in_the_forward_inside_an_optimizer_closure_is_the_forwards():
     # Lightning steps as optimizer.step(closure), the forward
     # and backward inside the closure; the forward's OOM is not the step's.

@@ -117,17 +117,22 @@ def phase_of(frame):
     return "forward" if in_forward else ""
 
 
-def explain(operation, what, phase, memory, budget=None, detail="", state_on_host=False):
+def explain(operation, what, phase, memory, budget=None, detail="", state_on_host=False,
+            saves=True):
     """(cause, message, advice, what_fills, phase words) from the core: the
     rest counts as activations inside the forward or backward (the batch and
-    what the forward saved), as other elsewhere."""
+    what the forward saved), as temporaries in a forward that saves nothing
+    for a backward (saves=False: grad disabled, an evaluation), as other
+    elsewhere."""
     grows = phase in ("forward", "backward", "loss")
+    saved = grows and (saves or phase == "backward")
     held = _memfit.OomMemory(
         parameters=memory.parameters, gradients=memory.gradients,
-        optimizer_state=memory.optimizer_state, activations=memory.rest if grows else 0,
+        optimizer_state=memory.optimizer_state, activations=memory.rest if saved else 0,
+        temporaries=memory.rest if grows and not saved else 0,
         other=0 if grows else memory.rest)
     e = _memfit.explain_oom(operation, what, phase, held, budget=budget,
-                            state_on_host=state_on_host, detail=detail)
+                            state_on_host=state_on_host, detail=detail, training=saves)
     return e.cause, e.message, e.advice, e.what_fills, e.phase
 
 
@@ -160,7 +165,8 @@ def _explain_simulated_oom(nbytes, used, budget, device, message):
         if not (memory.parameters or memory.gradients or memory.optimizer_state or memory.rest):
             return None  # nothing to blame: the allocator's figures name the request
         _, text, _, _, _ = explain("simulated_device", "", phase, memory, budget,
-                                   _memfit.allocator_figures(message))
+                                   _memfit.allocator_figures(message),
+                                   saves=torch.is_grad_enabled())
         return text
     finally:
         _busy = False

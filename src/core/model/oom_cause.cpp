@@ -105,7 +105,8 @@ const char* to_string(OomCause cause) {
 }
 
 OomDiagnosis diagnose_oom(OomPhase phase, const OomMemory& m,
-                          std::optional<int64_t> budget, bool state_on_host) {
+                          std::optional<int64_t> budget, bool state_on_host,
+                          bool training) {
   OomDiagnosis d;
   std::vector<std::pair<const char*, int64_t>> parts = {
       {"parameters", m.parameters},
@@ -125,8 +126,10 @@ OomDiagnosis diagnose_oom(OomPhase phase, const OomMemory& m,
   }
   if (d.what_fills.empty()) d.what_fills = "nothing memfit tracked";
 
-  // Training holds a gradient beside every trainable parameter.
-  const int64_t model = m.parameters + std::max(m.gradients, m.parameters);
+  // Training holds a gradient beside every trainable parameter; an
+  // evaluation only the gradients it finds.
+  const int64_t model =
+      m.parameters + (training ? std::max(m.gradients, m.parameters) : m.gradients);
   const bool model_exceeds = budget && model >= *budget;
   if (phase == OomPhase::kParameters || model_exceeds) {
     d.cause = OomCause::kModel;
@@ -192,10 +195,10 @@ std::string oom_message(const std::string& operation, const std::string& what,
 OomExplanation explain_oom(const std::string& operation, const std::string& what,
                            OomPhase phase, const OomMemory& memory,
                            std::optional<int64_t> budget, bool state_on_host,
-                           const std::string& detail) {
+                           const std::string& detail, bool training) {
   OomExplanation e;
   e.phase = phase;
-  e.diagnosis = diagnose_oom(phase, memory, budget, state_on_host);
+  e.diagnosis = diagnose_oom(phase, memory, budget, state_on_host, training);
   e.message = oom_message(operation, what, phase, e.diagnosis, detail);
   return e;
 }

@@ -51,6 +51,22 @@ TEST(OomCauseTest, ModelAloneOverTheBudgetIsTheModelWhateverThePhase) {
             OomCause::kModel);
 }
 
+TEST(OomCauseTest, AnEvaluationsModelIsItsWeightsWithNoGradientToCome) {
+  // Grad disabled: 10 MiB of weights in 16 MiB leave room; what the
+  // forward's ops hold is the excess, and a smaller batch helps.
+  OomMemory m;
+  m.parameters = 10 * kMiB;
+  m.temporaries = 3 * kMiB;
+  const OomDiagnosis d = diagnose_oom(OomPhase::kForward, m, 16 * kMiB,
+                                      /*state_on_host=*/false, /*training=*/false);
+  EXPECT_EQ(d.cause, OomCause::kTemporaries);
+  EXPECT_EQ(d.advice.find("smaller batch cannot help"), std::string::npos);
+  // Weights alone over the budget are the model's, in evaluation too.
+  m.parameters = 17 * kMiB;
+  EXPECT_EQ(diagnose_oom(OomPhase::kForward, m, 16 * kMiB, false, false).cause,
+            OomCause::kModel);
+}
+
 TEST(OomCauseTest, ActivationsGetCheckpointing) {
   OomMemory m;
   m.parameters = m.gradients = kMiB;

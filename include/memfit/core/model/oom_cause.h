@@ -60,10 +60,12 @@ struct OomDiagnosis {
 
 // Classifies an OOM. `budget`: the device's memory, when known.
 // `state_on_host`: the optimizer's state already lives on the host (do not
-// advise moving it there).
+// advise moving it there). `training`: a gradient will sit beside every
+// trainable parameter; false for a step with grad disabled (an evaluation),
+// where the model alone is its weights and the gradients present.
 OomDiagnosis diagnose_oom(OomPhase phase, const OomMemory& memory,
                           std::optional<int64_t> budget,
-                          bool state_on_host = false);
+                          bool state_on_host = false, bool training = true);
 
 // "CUDA out of memory. [operation] <what>: it ran out in <phase>, with
 // <what fills> on the device. <advice> <detail>" (without "<what>: it " when
@@ -84,7 +86,7 @@ struct OomExplanation {
 OomExplanation explain_oom(const std::string& operation, const std::string& what,
                            OomPhase phase, const OomMemory& memory,
                            std::optional<int64_t> budget, bool state_on_host = false,
-                           const std::string& detail = "");
+                           const std::string& detail = "", bool training = true);
 
 // An allocator's OOM message without its leading "CUDA out of memory." and
 // its generic "Use a smaller batch ..." advice: the figures only.

@@ -74,7 +74,7 @@ void Planner::finish_plan() {
         a_.segments = chain.first;
         a_.chain_memory = chain.second;
         a_.chain_batch = c;
-        a_.chain_plans = compare_chain_plans(a_.segments, a_.chain_memory, limit_);
+        a_.chain_plans = compare_chain_plans(a_.segments, a_.chain_memory, limit_at(c));
       }
     }
   }

@@ -54,7 +54,7 @@ class Planner {
  public:
   Planner(const AdviseMeasurer& m, const AdviseSettings& s) : m_(m), s_(s) {
     has_budget_ = s.budget >= 0;
-    limit_ = has_budget_ ? s.budget - s.reserve_bytes : std::numeric_limits<int64_t>::max() / 4;
+    limit_ = has_budget_ ? s.budget : std::numeric_limits<int64_t>::max() / 4;
     n_ = s.chain.size();
   }
 
@@ -130,6 +130,19 @@ class Planner {
   void setting_rows();
   void note_unrecorded();
   bool search_settings(bool exact);
+  // Note [The rest of the batch beside a micro-batch]
+  // A step recorded on a micro-batch of c samples holds c samples' data;
+  // the rest of the user's batch waits on the device beside it (the
+  // Trainer slices it there), so a micro-batch plan has that much less
+  // room: reserve_bytes (the whole batch's data) x (B - c) / B. The whole
+  // batch's own step holds its data already: none is taken from it (it
+  // was, and advise moved a plan that fit on the device to the host).
+  int64_t limit_at(int64_t c) const {
+    if (!has_budget_ || c >= s_.batch || s_.batch <= 0) return limit_;
+    return limit_ - static_cast<int64_t>(static_cast<double>(s_.reserve_bytes) *
+                                         static_cast<double>(s_.batch - c) /
+                                         static_cast<double>(s_.batch));
+  }
 
   const AdviseMeasurer& m_;
   const AdviseSettings& s_;

@@ -343,10 +343,11 @@ std::vector<Planner::Choice> Planner::fitting_choices(
   StepVariant every_v = base;
   every_v.checkpoint.assign(n_, true);
   std::vector<Choice> fitting;
-  if (every.report.budget_peak() <= limit_)
+  const int64_t limit = limit_at(c);
+  if (every.report.budget_peak() <= limit)
     fitting.push_back({chain_recompute_ns(segs, every_v.checkpoint), every_v, every});
   std::vector<std::vector<bool>> tried = {every_v.checkpoint};
-  int64_t aim = limit_;
+  int64_t aim = limit;
   for (int round = 0; round < 4; ++round) {
     const ChainPlan cp = chain_plan_optimal(segs, mem, aim);
     if (!cp.fits) break;
@@ -358,8 +359,8 @@ std::vector<Planner::Choice> Planner::fitting_choices(
     VariantRecording r = record(v, c, true);
     if (!r.unavailable.empty()) break;
     const int64_t peak = r.report.budget_peak();
-    if (peak <= limit_) fitting.push_back({cp.recompute_ns, v, std::move(r)});
-    aim += limit_ - peak;
+    if (peak <= limit) fitting.push_back({cp.recompute_ns, v, std::move(r)});
+    aim += limit - peak;
   }
   return fitting;
 }

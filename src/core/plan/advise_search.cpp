@@ -76,7 +76,7 @@ bool Planner::verify(const StepVariant& v, int64_t c, std::optional<VariantRecor
   if (!r.unavailable.empty()) return false;
   const int64_t peak = r.report.budget_peak();
   const int64_t mb = c < s_.batch ? c : 0;
-  if (peak <= limit_) {
+  if (peak <= limit_at(c)) {
     accepted_ = Tried{v, mb, peak};
     accepted_verified_ = !r.meta;
     accepted_recording_ = std::move(r);
@@ -126,7 +126,7 @@ std::optional<int64_t> Planner::lower_bound_at(const StepVariant& v, int64_t c) 
 // says so as it skips it.
 bool Planner::bounded_over(const StepVariant& v, int64_t c) const {
   const std::optional<int64_t> bound = lower_bound_at(v, c);
-  if (!bound || *bound <= limit_) return false;
+  if (!bound || *bound <= limit_at(c)) return false;
   s_.progress.step("skip " + describe(v, s_.optimizer, s_.offload_label) + " at batch " +
                    std::to_string(c) + ": at least " + format_bytes(*bound));
   return true;
@@ -146,9 +146,10 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
     plain_c = record(base, c, true);
     if (!plain_c->unavailable.empty()) return false;
     const int64_t peak = plain_c->report.budget_peak();
-    if (peak <= limit_ && verify(base, c, plain_c->meta ? std::nullopt : plain_c)) return true;
+    if (peak <= limit_at(c) && verify(base, c, plain_c->meta ? std::nullopt : plain_c))
+      return true;
     // Over the budget: still the closest the plan came, if it is.
-    if (peak > limit_ && (!closest_ || peak < closest_->peak))
+    if (peak > limit_at(c) && (!closest_ || peak < closest_->peak))
       closest_ = Tried{base, c < s_.batch ? c : 0, peak};
   }
   if (chain_of(base) == 0) return false;
@@ -158,7 +159,7 @@ bool Planner::try_level(const StepVariant& base, int64_t c, bool every_only) {
   const VariantRecording every_c =
       users_whole && every_cheap_ ? *every_cheap_ : record(every, c, true);
   if (!every_c.unavailable.empty()) return false;
-  if (every_c.report.budget_peak() > limit_) {
+  if (every_c.report.budget_peak() > limit_at(c)) {
     if (!closest_ || every_c.report.budget_peak() < closest_->peak)
       closest_ = Tried{every, c < s_.batch ? c : 0, every_c.report.budget_peak()};
     return false;

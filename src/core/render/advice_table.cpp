@@ -120,7 +120,8 @@ std::string to_text(const Advice& a) {
       << (a.plain_step_ms > 0 ? std::to_string(std::lround(a.plain_step_ms)) + " ms per step recorded"
                               : std::string("not timed"))
       << "; parameters and buffers " << format_bytes(a.parameter_bytes)
-      << (a.reserve_bytes > 0 ? "; " + format_bytes(a.reserve_bytes) + " kept for the batch's data"
+      << (a.reserve_bytes > 0 ? "; the batch's data " + format_bytes(a.reserve_bytes) +
+                                    " (a plan in micro-batches leaves room for the rest of it)"
                             : std::string())
       << "\n";
   if (a.cuda_reserved) {

@@ -81,3 +81,34 @@ def test_an_eval_loader_with_a_batch_of_its_own_is_refused_in_one_line(tmp_path)
     assert said.startswith("[FitBatchSize] get_eval_dataloader builds batches of 4096 with "
                            "per_device_eval_batch_size set to "), said
     assert args.per_device_eval_batch_size == 4096  # as it was
+
+
+def _two_views(samples):
+    """Each sample twice, the second reversed: 2 rows a sample."""
+    ids = torch.stack([torch.as_tensor(s["input_ids"]) for s in samples])
+    ids = torch.cat([ids, ids.flip(-1)])
+    return {"input_ids": ids, "labels": ids}
+
+
+def _two_views_trained(tmp_path, per_device, accumulation, callbacks):
+    gc.collect()
+    with memfit.simulated_device(BUDGET):
+        args = arguments(tmp_path, per_device_train_batch_size=per_device,
+                         gradient_accumulation_steps=accumulation, max_steps=2)
+        trainer = Counting(model=gpt2(), args=args, train_dataset=Tokens(),
+                           data_collator=_two_views, callbacks=callbacks)
+        trainer.train()
+    return args, trainer.sizes
+
+
+def test_a_collator_making_two_rows_a_sample_is_set_the_samples_whose_rows_fit(tmp_path):
+    # See Note [A data collator that makes rows]: the rows that fit (16)
+    # were set as per_device 16 x 4, batches of 32 rows, and the Trainer's
+    # loop ran out of memory there.
+    with pytest.raises(torch.OutOfMemoryError):
+        _two_views_trained(tmp_path, 16, 4, [])
+    args, sizes = _two_views_trained(tmp_path, 64, 1, [FitBatchSize()])
+    rows = 2 * args.per_device_train_batch_size
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps == 64
+    assert set(sizes) == {rows}  # every micro-batch the loop ran
+    assert args.per_device_train_batch_size < 16

@@ -83,12 +83,50 @@ def trainer_step(trainer: Any, what: str = "FitBatchSize") -> UserStep:
     return UserStep(step=step, what=what)
 
 
-def _first_batch(dataloader):
+def _first_batch(dataloader, rows=False):
     """The first samples of the loader's first batch, collated in host
     memory (the loader's whole batch may not fit the device); the sampler's
-    seed is put back, so training draws the same order."""
+    seed is put back, so training draws the same order. rows=True: (those,
+    the rows the whole first batch holds)."""
     with kept_rng(dataloader), host_memory():
-        return example_of(next(iter(dataloader)))
+        first = next(iter(dataloader))
+        example = example_of(first)
+        return (example, batch_size(first, 0, "FitBatchSize")) if rows else example
+
+
+# Note [A data collator that makes rows]
+# A data_collator may give the model more rows than the samples it takes
+# (two augmented views of each, concatenated: 2 rows a sample). memfit
+# sizes rows; set as per_device_train_batch_size, the rows that fit made
+# batches of twice as many, and the Trainer's loop ran out of memory. So
+# where the first batch holds k times the loader's batch (k a whole number
+# above 1), the effective batch is planned in rows (k a sample) and the
+# batch set is the samples whose rows fit, a divisor of the effective
+# batch: per_device x accumulation stays the samples it was.
+def _rows_per_sample(loader, rows) -> int:
+    """k, the rows the data collator gives a sample, else 1: See Note [A
+    data collator that makes rows]."""
+    size = getattr(loader, "batch_size", None)
+    if size is None:  # accelerate's DataLoaderShard batches by its batch sampler
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+    if not isinstance(size, int) or size <= 0 or rows <= size or rows % size:
+        return 1
+    return rows // size
+
+
+def _in_samples(plan, per, effective, what) -> None:
+    """`plan`, planned in rows of `per` a sample, set in samples: the
+    largest divisor of `effective` whose rows fit."""
+    if per == 1:
+        return
+    fit = max((d for d in range(1, effective + 1) if effective % d == 0 and d * per
+               <= plan.batch_size), default=0)
+    if not fit:
+        raise _memfit.DoesNotFit(f"[{what}] {plan.batch_size} rows fit, and a sample of the "
+                                 f"training data gives {per} (its data collator): no batch fits")
+    plan.notes.append(f"the data collator gives {per} rows a sample: the {plan.batch_size} rows "
+                      f"that fit are a batch of {fit} samples")
+    plan.batch_size, plan.accumulation = fit, effective // fit
 
 
 def _at_longest(trainer, batch, what):
@@ -387,8 +425,12 @@ class FitBatchSize(TrainerCallback):
         before = f"{args.per_device_train_batch_size} x {args.gradient_accumulation_steps}"
         effective = args.per_device_train_batch_size * args.gradient_accumulation_steps
         how = trainer_step(trainer, what)
-        batch, longer = _at_longest(trainer, _first_batch(trainer.get_train_dataloader()), what)
-        reserve = int(batch_bytes_per_sample(batch) * effective)
+        loader = trainer.get_train_dataloader()
+        first, rows = _first_batch(loader, rows=True)
+        per = _rows_per_sample(loader, rows)  # See Note [A data collator that makes rows]
+        loader = None
+        batch, longer = _at_longest(trainer, first, what)
+        reserve = int(batch_bytes_per_sample(batch) * effective * per)
         opt = _optimizer_for(trainer, model, optimizer)
         # The optimizer's step and zero_grad end each optimizer step; between
         # accumulated micro-batches the gradients stay.
@@ -396,8 +438,9 @@ class FitBatchSize(TrainerCallback):
             # See Notes [The mixed precision the Trainer's ...], [Checkpointing the Trainer ...]
             plan = plan_batch(model, batch, opt, whole=LoopStep(how, True),
                               accumulated=LoopStep(how, False), budget=self.budget, what=what,
-                              effective=effective, reserve_bytes=reserve,
+                              effective=effective * per, reserve_bytes=reserve,
                               target_device=self.target_device)
+        _in_samples(plan, per, effective, what)
         if longer:
             plan.notes.append(longer)
         _set_batch(trainer, plan.batch_size, plan.accumulation, what)

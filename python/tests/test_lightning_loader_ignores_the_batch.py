@@ -45,13 +45,10 @@ def test_a_loader_with_a_batch_of_its_own_trains_there_without_the_callback():
     assert module.seen == 4  # the truth: the loop runs the loader's batch
 
 
-@pytest.mark.parametrize("make,said", [
-    (FixedLoader, "[FitBatchSize] train_dataloader builds batches of 4 with batch_size set to "
-                  "557 (4 at 4): "),
-    (DoublingLoader, "[FitBatchSize] train_dataloader builds batches of 1114 with batch_size "
-                     "set to 557 (8 at 4): "),
-], ids=["fixed", "doubled"])
-def test_a_loader_that_does_not_batch_by_batch_size_is_refused_in_one_line(make, said):
+def _refused(make, said):
+    """(the refusal's text, the module it sized) of FitBatchSize on the
+    module `make` builds at a batch of 4; the text is one line starting
+    with `said`."""
     module = []
 
     def made(batch_size):
@@ -62,9 +59,20 @@ def test_a_loader_that_does_not_batch_by_batch_size_is_refused_in_one_line(make,
         setup.fit_on_device(made, 4, [FitBatchSize()], max_steps=1)
     text = str(error.value)
     assert "\n" not in text and text.startswith(said), text
+    return text, module[0]
+
+
+@pytest.mark.parametrize("make,said", [
+    (FixedLoader, "[FitBatchSize] train_dataloader builds batches of 4 with batch_size set to "
+                  "557 (4 at 4): "),
+    (DoublingLoader, "[FitBatchSize] train_dataloader builds batches of 1114 with batch_size "
+                     "set to 557 (8 at 4): "),
+], ids=["fixed", "doubled"])
+def test_a_loader_that_does_not_batch_by_batch_size_is_refused_in_one_line(make, said):
+    text, module = _refused(make, said)
     assert text.endswith("its DataLoader must take batch_size=batch_size, or FitBatchSize sizes "
                          "a batch the loop does not run; 557 fits")
-    assert module[0].batch_size == 4  # as it was
+    assert module.batch_size == 4  # as it was
 
 
 # See Note [The batch the training loader runs] (integrations/lightning.py):
@@ -147,17 +155,8 @@ def test_a_batch_sampler_with_buckets_of_its_own_trains_at_them_without_the_call
                      "batch_size, as FitBatchSize sets one batch for all of them"),
 ], ids=["sampler", "sampler-large", "whole-batches", "dict"])
 def test_a_loader_giving_batches_of_its_own_is_refused_in_one_line(make, said):
-    module = []
-
-    def made(batch_size):
-        module.append(make(batch_size))
-        return module[0]
-
-    with pytest.raises(ValueError) as error:
-        setup.fit_on_device(made, 4, [FitBatchSize()], max_steps=1)
-    text = str(error.value)
-    assert "\n" not in text and text.startswith(said), text
-    assert module[0].batch_size == 4  # as it was
+    text, module = _refused(make, said)
+    assert module.batch_size == 4  # as it was
 
 
 class SamplerByBatchSize(Seen):

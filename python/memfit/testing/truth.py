@@ -33,6 +33,7 @@ def plain_steps_run(budget: int, build: Callable[[], Any], step: Callable[..., N
     gc.collect()
     left = tracked_live_bytes("cpu")
     torch.manual_seed(seed)
+    state = None
     try:
         with simulated_device(budget + left):
             state = build()
@@ -42,6 +43,10 @@ def plain_steps_run(budget: int, build: Callable[[], Any], step: Callable[..., N
     except torch.cuda.OutOfMemoryError:
         return False
     finally:
+        # Dropped before collecting: a model in a reference cycle (a forward
+        # hook's closure holding it) left its activations as garbage on the
+        # device for whatever ran next.
+        state = None
         gc.collect()
 
 

@@ -418,19 +418,20 @@ def check_retain_graph(run):
             continue  # used again by a later backward (two losses, a penalty): on purpose
         allocs = _retained_allocations(run, rb, reached)
         if allocs:
-            by_site[rb.site].append((rb, allocs))
+            # Without retain_graph a node frees what it saved once it ran: its
+            # result then (the ops that read it ran before it, in backward).
+            released = dict(rb.released)
+            by_site[rb.site].append((allocs, [(released.get(a.id, rb.end_event),
+                                               _end_of(run, a), a.bytes) for a in allocs]))
     peak = max(s.peak for s in steps)
     findings, ids = [], set()
     for site, items in by_site.items():
-        # Without retain_graph a node frees what it saved once it ran: its
-        # result then (the ops that read it ran before it, in backward).
-        intervals = [(dict(rb.released).get(a.id, rb.end_event), _end_of(run, a), a.bytes)
-                     for rb, allocs in items for a in allocs]
+        intervals = [iv for _allocs, ivs in items for iv in ivs]
         saving = peak - max(_peak_without(run, s, intervals) for s in steps)
         if not _worth(saving, peak, run):
             continue
-        per = statistics.mean(sum(a.bytes for a in allocs) for _rb, allocs in items)
-        ids |= {a.id for _rb, allocs in items for a in allocs}
+        per = statistics.mean(sum(a.bytes for a in allocs) for allocs, _ivs in items)
+        ids |= {a.id for allocs, _ivs in items for a in allocs}
         n = len(items)
         seen = (f"backward(retain_graph=True) at {site} keeps what the graph saved "
                 f"({_fmt(per)}) alive after it, in {n} backward{'s' if n > 1 else ''}, "

@@ -137,6 +137,30 @@ def _cache_of(output):
             else getattr(output, "past_key_values", None))
 
 
+class _ModuleHook:
+    """A hook the doctor puts on the model. A copy of the model made inside
+    the block (copy.deepcopy for an EMA or the best weights so far,
+    torch.save of the whole model) gets a hook that does nothing: the copy
+    is not the model watched, and the observer behind the hook holds the
+    timeline, which cannot be copied (the copy raised)."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+    def __reduce__(self):
+        return (_NoHook, ())
+
+
+class _NoHook:
+    """What a copy of the model gets for the doctor's hook (_ModuleHook)."""
+
+    def __call__(self, *args, **kwargs):
+        return None
+
+
 def _next_allocation_id():
     # Ids count tracked allocations on every device from 1 (see
     # src/torch/tracking.cpp): the next one is one past their number.
@@ -257,7 +281,7 @@ class Observer:
                 self._undo += [h.remove for h in
                                watch_call(self.model, root, self._forward_pre, post)]
             else:
-                pre = self.model.register_forward_pre_hook(self._forward_pre)
+                pre = self.model.register_forward_pre_hook(_ModuleHook(self._forward_pre))
                 self._undo.append(pre.remove)
                 self._hook_post(self.model)
         else:
@@ -415,8 +439,8 @@ class Observer:
     def _hook_post(self, module):
         if id(module) not in self._hooked:
             self._hooked.add(id(module))
-            post = module.register_forward_hook(self._forward_post, with_kwargs=True,
-                                                always_call=True)
+            post = module.register_forward_hook(_ModuleHook(self._forward_post),
+                                                with_kwargs=True, always_call=True)
             self._undo.append(post.remove)
 
     def _forward_pre(self, module, args):

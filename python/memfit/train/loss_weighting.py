@@ -119,6 +119,17 @@ __all__: list = []
 # constant) is refused. A chunk that counts nothing (every token masked)
 # adds 0, not 0/0.
 
+# Note [The scale of a chunk's sum]
+# A chunk backpropagated as its sum (loss x count) seeds its backward with
+# gradients count times the batch mean's: under fp16 autocast and a
+# GradScaler (2**16) a causal LM's shifted-label loss overflowed to inf in
+# the micro-batches where the whole batch's did not, and every split step
+# was skipped, its scale halved, silently. So the sum is divided by a unit,
+# the batch's count as the step's first counting chunk extrapolates it
+# (count x batch / n), rounded to a power of two: the seeds are about the
+# whole batch's, and dividing by the unit (and multiplying it back in
+# grad_scale()) is exact, so the gradients are the same bits as without it.
+
 _REDUCTIONS = {torch.mean: "mean", torch.Tensor.mean: "mean", torch.sum: "sum",
                torch.Tensor.sum: "sum", torch.nansum: "sum", torch.Tensor.nansum: "sum"}
 _DIVISIONS = {torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.true_divide,
@@ -321,6 +332,7 @@ class LossWeighting:
         self._by_count = None
         self._counts = {}  # start -> counted targets of this step's chunk there
         self._sum_chunks = False
+        self._unit = None
         self._full_target = None
         self._denominators = {}
 
@@ -328,6 +340,7 @@ class LossWeighting:
         """Before a step on the batch whose target is `full_target`."""
         self._counts = {}
         self._sum_chunks = False
+        self._unit = None  # See Note [The scale of a chunk's sum]
         self._full_target = full_target
         self._denominators = {}  # (ignore_index, id(weight)) -> the batch's count
 
@@ -385,25 +398,29 @@ class LossWeighting:
         # count is known once every chunk ran; see grad_scale().
         self._sum_chunks = True
         self._counts[start] = (n, count.detach() if isinstance(count, torch.Tensor) else count)
-        return loss * count
+        if self._unit is None and float(count) > 0:
+            # See Note [The scale of a chunk's sum].
+            self._unit = 2.0 ** round(math.log2(float(count) * batch / n))
+        return loss * (count / (self._unit or 1.0))
 
     def finish_step(self):
         """After the step: grad_scale(), and the step's target and counts
         let go (the object lives as long as the Trainer)."""
         scale = self.grad_scale()
         self._full_target, self._denominators, self._counts = None, {}, {}
-        self._sum_chunks = False
+        self._sum_chunks, self._unit = False, None
         return scale
 
     def grad_scale(self):
-        """1 / the batch's counted targets when the chunks' losses were sums
-        of counted targets (Note [Probing how the loss reduces]), else None."""
+        """The unit / the batch's counted targets when the chunks' losses were
+        sums of counted targets over the unit (Note [Probing how the loss
+        reduces], Note [The scale of a chunk's sum]), else None."""
         if not self._sum_chunks:
             return None
         # The chunks that completed partition the batch: a redo after an OOM
         # starts where the failed attempt did and replaces its entry.
         total = _partition_total(self._counts)
-        return 1.0 / total if total else math.nan
+        return (self._unit or 1.0) / total if total else math.nan
 
     def _check_separable(self, output, target, target_dim, rule, rerun=None):
         """Raises ValueError when the loss of up to 8 samples together is

@@ -20,6 +20,8 @@ import contextlib
 import copy
 import dataclasses
 import inspect
+import random
+import sys
 
 import torch
 
@@ -41,7 +43,9 @@ def kept_rng(*holders):
     torch.Generator objects are put back too: a DataLoader's (its
     generator=, its sampler's and batch sampler's), so that peeking at its
     first batch leaves the order training draws as it was (a loader made
-    with generator=self.g drew another order after a callback's peek)."""
+    with generator=self.g drew another order after a callback's peek).
+    Python's and numpy's global generators too: a step that augments with
+    random.random() or np.random drew from them in every rehearsal."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     # memfit's copies, not the step's: a CPU generator's state is a 5 KiB
     # tensor, which the simulated device counted beside every rehearsal
@@ -50,9 +54,14 @@ def kept_rng(*holders):
         cpu = torch.get_rng_state()
         cards = [(d, torch.cuda.get_rng_state(d)) for d in devices]
         states = [(g, g.get_state()) for g in _generators_of(holders)]
+    numpy = sys.modules.get("numpy")  # a step that draws from it imported it
+    python, np_state = random.getstate(), numpy.random.get_state() if numpy else None
     try:
         yield
     finally:
+        random.setstate(python)
+        if np_state is not None:
+            numpy.random.set_state(np_state)
         torch.set_rng_state(cpu)
         for d, state in cards:
             torch.cuda.set_rng_state(state, d)

@@ -65,6 +65,13 @@ def _worth(saving, peak, run):
     return saving > 0 and saving >= MIN_SHARE * (peak + run.observation.outside_bytes)
 
 
+def _not_devices(run):
+    """Allocations kept across steps that are no device memory of the loop:
+    the inputs the doctor holds for its trials, what the user moved to the
+    host (`.detach().cpu()`, a no-op on the CPU that rehearses the GPU)."""
+    return run.observation.held_ids | run.observation.host_ids
+
+
 def _steps_for_average(run):
     return run.steady_steps or run.steps
 
@@ -139,7 +146,7 @@ def list_kept(run):
     """{the appending line: ListKept} of the run (see ListKept)."""
     forwards = run.observation.forwards
     starts = [f.first_event for f in forwards]
-    held = run.observation.held_ids
+    held = _not_devices(run)
     keepers = {}
     kept = {}
     for a in run.allocations.values():
@@ -213,7 +220,7 @@ def check_memory_growth(run, graph_explained=False, kept=None):
     live = [s.live_after for s in steps]
     if not all(b > a for a, b in zip(live, live[1:])):
         return []
-    held = run.observation.held_ids
+    held = _not_devices(run)
     kept = list_kept(run) if kept is None else kept
     kept_by = {i: site for site, k in kept.items() for i in k.ids}
     n = len(steps)
@@ -326,7 +333,7 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
     if len(steps) < 3:
         return []
     obs = run.observation
-    excluded = obs.held_ids
+    excluded = _not_devices(run)
     # Gradients and optimizer state are made by backward and the optimizer's
     # step, and kept on purpose (grads_kept is about gradients kept too long).
     state_calls = ("Tensor.backward", "optimizer.step")

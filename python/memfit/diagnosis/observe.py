@@ -85,6 +85,9 @@ _SPECIAL.update({f: "copy" for f in _COPIES})
 # create_graph: loss.backward(gradient, retain_graph, create_graph) and
 # torch.autograd.backward(tensors, grad_tensors, retain_graph, create_graph).
 _BACKWARDS = {_Tensor.backward: (2, 3), torch.autograd.backward: (2, 3)}
+# Calls that move a tensor to the host: on the CPU that rehearses a GPU run
+# they return the same storage, which the GPU run keeps in host memory.
+_TO_HOST = {_Tensor.cpu, _Tensor.to, _Tensor.numpy}
 _SPECIAL.update({f: "backward" for f in _BACKWARDS})
 
 # The in-place spelling of each op, by its name in reports (for the checks).
@@ -191,6 +194,8 @@ class _Calls(TorchFunctionMode):
         finally:
             if watch is not None:
                 o.end_backward(watch, n0, len(timeline))
+        if func in _TO_HOST:
+            o.note_host(func, args, kwargs, out)
         if len(timeline) != n0 or func in _SPECIAL:
             o.note_call(func, args, kwargs, out, n0, len(timeline))
         elif isinstance(out, _Tensor) and out.requires_grad:
@@ -227,6 +232,7 @@ class Observer:
         self.graph_uses = []
         self.float64 = []
         self.copies = []
+        self.host_ids = set()  # allocations the user moved to the host (note_host)
         self.candidates = []  # [input_id, output_id, event, key, name, module, used_later]
         self.pending = {}  # input id -> (candidate index, weakref to the input)
         self.optimizer_steps = 0
@@ -401,6 +407,7 @@ class Observer:
             in_place=tuple(InPlaceCandidate(c[0], c[1], c[2], site_of(c[3]), c[4], c[5], c[6])
                            for c in self.candidates),
             held_ids=frozenset(self._ids(_tensors([i[1:] for i in self.inputs.values()]))),
+            host_ids=frozenset(self.host_ids),
             end_event=end,
             outside_bytes=self._outside_bytes(),
             compiles=tuple(self.compiles),
@@ -733,6 +740,21 @@ class Observer:
             return
         self._seen.add(seen)
         self.float64.append((i, n0, key, func, n * t.element_size()))
+
+    def note_host(self, func, args, kwargs, out):
+        """`t.cpu()`, `t.to("cpu")`, `t.numpy()` of a tensor already on the
+        CPU: its storage is host memory in the GPU run rehearsed (a
+        `.detach().cpu()` kept for metrics is not the device's)."""
+        t = args[0] if args else None
+        if not isinstance(t, _Tensor) or t.device.type != "cpu":
+            return
+        if func is _Tensor.to and not any(
+                isinstance(a, (str, torch.device)) and torch.device(a).type == "cpu"
+                for a in (*args[1:], kwargs.get("device"))):
+            return  # a dtype's .to() is no move to the host
+        i = _allocation_id(out if isinstance(out, _Tensor) else t)
+        if i is not None:
+            self.host_ids.add(i)
 
     def note_uses(self, args):
         """Marks pending in-place candidates whose input a call takes."""

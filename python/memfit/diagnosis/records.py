@@ -229,6 +229,9 @@ class Observation:
     # wrote a gradient, from the first forward after an optimizer step on.
     accumulations: Tuple[Tuple[int, int, int], ...] = ()
     retained: Tuple[RetainedBackward, ...] = ()
+    # Allocations the user moved to the host (`.cpu()`, `.numpy()`) on the
+    # CPU that rehearses a GPU run: host memory there, not the device's.
+    host_ids: frozenset = frozenset()
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,90 @@
+"""What the loop moves to the host (`outs.append(out.detach().cpu())`, the
+doctor's own fix for a list of outputs) is host memory in the GPU run the
+CPU rehearses, where `.cpu()` returns the same storage: no memory_growth.
+The truth is the device's live bytes after plain steps of the loop, with
+the host copy made outside the tracked allocator (numpy's) as a GPU run's
+`.cpu()` makes it outside the device."""
+
+import gc
+import os
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import memfit
+from memfit._native import tracked_live_bytes
+
+THIS = os.path.realpath(__file__)
+STEPS = 6
+
+
+def mlp():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+
+
+def batches():
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g))
+            for _ in range(STEPS)]
+
+
+def train(model, opt, keep, after_step=lambda: None):
+    outs, preds = [], []
+    for x, y in batches():
+        opt.zero_grad()
+        out = model(x)
+        F.cross_entropy(out, y).backward()
+        opt.step()
+        keep(outs, preds, out)  # <- keep
+        after_step()
+
+
+def kept_on_device(outs, preds, out):
+    outs.append(out.detach())
+    preds.append(out.argmax(1))
+
+
+def kept_on_host(outs, preds, out):
+    outs.append(out.detach().cpu())
+    preds.append(out.argmax(1).to("cpu").numpy())
+
+
+def kept_outside_the_device(outs, preds, out):
+    outs.append(out.detach().numpy().copy())
+    preds.append(out.argmax(1).numpy().copy())
+
+
+def growth(keep):
+    """Bytes the device's live memory grows by per step, plain steps."""
+    gc.collect()
+    live = []
+    with memfit.simulated_device(1 << 40):
+        model = mlp()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        train(model, opt, keep, lambda: live.append(tracked_live_bytes("cpu")))
+    per = {b - a for a, b in zip(live[1:], live[2:])}
+    assert len(per) == 1, live
+    return per.pop()
+
+
+def doctor(keep):
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with memfit.doctor(model, opt) as d:
+        train(model, opt, keep)
+    return [f for f in d.findings if f.kind in ("memory_growth", "tensors_kept")], d
+
+
+def test_outputs_kept_on_the_device_grow_by_what_they_keep():
+    truth = growth(kept_on_device)
+    assert truth == 64 * 10 * 4 + 64 * 8
+    found, d = doctor(kept_on_device)
+    assert found and sum(f.bytes for f in found) == truth, d.report()
+
+
+def test_outputs_moved_to_the_host_are_no_growth():
+    assert growth(kept_outside_the_device) == 0
+    found, d = doctor(kept_on_host)
+    assert found == [], d.report()  # it said +3.00 KiB per step: run it under no_grad

@@ -169,6 +169,8 @@ void init_strategies(py::module_& m) {
                     "optimizers the plan may switch to with allow_approximate, in order")
       .def_readonly("can_offload", &OptimizerChoices::can_offload,
                     "the optimizer has state, not on the host yet");
+  m.def("mixing_layers_phrase", &mixing_layers_phrase, py::arg("paths"),
+        "the BatchNorm layers that mix a batch's samples, named as messages say them");
   m.def("optimizer_choices", &optimizer_choices, py::arg("user_kind"),
         "The optimizers advise compares with the user's kind (adam, momentum, sgd, none, "
         "<kind>-offload, a class name): others (rows), lighter (in the order the plan tries "

@@ -110,7 +110,6 @@ class ImageClassifier : public TrainableModel {
                   bool mean) const override {
     return classification_loss(out, t, mean);
   }
-  bool couples_batch() const override { return root_.is_training(); }
 
  protected:
   torch::nn::Module root_;

@@ -191,6 +191,7 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
   s.lighter = std::move(choices.lighter);
   s.chain = model.chain();
   s.allow_approximate = o.allow_approximate;
+  s.split_changes = mixing_layers_phrase(coupled_layers_of(model.module()));
   s.progress = progress;
   s.cards = o.cards;
   s.predict_rows = o.predict_rows;
@@ -229,11 +230,6 @@ Advice advise(TrainableModel& model, const AdviseOptions& o, const Progress& pro
   for (const auto& b : model.module().buffers()) a.parameter_bytes += b.nbytes();
   if (!s.chain.empty()) {
     a.chain_description = "the model's chain (" + std::to_string(s.chain.size()) + " blocks)";
-  }
-  if (a.plan.micro_batch > 0 && model.couples_batch()) {
-    a.notes.push_back("the plan splits the batch, and " + a.model +
-                      " has layers that mix the samples of a batch (BatchNorm in training "
-                      "mode): each micro-batch gets its own statistics");
   }
   return a;
 }

@@ -40,8 +40,6 @@ class TrainableModel {
   // Mean over the batch (sum when `mean` is false).
   virtual at::Tensor loss(const at::Tensor& output, const at::Tensor& target,
                           bool mean = true) const = 0;
-  // Whether a layer couples the samples of a batch (BatchNorm in training).
-  virtual bool couples_batch() const { return false; }
   // The model's chain of blocks that activation checkpointing works on
   // ("blocks.0", ...); empty for a model without one.
   virtual std::vector<std::string> chain() const { return {}; }

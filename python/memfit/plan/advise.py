@@ -233,13 +233,10 @@ def _mixing_layers(model, train_mode):
     """The BatchNorm layers the step runs in training, as one phrase ('':
     none): See Note [Micro-batches of a model that mixes samples]
     (advise_search.cpp). train_mode=True puts every module in training."""
-    paths = [path or type(m).__name__ for path, m in model.named_modules()
-             if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
-             and (train_mode or m.training)]
-    if not paths:
-        return ""
-    shown = ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
-    return f"the BatchNorm layers ({shown})"
+    return _memfit.mixing_layers_phrase(
+        [path or type(m).__name__ for path, m in model.named_modules()
+         if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+         and (train_mode or m.training)])
 
 
 def _card_bytes(cards):

@@ -82,6 +82,15 @@ bool StepVariant::operator==(const StepVariant& o) const {
          host_state == o.host_state && step == o.step && setting == o.setting;
 }
 
+std::string mixing_layers_phrase(const std::vector<std::string>& paths) {
+  if (paths.empty()) return "";
+  std::string shown;
+  const size_t listed = std::min<size_t>(paths.size(), 3);
+  for (size_t i = 0; i < listed; ++i) shown += (i ? ", " : "") + paths[i];
+  if (paths.size() > listed) shown += " and " + std::to_string(paths.size() - listed) + " more";
+  return "the BatchNorm layers (" + shown + ")";
+}
+
 OptimizerChoices optimizer_choices(const std::string& user_kind) {
   OptimizerChoices c;
   const OptimizerSpec* user = find_optimizer(user_kind);

@@ -117,6 +117,11 @@ struct OptimizerChoices {
 };
 OptimizerChoices optimizer_choices(const std::string& user_kind);
 
+// The layers that mix a batch's samples (AdviseSettings::split_changes), as
+// both fronts' messages name them: "the BatchNorm layers (a, b, c and 2
+// more)"; "" for none.
+std::string mixing_layers_phrase(const std::vector<std::string>& paths);
+
 struct AdviseSettings {
   int64_t batch = 0;
   int64_t budget = -1;         // bytes; < 0: no budget (rows only, no plan)

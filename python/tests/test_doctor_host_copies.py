@@ -1,9 +1,11 @@
 """What the loop moves to the host (`outs.append(out.detach().cpu())`, the
 doctor's own fix for a list of outputs) is host memory in the GPU run the
 CPU rehearses, where `.cpu()` returns the same storage: no memory_growth.
-The truth is the device's live bytes after plain steps of the loop, with
-the host copy made outside the tracked allocator (numpy's) as a GPU run's
-`.cpu()` makes it outside the device."""
+What the loop keeps on the device (`outs.append(out.detach())`) is growth
+at the line that keeps it, the tensor without a graph. The truth is the
+device's live bytes after plain steps of the loop, with the host copy made
+outside the tracked allocator (numpy's) as a GPU run's `.cpu()` makes it
+outside the device."""
 
 import gc
 import os
@@ -42,8 +44,8 @@ def train(model, opt, keep, after_step=lambda: None):
 
 
 def kept_on_device(outs, preds, out):
-    outs.append(out.detach())
-    preds.append(out.argmax(1))
+    outs.append(out.detach())  # <- outs
+    preds.append(out.argmax(1))  # <- preds
 
 
 def kept_on_host(outs, preds, out):
@@ -77,11 +79,23 @@ def doctor(keep):
     return [f for f in d.findings if f.kind in ("memory_growth", "tensors_kept")], d
 
 
+def line_of(tag):
+    with open(THIS) as f:
+        return next(i + 1 for i, t in enumerate(f) if t.rstrip().endswith(f"# <- {tag}"))
+
+
 def test_outputs_kept_on_the_device_grow_by_what_they_keep():
     truth = growth(kept_on_device)
     assert truth == 64 * 10 * 4 + 64 * 8
     found, d = doctor(kept_on_device)
-    assert found and sum(f.bytes for f in found) == truth, d.report()
+    assert sum(f.bytes for f in found) == truth, d.report()
+    # The detached outputs were "autograd graphs of the forward ... stay
+    # alive", at the forward's line, with "run it under torch.no_grad()".
+    by_line = {f.where.line: f for f in found}
+    assert set(by_line) == {line_of("outs"), line_of("preds")}, d.report()
+    outs = by_line[line_of("outs")]
+    assert outs.bytes == 64 * 10 * 4 and "no_grad" not in outs.fix, d.report()
+    assert "autograd graph" not in outs.seen, d.report()
 
 
 def test_outputs_moved_to_the_host_are_no_growth():

@@ -266,7 +266,9 @@ def check_memory_growth(run, graph_explained=False, kept=None):
         made = ", ".join(sorted(str(m) for m in k.made))
         seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
                 f"`{c}` at {site} keeps each step's `{name}` (made at {made}): "
-                f"+{_fmt(slope)} per step, with the autograd graph it hangs on.")
+                f"+{_fmt(slope)} per step"
+                + (" (detached: its tensor alone)." if k.keeper.detached
+                   else ", with the autograd graph it hangs on."))
         if k.scalar(ends[-1] - 1):
             fix = f"keep the number: `{c}.append({name}.item())`"
         else:

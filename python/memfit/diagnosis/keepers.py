@@ -16,30 +16,37 @@ _LINES = 40
 
 
 class Keeper:
-    """Where `name`, made at `made`, is put into `container`: `site`."""
+    """Where `name`, made at `made`, is put into `container`: `site`;
+    `detached`: as `name.detach()` (without the graph behind it)."""
 
-    def __init__(self, site: Site, name: str, container: str) -> None:
+    def __init__(self, site: Site, name: str, container: str, detached: bool = False) -> None:
         self.site, self.name, self.container = site, name, container
+        self.detached = detached
 
 
 def keeper_of(made: Site) -> Keeper | None:
     """The line after `made` (`loss = ...`) that appends the name it assigns
     to a list (`losses.append(loss)`, `losses += [loss]`,
-    `history.extend([loss])`), or None."""
+    `history.extend([loss])`; `loss.detach()`, `.clone()` or `.data` of it
+    too), or None."""
     if made.line <= 0 or made.file.startswith("<"):
         return None
     m = re.match(r"\s*([A-Za-z_]\w*)\s*(?::[^=]*)?=(?!=)", linecache.getline(made.file, made.line))
     if m is None:
         return None
+    # The name, or a copy that shares its storage or the step's bytes.
     name = m.group(1)
+    v = rf"{name}((?:\.detach\(\)|\.clone\(\)|\.data)*)"
     keeps = re.compile(
-        rf"([A-Za-z_][\w.]*)\s*(?:\.append\(\s*{name}\s*\)|\+=\s*\[\s*{name}\s*\]|"
-        rf"\.extend\(\s*\[\s*{name}\s*\]\s*\))")
+        rf"([A-Za-z_][\w.]*)\s*(?:\.append\(\s*{v}\s*\)|\+=\s*\[\s*{v}\s*\]|"
+        rf"\.extend\(\s*\[\s*{v}\s*\]\s*\))")
     for line in range(made.line + 1, made.line + 1 + _LINES):
         text = linecache.getline(made.file, line)
         if not text:
             break
         hit = keeps.search(text)
         if hit:
-            return Keeper(Site(made.file, line, made.function), name, hit.group(1))
+            chain = next((g for g in hit.groups()[1:] if g is not None), "")
+            return Keeper(Site(made.file, line, made.function), name, hit.group(1),
+                          detached=".detach()" in chain or ".data" in chain)
     return None

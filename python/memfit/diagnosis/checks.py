@@ -223,7 +223,9 @@ def check_memory_growth(run, graph_explained=False, kept=None):
     held = _not_devices(run)
     kept = list_kept(run) if kept is None else kept
     kept_by = {i: site for site, k in kept.items() for i in k.ids}
+    hooked = dict(run.observation.hook_outputs)
     n = len(steps)
+    by_hook = collections.defaultdict(lambda: [0] * n)
     by_keeper = collections.defaultdict(lambda: [0] * n)
     by_site = collections.defaultdict(lambda: [0] * n)
     funcs = collections.defaultdict(collections.Counter)
@@ -236,7 +238,9 @@ def check_memory_growth(run, graph_explained=False, kept=None):
         if a.id in held:
             continue
         for k in _alive_at_ends(a, ends):
-            if a.id in kept_by:
+            if a.id in hooked:
+                by_hook[hooked[a.id]][k] += a.bytes
+            elif a.id in kept_by:
                 by_keeper[kept_by[a.id]][k] += a.bytes
             elif a.in_graph:
                 graph[k] += a.bytes
@@ -256,7 +260,7 @@ def check_memory_growth(run, graph_explained=False, kept=None):
                       if v[-1] > v[0] and all(b >= a for a, b in zip(v, v[1:]))),
                      key=lambda x: x[0], reverse=True)
     trend = ", ".join(_fmt(v) for v in live) + f" (+{_fmt(_slope(live))} per step)"
-    findings = []
+    findings = _hook_growth(by_hook, steps, trend)
     for site, v in by_keeper.items():
         slope = _slope(v)
         if not (v[-1] > v[0] and all(b >= a for a, b in zip(v, v[1:]))):
@@ -294,6 +298,24 @@ def check_memory_growth(run, graph_explained=False, kept=None):
         fix = "run it under `torch.no_grad()`, or keep `.detach()`ed results"
         findings.append(Finding("memory_growth", int(graph_slope), site, seen, fix,
                                 int(graph_slope)))
+    return findings
+
+
+def _hook_growth(by_hook, steps, trend):
+    """memory_growth of what a forward hook of the user's keeps: {the hook's
+    line: bytes of its module's outputs alive at each step's end}."""
+    findings = []
+    for site, v in by_hook.items():
+        if not (v[-1] > v[0] and all(b >= a for a, b in zip(v, v[1:]))):
+            continue
+        slope = _slope(v)
+        seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
+                f"The forward hook at {site} keeps what its module returns: "
+                f"+{_fmt(slope)} per step.")
+        fix = ("keep a host copy or the numbers you need in the hook "
+               "(`acts.append(output.detach().cpu())`), and empty it once used or remove the "
+               "hook (`handle.remove()`)")
+        findings.append(Finding("memory_growth", int(slope), site, seen, fix, int(slope)))
     return findings
 
 
@@ -347,6 +369,7 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
     peaks = []
     funcs = {}
     made_in = collections.defaultdict(list)  # step -> what it made and left alive
+    hooked = dict(obs.hook_outputs)  # what a hook keeps is named at the hook's line
     for a in run.allocations.values():
         k = run.step_of(a.alloc_event)
         if 0 <= k < len(steps) and (a.free_event is None or a.free_event >= steps[k].end_event):
@@ -360,13 +383,14 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
                   for i in f.input_ids}
         kept = collections.defaultdict(list)
         for a in made_in[k]:
-            if (a.id in excluded or a.id in inputs or a.id in skip_ids or a.site in skip_sites
+            site = hooked.get(a.id, a.site)
+            if (a.id in excluded or a.id in inputs or a.id in skip_ids or site in skip_sites
                     or a.func in state_calls
                     or a.site is UNKNOWN_SITE or not a.alive_after(p)
                     or (a.in_graph and k in unused_graph)):
                 continue
-            kept[a.site].append(a)
-            funcs.setdefault(a.site, a)
+            kept[site].append(a)
+            funcs.setdefault(site, a)
         for site, allocs in kept.items():
             per_site[site][k] = sum(a.bytes for a in allocs)
             intervals = [(nxt.first_event, a.free_event if a.free_event is not None
@@ -381,12 +405,16 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
             continue
         per = sum(by_step.values()) / n
         a = funcs[site]
-        what = (f"the output of the forward at {site}" if a.forward is not None
+        hook = site in hooked.values()
+        what = (f"what the forward hook at {site} keeps of its module's output" if hook
+                else f"the output of the forward at {site}" if a.forward is not None
                 else f"what `{a.func or 'the call'}` at {site} allocates")
         seen = (f"{what} in one step ({_fmt(per)}) is still alive at the next step's peak "
                 f"(in {len(by_step)} of {n} steps); freed before it, that peak "
                 f"({_fmt(mean_peak)}) falls by {_fmt(saving)}.")
-        fix = ("drop it once used: `del out, loss` at the end of the loop body (or keep "
+        fix = ("keep a host copy or the numbers you need in the hook "
+               "(`.detach().cpu()`), or drop it once used" if hook else
+               "drop it once used: `del out, loss` at the end of the loop body (or keep "
                "`.item()` / `.detach().cpu()` instead)")
         findings.append(Finding("tensors_kept", int(per), site, seen, fix, int(saving)))
     return findings

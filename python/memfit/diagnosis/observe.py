@@ -19,6 +19,8 @@ after an exception. Nothing changes what the loop computes.
 """
 
 import functools
+import linecache
+import re
 import sys
 import weakref
 
@@ -164,6 +166,27 @@ class _NoHook:
         return None
 
 
+def _hook_site(fn):
+    """The line of the user's forward hook `fn` that stores what it is given
+    (`.append(`, `acts[name] = `), else its first line; None for a hook of
+    a library's or the doctor's."""
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    if isinstance(fn, (_ModuleHook, _NoHook)):
+        return None
+    fn = getattr(fn, "__func__", fn)
+    code = getattr(fn, "__code__", None)
+    if code is None:  # a callable object
+        code = getattr(getattr(type(fn), "__call__", None), "__code__", None)
+    if code is None or is_library_file(code.co_filename):
+        return None
+    stores = re.compile(r"\.append\(|\]\s*=(?!=)|\+=\s*\[")
+    for line in sorted({n for *_, n in code.co_lines() if n}):
+        if stores.search(linecache.getline(code.co_filename, line)):
+            return site_of((code.co_filename, line, code.co_name))
+    return site_of((code.co_filename, code.co_firstlineno, code.co_name))
+
+
 def _next_allocation_id():
     # Ids count tracked allocations on every device from 1 (see
     # src/torch/tracking.cpp): the next one is one past their number.
@@ -233,6 +256,8 @@ class Observer:
         self.float64 = []
         self.copies = []
         self.host_ids = set()  # allocations the user moved to the host (note_host)
+        self.hook_outputs = {}  # allocation id -> the Site of the user's hook given it
+        self._user_hooked = set()  # ids of the modules whose user hook is watched
         self.candidates = []  # [input_id, output_id, event, key, name, module, used_later]
         self.pending = {}  # input id -> (candidate index, weakref to the input)
         self.optimizer_steps = 0
@@ -408,6 +433,7 @@ class Observer:
                            for c in self.candidates),
             held_ids=frozenset(self._ids(_tensors([i[1:] for i in self.inputs.values()]))),
             host_ids=frozenset(self.host_ids),
+            hook_outputs=tuple(self.hook_outputs.items()),
             end_event=end,
             outside_bytes=self._outside_bytes(),
             compiles=tuple(self.compiles),
@@ -491,8 +517,30 @@ class Observer:
                                grad_bytes_present=present)
             self.forwards.append(call)
             self._root = (module, call)
+            self._watch_user_hooks(module)
         finally:
             self.quiet = False
+
+    def _watch_user_hooks(self, model):
+        """The outputs of each module of the model with a forward hook of the
+        user's (one that stores activations), noted with the hook's line:
+        what the hook keeps is named there, not at the forward's line.
+        Looked for at every forward: a hook may be registered in the loop."""
+        for m in model.modules():
+            if not m._forward_hooks or id(m) in self._user_hooked:
+                continue
+            site = next(filter(None, map(_hook_site, m._forward_hooks.values())), None)
+            if site is not None:
+                self._user_hooked.add(id(m))
+                h = m.register_forward_hook(_ModuleHook(functools.partial(self._hook_output,
+                                                                          site)))
+                self._undo.append(h.remove)
+
+    def _hook_output(self, site, module, args, output):
+        for t in _tensors(output):
+            i = _allocation_id(t)
+            if i is not None:
+                self.hook_outputs.setdefault(i, site)
 
     def _forward_post(self, module, args, kwargs, output):
         root = self._root

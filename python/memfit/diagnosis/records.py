@@ -232,6 +232,9 @@ class Observation:
     # Allocations the user moved to the host (`.cpu()`, `.numpy()`) on the
     # CPU that rehearses a GPU run: host memory there, not the device's.
     host_ids: frozenset = frozenset()
+    # (allocation id, the Site of the user's forward hook) of what a module
+    # with a forward hook of the user's returned: what the hook may keep.
+    hook_outputs: Tuple[Tuple[int, Site], ...] = ()
 
 
 @dataclass(frozen=True)

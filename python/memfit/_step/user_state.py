@@ -24,13 +24,14 @@ import random
 import sys
 
 import torch
+import torch.optim.optimizer as torch_optimizer  # its global hooks
 
 from .._native import native as _memfit
 from .batching import map_tensors
 from .device import host_memory
 from .offload import OffloadedOptimizer
 
-__all__ = ["kept_rng"]
+__all__ = ["kept_rng", "no_user_post_hooks"]
 
 _MISSING = object()
 
@@ -67,6 +68,52 @@ def kept_rng(*holders):
             torch.cuda.set_rng_state(state, d)
         for g, state in states:
             g.set_state(state)
+
+
+# Note [A rehearsal runs no step post-hooks of the user's]
+# profile and find_batch_size run the user's optimizer in each rehearsal (16
+# times in one search), its state swapped for copies (Note [A rehearsed step
+# leaves no trace]), and the step post-hooks the user registered ran each
+# time: an EMA that a hook keeps (register_step_post_hook) moved 16 times
+# toward the rehearsals' weights, silently. memfit cannot put back what a
+# hook changes outside the step, so while a rehearsal runs the optimizer's
+# own post-hooks and the global ones (register_optimizer_step_post_hook) of
+# the user's are set aside, as memfit.Trainer's plan does (Note [The plan
+# runs no step post-hooks of the user's], trainer.py); memfit's own stay.
+# They run after the update, past the step's peak. Pre-hooks run: they shape
+# the gradients the step updates from (clipping).
+@contextlib.contextmanager
+def no_user_post_hooks(optimizer):
+    """A block in which the step post-hooks of the user's, on `optimizer`
+    (and the optimizers a chain or memfit.offload wraps) and global, do not
+    run: See Note [A rehearsal runs no step post-hooks of the user's]."""
+    tables = [getattr(o, "_optimizer_step_post_hooks", None) for o in _optimizers_in(optimizer)]
+    tables.append(getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
+    aside = []
+    for hooks in tables:
+        if isinstance(hooks, dict):
+            users = {k: h for k, h in hooks.items()
+                     if not (getattr(h, "__module__", None) or "").startswith("memfit.")}
+            for k in users:
+                del hooks[k]
+            aside.append((hooks, users))
+    try:
+        yield
+    finally:
+        for hooks, users in aside:  # back in their order, ahead of any the block added
+            kept = list(hooks.items())
+            hooks.clear()
+            hooks.update(users)
+            hooks.update(kept)
+
+
+def _optimizers_in(optimizer, depth=3):
+    """`optimizer` and those it wraps: a chain's, memfit.offload's inner one."""
+    if not isinstance(optimizer, torch.optim.Optimizer) or depth == 0:
+        return []
+    inner = list(getattr(optimizer, "optimizers", None) or [])
+    inner.append(getattr(optimizer, "inner", None))
+    return [optimizer] + [o for i in inner for o in _optimizers_in(i, depth - 1)]
 
 
 def _generators_of(holders):

@@ -85,3 +85,40 @@ def test_a_large_validation_with_grad_saves_what_its_graph_held_at_the_peak():
     f = claimed(1024)
     # It said 2 MiB: every activation, where no_grad's forward needs 1 MiB of them too.
     assert f.estimated_saving > 0 and peak_saving_holds(f.estimated_saving, 1024), f
+
+
+def evaluate(model, data, grad):
+    with torch.set_grad_enabled(grad):
+        correct = 0
+        for x, y in data:
+            correct += (model(x).argmax(1) == y).sum().item()
+
+
+def _eval_runs(budget, grad):
+    gc.collect()
+    left = tracked_live_bytes("cpu")
+    try:
+        with memfit.simulated_device(budget + left):
+            model, _opt, data, *_ = loop(0, grad)
+            evaluate(model.eval(), data, grad)
+        return True
+    except torch.cuda.OutOfMemoryError:
+        return False
+
+
+def test_an_eval_loop_with_grad_measures_what_no_grad_takes_off_its_peak():
+    def smallest(grad):
+        return smallest_budget(lambda budget: _eval_runs(budget, grad), 64 << 10, 16 << 20, 128)
+
+    truth = smallest(True) - smallest(False)
+    model, _opt, data, *_ = loop(0, True)
+    model.eval()
+    with memfit.doctor(model) as d:
+        evaluate(model, data, True)
+    found = [f for f in d.findings if f.kind == "eval_with_grad"]
+    assert len(found) == 1, d.report()
+    f = found[0]
+    # The re-run said 128 KiB, what the graph held once the forward returned,
+    # where the peak lies in the forward and no_grad takes 64 KiB off it.
+    assert abs(f.estimated_saving - truth) <= 256, (f, truth)
+    assert abs(f.measured_saving - truth) <= 0.1 * truth, (f, truth)

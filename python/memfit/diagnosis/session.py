@@ -109,7 +109,7 @@ class Doctor:
         forwards = run.observation.forwards
         if finding.kind == "eval_with_grad":
             inputs = observer.inputs.get(finding.where, observer.last_inputs)
-            result = trials.try_no_grad(inputs)
+            result = trials.try_no_grad(inputs, _after_forward(run, finding.where))
         elif finding.kind == "grads_kept":
             site = next((f.site for f in forwards if f.grad_bytes_present), None)
             inputs = observer.inputs.get(site, observer.last_inputs)
@@ -151,6 +151,24 @@ class Doctor:
         peak_step = max(self.steps, key=lambda s: s.peak).index if self.steps else 0
         return format_report(self.findings, len(self.steps), self.step_kind, self.peak_bytes,
                              peak_step, self.outside_bytes)
+
+
+def _after_forward(run, site):
+    """The most bytes the loop allocated on top of what was alive once a
+    forward with grad at `site` returned, while its output lived: what
+    the no_grad trial adds to the bytes the forward holds."""
+    most = 0
+    for f in run.observation.forwards:
+        k = run.step_of(f.first_event)
+        if f.site != site or not f.grad_enabled or not 0 <= k < len(run.steps):
+            continue
+        # `pred = model(x)` holds the output into the next forward.
+        frees = [run.allocations[i].free_event for i in f.output_ids if i in run.allocations]
+        end = max(frees) if frees and None not in frees else run.steps[k].end_event
+        end = min(end, len(run.live))
+        base = run.live_before(f.end_event)
+        most = max([most] + [run.live[e] - base for e in range(f.end_event, end)])
+    return most
 
 
 def _check_arguments(model, optimizer, trials, max_steps):

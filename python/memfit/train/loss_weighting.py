@@ -119,6 +119,16 @@ __all__: list = []
 # constant) is refused. A chunk that counts nothing (every token masked)
 # adds 0, not 0/0.
 
+# Note [A reduction over the batch's dimension]
+# The mode sees full reductions only: l.mean(0).sum() (a per-output mean
+# over the samples, summed) showed as a sum and l.sum(0).mean() as a mean,
+# the opposite of how each reduces the samples, and the first split step's
+# check refused them as mixing the samples, naming coupled="allow", which
+# then weighted them by the wrong rule (gradients 3x the batch's in 3
+# micro-batches), silently. Where the check's values are the other
+# reduction of the samples alone, to the same agreement, that one is the
+# rule, as the probe by values would answer for a loss the mode cannot read.
+
 # Note [The scale of a chunk's sum]
 # A chunk backpropagated as its sum (loss x count) seeds its backward with
 # gradients count times the batch mean's: under fp16 autocast and a
@@ -330,6 +340,10 @@ class LossWeighting:
         # Whether a .mean()'s chunks weigh by their elements, not their
         # samples; None until checked (Note [A sum over a count]).
         self._by_count = None
+        # "mean" or "sum" where the samples' values contradict the reduction
+        # the mode saw (See Note [A reduction over the batch's dimension]).
+        self._kind = None
+        self._checked = False  # whether the first split step's check ran
         self._counts = {}  # start -> counted targets of this step's chunk there
         self._sum_chunks = False
         self._unit = None
@@ -375,8 +389,16 @@ class LossWeighting:
         rule, count = found
         if not self._separable:
             self._check_separable(output, target, target_dim, rule, rerun)
-        elif rule.kind == "mean" and self._by_count is None:
-            self._decide_by_count(output, target, target_dim, rerun)  # coupled="allow"
+            self._checked = True
+        elif not self._checked and rule.kind in ("mean", "sum"):
+            # coupled="allow": nothing refused, but the values still say
+            # whether a .mean() weighs by its elements, and the reduction
+            # over the batch's dimension (Note [A reduction over the batch's
+            # dimension]).
+            self._check_separable(output, target, target_dim, rule, rerun, refuse=False)
+            self._checked = True
+        if self._kind is not None:
+            rule = LossRule(self._kind, f"{rule.name} over a reduced batch dimension")
         if self._declared is not None and self._declared != ("sum" if rule.kind == "sum" else
                                                               "mean"):
             raise ValueError(
@@ -387,7 +409,7 @@ class LossWeighting:
             )
         if rule.kind == "sum":
             return loss
-        if rule.kind == "mean" and not self._by_count:
+        if rule.kind == "mean" and (not self._by_count or self._kind is not None):
             return loss * (n / batch)
         if rule.kind == "classes" and rule.target is target and \
                 isinstance(self._full_target, torch.Tensor):
@@ -422,10 +444,11 @@ class LossWeighting:
         total = _partition_total(self._counts)
         return (self._unit or 1.0) / total if total else math.nan
 
-    def _check_separable(self, output, target, target_dim, rule, rerun=None):
-        """Raises ValueError when the loss of up to 8 samples together is
-        not their losses alone combined by `rule` (See Note [Probing how the
-        loss reduces]); returns quietly where it cannot be checked."""
+    def _check_separable(self, output, target, target_dim, rule, rerun=None, refuse=True):
+        """Raises ValueError (where `refuse`) when the loss of up to 8
+        samples together is not their losses alone combined by `rule` (See
+        Note [Probing how the loss reduces]); returns quietly where it cannot
+        be checked."""
         probe = self._values(output, target, target_dim, rerun)
         if probe is None:
             self._separable = True
@@ -448,8 +471,17 @@ class LossWeighting:
             self._separable = True
             return
         scale = max(max(abs(v) for v, _ in alone), abs(together), 1e-30)
-        if abs(together - combined) <= max(tol, probe.agreement()) * scale:
+        allowed = max(tol, probe.agreement()) * scale
+        if abs(together - combined) <= allowed:
             self._separable = True
+            return
+        values = [v for v, _ in alone]
+        other = {"sum": ("mean", sum(values) / k), "mean": ("sum", sum(values))}.get(rule.kind)
+        if other is not None and abs(together - other[1]) <= allowed:
+            # See Note [A reduction over the batch's dimension].
+            self._separable, self._kind = True, other[0]
+            return
+        if not refuse:
             return
         raise ValueError(
             f"[Trainer.step] the loss mixes the batch's samples before it reduces them (on {k} "
@@ -458,26 +490,6 @@ class LossWeighting:
             f"own samples (an in-batch contrastive loss, a batch statistic) and the gradients "
             f"would not be the whole batch's; run the batch whole (a larger budget), or pass "
             f"coupled='allow' to split anyway")
-
-    def _decide_by_count(self, output, target, target_dim, rerun):
-        """Whether a .mean()'s chunks weigh by their elements, where the
-        check that decides it is skipped (coupled="allow"): from the counts
-        of the same values (See Note [A sum over a count])."""
-        self._by_count = False
-        probe = self._values(output, target, target_dim, rerun)
-        if probe is None:
-            return
-        try:
-            with _rerun_quietly(probe.rerun):
-                in_all = probe.value(0, probe.k)[1]
-                alone = [(0.0, probe.value(i, i + 1)[1]) for i in range(probe.k)]
-        except torch.cuda.OutOfMemoryError:
-            if probe.rerun is None:
-                raise  # the step's to recover from, as any of its allocations
-            return
-        except Exception:  # noqa: BLE001 - a loss that cannot run so weighs by samples
-            return
-        self._combined(LossRule("mean"), in_all, alone)
 
     def _combined(self, rule, in_all, alone):
         """The losses `alone` ((value, count) of each sample) combined as

@@ -1,7 +1,7 @@
 """The first step under a budget plans its micro-batch by running the
 user's optimizer on copies: an EMA a step post-hook keeps moves once, as
-after the plain step. See Note [The plan runs no step post-hooks of the
-user's] (trainer.py)."""
+after the plain step. See Note [A rehearsal runs no step post-hooks of the
+user's] (_step/user_state.py)."""
 
 import copy
 import gc

@@ -78,10 +78,10 @@ def kept_rng(*holders):
 # toward the rehearsals' weights, silently. memfit cannot put back what a
 # hook changes outside the step, so while a rehearsal runs the optimizer's
 # own post-hooks and the global ones (register_optimizer_step_post_hook) of
-# the user's are set aside, as memfit.Trainer's plan does (Note [The plan
-# runs no step post-hooks of the user's], trainer.py); memfit's own stay.
-# They run after the update, past the step's peak. Pre-hooks run: they shape
-# the gradients the step updates from (clipping).
+# the user's are set aside (memfit.Trainer's plan is such a rehearsal: its
+# probes moved the EMA 11-23 times); memfit's own stay. They run after the
+# update, past the step's peak. Pre-hooks run: they shape the gradients the
+# step updates from (clipping).
 @contextlib.contextmanager
 def no_user_post_hooks(optimizer):
     """A block in which the step post-hooks of the user's, on `optimizer`

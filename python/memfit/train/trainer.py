@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import traceback
 import warnings
@@ -175,42 +174,6 @@ def _scaled_step(optimizer, scaler):
 # exceeds. Question 2 runs unverified (a CPU step verifies nothing about the
 # card): the largest probe's reserve gap is kept free, and what the replay
 # misses is left to the safety net. Not checked on a GPU yet.
-
-
-# Note [The plan runs no step post-hooks of the user's]
-# The plan's probes run the user's optimizer (its state swapped for copies,
-# Note [A rehearsed step leaves no trace]) up to a dozen times, and its
-# step post-hooks ran each time: an EMA of the weights that a hook keeps
-# (register_step_post_hook) moved 9 times in the first step under a budget,
-# taking the probes' weights, 7.7e-3 off the EMA after the plain step,
-# silently. So while the plan measures, the optimizer's own post-hooks are
-# set aside (memfit's own, a memfit.track() around the step, stay); they
-# run after the update, when the step's memory is past its peak. Pre-hooks
-# run: they shape the gradients the step updates from (clipping), and a
-# wrapper set on optimizer.step runs too (it cannot be told apart from
-# the step). The step itself runs every hook once, as the plain step does.
-
-
-@contextlib.contextmanager
-def _no_user_post_hooks(optimizer):
-    """A block in which `optimizer`'s step post-hooks of the user's do not
-    run: See Note [The plan runs no step post-hooks of the user's]."""
-    hooks = getattr(optimizer, "_optimizer_step_post_hooks", None)
-    if not isinstance(hooks, dict):
-        yield
-        return
-    users = {k: h for k, h in hooks.items()
-             if not getattr(h, "__module__", "").startswith("memfit.")}
-    for k in users:
-        del hooks[k]
-    try:
-        yield
-    finally:
-        # Back in their order, ahead of any the block registered and kept.
-        kept = list(hooks.items())
-        hooks.clear()
-        hooks.update(users)
-        hooks.update(kept)
 
 
 # Note [One micro-batch on every rank]
@@ -648,13 +611,11 @@ class Trainer:
             def room_now():
                 return self._resolved_budget(self._device())
 
-            with _no_user_post_hooks(self.optimizer):
-                after, report = fitting.settled_example(room_now, record, self._module)
-                verify = not set_to_none  # the whole batch: the step is the check
-                return fitting.settled_search(
-                    room_now, after, self._module, lambda r: fitting.search(
-                        report, min(room, r.room_bytes), 0, verify=verify,
-                        max_batch=max_batch, who="Trainer"), record)
+            after, report = fitting.settled_example(room_now, record, self._module)
+            verify = not set_to_none  # the whole batch: the step is the check
+            return fitting.settled_search(room_now, after, self._module, lambda r: fitting.search(
+                report, min(room, r.room_bytes), 0, verify=verify, max_batch=max_batch,
+                who="Trainer"), record)
 
         return fit
 
@@ -695,12 +656,11 @@ class Trainer:
         example = narrow_batch(inputs, 0, k, self.batch_dim)
         example_target = None if target is None else map_tensors(
             target, lambda t: t.narrow(self.target_batch_dim, 0, k))
-        with _no_user_post_hooks(self.optimizer):
-            return fitting.find_batch_size(
-                self._module, example, example_target, loss_fn=self._how,
-                optimizer=self.optimizer, budget=self._native.budget, batch_dim=self.batch_dim,
-                set_to_none=False, train_mode=False, keep_output=False, seq_dim=self.seq_dim,
-                lengths=self._fit_lengths, target_batch_dim=self.target_batch_dim)
+        return fitting.find_batch_size(
+            self._module, example, example_target, loss_fn=self._how,
+            optimizer=self.optimizer, budget=self._native.budget, batch_dim=self.batch_dim,
+            set_to_none=False, train_mode=False, keep_output=False, seq_dim=self.seq_dim,
+            lengths=self._fit_lengths, target_batch_dim=self.target_batch_dim)
 
     def _batch(self, inputs, target):
         n = batch_size(inputs, self.batch_dim, "Trainer.step")

@@ -425,3 +425,61 @@ def test_what_forward_makes_and_backward_keeps_is_no_activation(tmp_path):
     assert s.categories_at_peak["activation"] == 4 * MiB
     assert s.categories_at_peak["workspace"] == 8 * MiB + 128 * 1024
     assert s.categories_at_peak["other"] == 3 * MiB
+
+
+def accumulating_steps(late_zero_grad=False, micro=2, steps=2):
+    """Adam steps over `micro` micro-batches each, the gradients made by the
+    first micro-batch's backward and accumulated into by the rest (a
+    temporary each); zero_grad after the step, or (late_zero_grad) in the
+    next step after its first forward. Each tensor its own segment."""
+    b, u = SnapshotBuilder(), U
+    addr, owner = [0x7F0000000000], {}
+
+    def alloc(name, size, stack_name):
+        owner[name] = a = addr[0]
+        addr[0] += size + 64 * MiB
+        b.segment_alloc(a, max(size, 2 * MiB))
+        b.alloc(a, size, stack(stack_name))
+
+    def free(name, stack_name=None):
+        b.free(owner.pop(name), frames_=stack(stack_name) if stack_name else None)
+
+    alloc("w1", u, "parameters")
+    alloc("w2", u, "parameters")
+    for s in range(steps):
+        for m in range(micro):
+            alloc("x", u, "inputs")
+            alloc("h1", 2 * u, "forward_fc1")
+            alloc("out", u, "forward_fc2")
+            alloc("loss", u, "loss")
+            if late_zero_grad and m == 0 and "g1" in owner:
+                free("g1", "zero_grad")
+                free("g2", "zero_grad")
+            alloc("seed", 4, "backward_main")
+            if m == 0:
+                alloc("g2", u, "backward")
+                alloc("g1", u, "backward")
+            else:
+                alloc("acc", u, "backward")
+                free("acc")
+            for name in ("h1", "out", "loss", "x", "seed"):
+                free(name)
+        if s == 0:
+            for i in range(4):
+                alloc(f"adam{i}", u, "adam_state")
+        alloc("adam_tmp", 2 * u, "adam_tmp")
+        free("adam_tmp")
+        if not late_zero_grad:
+            free("g1", "zero_grad")
+            free("g2", "zero_grad")
+    return b
+
+
+def test_gradients_accumulated_between_steps_are_not_kept_gradients(tmp_path):
+    s = memfit.load_snapshot(accumulating_steps().write(tmp_path / "accumulate.pickle"))
+    # It said 20 MiB of gradients from the first micro-batch's backward were
+    # kept through the second's forward: the accumulation itself.
+    assert "grads_kept" not in {f.kind for f in s.findings()}
+    late = accumulating_steps(late_zero_grad=True).write(tmp_path / "late.pickle")
+    found = {f.kind: f for f in memfit.load_snapshot(late).findings()}
+    assert found["grads_kept"].bytes == 2 * U  # g1, g2 through the next step's first forward

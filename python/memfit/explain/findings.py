@@ -101,12 +101,29 @@ def _fragmentation(events, raw, dump) -> Optional[Finding]:
                    "instead of caching many; or make the largest tensors first")
 
 
+def _accumulating(spans, k):
+    """Whether the forward spans[k] runs before any optimizer step since the
+    last backward: gradient accumulation, whose gradients live through the
+    next forward on purpose. A trace with no optimizer step seen cannot
+    tell (an optimizer that allocates nothing): not taken for it."""
+    if not any(phase == "optimizer_step" for _first, phase, _it in spans):
+        return False
+    for _first, phase, _it in reversed(spans[:k]):
+        if phase == "optimizer_step":
+            return False
+        if phase == "backward":
+            return True
+    return False
+
+
 def _grads_kept(events) -> Optional[Finding]:
     tl = events.timeline
     summaries = tl.phase_summaries()
     worst = None
     for k, (first, phase, it) in enumerate(events.spans):
         if phase != "forward" or it < 2 or k >= len(summaries):
+            continue
+        if _accumulating(events.spans, k):
             continue
         end = events.spans[k + 1][0] if k + 1 < len(events.spans) else len(tl)
         if end <= first:

@@ -1,7 +1,11 @@
 """A Trainer step that fails leaves the optimizer as it was: a parameter's
 state made by that step (Adam's exp_avg without its exp_avg_sq, when the
 step ran out of memory between them) goes with it, and a later step, with
-more room, is the plain step from the same start."""
+more room, is the plain step from the same start; one that fails after
+writing the state it held says so."""
+
+import copy
+import sys
 
 import pytest
 import torch
@@ -45,3 +49,27 @@ def test_an_optimizer_step_that_runs_out_leaves_no_half_made_state_and_the_next_
     plain_opt.step()
     for a, b in zip(model.parameters(), plain.parameters()):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-12)  # float64: the same step
+
+
+def test_an_optimizer_step_that_fails_after_writing_the_held_state_says_so():
+    # See Note [An optimizer step that fails part way] (step_guard.py).
+    model = net()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = batch()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()  # the state a resumed run holds
+    opt.zero_grad()
+    before = copy.deepcopy(opt.state_dict()["state"])
+    trainer = memfit.Trainer(model, opt, loss_fn=torch.nn.functional.cross_entropy,
+                             budget="8MiB", plan=False)
+    with pytest.raises(torch.OutOfMemoryError, match="optimizer step") as failed:
+        trainer.step(x, y)
+    # The truth: the state after the failure against a copy from before it
+    # (Adam advanced the first weight's step, exp_avg and exp_avg_sq, then
+    # ran out on its denominator). It was said nowhere.
+    after = opt.state_dict()["state"]
+    written = sum(not torch.equal(before[i][k], after[i][k]) for i in before for k in before[i])
+    assert written > 0
+    notes = " ".join(getattr(failed.value, "__notes__", []))
+    if sys.version_info >= (3, 11):
+        assert f"and {written} of its state tensor(s) in place" in notes

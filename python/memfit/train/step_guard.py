@@ -134,3 +134,39 @@ class StepGuard:
                 if not _same_tensor(b, copy):
                     out.append(path)
         return out
+
+
+# Note [An optimizer step that fails part way]
+# An optimizer updates its state and the weights in place, parameter by
+# parameter (or list by list, foreach): one that runs out of memory part way
+# (Adam's denominator for the 2nd of 4 parameters) has already advanced the
+# state of those before (the step count, exp_avg, exp_avg_sq) and maybe
+# their weights. The Trainer puts back the state the failed step made, the
+# buffers and the RNG, but it cannot put these back without a copy of them
+# all on every step; a retry (a larger budget) went on from them, its
+# updates off the plain step's (the step count one ahead), and the OOM said
+# nothing of it. So their version counters are noted before the step, and a
+# step that fails after writing any says how many it wrote and what to do.
+
+
+class InPlaceWrites:
+    """The version counters of the weights and the optimizer state a step
+    may write in place, to tell after a failure which it wrote (See Note
+    [An optimizer step that fails part way])."""
+
+    def __init__(self, optimizer):
+        params = [p for g in optimizer.param_groups for p in g["params"]]
+        state = [v for p in params for v in optimizer.state.get(p, {}).values()
+                 if isinstance(v, torch.Tensor)]
+        self._marks = [(t, t._version) for t in params], [(t, t._version) for t in state]
+
+    def line(self):
+        """What the failed step wrote, one line, or "" where it wrote none."""
+        params, state = ([t for t, v in marks if t._version != v] for marks in self._marks)
+        if not params and not state:
+            return ""
+        return (f"[Trainer.step] the optimizer step had already updated {len(params)} "
+                f"weight(s) and {len(state)} of its state tensor(s) in place when the step "
+                f"failed: they are not as before the step, and a step run again goes on from "
+                f"them (its update differs from the plain step's); to retry, load the model's "
+                f"and the optimizer's state_dict saved before the step")

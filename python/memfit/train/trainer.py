@@ -26,7 +26,7 @@ from ..plan.ranks import LocalAnswer, agree
 from .distributed import DistributedStep, RankPlan, batch_signature, is_distributed
 from .length_sampler import LengthBatchSampler
 from .loss_weighting import LossWeighting, StepRerun
-from .step_guard import StepGuard
+from .step_guard import InPlaceWrites, StepGuard
 from .step_notes import batchnorms, coupled_layers, split_notes
 
 __all__ = ["Trainer"]
@@ -83,6 +83,18 @@ def _weighted_step(opt_step, optimizer, weighting):
         opt_step()
 
     return step
+
+
+def _say_written(error, line):
+    """Adds `line` to the failed step's error (See Note [An optimizer step
+    that fails part way], step_guard.py): a note, or before Python 3.11 a
+    warning."""
+    if not line:
+        return
+    if hasattr(error, "add_note"):
+        error.add_note(line)
+    else:
+        warnings.warn(line, RuntimeWarning, stacklevel=4)
 
 
 def _check_scaler(scaler):
@@ -857,14 +869,16 @@ class Trainer:
         # step, it goes with it.
         stateless = [p for group in self.optimizer.param_groups for p in group["params"]
                      if not self.optimizer.state.get(p)]
+        writes = InPlaceWrites(self.optimizer)
         self._weighting.begin_step(target)
         try:
             report = run(lambda x, y, n: self._chunk_loss(x, y, n, guard))
-        except BaseException:
+        except BaseException as e:
             guard.restore_before_step()
             for p in stateless:
                 self.optimizer.state.pop(p, None)
             self._weighting.finish_step()
+            _say_written(e, writes.line())
             raise
         scale = self._weighting.finish_step()
         if scale is not None:

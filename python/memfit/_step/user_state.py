@@ -31,7 +31,7 @@ from .batching import map_tensors
 from .device import host_memory
 from .offload import OffloadedOptimizer
 
-__all__ = ["kept_rng", "no_user_post_hooks"]
+__all__ = ["kept_rng"]
 
 _MISSING = object()
 
@@ -423,6 +423,63 @@ def step_tensors(model, optimizer=None, held=True):
                     host = _state_on_host(name, v, group)
                     out += [StepTensor(leaf, "optimizer_state", host)
                             for leaf in storage_leaves(v)]
+    # Those it keeps outside its state: See Note [An optimizer's own attributes].
+    out += [StepTensor(leaf, "optimizer_state", t.dim() == 0)
+            for t in optimizer_attribute_tensors(optimizer, [s.tensor for s in out])
+            for leaf in storage_leaves(t)]
+    return out
+
+
+# Note [An optimizer's own attributes]
+# An optimizer may keep its state outside optimizer.state: momentum buffers
+# in a list it makes at its first step (self.bufs = [...]), a step count in
+# an int, as Shampoo-like optimizers keep per-group state in attributes.
+# The rehearsal's steps made those buffers on the user's optimizer, with the
+# probes' values (on meta, meta tensors), and counted the steps; a warm one's
+# buffers were not counted as the state the step starts with, and its
+# answer came out 1171 where plain steps ran out above 1011, "verified".
+# So the tensors an optimizer keeps in its attributes (and in lists, tuples
+# and dicts there) are optimizer state: copied in, counted, put back
+# (step_tensors); and OptimizerState puts each attribute back as it was
+# (the very objects, a list's or dict's items), dropping the ones the
+# rehearsal added.
+_OPTIMIZER_INTERNALS = frozenset({"state", "param_groups", "defaults", "_opt_called"})
+
+
+def _own_attributes(optimizer):
+    """(name, value) of the attributes of `optimizer`'s own (and of the
+    optimizers a chain holds), torch's bookkeeping aside: See Note [An
+    optimizer's own attributes]; none for memfit.offload's, whose whole
+    state OptimizerState puts back."""
+    if isinstance(optimizer, OffloadedOptimizer):
+        return
+    for o in [optimizer, *(getattr(optimizer, "optimizers", None) or [])]:
+        if isinstance(o, torch.optim.Optimizer) and not isinstance(o, OffloadedOptimizer):
+            yield o, [(k, v) for k, v in vars(o).items()
+                      if k not in _OPTIMIZER_INTERNALS and not k.startswith("_optimizer_")]
+
+
+def optimizer_attribute_tensors(optimizer, known=()):
+    """The tensors `optimizer` keeps in attributes of its own, not among
+    `known` (the parameters and state already found) nor sharing their
+    memory, leaves on a device those are on: See Note [An optimizer's own
+    attributes]."""
+    devices = {t.device for t in known}
+    ids = {id(t) for t in known}
+    storages = {_storage_key(t) for t in known} - {None}
+    out = []
+    for _, attributes in _own_attributes(optimizer):
+        for _, value in attributes:
+            for v in _held_values(value):
+                if (not isinstance(v, torch.Tensor) or isinstance(v, torch.nn.Parameter)
+                        or v.grad_fn is not None or id(v) in ids
+                        or (devices and v.device not in devices)):
+                    continue
+                key = _storage_key(v)
+                if key is None or key not in storages:
+                    ids.add(id(v))
+                    storages.add(key)
+                    out.append(v)
     return out
 
 
@@ -674,6 +731,9 @@ class OptimizerState:
         # An LR scheduler's wrapper of step() sets this flag (it silences
         # the scheduler's "step() before optimizer.step()" warning).
         self.called = optimizer.__dict__.get("_opt_called", _MISSING)
+        # See Note [An optimizer's own attributes].
+        self.attributes = [(o, [(k, v, _items(v)) for k, v in attributes])
+                           for o, attributes in _own_attributes(optimizer)]
 
     def restore(self):
         if self.whole is not None:
@@ -684,3 +744,24 @@ class OptimizerState:
             self.optimizer.__dict__.pop("_opt_called", None)
         else:
             self.optimizer._opt_called = self.called
+        for o, attributes in self.attributes:
+            d = vars(o)
+            for k in {k for k, _ in _own_attributes_of(o)} - {k for k, _, _ in attributes}:
+                del d[k]  # made by the rehearsal's steps
+            for k, v, items in attributes:
+                d[k] = v
+                if isinstance(v, list):
+                    v[:] = items
+                elif isinstance(v, dict):
+                    v.clear()
+                    v.update(items)
+
+
+def _own_attributes_of(o):
+    return next(iter(_own_attributes(o)), (None, []))[1]
+
+
+def _items(value):
+    """A list's or dict's items, to put back in the very container."""
+    return list(value) if isinstance(value, list) else (
+        dict(value) if isinstance(value, dict) else None)

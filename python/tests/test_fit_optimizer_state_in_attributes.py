@@ -1,0 +1,77 @@
+"""An optimizer of the user's that keeps its state outside
+optimizer.state (momentum buffers in a list it makes at its first step, a
+step count in an int): the rehearsals leave the optimizer as it was, and
+a warm one's buffers are counted as the state the step starts with. The
+truth is plain steps of the user's loop on a simulated device. See Note
+[An optimizer's own attributes] (user_state.py)."""
+
+import gc
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import memfit
+from memfit.testing.truth import plain_steps_run
+
+BUDGET = 12 << 20
+
+
+class AttributeMomentum(torch.optim.Optimizer):
+    def __init__(self, params, lr=0.1):
+        super().__init__(params, dict(lr=lr))
+        self.buffers = None  # made at the first step, as optimizer.state would be
+        self.steps = 0
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        params = [p for g in self.param_groups for p in g["params"]]
+        if self.buffers is None:
+            self.buffers = [torch.zeros_like(p) for p in params]
+        self.steps += 1
+        for p, b in zip(params, self.buffers):
+            b.mul_(0.9).add_(p.grad)
+            p.add_(b, alpha=-self.param_groups[0]["lr"])
+
+
+def _mlp():
+    return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 512), torch.nn.ReLU(),
+                               torch.nn.Linear(512, 10))
+
+
+def _step(model, opt, b):
+    x, y = torch.randn(b, 256), torch.randint(0, 10, (b,))
+    F.cross_entropy(model(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+
+
+def _runs(b, warm):
+    def build():
+        model = _mlp()
+        opt = AttributeMomentum(model.parameters())
+        if warm:
+            _step(model, opt, 8)
+        return model, opt, b
+    gc.collect()
+    return plain_steps_run(BUDGET, build, _step, steps=3)
+
+
+@pytest.mark.parametrize("warm,mode", [(False, "cpu"), (False, "meta"), (True, "cpu")])
+def test_an_optimizers_own_buffers_are_put_back_and_counted(warm, mode):
+    torch.manual_seed(0)
+    model = _mlp()
+    opt = AttributeMomentum(model.parameters())
+    if warm:
+        _step(model, opt, 8)
+    held = None if opt.buffers is None else [(b, b.clone()) for b in opt.buffers]
+    x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))
+    fit = memfit.find_batch_size(model, x, y, optimizer=opt, budget=BUDGET, mode=mode)
+    assert opt.steps == (1 if warm else 0)
+    if held is None:
+        assert opt.buffers is None
+    else:
+        assert all(a is b and torch.equal(b, value) for a, (b, value) in zip(opt.buffers, held))
+    assert _runs(fit.max_batch, warm), f"batch {fit.max_batch} ran out of memory"
+    assert not _runs(int(fit.max_batch * 1.05) + 1, warm)

@@ -341,11 +341,17 @@ def _peak_without(run, step, intervals):
         if a < b:
             delta[a - first] += nbytes
             delta[b - first] -= nbytes
-    peak, cut = run.live_before(first), 0
+    # What the step began with counts without the intervals alive then.
+    peak = run.live_before(first) - sum(n for a, b, n in intervals if a < first <= b)
+    cut = 0
     for e in range(first, end):
         cut += delta[e - first]
         peak = max(peak, run.live[e] - cut)
     return peak
+
+
+_WEIGHTS_FIX = ("keep the copy on the host: `best = {k: v.detach().cpu().clone() for k, v in "
+                "model.state_dict().items()}` (model.load_state_dict(best) puts it back)")
 
 
 def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
@@ -370,6 +376,7 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
     funcs = {}
     made_in = collections.defaultdict(list)  # step -> what it made and left alive
     hooked = dict(obs.hook_outputs)  # what a hook keeps is named at the hook's line
+    kept_allocs = collections.defaultdict(list)  # site -> what it kept, every step
     for a in run.allocations.values():
         k = run.step_of(a.alloc_event)
         if 0 <= k < len(steps) and (a.free_event is None or a.free_event >= steps[k].end_event):
@@ -391,6 +398,7 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
                 continue
             kept[site].append(a)
             funcs.setdefault(site, a)
+            kept_allocs[site].append(a)
         for site, allocs in kept.items():
             per_site[site][k] = sum(a.bytes for a in allocs)
             intervals = [(nxt.first_event, a.free_event if a.free_event is not None
@@ -400,10 +408,19 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
     n = len(steps) - 2
     mean_peak = statistics.mean(peaks)
     for site, by_step in per_site.items():
-        saving = sum(savings[site]) / n
+        weights = all(x.id in obs.weight_copies for x in kept_allocs[site])
+        saving = _weights_saving(run, site) if weights else sum(savings[site]) / n
         if not _worth(saving, mean_peak, run):
             continue
         per = sum(by_step.values()) / n
+        if weights:
+            seen = (f"the copy of the model's weights made at {site} ({_fmt(per)} per step) "
+                    f"stays on the device across steps (in {len(by_step)} of {n} steps), the "
+                    f"next copy made beside it; on the host, the steps' peak "
+                    f"({_fmt(max(s.peak for s in steps))}) falls by {_fmt(saving)}.")
+            findings.append(Finding("tensors_kept", int(per), site, seen, _WEIGHTS_FIX,
+                                    int(saving)))
+            continue
         a = funcs[site]
         hook = site in hooked.values()
         what = (f"what the forward hook at {site} keeps of its module's output" if hook
@@ -418,6 +435,16 @@ def check_tensors_kept(run, skip_sites=(), skip_ids=frozenset()):
                "`.item()` / `.detach().cpu()` instead)")
         findings.append(Finding("tensors_kept", int(per), site, seen, fix, int(saving)))
     return findings
+
+
+def _weights_saving(run, site):
+    """What keeping the copies of the weights made at `site` on the host
+    takes off the steps' peak: every copy gone, also the new one made while
+    the last is still alive (`best = copy.deepcopy(model)`)."""
+    intervals = [(a.alloc_event, _end_of(run, a), a.bytes) for a in run.allocations.values()
+                 if a.id in run.observation.weight_copies and a.site == site]
+    steps = run.steps
+    return max(s.peak for s in steps) - max(_peak_without(run, s, intervals) for s in steps)
 
 
 # -- autograd and gradients ---------------------------------------------------

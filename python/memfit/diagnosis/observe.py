@@ -90,6 +90,9 @@ _BACKWARDS = {_Tensor.backward: (2, 3), torch.autograd.backward: (2, 3)}
 # Calls that move a tensor to the host: on the CPU that rehearses a GPU run
 # they return the same storage, which the GPU run keeps in host memory.
 _TO_HOST = {_Tensor.cpu, _Tensor.to, _Tensor.numpy}
+# Calls that copy a tensor (a parameter's: copy.deepcopy(model), a state
+# dict's clone for the best weights so far).
+_CLONES = {_Tensor.clone, torch.clone}
 _SPECIAL.update({f: "backward" for f in _BACKWARDS})
 
 # The in-place spelling of each op, by its name in reports (for the checks).
@@ -219,6 +222,8 @@ class _Calls(TorchFunctionMode):
                 o.end_backward(watch, n0, len(timeline))
         if func in _TO_HOST:
             o.note_host(func, args, kwargs, out)
+        elif func in _CLONES and len(timeline) != n0:
+            o.note_clone(args, out)
         if len(timeline) != n0 or func in _SPECIAL:
             o.note_call(func, args, kwargs, out, n0, len(timeline))
         elif isinstance(out, _Tensor) and out.requires_grad:
@@ -256,6 +261,7 @@ class Observer:
         self.float64 = []
         self.copies = []
         self.host_ids = set()  # allocations the user moved to the host (note_host)
+        self.weight_copies = set()  # allocations that copy a parameter (note_clone)
         self.hook_outputs = {}  # allocation id -> the Site of the user's hook given it
         self._user_hooked = set()  # ids of the modules whose user hook is watched
         self.candidates = []  # [input_id, output_id, event, key, name, module, used_later]
@@ -434,6 +440,7 @@ class Observer:
             held_ids=frozenset(self._ids(_tensors([i[1:] for i in self.inputs.values()]))),
             host_ids=frozenset(self.host_ids),
             hook_outputs=tuple(self.hook_outputs.items()),
+            weight_copies=frozenset(self.weight_copies),
             end_event=end,
             outside_bytes=self._outside_bytes(),
             compiles=tuple(self.compiles),
@@ -803,6 +810,22 @@ class Observer:
         i = _allocation_id(out if isinstance(out, _Tensor) else t)
         if i is not None:
             self.host_ids.add(i)
+
+    def note_clone(self, args, out):
+        """A clone of a parameter's storage: a copy of the model's weights."""
+        t = args[0] if args else None
+        if not isinstance(t, _Tensor) or not isinstance(out, _Tensor):
+            return
+        ptr = t.untyped_storage().data_ptr()
+        if any(p.untyped_storage().data_ptr() == ptr for p in self._weights()):
+            i = _allocation_id(out)
+            if i is not None:
+                self.weight_copies.add(i)
+
+    def _weights(self):
+        if self.model is not None:
+            return self.model.parameters()
+        return self.params()
 
     def note_uses(self, args):
         """Marks pending in-place candidates whose input a call takes."""

@@ -235,6 +235,9 @@ class Observation:
     # (allocation id, the Site of the user's forward hook) of what a module
     # with a forward hook of the user's returned: what the hook may keep.
     hook_outputs: Tuple[Tuple[int, Site], ...] = ()
+    # Allocations that copy a parameter (copy.deepcopy(model), a state
+    # dict's clone): a copy of the weights the loop keeps.
+    weight_copies: frozenset = frozenset()
 
 
 @dataclass(frozen=True)

@@ -566,6 +566,35 @@ def _put_slots_back(slots):
                 d[name] = v  # a None stays replaced unless a tensor took its place
 
 
+# Note [A forward's counters]
+# A forward may keep Python values of its own on the model: a count of its
+# calls, a scale it decays each step, a list of what it saw. The
+# rehearsal's 16 forwards in one find_batch_size left a counter at 16 and a
+# decayed scale at 0.85 on the user's model, silently. So each module's
+# public numbers and strings, and the items of its public lists and dicts
+# (and of those in them), are put back as they were (the very containers);
+# tensors are the step tensors' (Note [State the step starts with]);
+# training is train_mode's.
+def _plain_values(model):
+    """(module, name, value, contents) for each public attribute of
+    model_modules(model) that is a number or a string (contents None), or a
+    list or dict (its _contents): See Note [A forward's counters]."""
+    out = []
+    for m in model_modules(model):
+        for k, v in vars(m).items():
+            if k.startswith("_") or k == "training":
+                continue
+            if isinstance(v, (list, dict, int, float, str)):
+                out.append((m, k, v, _contents(v)))
+    return out
+
+
+def _put_values_back(values):
+    for module, name, value, contents in values:
+        vars(module)[name] = value
+        _put_contents_back(value, contents)
+
+
 def step_bytes(model, optimizer=None, counted=None, held=True):
     """Bytes of the storages `model`'s next step starts with
     (step_tensors(model, optimizer, held)) for which counted(tensor) is true
@@ -611,6 +640,7 @@ class ModelTensors:
     def __init__(self, model, optimizer=None, held=False):
         self.parameters = step_parameters(model, optimizer)
         self.slots = _tensor_slots(model)  # See Note [State the step starts with]
+        self.values = _plain_values(model)  # See Note [A forward's counters]
         self.entries = step_tensors(model, optimizer, held)
         self.aliases = _exact_aliases(self.slots, [e.tensor for e in self.entries])
         self.tensors = [e.tensor for e in self.entries]
@@ -675,6 +705,7 @@ class ModelTensors:
             p.grad = None  # the rehearsal's
         self.reset_optimizer_state()
         _put_slots_back(self.slots)  # the very tensors, before their values
+        _put_values_back(self.values)
         with torch.no_grad():
             for t, (value, device), view in zip(self.tensors, self.saved, self.views):
                 if view is not None:  # its own memory, untouched: the very view again
@@ -732,7 +763,7 @@ class OptimizerState:
         # the scheduler's "step() before optimizer.step()" warning).
         self.called = optimizer.__dict__.get("_opt_called", _MISSING)
         # See Note [An optimizer's own attributes].
-        self.attributes = [(o, [(k, v, _items(v)) for k, v in attributes])
+        self.attributes = [(o, [(k, v, _contents(v)) for k, v in attributes])
                            for o, attributes in _own_attributes(optimizer)]
 
     def restore(self):
@@ -748,20 +779,36 @@ class OptimizerState:
             d = vars(o)
             for k in {k for k, _ in _own_attributes_of(o)} - {k for k, _, _ in attributes}:
                 del d[k]  # made by the rehearsal's steps
-            for k, v, items in attributes:
+            for k, v, contents in attributes:
                 d[k] = v
-                if isinstance(v, list):
-                    v[:] = items
-                elif isinstance(v, dict):
-                    v.clear()
-                    v.update(items)
+                _put_contents_back(v, contents)
 
 
 def _own_attributes_of(o):
     return next(iter(_own_attributes(o)), (None, []))[1]
 
 
-def _items(value):
-    """A list's or dict's items, to put back in the very container."""
-    return list(value) if isinstance(value, list) else (
-        dict(value) if isinstance(value, dict) else None)
+def _contents(value, depth=2):
+    """A list's or dict's items, and those of the lists and dicts among
+    them (to `depth`): what _put_contents_back puts back in the very
+    containers. None for anything else."""
+    if not isinstance(value, (list, dict)):
+        return None
+    items = list(value) if isinstance(value, list) else dict(value)
+    inner = [(v, _contents(v, depth - 1))
+             for v in (items.values() if isinstance(items, dict) else items)
+             if depth > 1 and isinstance(v, (list, dict))]
+    return items, inner
+
+
+def _put_contents_back(value, contents):
+    if contents is None:
+        return
+    items, inner = contents
+    if isinstance(value, list):
+        value[:] = items
+    else:
+        value.clear()
+        value.update(items)
+    for v, c in inner:
+        _put_contents_back(v, c)

@@ -3,7 +3,9 @@ steps' peak, as plain steps on the simulated device measure it (the
 smallest budget the loop runs in, with grad and under no_grad): a
 validation loss taken with .item() keeps its graph only for its line, so
 where training holds the peak no_grad saves nothing, and where it is the
-peak it saves what the graph held beyond what no_grad's forward needs."""
+peak it saves what the graph held beyond what no_grad's forward needs.
+The re-run measures the same: the forward's peak where the output goes at
+once, what each forward holds where every graph stays (`total += loss`)."""
 
 import gc
 
@@ -121,4 +123,28 @@ def test_an_eval_loop_with_grad_measures_what_no_grad_takes_off_its_peak():
     # The re-run said 128 KiB, what the graph held once the forward returned,
     # where the peak lies in the forward and no_grad takes 64 KiB off it.
     assert abs(f.estimated_saving - truth) <= 256, (f, truth)
+    assert abs(f.measured_saving - truth) <= 0.1 * truth, (f, truth)
+
+
+def summed(model, data, after_step=lambda: None):
+    total = 0
+    for x, y in data:
+        total += F.cross_entropy(model(x), y)
+        after_step()
+    return total.item()
+
+
+def test_an_eval_loss_summed_as_a_tensor_measures_what_each_forward_piles_up():
+    gc.collect()
+    live = []
+    with memfit.simulated_device(1 << 40):
+        model, _opt, data, *_ = loop(0, True)
+        summed(model.eval(), data, lambda: live.append(tracked_live_bytes("cpu")))
+    (truth,) = {b - a for a, b in zip(live, live[1:])}  # each forward's graph, kept
+    model, _opt, data, *_ = loop(0, True)
+    model.eval()
+    with memfit.doctor(model) as d:
+        summed(model, data)
+    (f,) = [f for f in d.findings if f.kind == "eval_with_grad"]
+    # The re-run said 0 B: one forward's peak, where every graph stays.
     assert abs(f.measured_saving - truth) <= 0.1 * truth, (f, truth)

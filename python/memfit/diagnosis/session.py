@@ -154,20 +154,32 @@ class Doctor:
 
 
 def _after_forward(run, site):
-    """The most bytes the loop allocated on top of what was alive once a
-    forward with grad at `site` returned, while its output lived: what
-    the no_grad trial adds to the bytes the forward holds."""
+    """The most bytes the loop had on top of its least beside a forward
+    with grad at `site`, while that forward's output lived (`.argmax()`,
+    and the next forward where `pred = model(x)` keeps it): what the
+    no_grad trial adds to the bytes the forward holds. None where what a
+    forward held outlives the next step (`total += loss`, a list of
+    outputs): it piles up, and what each forward holds is what no_grad
+    saves."""
+    forwards = [f for f in run.observation.forwards if f.site == site and f.grad_enabled
+                and 0 <= run.step_of(f.first_event) < len(run.steps)]
     most = 0
-    for f in run.observation.forwards:
+    for f in forwards[-3:]:  # the steady ones: a run holds many
         k = run.step_of(f.first_event)
-        if f.site != site or not f.grad_enabled or not 0 <= k < len(run.steps):
-            continue
-        # `pred = model(x)` holds the output into the next forward.
+        mine = [a for a in run.allocations.values()
+                if f.first_event <= a.alloc_event < f.end_event]
+        if k + 1 < len(run.steps) and any(a.alive_at_boundary(run.steps[k + 1].end_event)
+                                          for a in mine):
+            return None  # alive a step later: held past the next forward
         frees = [run.allocations[i].free_event for i in f.output_ids if i in run.allocations]
-        end = max(frees) if frees and None not in frees else run.steps[k].end_event
+        end = run.steps[k].end_event
+        if frees:
+            end = len(run.live) if None in frees else max(frees)
         end = min(end, len(run.live))
-        base = run.live_before(f.end_event)
-        most = max([most] + [run.live[e] - base for e in range(f.end_event, end)])
+        beside = [run.live[e] - sum(a.bytes for a in mine if a.alive_after(e))
+                  for e in range(max(f.first_event - 1, 0), end)]
+        if beside and end > f.end_event:
+            most = max(most, max(beside[f.end_event - end:]) - min(beside))
     return most
 
 

@@ -86,7 +86,9 @@ def try_no_grad(inputs, after=0):
     forward's own peak and the bytes it holds while its output lives plus
     `after` (what the loop allocates on top then: `.argmax()`, a metric).
     The bytes held alone overstated it where the peak lies in the forward
-    (128 KiB said, 64 KiB saved). `inputs`: (module, args, kwargs)."""
+    (128 KiB said, 64 KiB saved). `after` None: the outputs are kept and
+    what each forward holds piles up: the bytes held. `inputs`: (module,
+    args, kwargs)."""
 
     def run(inputs):
         peaks = []
@@ -95,13 +97,15 @@ def try_no_grad(inputs, after=0):
             try:
                 with torch.set_grad_enabled(grad):
                     out = _forward(inputs)
-                peaks.append(max(t.peak_bytes, t.live_bytes + after))
+                peaks.append(t.live_bytes if after is None
+                             else max(t.peak_bytes, t.live_bytes + after))
                 del out
             finally:
                 t.stop()
+        how = ("bytes held while its output lives" if after is None else
+               "the peak of the forward and what the loop does with its output")
         return TrialResult(peaks[0] - peaks[1], "re-ran the last forward with grad and under "
-                                                "torch.no_grad(): the peak of the forward and "
-                                                "what the loop does with its output")
+                                                f"torch.no_grad(): {how}")
 
     return _trial(run, inputs)
 

@@ -264,6 +264,7 @@ class Observer:
         self.weight_copies = set()  # allocations that copy a parameter (note_clone)
         self.hook_outputs = {}  # allocation id -> the Site of the user's hook given it
         self._user_hooked = set()  # ids of the modules whose user hook is watched
+        self._compiled_models = {}  # id(model) -> whether it has compiled parts
         self.candidates = []  # [input_id, output_id, event, key, name, module, used_later]
         self.pending = {}  # input id -> (candidate index, weakref to the input)
         self.optimizer_steps = 0
@@ -532,7 +533,13 @@ class Observer:
         """The outputs of each module of the model with a forward hook of the
         user's (one that stores activations), noted with the hook's line:
         what the hook keeps is named there, not at the forward's line.
-        Looked for at every forward: a hook may be registered in the loop."""
+        Looked for at every forward: a hook may be registered in the loop.
+        Not in a compiled model: a hook of ours would run in compiled code
+        (See Note [The doctor beside compiled code])."""
+        if id(model) not in self._compiled_models:
+            self._compiled_models[id(model)] = bool(compiled_roots(model))
+        if self._compiled_models[id(model)]:
+            return
         for m in model.modules():
             if not m._forward_hooks or id(m) in self._user_hooked:
                 continue

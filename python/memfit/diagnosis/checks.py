@@ -261,24 +261,7 @@ def check_memory_growth(run, graph_explained=False, kept=None):
                      key=lambda x: x[0], reverse=True)
     trend = ", ".join(_fmt(v) for v in live) + f" (+{_fmt(_slope(live))} per step)"
     findings = _hook_growth(by_hook, steps, trend)
-    for site, v in by_keeper.items():
-        slope = _slope(v)
-        if not (v[-1] > v[0] and all(b >= a for a, b in zip(v, v[1:]))):
-            continue
-        k = kept[site]
-        c, name = k.keeper.container, k.keeper.name
-        made = ", ".join(sorted(str(m) for m in k.made))
-        seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
-                f"`{c}` at {site} keeps each step's `{name}` (made at {made}): "
-                f"+{_fmt(slope)} per step"
-                + (" (detached: its tensor alone)." if k.keeper.detached
-                   else ", with the autograd graph it hangs on."))
-        if k.scalar(ends[-1] - 1):
-            fix = f"keep the number: `{c}.append({name}.item())`"
-        else:
-            fix = (f"keep a host copy without its graph: `{c}.append({name}.detach().cpu())` "
-                   f"(or only the numbers you need from it)")
-        findings.append(Finding("memory_growth", int(slope), site, seen, fix, int(slope)))
+    findings += _keeper_growth(by_keeper, kept, steps, trend)
     for i, (slope, site) in enumerate(growing):
         per = slope + (graph_slope if i == 0 else 0.0)
         seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
@@ -298,6 +281,31 @@ def check_memory_growth(run, graph_explained=False, kept=None):
         fix = "run it under `torch.no_grad()`, or keep `.detach()`ed results"
         findings.append(Finding("memory_growth", int(graph_slope), site, seen, fix,
                                 int(graph_slope)))
+    return findings
+
+
+def _keeper_growth(by_keeper, kept, steps, trend):
+    """memory_growth of what a line keeps in a list (list_kept): {the
+    appending line: bytes it keeps alive at each step's end}."""
+    findings = []
+    for site, v in by_keeper.items():
+        slope = _slope(v)
+        if not (v[-1] > v[0] and all(b >= a for a, b in zip(v, v[1:]))):
+            continue
+        k = kept[site]
+        c, name = k.keeper.container, k.keeper.name
+        made = ", ".join(sorted(str(m) for m in k.made))
+        seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}. "
+                f"`{c}` at {site} keeps each step's `{name}` (made at {made}): "
+                f"+{_fmt(slope)} per step"
+                + (" (detached: its tensor alone)." if k.keeper.detached
+                   else ", with the autograd graph it hangs on."))
+        if k.scalar(steps[-1].end_event - 1):
+            fix = f"keep the number: `{c}.append({name}.item())`"
+        else:
+            fix = (f"keep a host copy without its graph: `{c}.append({name}.detach().cpu())` "
+                   f"(or only the numbers you need from it)")
+        findings.append(Finding("memory_growth", int(slope), site, seen, fix, int(slope)))
     return findings
 
 

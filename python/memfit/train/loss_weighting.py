@@ -129,6 +129,19 @@ __all__: list = []
 # reduction of the samples alone, to the same agreement, that one is the
 # rule, as the probe by values would answer for a loss the mode cannot read.
 
+# Note [A forward that mixes the samples]
+# The check on the output's rows sees the loss only: a model whose forward
+# mixes the samples (a layer centring over the batch's dimension, attention
+# across it, routing with a capacity per batch) gives rows that each depend
+# on the others, and the loss of those rows together is their losses alone
+# combined; split, it trained on gradients 0.94-1.26 relative off the whole
+# batch's, and nothing said so. So where the rows pass, the same check runs
+# on the step run again (StepRerun: the forward and the loss, on up to 8 of
+# the batch's samples together and each alone, in eval mode, without grad,
+# the RNG and buffers put back), at its agreement (Note [How close a step
+# run again agrees]). Once per Trainer, on its first split step; not under
+# coupled="allow", nor where the device has no room for those samples.
+
 # Note [The scale of a chunk's sum]
 # A chunk backpropagated as its sum (loss x count) seeds its backward with
 # gradients count times the batch mean's: under fp16 autocast and a
@@ -300,10 +313,12 @@ class _Probe:
 
 
 @contextlib.contextmanager
-def _rerun_quietly(rerun):
+def _rerun_quietly(rerun, seen=None):
     """A block for the probes' own calls: no grad, the RNG put back, no
     warnings (the std of one sample); for a StepRerun also the model in
-    eval mode and its buffers' values and tensors put back."""
+    eval mode and its buffers' values and tensors put back. seen: a dict
+    that gets "stateful": whether the block drew random numbers or wrote
+    a buffer (the reruns' values then differ for that alone)."""
     with torch.no_grad(), kept_rng(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if rerun is None:
@@ -313,16 +328,34 @@ def _rerun_quietly(rerun):
         modes = [(m, m.training) for m in module.modules()]
         buffers = [(m, name, b, b.clone()) for m in module.modules()
                    for name, b in m.named_buffers(recurse=False) if b is not None]
+        rng = _rng_now()
         module.eval()
         try:
             yield
         finally:
             for m, training in modes:
                 m.training = training
+            written = False
             for m, name, b, values in buffers:
                 if getattr(m, name, None) is not b:
                     setattr(m, name, b)
-                b.copy_(values)
+                # Only where it changed: a copy into a buffer the step's own
+                # forward saved for its backward would fail that backward.
+                if not torch.equal(b, values):
+                    b.copy_(values)
+                    written = True
+            if seen is not None:
+                seen["stateful"] = written or not _same_states(rng, _rng_now())
+
+
+def _rng_now():
+    """The CPU generator's state and each initialized CUDA device's."""
+    cards = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else ()
+    return [torch.get_rng_state()] + [torch.cuda.get_rng_state(d) for d in cards]
+
+
+def _same_states(a, b):
+    return len(a) == len(b) and all(torch.equal(s, t) for s, t in zip(a, b))
 
 
 class LossWeighting:
@@ -447,49 +480,71 @@ class LossWeighting:
     def _check_separable(self, output, target, target_dim, rule, rerun=None, refuse=True):
         """Raises ValueError (where `refuse`) when the loss of up to 8
         samples together is not their losses alone combined by `rule` (See
-        Note [Probing how the loss reduces]); returns quietly where it cannot
-        be checked."""
-        probe = self._values(output, target, target_dim, rerun)
+        Note [Probing how the loss reduces]), on the output's rows and, where
+        they passed, on the step run again (Note [A forward that mixes the
+        samples]); returns quietly where it cannot be checked."""
+        rows = _samples(output, target, target_dim) is not None
+        if not self._check_values(self._values(output, target, target_dim, rerun), rule,
+                                  refuse, "the loss"):
+            return
+        if rows and refuse and rerun is not None:
+            if self._kind is not None:
+                rule = LossRule(self._kind, rule.name)
+            try:
+                self._check_values(self._values(None, None, target_dim, rerun), rule, refuse,
+                                   "the model's forward")
+            except ValueError:
+                self._separable = False  # checked again at the next step, as the loss's
+                raise
+
+    def _check_values(self, probe, rule, refuse, where):
+        """The check of _check_separable on one _Probe; False where it could
+        not run."""
         if probe is None:
             self._separable = True
-            return
+            return False
         value, k, tol, again = probe.value, probe.k, probe.tolerance, probe.rerun
+        seen = {}
         try:
-            with _rerun_quietly(again):
+            with _rerun_quietly(again, seen):
                 together, in_all = value(0, k)
                 alone = [value(i, i + 1) for i in range(k)]
         except torch.cuda.OutOfMemoryError:
             if again is None:
                 raise  # the step's to recover from, as any of its allocations
             self._separable = True  # no room for the check's own samples: not checked
-            return
+            return False
         except Exception:  # noqa: BLE001 - a loss that cannot run so is not checked
             self._separable = True
-            return
+            return False
         combined = self._combined(rule, in_all, alone)
+        if where == "the model's forward" and seen.get("stateful"):
+            combined = None  # its draws and writes are named in the step's notes
         if combined is None:
             self._separable = True
-            return
+            return False
         scale = max(max(abs(v) for v, _ in alone), abs(together), 1e-30)
         allowed = max(tol, probe.agreement()) * scale
         if abs(together - combined) <= allowed:
             self._separable = True
-            return
+            return True
         values = [v for v, _ in alone]
         other = {"sum": ("mean", sum(values) / k), "mean": ("sum", sum(values))}.get(rule.kind)
-        if other is not None and abs(together - other[1]) <= allowed:
+        if other is not None and abs(together - other[1]) <= allowed and self._kind is None:
             # See Note [A reduction over the batch's dimension].
             self._separable, self._kind = True, other[0]
-            return
+            return True
         if not refuse:
-            return
+            return True
+        what = ("the layers that mix them: attention or a mean over the batch's dimension, "
+                "routing with a capacity per batch" if where == "the model's forward" else
+                "an in-batch contrastive loss, a batch statistic")
         raise ValueError(
-            f"[Trainer.step] the loss mixes the batch's samples before it reduces them (on {k} "
+            f"[Trainer.step] {where} mixes the batch's samples before it reduces them (on {k} "
             f"samples together it gave {together:.6g}; alone, combined as its {rule.name} "
             f"reduces them, {combined:.6g}): split into micro-batches, each would see only its "
-            f"own samples (an in-batch contrastive loss, a batch statistic) and the gradients "
-            f"would not be the whole batch's; run the batch whole (a larger budget), or pass "
-            f"coupled='allow' to split anyway")
+            f"own samples ({what}) and the gradients would not be the whole batch's; run the "
+            f"batch whole (a larger budget), or pass coupled='allow' to split anyway")
 
     def _combined(self, rule, in_all, alone):
         """The losses `alone` ((value, count) of each sample) combined as

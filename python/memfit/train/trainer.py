@@ -339,8 +339,11 @@ class Trainer:
       training mode, naming the layers, or a loss that mixes the batch's
       samples before it reduces them (an in-batch contrastive loss, checked
       once on the first split micro-batch, Note [Probing how the loss
-      reduces]); "allow" splits anyway (each micro-batch uses its own
-      statistics, its loss its own samples).
+      reduces]), or a forward that mixes them (a mean or attention over the
+      batch's dimension, checked then with the step run again on a few
+      samples, Note [A forward that mixes the samples]); "allow" splits
+      anyway (each micro-batch uses its own statistics, its loss its own
+      samples).
     - reduction: None (default) or "mean"/"sum". Each micro-batch's loss is
       weighted by how the loss reduces the batch, found by watching it run
       (Note [Probing how the loss reduces], loss_weighting.py): a torch loss

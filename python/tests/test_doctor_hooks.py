@@ -91,3 +91,22 @@ def test_a_hook_that_stores_host_copies_gets_no_finding():
     assert growth(outside_the_device) == 0
     found, d = growth_found(on_host)
     assert found == [], d.report()
+
+
+def test_a_hook_that_logs_numbers_leaves_a_kept_output_to_the_line_that_keeps_it():
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with memfit.doctor(model, opt) as d:
+        means, outs = [], []
+        model.register_forward_hook(lambda m, i, output: means.append(output.mean().item()))
+        for x, y in batches():
+            opt.zero_grad()
+            out = model(x)
+            F.cross_entropy(out, y).backward()
+            opt.step()
+            outs.append(out)  # <- outs
+    found = [f for f in d.findings if f.kind == "memory_growth"]
+    with open(THIS) as src:
+        line = next(i + 1 for i, t in enumerate(src) if t.rstrip().endswith("# <- outs"))
+    assert [f.where.line for f in found] == [line], d.report()
+    assert found[0].bytes == 64 * 10 * 4, d.report()  # the output, as plain steps keep it

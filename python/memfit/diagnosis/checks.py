@@ -238,10 +238,10 @@ def check_memory_growth(run, graph_explained=False, kept=None):
         if a.id in held:
             continue
         for k in _alive_at_ends(a, ends):
-            if a.id in hooked:
-                by_hook[hooked[a.id]][k] += a.bytes
-            elif a.id in kept_by:
+            if a.id in kept_by:  # before a hook's: a hook that logs sees the output too
                 by_keeper[kept_by[a.id]][k] += a.bytes
+            elif a.id in hooked:
+                by_hook[hooked[a.id]][k] += a.bytes
             elif a.in_graph:
                 graph[k] += a.bytes
                 if k == n - 1:

@@ -171,8 +171,8 @@ class _NoHook:
 
 def _hook_site(fn):
     """The line of the user's forward hook `fn` that stores what it is given
-    (`.append(`, `acts[name] = `), else its first line; None for a hook of
-    a library's or the doctor's."""
+    (`.append(`, `acts[name] = `); None for a hook that stores nothing (a
+    log of `.mean().item()`) and for a library's or the doctor's."""
     while isinstance(fn, functools.partial):
         fn = fn.func
     if isinstance(fn, (_ModuleHook, _NoHook)):
@@ -187,7 +187,7 @@ def _hook_site(fn):
     for line in sorted({n for *_, n in code.co_lines() if n}):
         if stores.search(linecache.getline(code.co_filename, line)):
             return site_of((code.co_filename, line, code.co_name))
-    return site_of((code.co_filename, code.co_firstlineno, code.co_name))
+    return None
 
 
 def _next_allocation_id():

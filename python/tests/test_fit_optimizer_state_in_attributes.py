@@ -75,3 +75,33 @@ def test_an_optimizers_own_buffers_are_put_back_and_counted(warm, mode):
         assert all(a is b and torch.equal(b, value) for a, (b, value) in zip(opt.buffers, held))
     assert _runs(fit.max_batch, warm), f"batch {fit.max_batch} ran out of memory"
     assert not _runs(int(fit.max_batch * 1.05) + 1, warm)
+
+
+class CountingSGD(torch.optim.SGD):
+    """Keeps a count of its own in its state, under a key that is not a
+    parameter (torch's state_dict carries such entries too)."""
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        self.state["global_step"] = self.state.get("global_step", 0) + 1
+        return super().step(closure)
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_state_entry_of_the_optimizers_own_is_taken_and_put_back(warm):
+    def made():
+        model = _mlp()
+        opt = CountingSGD(model.parameters(), lr=0.1, momentum=0.9)
+        if warm:
+            _step(model, opt, 8)
+        return model, opt
+
+    torch.manual_seed(0)
+    model, opt = made()
+    x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))
+    fit = memfit.find_batch_size(model, x, y, optimizer=opt, budget=BUDGET)
+    assert opt.state.get("global_step") == (1 if warm else None)
+    gc.collect()
+    assert plain_steps_run(BUDGET, lambda: (*made(), fit.max_batch), _step, steps=3)
+    assert not plain_steps_run(BUDGET, lambda: (*made(), int(fit.max_batch * 1.05) + 1),
+                               _step, steps=3)

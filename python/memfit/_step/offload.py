@@ -22,6 +22,7 @@ from typing import Any, Callable
 import torch
 
 from .device import host_memory
+from .optimizer_chain import state_values
 
 __all__: list = []
 
@@ -141,7 +142,7 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         total += sum(h.grad.numel() * h.grad.element_size() for h in self._host
                      if h.grad is not None)
         for state in self.inner.state.values():
-            for v in state.values():
+            for v in state_values(state):
                 if isinstance(v, torch.Tensor):
                     total += v.numel() * v.element_size()
         return total

@@ -13,6 +13,7 @@ import sys
 import torch
 
 from .._native import native as _memfit
+from .optimizer_chain import state_values
 
 __all__: list = []
 
@@ -87,7 +88,7 @@ def live_memory(device="cpu", models=None, optimizers=None):
         m.gradients += size(p.grad) if isinstance(p, torch.Tensor) else 0
     for opt in optimizers:
         for state in opt.state.values():
-            for v in state.values():
+            for v in state_values(state):
                 m.optimizer_state += size(v)
     m.rest = max(0, _memfit.tracked_live_bytes(device) - m.parameters - m.gradients
                  - m.optimizer_state)

@@ -5,7 +5,7 @@ optimizer=[muon, adamw]. See Note [Several optimizers in one step]."""
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 import torch
 
@@ -24,6 +24,14 @@ __all__: list = []
 # step() see the chain's step: the optimizer phase is all of them. The
 # optimizers themselves are the user's: the rehearsal puts their state and
 # hyperparameters back as for one optimizer.
+
+
+def state_values(entry):
+    """The values of one entry of an optimizer's state: a parameter's
+    dict's values, or the entry itself where the optimizer keeps something
+    else under a key of its own (state["global_step"] = 3, which torch's
+    state_dict carries too)."""
+    return entry.values() if isinstance(entry, Mapping) else (entry,)
 
 
 class _RoutedState(MutableMapping):

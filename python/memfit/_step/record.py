@@ -15,6 +15,7 @@ from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor
 from .meta_reads import run_foreach
 from .loop import Loop, train_mode
 from .offload import OffloadedOptimizer
+from .optimizer_chain import state_values
 from .progress import as_progress
 from .step_flops import open_count
 from .tracking import Tracking
@@ -288,7 +289,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
     def optimizer_step():
         step.optimizer.step()
         for state in step.optimizer.state.values():
-            for v in state.values():
+            for v in state_values(state):
                 if isinstance(v, torch.Tensor):
                     t.classify(v, "optimizer_state")
 

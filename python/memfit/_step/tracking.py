@@ -8,6 +8,7 @@ import torch
 
 from .._native import native as _memfit
 from .compiled import module_calls, watch_call
+from .optimizer_chain import state_values
 
 __all__: list = []
 
@@ -159,7 +160,7 @@ class Tracking:
 
             def step_post(opt, _args, _kwargs):
                 for st in opt.state.values():
-                    for v in st.values():
+                    for v in state_values(st):
                         if isinstance(v, torch.Tensor) and state["live"]:
                             self.classify(v, "optimizer_state")
                 begin("zero_grad")

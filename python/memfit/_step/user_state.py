@@ -418,7 +418,7 @@ def step_tensors(model, optimizer=None, held=True):
         group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
         for key, state in optimizer.state.items():
             group = group_of.get(id(key), {})
-            for name, v in state.items():
+            for name, v in (state.items() if isinstance(state, dict) else [(key, state)]):
                 if isinstance(v, torch.Tensor):
                     host = _state_on_host(name, v, group)
                     out += [StepTensor(leaf, "optimizer_state", host)
@@ -655,7 +655,8 @@ class ModelTensors:
         self.optimizer = optimizer if held else None
         # The optimizer's state dicts as they are: a rehearsal's step may add
         # entries or replace values; restore() puts these back.
-        self.state = ({k: (v, dict(v)) for k, v in optimizer.state.items()}
+        self.state = ({k: (v, dict(v) if isinstance(v, dict) else None)
+                       for k, v in optimizer.state.items()}
                       if isinstance(self.optimizer, torch.optim.Optimizer) else None)
         for p in self.parameters:
             p.grad = None
@@ -694,8 +695,9 @@ class ModelTensors:
             return
         self.optimizer.state.clear()
         for key, (d, items) in self.state.items():
-            d.clear()
-            d.update(items)
+            if items is not None:  # else a value of its own: See state_values
+                d.clear()
+                d.update(items)
             self.optimizer.state[key] = d
 
     def restore(self):

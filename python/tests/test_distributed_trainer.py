@@ -301,3 +301,56 @@ def test_a_gradient_missing_on_some_ranks_counts_as_zeros_there(tmp_path):
         assert torch.equal(g["a"], torch.full((3,), 2.0))
         assert torch.equal(g["b"], torch.full((3,), 4.0))
         assert g["unused"] is None
+
+
+class TinyLM(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(11, 8)
+        self.head = torch.nn.Linear(8, 11)
+        self.double()
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.emb(ids)))
+
+
+def lm_loss(logits, labels):
+    """A causal LM's loss: labels shifted, so counted from targets it derives."""
+    return torch.nn.functional.cross_entropy(logits[:, :-1].reshape(-1, 11),
+                                             labels[:, 1:].reshape(-1), ignore_index=-100)
+
+
+def lm_data():
+    g = torch.Generator().manual_seed(3)
+    ids = torch.randint(0, 11, (WORLD * LOCAL, 6), generator=g)
+    labels = ids.clone()
+    labels[LOCAL:, 3:] = -100  # rank 1's samples hold fewer tokens than rank 0's
+    return ids, labels
+
+
+def test_a_token_loss_on_ranks_with_other_token_counts_is_ddps_mean_of_the_ranks(tmp_path):
+    # DDP's step: each rank's loss is the mean over its own tokens, and the
+    # gradients are the mean of the ranks'. The Trainer divided the synced
+    # token sums by each rank's own count after the sync: another gradient on
+    # each rank (their replicas drifted apart), 0.16 relative off DDP's.
+    ids, labels = lm_data()
+    ranks = []
+    for rank in range(WORLD):
+        model = TinyLM()
+        lm_loss(model(local(ids, rank)), local(labels, rank)).backward()
+        ranks.append([p.grad for p in model.parameters()])
+    want = [sum(g) / WORLD for g in zip(*ranks)]
+
+    def rank_fn(rank):
+        model = DDP(TinyLM())
+        opt = CaptureSGD(model.parameters())
+        memfit.Trainer(model, opt, lm_loss, micro_batch=3).step(local(ids, rank),
+                                                               local(labels, rank))
+        return dict(grads=opt.grads, params=[p.detach().clone() for p in model.parameters()])
+
+    results, _ = run_ranks(tmp_path, rank_fn)
+    got = [ok(results[r]) for r in range(WORLD)]
+    for g in got:
+        assert_close(g["grads"], want)
+    assert all(torch.equal(a, b) for a, b in zip(got[0]["params"], got[1]["params"]))

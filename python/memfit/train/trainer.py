@@ -449,9 +449,12 @@ class Trainer:
         # chunks come weighted, the native step adds them as they are.
         self._weighting = LossWeighting(loss_fn, reduction, coupled == "allow")
         opt_step = _current_step(optimizer) if scaler is None else _scaled_step(optimizer, scaler)
-        opt_step = _weighted_step(opt_step, optimizer, self._weighting)
+        # The batch's count is this rank's: its gradients are divided by it
+        # before the ranks' are averaged, as DDP averages each rank's mean.
+        opt_step = _weighted_step(self._dist.optimizer_step(opt_step) if self._dist else opt_step,
+                                  optimizer, self._weighting)
         self._options = (
-            self._dist.optimizer_step(opt_step) if self._dist else opt_step,
+            opt_step,
             split,
             coupled == "allow",
             False,

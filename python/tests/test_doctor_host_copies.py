@@ -10,6 +10,7 @@ outside the device."""
 import gc
 import os
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -102,3 +103,45 @@ def test_outputs_moved_to_the_host_are_no_growth():
     assert growth(kept_outside_the_device) == 0
     found, d = doctor(kept_on_host)
     assert found == [], d.report()  # it said +3.00 KiB per step: run it under no_grad
+
+
+def train_keeping_at_a_key(model, opt, after_step=lambda: None):
+    history = {}
+    for i, (x, y) in enumerate(batches()):
+        opt.zero_grad()
+        out = model(x)
+        F.cross_entropy(out, y).backward()
+        opt.step()
+        history[i] = out  # <- at a key
+        after_step()
+
+
+def train_keeping_in_a_tuple(model, opt, after_step=lambda: None):
+    pairs = []
+    for x, y in batches():
+        opt.zero_grad()
+        out = model(x)
+        F.cross_entropy(out, y).backward()
+        opt.step()
+        pairs.append((out, y))  # <- in a tuple
+        after_step()
+
+
+@pytest.mark.parametrize("train_loop, tag", [(train_keeping_at_a_key, "at a key"),
+                                             (train_keeping_in_a_tuple, "in a tuple")])
+def test_outputs_kept_at_a_key_or_in_a_tuple_are_growth_at_that_line(train_loop, tag):
+    gc.collect()
+    live = []
+    with memfit.simulated_device(1 << 40):
+        model = mlp()
+        train_loop(model, torch.optim.SGD(model.parameters(), lr=0.1),
+                   lambda: live.append(tracked_live_bytes("cpu")))
+    (truth,) = {b - a for a, b in zip(live[1:], live[2:])}
+    model = mlp()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with memfit.doctor(model, opt) as d:
+        train_loop(model, opt)
+    (f,) = [f for f in d.findings if f.kind == "memory_growth"]
+    # It was the forward's line, "run it under torch.no_grad()" (a training loop).
+    assert f.where.line == line_of(tag) and f.bytes == truth, d.report()
+    assert "no_grad" not in f.fix and ".detach().cpu()" in f.fix, d.report()

@@ -278,7 +278,10 @@ def check_memory_growth(run, graph_explained=False, kept=None):
         seen = (f"live memory after steps {steps[0].index}..{steps[-1].index}: {trend}; "
                 f"the autograd graphs of the forward at {site} stay alive "
                 f"(+{_fmt(graph_slope)} per step): something keeps a tensor computed with grad.")
-        fix = "run it under `torch.no_grad()`, or keep `.detach()`ed results"
+        trained = any(f.site == site and f.backward_reached for f in forwards)
+        fix = ("keep `.detach().cpu()` copies (or `.item()` numbers) of what is stored across "
+               "steps, not the tensor" if trained else
+               "run it under `torch.no_grad()`, or keep `.detach()`ed results")
         findings.append(Finding("memory_growth", int(graph_slope), site, seen, fix,
                                 int(graph_slope)))
     return findings
@@ -301,9 +304,10 @@ def _keeper_growth(by_keeper, kept, steps, trend):
                 + (" (detached: its tensor alone)." if k.keeper.detached
                    else ", with the autograd graph it hangs on."))
         if k.scalar(steps[-1].end_event - 1):
-            fix = f"keep the number: `{c}.append({name}.item())`"
+            fix = f"keep the number: `{k.keeper.keeping(name + '.item()')}`"
         else:
-            fix = (f"keep a host copy without its graph: `{c}.append({name}.detach().cpu())` "
+            fix = (f"keep a host copy without its graph: "
+                   f"`{k.keeper.keeping(name + '.detach().cpu()')}` "
                    f"(or only the numbers you need from it)")
         findings.append(Finding("memory_growth", int(slope), site, seen, fix, int(slope)))
     return findings

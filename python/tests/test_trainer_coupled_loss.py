@@ -4,12 +4,14 @@ micro-batch's loss would see only its own samples and the gradients would
 not be the whole batch's (Note [Probing how the loss reduces])."""
 
 import copy
+import math
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 import memfit
+from memfit.testing.truth import GradientCapture as Capture
 
 
 def contrastive(out, target):
@@ -181,3 +183,26 @@ def test_a_loss_that_mixes_samples_is_refused_in_micro_batches_of_one(how):
     with pytest.raises(ValueError, match=r"^\[Trainer.step\] the loss mixes the batch's samples "
                                          r"before it reduces them \(on 8 samples together"):
         trainer.step(*batch)
+
+
+def test_a_loss_that_is_nan_is_not_called_mixing_and_the_next_step_is_checked():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(),
+                                torch.nn.Linear(16, 4)).double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 6, generator=g).double(), torch.randn(8, 4, generator=g).double()
+
+    def centred(o, t):
+        """Each output less the batch's mean: it mixes the samples."""
+        return ((o - o.mean(0, keepdim=True) - t) ** 2).mean()
+
+    bad = torch.full_like(x, float("nan"))  # a batch that went bad upstream
+    plain = copy.deepcopy(model)
+    centred(plain(bad), y).backward()
+    trainer = memfit.Trainer(model, Capture(model.parameters()), centred, micro_batch=3)
+    # The plain step's loss and gradients are NaN: that is no sign of a
+    # loss mixing the samples (it was refused as one, nan against nan).
+    assert math.isnan(trainer.step(bad, y).loss)
+    assert all(p.grad.isnan().any() for p in plain.parameters())
+    with pytest.raises(ValueError, match=r"^\[Trainer.step\] the loss mixes the batch's samples "):
+        trainer.step(x, y)

@@ -517,6 +517,11 @@ class LossWeighting:
         except Exception:  # noqa: BLE001 - a loss that cannot run so is not checked
             self._separable = True
             return False
+        if not math.isfinite(together):
+            # NaN or inf, as the plain step's: nothing to compare; checked
+            # again at the next micro-batch. (A NaN alone, with the samples
+            # together finite, is the loss's own: o.std(0) of one sample.)
+            return False
         combined = self._combined(rule, in_all, alone)
         if where == "the model's forward" and seen.get("stateful"):
             combined = None  # its draws and writes are named in the step's notes

@@ -105,3 +105,50 @@ def test_a_state_entry_of_the_optimizers_own_is_taken_and_put_back(warm):
     assert plain_steps_run(BUDGET, lambda: (*made(), fit.max_batch), _step, steps=3)
     assert not plain_steps_run(BUDGET, lambda: (*made(), int(fit.max_batch * 1.05) + 1),
                                _step, steps=3)
+
+
+class Lookahead(torch.optim.Optimizer):
+    """timm's Lookahead, abridged: the base optimizer in an attribute, its
+    param_groups shared, slow weights in a state of its own."""
+
+    def __init__(self, base, alpha=0.5):
+        from collections import OrderedDict, defaultdict
+        self._optimizer_step_pre_hooks = OrderedDict()
+        self._optimizer_step_post_hooks = OrderedDict()
+        self._base_optimizer = base
+        self.param_groups = base.param_groups
+        self.defaults = base.defaults
+        self.state = defaultdict(dict)
+        self.alpha = alpha
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = self._base_optimizer.step(closure)
+        for p in (p for g in self.param_groups for p in g["params"]):
+            slow = self.state[p].setdefault("slow", p.detach().clone())
+            slow.add_(p - slow, alpha=self.alpha)
+            p.copy_(slow)
+        return loss
+
+
+@pytest.mark.parametrize("warm", [False, True])
+def test_a_wrapped_base_optimizers_state_is_counted_and_put_back(warm):
+    def made():
+        model = _mlp()
+        opt = Lookahead(torch.optim.Adam(model.parameters()))
+        if warm:
+            _step(model, opt, 8)
+        return model, opt
+
+    torch.manual_seed(0)
+    model, opt = made()
+    held = [(s["exp_avg"], s["exp_avg"].clone()) for s in opt._base_optimizer.state.values()]
+    x, y = torch.randn(8, 256), torch.randint(0, 10, (8,))
+    fit = memfit.find_batch_size(model, x, y, optimizer=opt, budget=BUDGET)
+    now = [s["exp_avg"] for s in opt._base_optimizer.state.values()]
+    assert len(now) == len(held) and all(a is b and torch.equal(a, v)
+                                         for a, (b, v) in zip(now, held))
+    gc.collect()
+    assert plain_steps_run(BUDGET, lambda: (*made(), fit.max_batch), _step, steps=3)
+    assert not plain_steps_run(BUDGET, lambda: (*made(), int(fit.max_batch * 1.05) + 1),
+                               _step, steps=3)

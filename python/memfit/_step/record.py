@@ -21,7 +21,8 @@ from .step_flops import open_count
 from .tracking import Tracking
 from .training_step import OPTIMIZERS, check_loss_trains
 from .user_step import as_user_step
-from .user_state import ModelTensors, OptimizerState, private_copy, with_loss_module
+from .user_state import (ModelTensors, OptimizerState, optimizer_states, private_copy,
+                         with_loss_module)
 
 __all__: list = []
 
@@ -288,8 +289,8 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
 
     def optimizer_step():
         step.optimizer.step()
-        for state in step.optimizer.state.values():
-            for v in state_values(state):
+        for states in optimizer_states(step.optimizer):  # a wrapper's base optimizer's too
+            for v in (v for state in states.values() for v in state_values(state)):
                 if isinstance(v, torch.Tensor):
                     t.classify(v, "optimizer_state")
 

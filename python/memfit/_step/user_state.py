@@ -30,6 +30,7 @@ from .._native import native as _memfit
 from .batching import map_tensors
 from .device import host_memory
 from .offload import OffloadedOptimizer
+from .optimizer_chain import OptimizerChain
 
 __all__ = ["kept_rng"]
 
@@ -87,7 +88,7 @@ def no_user_post_hooks(optimizer):
     """A block in which the step post-hooks of the user's, on `optimizer`
     (and the optimizers a chain or memfit.offload wraps) and global, do not
     run: See Note [A rehearsal runs no step post-hooks of the user's]."""
-    tables = [getattr(o, "_optimizer_step_post_hooks", None) for o in _optimizers_in(optimizer)]
+    tables = [getattr(o, "_optimizer_step_post_hooks", None) for o in optimizer_tree(optimizer)]
     tables.append(getattr(torch_optimizer, "_global_optimizer_post_hooks", None))
     aside = []
     for hooks in tables:
@@ -107,13 +108,34 @@ def no_user_post_hooks(optimizer):
             hooks.update(kept)
 
 
-def _optimizers_in(optimizer, depth=3):
-    """`optimizer` and those it wraps: a chain's, memfit.offload's inner one."""
-    if not isinstance(optimizer, torch.optim.Optimizer) or depth == 0:
-        return []
-    inner = list(getattr(optimizer, "optimizers", None) or [])
-    inner.append(getattr(optimizer, "inner", None))
-    return [optimizer] + [o for i in inner for o in _optimizers_in(i, depth - 1)]
+def optimizer_tree(optimizer, depth=3):
+    """`optimizer` and the optimizers it holds in its attributes, each once:
+    a chain's, a wrapper's base optimizer (timm's Lookahead); none inside
+    memfit.offload's, whose whole state OptimizerState puts back. See Note
+    [An optimizer's own attributes]."""
+    # A loop, not a nested function calling itself: that one is a reference
+    # cycle, which kept the optimizers (and their state) alive until a GC.
+    out, todo = [], [(optimizer, depth)]
+    while todo:
+        o, depth = todo.pop(0)
+        if not isinstance(o, torch.optim.Optimizer) or any(o is q for q in out):
+            continue
+        out.append(o)
+        if depth > 0 and not isinstance(o, OffloadedOptimizer):
+            todo += [(i, depth - 1) for v in vars(o).values()
+                     for i in (v if isinstance(v, (list, tuple)) else (v,))]
+    return out
+
+
+def optimizer_states(optimizer):
+    """The state mappings of optimizer_tree(optimizer), each once: not a
+    chain's own (its optimizers' routed) nor memfit.offload's (on the host)."""
+    out = []
+    for o in optimizer_tree(optimizer):
+        if not isinstance(o, (OptimizerChain, OffloadedOptimizer)) and not any(
+                o.state is st for st in out):
+            out.append(o.state)
+    return out
 
 
 def _generators_of(holders):
@@ -413,10 +435,10 @@ def step_tensors(model, optimizer=None, held=True):
     if not held:
         return out
     out += [StepTensor(p.grad, "gradient") for p in params if p.grad is not None]
-    if isinstance(optimizer, torch.optim.Optimizer) and not isinstance(
-            optimizer, OffloadedOptimizer):
-        group_of = {id(p): g for g in optimizer.param_groups for p in g["params"]}
-        for key, state in optimizer.state.items():
+    group_of = {id(p): g for o in optimizer_tree(optimizer) for g in o.param_groups
+                for p in g["params"]}
+    for states in optimizer_states(optimizer):
+        for key, state in states.items():
             group = group_of.get(id(key), {})
             for name, v in (state.items() if isinstance(state, dict) else [(key, state)]):
                 if isinstance(v, torch.Tensor):
@@ -442,19 +464,21 @@ def step_tensors(model, optimizer=None, held=True):
 # and dicts there) are optimizer state: copied in, counted, put back
 # (step_tensors); and OptimizerState puts each attribute back as it was
 # (the very objects, a list's or dict's items), dropping the ones the
-# rehearsal added.
+# rehearsal added. An optimizer held in an attribute (timm's Lookahead keeps
+# its base Adam in one) is the step's too (optimizer_tree): its state was
+# neither counted nor put back, and a warm Lookahead's answer was 1011 where
+# plain steps ran out above 666, "verified", the base Adam's state left as
+# the probes made it.
 _OPTIMIZER_INTERNALS = frozenset({"state", "param_groups", "defaults", "_opt_called"})
 
 
 def _own_attributes(optimizer):
-    """(name, value) of the attributes of `optimizer`'s own (and of the
-    optimizers a chain holds), torch's bookkeeping aside: See Note [An
+    """(optimizer, its (name, value) attributes) for each of
+    optimizer_tree(optimizer), torch's bookkeeping aside: See Note [An
     optimizer's own attributes]; none for memfit.offload's, whose whole
     state OptimizerState puts back."""
-    if isinstance(optimizer, OffloadedOptimizer):
-        return
-    for o in [optimizer, *(getattr(optimizer, "optimizers", None) or [])]:
-        if isinstance(o, torch.optim.Optimizer) and not isinstance(o, OffloadedOptimizer):
+    for o in optimizer_tree(optimizer):
+        if not isinstance(o, OffloadedOptimizer):
             yield o, [(k, v) for k, v in vars(o).items()
                       if k not in _OPTIMIZER_INTERNALS and not k.startswith("_optimizer_")]
 
@@ -655,9 +679,9 @@ class ModelTensors:
         self.optimizer = optimizer if held else None
         # The optimizer's state dicts as they are: a rehearsal's step may add
         # entries or replace values; restore() puts these back.
-        self.state = ({k: (v, dict(v) if isinstance(v, dict) else None)
-                       for k, v in optimizer.state.items()}
-                      if isinstance(self.optimizer, torch.optim.Optimizer) else None)
+        self.state = [(states, {k: (v, dict(v) if isinstance(v, dict) else None)
+                                for k, v in states.items()})
+                      for states in optimizer_states(self.optimizer)]
         for p in self.parameters:
             p.grad = None
         for e in self.entries:
@@ -691,14 +715,13 @@ class ModelTensors:
         """The optimizer's state dicts as they were when saved: what a
         rehearsal's step added or replaced is dropped (the values of the
         tensors come back with restore())."""
-        if self.state is None:
-            return
-        self.optimizer.state.clear()
-        for key, (d, items) in self.state.items():
-            if items is not None:  # else a value of its own: See state_values
-                d.clear()
-                d.update(items)
-            self.optimizer.state[key] = d
+        for states, saved in self.state:
+            states.clear()
+            for key, (d, items) in saved.items():
+                if items is not None:  # else a value of its own: See state_values
+                    d.clear()
+                    d.update(items)
+                states[key] = d
 
     def restore(self):
         for g, state in self.generators:

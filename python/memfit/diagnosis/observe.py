@@ -33,6 +33,7 @@ from torch.utils import _pytree as pytree
 
 from .._native import native as _memfit
 from .._step.compiled import CompileWatch, compiled_roots, module_calls, watch_call
+from .._step.optimizer_chain import state_values
 from .frames import called_from_other_library, is_library_file, site_of, user_frame
 from .records import (CompileEvent, Float64Tensor, ForwardCall, GraphUse, HostCopy,
                       InPlaceCandidate, Marker, Observation, RetainedBackward, Span,
@@ -459,8 +460,8 @@ class Observer:
         for m in modules:
             tensors += list(m.parameters()) + list(m.buffers())
         for opt in self._optimizers:
-            for state in opt.state.values():
-                tensors += [v for v in state.values() if isinstance(v, _Tensor)]
+            for entry in opt.state.values():
+                tensors += [v for v in state_values(entry) if isinstance(v, _Tensor)]
         seen, total = set(), 0
         for t in tensors:
             if t.device.type == "meta" or _allocation_id(t) is not None:

@@ -3,6 +3,7 @@ advise and the strategies: calling the model on a batch, the loss, the
 built-in optimizers by name, and the checks made before anything runs."""
 
 import inspect
+import itertools
 from collections.abc import Mapping
 
 import torch
@@ -126,8 +127,17 @@ def check_loss_trains(loss, model, what):
 def check_model(model, what):
     """Raise ValueError, naming the fix, unless `model` is an nn.Module (a
     compiled one included): torch.compile of a function, or of a model
-    compiled already, is a function."""
+    compiled already, is a function. A lazy module not yet run (LazyLinear)
+    has no sizes to measure: refused, naming it."""
     if isinstance(model, torch.nn.Module):
+        lazy = next((name for name, t in itertools.chain(model.named_parameters(),
+                                                          model.named_buffers())
+                     if torch.nn.parameter.is_lazy(t)), None)
+        if lazy is not None:
+            raise ValueError(
+                f"[{what}] the model's {lazy} is not initialized yet (a lazy module, as "
+                f"LazyLinear, gets its size at its first forward): run model(example) once "
+                f"first, then make the optimizer over model.parameters()")
         return
     orig = getattr(model, "_torchdynamo_orig_callable", None)
     if orig is not None:

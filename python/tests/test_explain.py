@@ -11,7 +11,7 @@ import pytest
 
 import memfit
 from memfit.explain import NotASnapshot
-from snapshot_fixtures import MiB, SnapshotBuilder, frames, stack, training_step
+from snapshot_fixtures import MiB, SnapshotBuilder, stack, training_step
 
 U = 10 * MiB
 

@@ -7,7 +7,7 @@ from typing import List, Optional
 from .._native import native as _memfit
 from ..diagnosis.records import Finding
 from .frames import describe, place_of
-from .trace import CATEGORIES, TraceEvents
+from .trace import TraceEvents
 
 __all__: list = []
 

@@ -6,10 +6,10 @@ truth is plain steps of the loop on a simulated device, in the same
 process. See Note [Work a process does once] (fit.py)."""
 
 import torch
-import torch.nn.functional as F
 
 import memfit
 from memfit.testing.truth import largest_that_fits, plain_steps_run
+from test_fit_optimizer_state_in_attributes import _step
 
 BUDGET = 12 << 20
 
@@ -33,13 +33,6 @@ def _compiling_sgd():
 def _mlp():
     return torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(),
                                torch.nn.Linear(512, 10))
-
-
-def _step(model, opt, b):
-    x, y = torch.randn(b, 256), torch.randint(0, 10, (b,))
-    F.cross_entropy(model(x), y).backward()
-    opt.step()
-    opt.zero_grad()
 
 
 def test_a_first_step_that_compiles_is_not_the_steps_the_loop_runs():

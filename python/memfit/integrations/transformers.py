@@ -310,7 +310,7 @@ def _set_batch(trainer, batch, accumulation, what) -> None:
     was = (args.per_device_train_batch_size, args.gradient_accumulation_steps)
     args.per_device_train_batch_size, args.gradient_accumulation_steps = batch, accumulation
     trainer._train_batch_size = args.train_batch_size  # See Note [Where the HF ...]
-    if batch == was[0]:
+    if batch == was[0] or not _users_train_loader(trainer):
         return
     built = getattr(trainer.get_train_dataloader(), "batch_size", None)
     if isinstance(built, int) and built != trainer._train_batch_size:
@@ -321,6 +321,15 @@ def _set_batch(trainer, batch, accumulation, what) -> None:
             f"per_device_train_batch_size set to {batch}: it must batch by "
             f"self._train_batch_size, as the Trainer's own does, or FitBatchSize sizes a batch "
             f"the loop does not run; {batch} fits")
+
+
+def _users_train_loader(trainer) -> bool:
+    """Whether get_train_dataloader may be the user's (a subclass's or an
+    instance's): the Trainer's own batches by _train_batch_size, and
+    building it again only to check that costs a pass over every sample
+    with group_by_length (LengthGroupedSampler reads each one's length)."""
+    subclass = type(trainer).get_train_dataloader is not transformers.Trainer.get_train_dataloader
+    return subclass or "get_train_dataloader" in vars(trainer)
 
 
 # Note [auto_find_batch_size beside FitBatchSize]

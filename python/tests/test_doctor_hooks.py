@@ -11,24 +11,13 @@ import os
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 import memfit
 from memfit._native import tracked_live_bytes
 
+from test_doctor_host_copies import batches, mlp
+
 THIS = os.path.realpath(__file__)
-STEPS = 6
-
-
-def mlp():
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 128), nn.ReLU(), nn.Linear(128, 10))
-
-
-def batches():
-    g = torch.Generator().manual_seed(1)
-    return [(torch.randn(64, 32, generator=g), torch.randint(0, 10, (64,), generator=g))
-            for _ in range(STEPS)]
 
 
 def on_device(acts):
@@ -46,7 +35,7 @@ def outside_the_device(acts):
 
 
 def train(hook, after_step=lambda: None, doctor=False):
-    model = mlp()
+    model = mlp(hidden=128)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with memfit.doctor(model, opt) if doctor else memfit.simulated_device(1 << 40) as d:
         acts = []
@@ -94,7 +83,7 @@ def test_a_hook_that_stores_host_copies_gets_no_finding():
 
 
 def test_a_hook_that_logs_numbers_leaves_a_kept_output_to_the_line_that_keeps_it():
-    model = mlp()
+    model = mlp(hidden=128)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with memfit.doctor(model, opt) as d:
         means, outs = [], []

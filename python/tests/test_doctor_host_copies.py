@@ -22,9 +22,9 @@ THIS = os.path.realpath(__file__)
 STEPS = 6
 
 
-def mlp():
+def mlp(hidden=64):
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    return nn.Sequential(nn.Linear(32, hidden), nn.ReLU(), nn.Linear(hidden, 10))
 
 
 def batches():

@@ -488,22 +488,32 @@ def optimizer_attribute_tensors(optimizer, known=()):
     `known` (the parameters and state already found) nor sharing their
     memory, leaves on a device those are on: See Note [An optimizer's own
     attributes]."""
+    values = (v for _, attributes in _own_attributes(optimizer)
+              for _, value in attributes for v in _held_values(value))
+    return _unseen_leaves(values, known)
+
+
+def _unseen_leaves(values, known):
+    """The plain tensors among `values`, each once: not a Parameter, no
+    autograd history (a tensor kept with its graph is the last step's), not
+    among `known` nor sharing memory with one of them, and on a device
+    `known` are on."""
     devices = {t.device for t in known}
     ids = {id(t) for t in known}
     storages = {_storage_key(t) for t in known} - {None}
     out = []
-    for _, attributes in _own_attributes(optimizer):
-        for _, value in attributes:
-            for v in _held_values(value):
-                if (not isinstance(v, torch.Tensor) or isinstance(v, torch.nn.Parameter)
-                        or v.grad_fn is not None or id(v) in ids
-                        or (devices and v.device not in devices)):
-                    continue
-                key = _storage_key(v)
-                if key is None or key not in storages:
-                    ids.add(id(v))
-                    storages.add(key)
-                    out.append(v)
+    for v in values:
+        if (not isinstance(v, torch.Tensor) or isinstance(v, torch.nn.Parameter)
+                or v.grad_fn is not None or id(v) in ids
+                or (devices and v.device not in devices)):
+            continue
+        key = _storage_key(v)
+        if key is not None and key in storages:
+            continue
+        ids.add(id(v))
+        if key is not None:
+            storages.add(key)
+        out.append(v)
     return out
 
 
@@ -523,24 +533,8 @@ def plain_tensor_attributes(model):
     memory. Lists, tuples and dicts of tensors and the modules the model
     does not register are looked into (model_modules)."""
     registered = [*model_parameters(model), *model_buffers(model)]
-    devices = {t.device for t in registered}
-    ids = {id(t) for t in registered}
-    storages = {_storage_key(t) for t in registered} - {None}
-    out = []
-    for module in model_modules(model):
-        for value in _attribute_values(module):
-            if (not isinstance(value, torch.Tensor) or isinstance(value, torch.nn.Parameter)
-                    or value.grad_fn is not None or id(value) in ids
-                    or (devices and value.device not in devices)):
-                continue
-            key = _storage_key(value)
-            if key is not None and key in storages:
-                continue
-            ids.add(id(value))
-            if key is not None:
-                storages.add(key)
-            out.append(value)
-    return out
+    values = (v for module in model_modules(model) for v in _attribute_values(module))
+    return _unseen_leaves(values, registered)
 
 
 def _tensor_slots(model):

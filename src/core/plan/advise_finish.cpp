@@ -42,7 +42,8 @@ void Planner::finish_plan() {
   }
   p.variant = t->variant;
   p.micro_batch = t->micro_batch;
-  p.peak_bytes = t->peak;
+  // See Note [The rest of the batch beside a micro-batch].
+  p.peak_bytes = t->peak + rest_at(t->micro_batch);
   // See Note [Micro-batches of a model that mixes samples].
   const bool mixes = p.micro_batch > 0 && !s_.split_changes.empty();
   p.exact = t->variant.exact() && !mixes;

@@ -10,6 +10,7 @@ import traceback
 import torch
 
 from .._native import native as _memfit
+from .callable_state import CallableState, users_step_functions
 from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor_error,
                        is_compiled, record_warm)
 from .meta_reads import run_foreach
@@ -21,8 +22,8 @@ from .step_flops import open_count
 from .tracking import Tracking
 from .training_step import OPTIMIZERS, check_loss_trains
 from .user_step import as_user_step
-from .user_state import (ModelTensors, OptimizerState, optimizer_states, private_copy,
-                         with_loss_module)
+from .user_state import (ModelTensors, OptimizerState, optimizer_states, optimizer_tree,
+                         private_copy, with_loss_module)
 
 __all__: list = []
 
@@ -88,6 +89,8 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop
         counters.begin(held, optimizer)
     saved = ModelTensors(held, optimizer, held=True)
     opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
+    # See Note [What the user's functions keep] (callable_state.py).
+    functions = CallableState(users_step_functions(loss_fn, optimizer_tree(optimizer)))
     autocast = _autocast_on()
     if autocast:  # See Note [A rehearsal inside the user's autocast].
         torch.clear_autocast_cache()
@@ -120,6 +123,7 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop
         try:
             saved.restore()  # drops the rehearsal's .grad and state first
         finally:
+            functions.restore()
             if opt_state is not None:
                 opt_state.restore()
 

@@ -776,7 +776,10 @@ class OptimizerState:
         self.optimizer = optimizer
         self.whole = (copy.deepcopy(optimizer.state_dict())
                       if isinstance(optimizer, OffloadedOptimizer) else None)
-        self.groups = [{k: copy.deepcopy(v) for k, v in g.items() if k != "params"}
+        # A tensor hyperparameter (lr=torch.tensor(1e-3)) is the user's object,
+        # which their scheduler fills in place: its values come back into it.
+        self.groups = [{k: (v, _to_host(v) if isinstance(v, torch.Tensor) else copy.deepcopy(v))
+                        for k, v in g.items() if k != "params"}
                        for g in optimizer.param_groups]
         # An LR scheduler's wrapper of step() sets this flag (it silences
         # the scheduler's "step() before optimizer.step()" warning).
@@ -789,7 +792,12 @@ class OptimizerState:
         if self.whole is not None:
             self.optimizer.load_state_dict(self.whole)
         for group, saved in zip(self.optimizer.param_groups, self.groups):
-            group.update(saved)
+            for k, (was, value) in saved.items():
+                if isinstance(was, torch.Tensor) and not was.is_meta:
+                    with torch.no_grad():
+                        _memfit.set_data(was, value.to(was.device, copy=True))
+                    value = was
+                group[k] = value
         if self.called is _MISSING:
             self.optimizer.__dict__.pop("_opt_called", None)
         else:

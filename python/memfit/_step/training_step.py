@@ -9,6 +9,7 @@ from collections.abc import Mapping
 import torch
 
 from .._native import native as _native
+from .batching import tensors_in
 from .offload import OffloadedOptimizer
 from .optimizer_chain import OptimizerChain
 
@@ -98,11 +99,30 @@ def compute_loss(output, target, loss_fn, what="profile"):
 
 
 def call_model(model, inputs):
-    if isinstance(inputs, (tuple, list)):  # positional arguments, as documented
-        return model(*inputs)
-    if isinstance(inputs, Mapping):  # a dict, or a BatchEncoding: keyword arguments
-        return model(**inputs)
-    return model(inputs)
+    try:
+        if isinstance(inputs, (tuple, list)):  # positional arguments, as documented
+            return model(*inputs)
+        if isinstance(inputs, Mapping):  # a dict, or a BatchEncoding: keyword arguments
+            return model(**inputs)
+        return model(inputs)
+    except Exception as e:
+        _note_the_models_error(e, inputs)
+        raise
+
+
+def _note_the_models_error(error, inputs):
+    """An error the model's own forward raised (a shape it does not take, a
+    dtype) reached the user through memfit's frames, as if memfit broke:
+    a note names what the forward was called with. Not on an out-of-memory
+    error (the search's own signal) nor one already noted (a nested call)."""
+    notes = getattr(error, "__notes__", ())
+    if (not hasattr(error, "add_note") or isinstance(error, torch.cuda.OutOfMemoryError)
+            or any(n.startswith("memfit:") for n in notes)):
+        return
+    leaves = tensors_in(inputs)
+    shown = ", ".join(f"{tuple(t.shape)} {str(t.dtype).replace('torch.', '')} on {t.device}"
+                      for t in leaves[:4]) + (", ..." if len(leaves) > 4 else "")
+    error.add_note(f"memfit: raised by the model's own forward, called with tensors {shown}")
 
 
 def check_loss_trains(loss, model, what):

@@ -20,7 +20,7 @@ from .optimizer_chain import state_values
 from .progress import as_progress
 from .step_flops import open_count
 from .tracking import Tracking
-from .training_step import OPTIMIZERS, check_loss_trains
+from .training_step import OPTIMIZERS, check_loss_trains, step_without_closure
 from .user_step import as_user_step
 from .user_state import (ModelTensors, OptimizerState, optimizer_states, optimizer_tree,
                          private_copy, with_loss_module)
@@ -292,7 +292,7 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
             step.out = None
 
     def optimizer_step():
-        step.optimizer.step()
+        step_without_closure(step.optimizer, how.what)
         for states in optimizer_states(step.optimizer):  # a wrapper's base optimizer's too
             for v in (v for state in states.values() for v in state_values(state)):
                 if isinstance(v, torch.Tensor):

@@ -223,12 +223,7 @@ def check_optimizer(model, optimizer, what, instance_only=False):
             f"got {type(optimizer).__name__}"
         )
     if _needs_closure(optimizer):
-        raise ValueError(
-            f"[{what}] {type(optimizer).__name__}.step() needs a closure (it evaluates the "
-            f"loss again itself): memfit's step ends with optimizer.step() after one "
-            f"backward, as a first-order optimizer's loop does; pass a first-order "
-            f"optimizer such as torch.optim.Adam, or none (optimizer=None)"
-        )
+        raise ValueError(_closure_refusal(optimizer, what))
     trainable = [p for p in model.parameters() if p.requires_grad]
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     if trainable and not any(id(p) in held for p in trainable):
@@ -237,6 +232,26 @@ def check_optimizer(model, optimizer, what, instance_only=False):
             f"{len(trainable)} trainable parameters: it was made over other parameters "
             f"(another model, or a copy of this one); make it over model.parameters()"
         )
+
+
+def _closure_refusal(optimizer, what):
+    return (f"[{what}] {type(optimizer).__name__}.step() needs a closure (it evaluates the "
+            f"loss again itself): memfit's step ends with optimizer.step() after one "
+            f"backward, as a first-order optimizer's loop does; pass a first-order "
+            f"optimizer such as torch.optim.Adam, or none (optimizer=None)")
+
+
+def step_without_closure(optimizer, what):
+    """optimizer.step(), as memfit's step ends; one whose closure parameter
+    is optional but which needs it all the same (SAM asserts it: an
+    AssertionError from inside the rehearsal) is refused as check_optimizer
+    refuses LBFGS."""
+    try:
+        optimizer.step()
+    except (AssertionError, TypeError, ValueError, RuntimeError) as e:
+        if isinstance(e, torch.cuda.OutOfMemoryError) or "closure" not in str(e).lower():
+            raise
+        raise ValueError(_closure_refusal(optimizer, what)) from None
 
 
 def _needs_closure(optimizer):

@@ -29,12 +29,12 @@ __all__: list = []
 # chosen so that the line goes through the peak measured at max_batch
 # (the verified step). Between L_lo and L_hi, at the fraction t
 # of the way, at(L) is the largest b with
-#     (1 - t) * M_lo(b) + t * M_hi(b) <= budget - margin,
+#     (1 - t) * M_lo(b) + t * M_hi(b) <= 0.98 * (budget - margin),
 # clamped to [max_batch(L_hi), max_batch(L_lo)]. The peak at a fixed batch
-# is convex in the length (per token, plus the length squared where
+# is mostly convex in the length (per token, plus the length squared where
 # attention materialises its scores; a max of such phases is convex too),
 # and a chord lies above a convex function: so the answer is at most what
-# fits, with the line measured at both ends. A kernel whose memory jumps
+# fits, with the line measured at both ends (the 2%: below). A kernel whose memory jumps
 # with the length breaks convexity: each interior measured length is
 # predicted from its neighbours' lines (between_error), and where that
 # prediction fell short, at() keeps that fraction of the budget free.

@@ -149,6 +149,7 @@ class _StepState:
     def __init__(self, optimizer):
         self.optimizer = optimizer
         self.x = self.y = self.out = self.loss = None
+        self.losses = None  # a step's losses, each backward in turn
         self.held = None  # batches a framework's loop holds beside the step's
 
     def drop(self, keep_output=False):
@@ -160,6 +161,7 @@ class _StepState:
         if not keep_output:
             self.out = None
         self.loss = None
+        self.losses = None
 
 
 def _record_compiled(model, record, reset, device, eager, iterations):
@@ -279,15 +281,19 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         if flops is not None:
             flops.backward_begins()
         t0 = time.perf_counter()
-        step.loss.backward()
+        # See Note [A step of several backwards] (user_step.py).
+        for part in (step.losses or [])[:-1]:
+            part.backward(retain_graph=True)
+        (step.losses[-1] if step.losses else step.loss).backward()
         timed[1] += time.perf_counter() - t0
         if flops is not None:
             flops.step_begins()
 
     def loss():
         step.loss = how.loss(step.out, step.y)
+        step.losses = how.losses(step.out)
         check_loss_trains(step.loss, model, how.what)
-        has_output[0] = step.out is not step.loss
+        has_output[0] = step.out is not step.loss and step.losses is None
         if not loop.keep_output:  # See Note [The order of a training iteration] (report.h).
             step.out = None
 

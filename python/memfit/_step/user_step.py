@@ -39,6 +39,17 @@ __all__ = ["UserStep"]
 #   step as phases of their own. Lightning's training_step and the HF
 #   Trainer's compute_loss have this shape already.
 # The step's forward and loss are one phase, "forward", in the reports.
+#
+# Note [A step of several backwards]
+# A loop may run one backward per loss, the graph kept for the next
+# (l1.backward(retain_graph=True); l2.backward()): each backward holds the
+# whole graph's saved tensors, where the backward of l1 + l2 frees them as
+# it goes. Given step= returning l1 + l2, find_batch_size answered 1551,
+# "verified", where the user's loop of two backwards ran out above 1440. So
+# the step may return the losses as a list or tuple: memfit runs their
+# backwards in turn, the graph kept for all but the last, as that loop does
+# (record.py); a front that runs one backward (the Trainer) takes their sum,
+# the same gradients.
 
 
 class StepError(ValueError):
@@ -115,13 +126,17 @@ class UserStep:
     def loss(self, output: Any, target: Any = None) -> torch.Tensor:
         """The loss phase: the scalar loss of what forward() returned."""
         if self.step is not None:
+            parts = self.losses(output)
             loss = output_loss(output) if isinstance(output, Mapping) else output
+            if parts:  # See Note [A step of several backwards].
+                loss = sum(parts[1:], parts[0])
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0:
                 got = (f"a tensor of shape {tuple(loss.shape)}" if isinstance(loss, torch.Tensor)
                        else type(output).__name__)
                 raise StepError(
                     f"[{self.what}] the step returned {got}: step(model, batch) must return "
-                    f"the loss, a scalar tensor; memfit runs backward and the optimizer step"
+                    f"the loss, a scalar tensor (or a list of them, each backward in turn); "
+                    f"memfit runs backward and the optimizer step"
                 )
             return loss
         if self.loss_fn is None and isinstance(output, Mapping):
@@ -140,6 +155,15 @@ class UserStep:
                 f"loss from out.logits"
             )
         return compute_loss(output, target, self.loss_fn, self.what)
+
+    def losses(self, output: Any) -> list | None:
+        """The losses a step returned as a list or tuple of scalar tensors,
+        each backward in turn (See Note [A step of several backwards]); else
+        None."""
+        if (self.step is None or not isinstance(output, (list, tuple)) or not output
+                or not all(isinstance(t, torch.Tensor) and t.dim() == 0 for t in output)):
+            return None
+        return list(output)
 
     def run(self, model: torch.nn.Module, batch: Any, target: Any = None) -> torch.Tensor:
         """forward and loss: the loss of `batch`, ready for its backward."""

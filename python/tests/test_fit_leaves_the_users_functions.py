@@ -1,10 +1,13 @@
 """find_batch_size runs the user's step function, a wrapper they set on the
 optimizer's step and the optimizer's step pre-hooks in every rehearsal (18
 in one search); what those keep (a nonlocal count, a global one, a list of
-logged values, a wrapper's attribute) comes back as it was, and a tensor
-learning rate stays the very tensor the user's scheduler fills. See Note
+logged values, a deque of recent ones, a wrapper's attribute) comes back
+as it was, and a tensor learning rate stays the very tensor the user's
+scheduler fills. See Note
 [What the user's functions keep] (callable_state.py). The truth: a twin
 that never met memfit, and plain steps at the answer."""
+
+import collections
 
 import pytest
 import torch
@@ -38,7 +41,7 @@ def _counted(step):
 
 
 def _stepper():
-    seen = []
+    seen, recent = [], collections.deque(maxlen=4)
 
     def step(model, batch):
         global STEPS
@@ -46,8 +49,10 @@ def _stepper():
         x, y = batch
         loss = F.cross_entropy(model(x), y)
         seen.append(loss.detach())
+        recent.append(len(seen))
         LOGGED.append(len(seen))
         return loss
+    step.recent = recent
     return step, seen
 
 
@@ -62,9 +67,9 @@ def _setup():
     return model, opt, sched, pre, step, seen
 
 
-def _state(opt, sched, pre, seen):
-    return (opt.step.count(), opt.step.calls, len(pre), len(seen), STEPS, len(LOGGED),
-            sched.last_epoch, float(opt.param_groups[0]["lr"]))
+def _state(opt, sched, pre, seen, step):
+    return (opt.step.count(), opt.step.calls, len(pre), len(seen), list(step.recent), STEPS,
+            len(LOGGED), sched.last_epoch, float(opt.param_groups[0]["lr"]))
 
 
 def _train(model, opt, sched, step, batch):
@@ -85,10 +90,10 @@ def test_the_users_functions_keep_what_they_kept_and_the_answer_runs():
     glob = []
     handle = register_optimizer_step_pre_hook(lambda *_: glob.append(1))
     try:
-        before = _state(opt, sched, pre, seen), len(glob)
+        before = _state(opt, sched, pre, seen, step), len(glob)
         STEPS, LOGGED[:] = 0, []
         fit = memfit.find_batch_size(model, (x, y), optimizer=opt, budget=BUDGET, step=step)
-        assert (_state(opt, sched, pre, seen), len(glob)) == before
+        assert (_state(opt, sched, pre, seen, step), len(glob)) == before
     finally:
         handle.remove()
     assert opt.param_groups[0]["lr"] is lr  # the tensor the scheduler fills

@@ -5,6 +5,7 @@ keep]."""
 
 from __future__ import annotations
 
+import collections
 import dis
 import functools
 
@@ -27,8 +28,8 @@ __all__: list = []
 # a pre-hook's counter 18. So the state these functions reach is saved
 # before the rehearsal and put back after it: each closure cell's object
 # (a nonlocal rebound), the globals the code assigns (`global n`), the
-# function's own attributes (wrapper.calls += 1), the items of the lists and
-# dicts among those and among the globals it reads, and, for a bound method
+# function's own attributes (wrapper.calls += 1), the items of the lists,
+# dicts, sets and deques among those and among the globals it reads, and, for a bound method
 # or a callable object of the user's, its public attributes as for a
 # forward's counters (Note [A forward's counters], user_state.py). The
 # functions they call are followed a few levels (a wrapper's wrapped step, a
@@ -36,6 +37,7 @@ __all__: list = []
 # are no user state, memfit's keep what must outlive a rehearsal. What such
 # code writes elsewhere (a file, a logger's handlers, a tensor it updates
 # in place outside the step's) is not put back.
+_CONTAINERS = (list, dict, set, collections.deque)
 _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple)
 _DEPTH = 3
 _CONTAINER_ITEMS = 1 << 16  # a larger one (a dataset's list) is not copied each rehearsal
@@ -49,14 +51,14 @@ def _users(obj) -> bool:
 
 
 def _contents(value, depth=2):
-    """A list's or dict's items, and those of the lists and dicts among
-    them (to `depth`), to put back in the very containers; None else."""
-    if not isinstance(value, (list, dict)):
+    """A container's items, and those of the containers among them (to
+    `depth`), to put back in the very containers; None else."""
+    if not isinstance(value, _CONTAINERS):
         return None
-    items = list(value) if isinstance(value, list) else dict(value)
+    items = dict(value) if isinstance(value, dict) else list(value)
     inner = [(v, _contents(v, depth - 1))
              for v in (items.values() if isinstance(items, dict) else items)
-             if depth > 1 and isinstance(v, (list, dict))]
+             if depth > 1 and isinstance(v, _CONTAINERS)]
     return items, inner
 
 
@@ -66,9 +68,9 @@ def _put_contents_back(value, contents):
     items, inner = contents
     if isinstance(value, list):
         value[:] = items
-    else:
+    else:  # a dict, deque or set
         value.clear()
-        value.update(items)
+        (value.update if isinstance(value, (dict, set)) else value.extend)(items)
     for v, c in inner:
         _put_contents_back(v, c)
 
@@ -93,8 +95,8 @@ class CallableState:
             self._take(f, _DEPTH)
 
     def _value(self, v):
-        """A value the functions reach: its items, if a list or dict."""
-        if (isinstance(v, (list, dict)) and id(v) not in self._seen
+        """A value the functions reach: its items, if a container."""
+        if (isinstance(v, _CONTAINERS) and id(v) not in self._seen
                 and len(v) <= _CONTAINER_ITEMS):
             self._seen.add(id(v))
             self.contents.append((v, _contents(v)))
@@ -110,7 +112,7 @@ class CallableState:
         self._seen.add(id(obj))
         d = vars(obj)
         self.owners.append((d, set(d), {k: v for k, v in d.items() if not k.startswith("_")
-                                        and isinstance(v, (*_PLAIN, list, dict))}))
+                                        and isinstance(v, (*_PLAIN, *_CONTAINERS))}))
         for v in list(d.values()):
             self._value(v)
 

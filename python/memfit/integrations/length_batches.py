@@ -6,13 +6,15 @@ callbacks."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any, Callable, Sequence
 
 import torch
 from torch.utils.data import DataLoader
 
-from .._step.batching import count, resize_length, sequence_length
+from .._step.batching import batch_size, count, resize_length, sequence_length
+from .._step.user_state import kept_rng
 from ..memory.device import host_memory
 from ..plan.lengths import LengthFit, fit_lengths, padded_example
 from ..train.length_sampler import LengthBatchSampler
@@ -326,33 +328,53 @@ def _stacks_only(collate_fn):
         and getattr(collate_fn, "__module__", "").split(".")[0] in ("torch", "transformers"))
 
 
+@dataclasses.dataclass
+class LongestExample:
+    """The example batch as long as the longest training sample (`note`
+    says how, None where it was not changed) and `rows`, the rows the
+    collate function gives that sample alone (See Note [A collate function
+    that makes rows of a sample])."""
+
+    batch: Any
+    note: str | None = None
+    rows: int = 1
+
+
 def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
                       batch_dim: int = 0, samples: str = "training") -> tuple[Any, str | None]:
-    """(batch, note): the example batch as long as the longest sample of
-    `dataset` read, where it is shorter; the note says so, and when more
-    samples than SCANNED were not read; else None. `samples` names them in
-    the note ("training", "evaluation"). See Note [A first batch shorter
-    than the data]."""
+    """(batch, note): longest_example's batch and note."""
+    found = longest_example(dataset, collate_fn, batch, what, batch_dim, samples)
+    return found.batch, found.note
+
+
+def longest_example(dataset: Any, collate_fn: Any, batch: Any, what: str,
+                    batch_dim: int = 0, samples: str = "training") -> LongestExample:
+    """The example batch as long as the longest sample of `dataset` read,
+    where it is shorter; the note says so, and when more samples than
+    SCANNED were not read; else None. `samples` names them in the note
+    ("training", "evaluation"). See Note [A first batch shorter than the
+    data]."""
     if _stacks_only(collate_fn):  # samples of one shape: nothing to read
-        return batch, None
+        return LongestExample(batch)
     try:
         n = len(dataset)
     except TypeError:
-        return batch, None
+        return LongestExample(batch)
     if not isinstance(batch_dim, int) or isinstance(batch_dim, bool) or n == 0:
-        return batch, None
-    shapes, labels = set(), set()
+        return LongestExample(batch)
+    shapes, labels = {}, set()
     with host_memory():
         for i in range(min(n, SCANNED)):
             sample = dataset[i]
             shape = _shape_of(sample)
             if shape is None:
-                return batch, None
-            shapes.add(shape)
+                return LongestExample(batch)
+            shapes.setdefault(shape, i)
             label = _labels_shape(sample)
             if label is not None:
                 labels.add(label)
-    batch, note = _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim, samples)
+    found = _longest_inputs(batch, shapes, dataset, collate_fn, n, what, batch_dim, samples)
+    batch, note = found.batch, found.note
     batch, grown = _longest_labels(batch, labels, pad_multiple(collate_fn), what, batch_dim,
                                    samples)
     # Samples of several lengths make padded batches: See Note [A mask
@@ -361,38 +383,108 @@ def at_longest_sample(dataset: Any, collate_fn: Any, batch: Any, what: str,
     for more in (grown, padded):
         if more:
             note = more if note is None else f"{note}; {more}"
-    return batch, note
+    return LongestExample(batch, note, found.rows)
 
 
-def _longest_inputs(batch, shapes, collate_fn, n, what, batch_dim=0, samples="training"):
-    """at_longest_sample's (batch, note) over the inputs' `shapes`."""
+# Note [A collate function that makes rows of a sample]
+# A collate function may cut a sample into windows (a sliding-window
+# tokenizer collator: ceil(L / W) rows of W) or truncate it: its batches are
+# never longer than W, and a long sample gives more rows. Resized to the
+# longest sample's 128 tokens, the example ran a GPT-2 of 32 positions out
+# of its position table (IndexError in memfit, where the Trainer trains);
+# and the rows a sample gives were read from the first batch, of short
+# samples (1 each), where the longest gives 4. So the longest sample is
+# collated alone (the generators put back): its length is the one fitted,
+# and its rows are the rows a sample may give (the callbacks plan in rows,
+# `rows` a sample). A collate function that fails on one sample alone
+# leaves the scan's length.
+def _collated_alone(dataset, collate_fn, index, seq_dim, batch_dim, what):
+    """(length along seq_dim, rows along batch_dim) of the sample `index`
+    collated alone, or None where that fails."""
+    try:
+        with kept_rng(), host_memory():
+            alone = collate_fn([dataset[index]])
+            return sequence_length(alone, seq_dim, what), batch_size(alone, batch_dim, what)
+    except Exception:  # noqa: BLE001 (any collate function's own error: the scan stands)
+        return None
+
+
+# Note [Labels of their own length under lengths=]
+# With lengths= a fit per length resizes what seq_dim names; a seq2seq
+# target padded apart from input_ids (DataCollatorForSeq2Seq) is left at
+# the first batch's, and the sampler batches by input_ids alone. The HF
+# callback's T5 fit {16: 78, 64: 17} at 16 MiB (targets of 8 in the first
+# batch) ran out of memory in the Trainer's loop at the batch holding a
+# target of 96. So before the fit the training samples' labels are read
+# (up to SCANNED), and where a sample's labels are not its input_ids'
+# length (token labels follow their inputs) the example's labels are
+# fitted at the longest, at every length: a batch never holds a longer one.
+def longest_labels(dataset: Any, collate_fn: Any, batch: Any, what: str,
+                   batch_dim: int = 0) -> tuple[Any, str | None]:
+    """(batch, note): the example's labels (and decoder_* tensors) as long
+    as the longest training sample's where they have a length of their
+    own; else (batch, None). See Note [Labels of their own length under
+    lengths=]."""
+    try:
+        n = len(dataset)
+    except TypeError:
+        return batch, None
+    if _stacks_only(collate_fn) or n == 0 or _labels_shape(dataset[0]) is None:
+        return batch, None
+    labels, own = set(), False
+    with host_memory():
+        for i in range(min(n, SCANNED)):
+            sample = dataset[i]
+            shape = _labels_shape(sample)
+            if shape is None:
+                return batch, None
+            labels.add(shape)
+            own = own or shape != _shape_of(sample)
+    if not own:
+        return batch, None
+    return _longest_labels(batch, labels, pad_multiple(collate_fn), what, batch_dim)
+
+
+def _longest_inputs(batch, shapes, dataset, collate_fn, n, what, batch_dim=0,
+                    samples="training"):
+    """longest_example's LongestExample over the inputs' `shapes` (each
+    with the first sample of that shape)."""
     # Past SCANNED a sample is not read: one longer there runs past the fit.
     unread = (f"only the first {SCANNED} of the {n} {samples} samples were read, and a "
               f"longer one after them would run past this batch: pass lengths= to batch by "
               f"length (every sample is read)" if n > SCANNED else None)
     if len(shapes) == 1:
-        return batch, unread
+        return LongestExample(batch, unread)
     if len({len(s) for s in shapes}) != 1:
-        return batch, None
+        return LongestExample(batch)
     varying = [d for d in range(len(next(iter(shapes)))) if len({s[d] for s in shapes}) > 1]
     if len(varying) != 1:
-        return batch, None
+        return LongestExample(batch)
     seq_dim = _batch_dim_of(varying[0], batch_dim, len(next(iter(shapes))) + 1)
     if dimensions_of(batch) == len(next(iter(shapes))):
         seq_dim = varying[0]  # samples (1, L) that keep their own batch dimension
     if seq_dim is None:
-        return batch, None
-    longest = _padded(max(s[varying[0]] for s in shapes), pad_multiple(collate_fn))
+        return LongestExample(batch)
+    widest = max(shapes, key=lambda s: s[varying[0]])
+    longest, rows = _padded(widest[varying[0]], pad_multiple(collate_fn)), 1
     try:
         have = sequence_length(batch, seq_dim, what)
     except ValueError:
-        return batch, None
+        return LongestExample(batch)
+    # See Note [A collate function that makes rows of a sample].
+    alone = _collated_alone(dataset, collate_fn, shapes[widest], seq_dim, batch_dim, what)
+    cut = alone is not None and alone[0] < longest
+    if alone is not None:
+        longest, rows = alone
+    said = (f"the collate function makes {rows} rows of {longest} of {_a(samples)} sample of "
+            f"{widest[varying[0]]}: {rows} rows a sample are fitted" if rows > 1 or cut
+            else None)
     if longest <= have:
-        return batch, unread
+        return LongestExample(batch, said or unread, rows)
     with host_memory():
         batch = resize_length(batch, longest, seq_dim, have, what)
-    return batch, (f"the first batch is {have} long along dimension {seq_dim} and {_a(samples)} "
-                   f"sample {longest}: the batch is fitted at {longest} (seq_dim={seq_dim}"
-                   + (", lengths=[...] fits one per length and batches the data by length)"
-                      if samples == "training" else ")")
-                   + (f"; {unread}" if unread else ""))
+    return LongestExample(batch, (
+        f"the first batch is {have} long along dimension {seq_dim} and {_a(samples)} sample "
+        f"{longest}: the batch is fitted at {longest} (seq_dim={seq_dim}"
+        + (", lengths=[...] fits one per length and batches the data by length)"
+           if samples == "training" else ")") + (f"; {unread}" if unread else "")), rows)

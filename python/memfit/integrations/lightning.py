@@ -46,9 +46,9 @@ from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options,
                      largest_divisor, plan_batch, plan_eval_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler
 from .averaging import check_averaging, moved_average_bytes
-from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
-                             fit_per_length, pad_multiple, rebatched, sample_lengths,
-                             token_accumulation)
+from .length_batches import (check_length_options, dimensions_of, fit_per_length,
+                             longest_example, longest_labels, pad_multiple, rebatched,
+                             sample_lengths, token_accumulation)
 from .lightning_rehearsal import (EpochPile, PassedToFit, epoch_pile, kept_per_sample,
                                   passed_loaders, pile_step, quiet_log, samples_validated,
                                   side_copy, val_loaders, val_source, validation_fits_none,
@@ -224,25 +224,31 @@ def _first_batch(trainer, pl_module, loaders, what, batch_dim=0, longest=False, 
     train_dataloader returned) as training_step gets them (the module's
     transfer hooks, on its device); the generators are put back, so the fit
     loop draws the same order. longest=True: (batch, note, the rows the
-    whole first batch holds along batch_dim), the batch as long as the
-    longest training sample (See Note [A first batch shorter than the data],
-    length_batches.py). multiple=True: (batch, the multiple the loader's
-    collate function pads to, or None)."""
+    whole first batch holds along batch_dim, the rows the longest training
+    sample gives alone), the batch as long as that sample (See Notes [A
+    first batch shorter than the data], [A collate function that makes rows
+    of a sample], length_batches.py). multiple=True: (batch, the multiple the loader's
+    collate function pads to or None, note), the batch's labels as long as
+    the longest training sample's where theirs is a length of its own."""
     # On the host, as beside a GPU: only the few samples memfit keeps go to
     # the device.
-    note = None
+    note, per = None, 1
     with kept_rng(), host_memory():
         batch, loader = _first_of(loaders)
         rows = batch_size(batch, batch_dim, what)
         batch = example_of(batch, batch_dim)
         if longest:
-            batch, note = at_longest_sample(getattr(loader, "dataset", None),
-                                            getattr(loader, "collate_fn", None), batch, what,
-                                            batch_dim)
+            found = longest_example(getattr(loader, "dataset", None),
+                                    getattr(loader, "collate_fn", None), batch, what, batch_dim)
+            batch, note, per = found.batch, found.note, found.rows
+        elif multiple:  # See Note [Labels of their own length under lengths=] (length_batches.py)
+            batch, note = longest_labels(getattr(loader, "dataset", None),
+                                         getattr(loader, "collate_fn", None), batch, what,
+                                         batch_dim)
     batch = _as_the_loop_gives(trainer, pl_module, batch)
     if multiple:
-        return batch, pad_multiple(getattr(loader, "collate_fn", None))
-    return (batch, note, rows) if longest else batch
+        return batch, pad_multiple(getattr(loader, "collate_fn", None)), note
+    return (batch, note, rows, per) if longest else batch
 
 
 # Note [A collate function that makes rows]
@@ -734,9 +740,12 @@ class FitBatchSize(pl.Callback):
         was = _loader_batches(loaders, self.batch_dim, what)
         _check_agree(was, self.batch_arg_name, lightning_getattr(pl_module, self.batch_arg_name),
                      what)
-        batch, longer, rows = _first_batch(trainer, pl_module, loaders, what, self.batch_dim,
-                                           longest=True)
-        per = _rows_per_sample(was, rows, self.keep_effective_batch, what)
+        batch, longer, rows, longest = _first_batch(trainer, pl_module, loaders, what,
+                                                    self.batch_dim, longest=True)
+        # A batch of samples as long as the longest, each `longest` rows: See Note
+        # [A collate function that makes rows of a sample] (length_batches.py).
+        most = max(rows, longest * was[0].size) if len(was) == 1 and was[0].size else rows
+        per = _rows_per_sample(was, most, self.keep_effective_batch, what)
         # The user's own accumulate_grad_batches (or a scheduler of it): every
         # micro-batch after the first keeps the gradients through its backward.
         accumulating = self.keep_effective_batch is None and _accumulates(trainer)
@@ -769,7 +778,8 @@ class FitBatchSize(pl.Callback):
             raise _memfit.DoesNotFit(f"[{what}] {plan.batch_size} rows fit, and a sample of "
                                      f"train_dataloader gives {per}: no batch fits")
         if per > 1:
-            plan.notes.append(f"train_dataloader gives {per} rows a sample (its first batch: "
+            plan.notes.append(f"train_dataloader gives up to {per} rows a sample (its first "
+                              f"batch: "
                               f"{rows} for {was[0].size}): the {plan.batch_size} rows that fit "
                               f"are a batch of {plan.batch_size // per}")
             plan.batch_size = max(1, plan.batch_size // per)
@@ -913,8 +923,10 @@ class FitBatchSize(pl.Callback):
         # Held through the planning: See Note [A dataset the loader holds on the device].
         loaders, val_held = _train_loaders(trainer, pl_module, what), _val_loaders(trainer,
                                                                                    pl_module)
-        batch, multiple = _first_batch(trainer, pl_module, loaders, what, self.batch_dim,
-                                       multiple=True)
+        batch, multiple, longer = _first_batch(trainer, pl_module, loaders, what,
+                                               self.batch_dim, multiple=True)
+        if longer:
+            log.info("memfit: %s", longer)
         accumulating = self.tokens_per_step is not None or _accumulates(trainer)
         plans = []
         optimizer = _optimizer(trainer, what)

@@ -36,9 +36,9 @@ from .._native import native as _memfit
 from .sizing import (BatchPlan, LoopStep, batch_bytes_per_sample, check_options, example_of,
                      plan_batch, plan_eval_batch, tell_change)
 from ..train.length_sampler import LengthBatchSampler
-from .length_batches import (at_longest_sample, check_length_options, dimensions_of,
-                             fit_per_length, pad_multiple, rebatched, sample_lengths,
-                             token_accumulation)
+from .length_batches import (check_length_options, dimensions_of, fit_per_length,
+                             longest_example, longest_labels, pad_multiple, rebatched,
+                             sample_lengths, token_accumulation)
 
 __all__ = ["FitBatchSize", "trainer_step"]
 
@@ -130,9 +130,9 @@ def _in_samples(plan, per, effective, what) -> None:
 
 
 def _at_longest(trainer, batch, what):
-    """(batch, note): See Note [A first batch shorter than the data]
+    """A LongestExample: See Note [A first batch shorter than the data]
     (length_batches.py)."""
-    return at_longest_sample(trainer.train_dataset, trainer.data_collator, batch, what)
+    return longest_example(trainer.train_dataset, trainer.data_collator, batch, what)
 
 
 # Note [Checkpointing the Trainer turns on]
@@ -436,9 +436,12 @@ class FitBatchSize(TrainerCallback):
         how = trainer_step(trainer, what)
         loader = trainer.get_train_dataloader()
         first, rows = _first_batch(loader, rows=True)
-        per = _rows_per_sample(loader, rows)  # See Note [A data collator that makes rows]
+        found = _at_longest(trainer, first, what)
+        batch, longer = found.batch, found.note
+        # See Note [A data collator that makes rows] and [A collate function that
+        # makes rows of a sample] (length_batches.py).
+        per = max(_rows_per_sample(loader, rows), found.rows)
         loader = None
-        batch, longer = _at_longest(trainer, first, what)
         reserve = int(batch_bytes_per_sample(batch) * effective * per)
         opt = _optimizer_for(trainer, model, optimizer)
         # The optimizer's step and zero_grad end each optimizer step; between
@@ -488,20 +491,28 @@ class FitBatchSize(TrainerCallback):
         # The evaluation loader is not shuffled: its first batch is the first
         # samples', as long as they are (See Note [A first batch shorter than
         # the data], length_batches.py).
-        eval_batch, longer = at_longest_sample(
-            dataset, trainer.data_collator, _first_batch(trainer.get_eval_dataloader(name)),
-            "FitBatchSize", samples="evaluation")
-        if longer:
-            plan.notes.append(f"evaluation{'' if name is None else f' {name!r}'}: {longer}")
+        loader = trainer.get_eval_dataloader(name)
+        first, rows = _first_batch(loader, rows=True)
+        found = longest_example(dataset, trainer.data_collator, first, "FitBatchSize",
+                                samples="evaluation")
+        eval_batch, per = found.batch, max(_rows_per_sample(loader, rows), found.rows)
+        loader = None
+        if found.note:
+            plan.notes.append(f"evaluation{'' if name is None else f' {name!r}'}: {found.note}")
         with _precision_as_trained(trainer):  # See Note [The mixed precision the Trainer's ...]
             how = _eval_step(trainer, how, eval_batch)  # See Note [The outputs the evaluation ...]
             size, f = plan_eval_batch(
                 trainer.model, eval_batch, how, budget=self.budget, what="FitBatchSize",
                 held_bytes=plan.optimizer_state_bytes + plan.reserved_bytes,
-                cap=trainer.args.per_device_eval_batch_size, target_device=self.target_device)
+                cap=trainer.args.per_device_eval_batch_size * per,
+                target_device=self.target_device)
             if _kept_window(trainer) is None:
                 _warn_every_output_kept(trainer, dataset, eval_batch, f.budget_bytes)
-        return size
+        if size < per:  # in rows, `per` a sample: See Note [A data collator that makes rows]
+            raise _memfit.DoesNotFit(f"[FitBatchSize] {size} evaluation rows fit, and an "
+                                     f"evaluation sample gives {per} (its data collator): no "
+                                     f"evaluation batch fits")
+        return size // per
 
     def _fit_lengths(self, trainer, optimizer, began):
         """fit() with lengths=: See Note [A loader batched by length]."""
@@ -509,6 +520,8 @@ class FitBatchSize(TrainerCallback):
         args, model = trainer.args, trainer.model
         how = trainer_step(trainer, what)
         batch = _first_batch(trainer.get_train_dataloader())
+        # See Note [Labels of their own length under lengths=] (length_batches.py).
+        batch, longer = longest_labels(trainer.train_dataset, trainer.data_collator, batch, what)
         length = sequence_length(batch, self.seq_dim, what)
         accumulation = args.gradient_accumulation_steps
         # The loop holds an optimizer step's batches: See Note [Where the HF
@@ -516,20 +529,25 @@ class FitBatchSize(TrainerCallback):
         tokens = self.tokens_per_step or args.per_device_train_batch_size * accumulation * length
         reserve = int(batch_bytes_per_sample(batch) / length * tokens)
         kept = self.tokens_per_step is not None or accumulation > 1  # gradients between
+        plans = []
         with _precision_as_trained(trainer), _checkpointing_as_trained(trainer):
             # See Notes [The mixed precision the Trainer's ...], [Checkpointing the Trainer ...]
             fit = fit_per_length(model, batch, _optimizer_for(trainer, model, optimizer),
                                  LoopStep(how, not kept), seq_dim=self.seq_dim,
                                  lengths=self.lengths, budget=self.budget, what=what,
                                  reserve_bytes=reserve, target_device=self.target_device,
-                                 pad_to_multiple_of=pad_multiple(trainer.data_collator))
+                                 pad_to_multiple_of=pad_multiple(trainer.data_collator),
+                                 plans=plans)
         max_tokens = None
         if self.tokens_per_step is not None:
             accumulation, max_tokens = token_accumulation(self.tokens_per_step, fit)
             args.gradient_accumulation_steps = accumulation
+        # train_sampling_strategy="sequential": dataset order every epoch (grouped
+        # by length), as the Trainer's SequentialSampler and Lightning's loader.
         sampler = LengthBatchSampler(
             sample_lengths(trainer.train_dataset, self.seq_dim, self.sample_lengths, what,
                            batch_dims=dimensions_of(batch)), fit,
+            shuffle=getattr(args, "train_sampling_strategy", None) != "sequential",
             seed=args.seed, max_tokens=max_tokens, num_replicas=args.world_size,
             rank=args.process_index, drop_last=bool(args.dataloader_drop_last),
             pad_to_multiple_of=pad_multiple(trainer.data_collator))
@@ -554,6 +572,11 @@ class FitBatchSize(TrainerCallback):
         plan = BatchPlan(batch_size=fit.at(fit.longest), accumulation=accumulation,
                          max_batch=fit.at(min(fit.lengths)), fits=list(fit.fits.values()),
                          budget_bytes=first.budget_bytes, reserved_bytes=reserve)
+        plan.optimizer_state_bytes = max(p.optimizer_state_bytes for p in plans)
+        if longer:
+            plan.notes.append(longer)
+        if self.size_eval and trainer.eval_dataset is not None:  # as without lengths=
+            self._fit_eval(trainer, how, plan)
         plan.notes.append(f"batched by length: {fit!r}; {len(sampler)} batches per epoch"
                           + (f", at most {max_tokens} padded tokens each, {accumulation} per "
                              f"optimizer step" if max_tokens else ""))

@@ -80,7 +80,8 @@ def compute_loss(output, target, loss_fn, what="profile"):
         loss = default_loss(output, target, what)
     else:
         try:
-            loss = loss_fn(output, target) if target is not None else loss_fn(output)
+            loss = (loss_fn(output, target) if target is not None or _needs_two(loss_fn)
+                    else loss_fn(output))
         except (TypeError, AttributeError) as e:
             if isinstance(output, torch.Tensor):
                 raise
@@ -96,6 +97,19 @@ def compute_loss(output, target, loss_fn, what="profile"):
             f"(e.g. .mean()) in loss_fn"
         )
     return loss
+
+
+def _needs_two(loss_fn):
+    """Whether loss_fn requires two positional arguments: without a target
+    it gets (output, None), as written for `loss_fn(output, target)` (a
+    `lambda out, _: out.loss` raised "missing 1 required positional
+    argument"); one that takes the output alone gets it alone."""
+    try:
+        params = inspect.signature(loss_fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return sum(p.kind in positional and p.default is p.empty for p in params) >= 2
 
 
 def call_model(model, inputs):

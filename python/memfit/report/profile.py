@@ -32,6 +32,7 @@ from .._step.user_state import kept_rng, no_user_post_hooks, step_tensors
 from . import data_parallel as _dp
 from . import page as report_page
 from .places import place_of
+from .probing import Probing
 from .step_growth import growth_note
 from .value_sized import profile_note
 from .workspace_note import workspace_note
@@ -214,9 +215,11 @@ class Report:
     def peak_model(self, batch: int | None = None) -> _memfit.PeakModel:
         """The fitted peak-vs-batch model (a PeakModel) behind prediction(batch):
         the same probes, grown toward `batch` (default: this report's batch),
-        run on first use and kept."""
+        run on first use and kept. A batch the model cannot be trusted at
+        (below its probes, or where it is not affine) prediction() measures
+        itself (See Note [Probes past a step's odd small batches])."""
         batch = self.batch if batch is None else count(batch, "peak_model", "batch")
-        return self._probe_toward(batch).model
+        return self._probe_toward(batch, grown=True).model
 
     @property
     def native(self) -> _memfit.Report:
@@ -309,18 +312,26 @@ class Report:
         surface = axis.default_surface(self.batch, length)
         return LengthPrediction(batch, length, surface.predict_peak_bytes(batch, length), surface)
 
-    def _probe_toward(self, batch):
+    def _probe_toward(self, batch, grown=False):
         """The one way a report probes other batches (prediction(),
         predict_peak_bytes(), peak_model(), the HTML page's curve): probes
         grown from around this report's batch toward `batch`, kept and grown
-        further when a later call asks for a batch past 8x the largest."""
-        if self._probed is None or self._probed.largest_probe() * 8 < batch:
+        further when a later call asks for a batch past 8x the largest; past
+        batches whose kernels break the line (See Note [Probes past a step's
+        odd small batches], probing.py). A model still not affine says so in
+        the report's notes too (table(), repr). grown: the probes grown
+        toward `batch`, never the ones at `batch` itself (the model over
+        all batches, for peak_model())."""
+        if self._probed is None:
             if self._record_at is None:
                 raise ValueError("[predict_peak_bytes] this report cannot probe other batches")
-            self._probed = _memfit.probe_toward(self.measure_step, batch,
-                                                _probe_batches(self.batch),
-                                                _memfit.probe_memory_limit(self.mode))
-        return self._probed
+            self._probed = Probing(self.measure_step, _probe_batches(self.batch),
+                                   _memfit.probe_memory_limit(self.mode))
+        probed = (self._probed.grown_toward if grown else self._probed.toward)(batch)
+        said = self._native.notes
+        if not probed.affine and any(n not in said for n in probed.notes):
+            self._native.notes = said + [n for n in probed.notes if n not in said]
+        return probed
 
     def predict_peak_bytes(self, batch: int, length: int | None = None) -> int:
         """Predicted peak bytes of the same step at `batch`, from probes grown
@@ -387,8 +398,10 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
       along target_batch_dim (a (batch,) label beside seq-first inputs of
       batch_dim=1: target_batch_dim=0).
     - target: passed to the loss; loss_fn(output, target) must return a
-      scalar. Without loss_fn: cross-entropy for integer targets, MSE for
-      float targets, or the output itself when it is a scalar.
+      scalar (without a target: loss_fn(output), or loss_fn(output, None)
+      when it takes two arguments). Without loss_fn: cross-entropy for
+      integer targets, MSE for float targets, or the output itself when it
+      is a scalar.
     - optimizer: a torch.optim.Optimizer over model.parameters() (one
       wrapped in memfit.offload too), a list of them over different
       parameters stepped in turn ([muon, adamw]), or "adam",

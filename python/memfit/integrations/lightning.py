@@ -256,8 +256,9 @@ def _first_batch(trainer, pl_module, loaders, what, batch_dim=0, longest=False, 
 # batch_size (two augmented views of each sample, concatenated: 8 rows for
 # a batch of 4). memfit sizes the rows; set as the batch_size, 557 rows
 # that fit made batches of 1114, and Lightning's loop ran out of memory. So
-# where the first batch holds k times the loader's batch (k a whole
-# number), the batch set is the rows that fit over k.
+# where the first batch holds more rows than the loader's batch, k rows a
+# sample rounded up (texts of 1 or 2 windows: 6 rows for 4), the batch set
+# is the rows that fit over k.
 
 
 def _rows_per_sample(was, rows, effective, what) -> int:
@@ -265,14 +266,15 @@ def _rows_per_sample(was, rows, effective, what) -> int:
     loader (`was`: its LoaderBatch; `rows`: its first batch's), else 1:
     See Note [A collate function that makes rows]."""
     size = was[0].size if len(was) == 1 else None
-    if not size or not rows or rows <= size or rows % size:
+    if not size or not rows or rows <= size:
         return 1
     if effective is not None:
         raise ValueError(
             f"[{what}] train_dataloader's first batch holds {rows} rows for a batch of {size} "
-            f"(its collate_fn makes {rows // size} a sample), and keep_effective_batch= counts "
-            f"samples: set accumulate_grad_batches yourself, without keep_effective_batch")
-    return rows // size
+            f"(its collate_fn makes up to {-(-rows // size)} a sample), and "
+            f"keep_effective_batch= counts samples: set accumulate_grad_batches yourself, "
+            f"without keep_effective_batch")
+    return -(-rows // size)
 
 
 def _val_loaders(trainer, pl_module):

@@ -99,19 +99,22 @@ def _first_batch(dataloader, rows=False):
 # (two augmented views of each, concatenated: 2 rows a sample). memfit
 # sizes rows; set as per_device_train_batch_size, the rows that fit made
 # batches of twice as many, and the Trainer's loop ran out of memory. So
-# where the first batch holds k times the loader's batch (k a whole number
-# above 1), the effective batch is planned in rows (k a sample) and the
-# batch set is the samples whose rows fit, a divisor of the effective
-# batch: per_device x accumulation stays the samples it was.
+# where the first batch holds more rows than the loader's batch, k rows a
+# sample rounded up (a tokenizing collator's windows: 6 rows for 4 texts of
+# 1 or 2 windows, taken as 1 a sample, ran the Trainer out of memory at the
+# batch set, every text 2 windows), the effective batch is planned in rows
+# (k a sample) and the batch set is the samples whose rows fit, a divisor
+# of the effective batch: per_device x accumulation stays the samples it
+# was.
 def _rows_per_sample(loader, rows) -> int:
     """k, the rows the data collator gives a sample, else 1: See Note [A
     data collator that makes rows]."""
     size = getattr(loader, "batch_size", None)
     if size is None:  # accelerate's DataLoaderShard batches by its batch sampler
         size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
-    if not isinstance(size, int) or size <= 0 or rows <= size or rows % size:
+    if not isinstance(size, int) or size <= 0 or rows <= size:
         return 1
-    return rows // size
+    return -(-rows // size)
 
 
 def _in_samples(plan, per, effective, what) -> None:

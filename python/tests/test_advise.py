@@ -295,6 +295,16 @@ def test_a_chain_given_as_a_list_is_used(mlp_case):
     assert row(advice, "checkpoint every").name == "checkpoint every block (2 of 2)"
 
 
+def test_a_chain_given_as_a_path_is_used():
+    model = torch.nn.Sequential(torch.nn.Identity(), blocks_mlp())
+    x, y = mlp_batch(8)
+    with pytest.raises(ValueError, match=r"chain='1.body' is not a submodule of the model"):
+        memfit.advise(model, x, y, chain="1.body")
+    advice = memfit.advise(model, x, y, chain="1", repeats=0)
+    assert advice.chain.path == "1" and not advice.chain.found
+    assert advice.chain.block_paths == [f"1.{i}" for i in range(len(model[1]))]
+
+
 def test_table_and_json_carry_the_rows_and_the_plan(mlp_case):
     advice = mlp_case["planned"]
     text = advice.table()

@@ -73,7 +73,8 @@ def advise(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     - zero_grad in place (set_to_none=False) against freeing the gradients;
     - activation checkpointing (torch.utils.checkpoint, non-reentrant, RNG
       preserved) over a chain of blocks: `chain=` an nn.Sequential /
-      nn.ModuleList / list of the model's modules, else the longest such
+      nn.ModuleList (or its path, "transformer.h") / list of the model's
+      modules, else the longest such
       container found in the model; every block, sqrt(n), and the set the
       core's dynamic-programming planner picks from each block's recorded
       activations and forward time;

@@ -64,10 +64,19 @@ def find_chain(model):
 
 def resolve_chain(model, chain):
     """The Chain for advise's chain= argument: None (find one), an
-    nn.Sequential / nn.ModuleList inside the model, or a list of its modules.
+    nn.Sequential / nn.ModuleList inside the model (or its path, a str), or
+    a list of its modules.
     Raises ValueError for modules that are not the model's."""
     if chain is None:
         return find_chain(model)
+    if isinstance(chain, str):  # a path, as model.named_modules() names it
+        try:
+            chain = model.get_submodule(chain)
+        except AttributeError:
+            raise ValueError(
+                f"[advise] chain={chain!r} is not a submodule of the model: give its path as "
+                f"model.named_modules() names it (e.g. 'transformer.h'), or the module itself"
+            ) from None
     paths = _paths(model)
     if isinstance(chain, (torch.nn.Sequential, torch.nn.ModuleList)):
         if id(chain) not in paths:

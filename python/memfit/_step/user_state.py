@@ -539,12 +539,30 @@ def plain_tensor_attributes(model):
 
 def _tensor_slots(model):
     """Each module's buffers and tensor attributes (and those set to None,
-    a cache not made yet): what restore() puts back in place."""
+    a cache not made yet), and its attributes that are containers holding
+    tensors (a cache kept as a tuple): what restore() puts back in place."""
     return [(m, dict(m._buffers),
              {k: v for k, v in vars(m).items()
               if v is None or (isinstance(v, torch.Tensor)
-                               and not isinstance(v, torch.nn.Parameter))})
+                               and not isinstance(v, torch.nn.Parameter))},
+             {k: v for k, v in vars(m).items() if _holds_tensors(v)})
             for m in model_modules(model)]
+
+
+# Note [A cache a forward keeps in a container]
+# A forward may keep tensors in a tuple or list it puts in an attribute
+# (self.cache = (k.detach(), v.detach()), a key/value cache across calls).
+# Left by a rehearsal, the user's model held the last probe's cache (93
+# samples of it) after find_batch_size, each probe read the one before's
+# (its answer 0.886 of what plain steps run, "not affine"), and on meta the
+# next rehearsal mixed a CPU cache into meta tensors and raised. So such an
+# attribute is put back as the very object it was, None included, and one
+# the rehearsal made is dropped, as a tensor attribute is.
+def _holds_tensors(value):
+    """Whether `value` is a list, tuple or dict holding a tensor (a few
+    levels deep): See Note [A cache a forward keeps in a container]."""
+    return isinstance(value, (list, tuple, dict)) and any(
+        isinstance(v, torch.Tensor) for v in _held_values(value))
 
 
 def _exact_aliases(slots, tensors):
@@ -555,7 +573,7 @@ def _exact_aliases(slots, tensors):
     second copy."""
     by_ptr = {t.data_ptr(): t for t in tensors if not t.is_meta and t.layout == torch.strided}
     out = []
-    for _, _, attributes in slots:
+    for _, _, attributes, _ in slots:
         for v in attributes.values():
             if v is None or v.is_meta or v.layout != torch.strided:
                 continue
@@ -567,7 +585,7 @@ def _exact_aliases(slots, tensors):
 
 
 def _put_slots_back(slots):
-    for module, buffers, attributes in slots:
+    for module, buffers, attributes, held in slots:
         now = module._buffers
         for name in [n for n in now if n not in buffers]:
             del now[name]  # registered by the rehearsal's forward
@@ -578,10 +596,16 @@ def _put_slots_back(slots):
         for name in [n for n, v in d.items() if n not in attributes
                      and isinstance(v, torch.Tensor) and not isinstance(v, torch.nn.Parameter)]:
             del d[name]  # a tensor attribute the rehearsal's forward made
+        for name in [n for n, v in d.items() if n not in attributes and n not in held
+                     and _holds_tensors(v)]:
+            del d[name]  # See Note [A cache a forward keeps in a container]
         for name, v in attributes.items():
             now_v = d.get(name, _MISSING)
-            if now_v is not v and (v is not None or isinstance(now_v, torch.Tensor)):
-                d[name] = v  # a None stays replaced unless a tensor took its place
+            if now_v is not v and (v is not None or isinstance(now_v, torch.Tensor)
+                                   or _holds_tensors(now_v)):
+                d[name] = v  # a None stays replaced unless tensors took its place
+        for name, v in held.items():
+            d[name] = v
 
 
 # Note [A forward's counters]

@@ -29,9 +29,9 @@ def _named(ops) -> str:
 def profile_note(ops, batch: int) -> str:
     """The profile's note for a step that ran `ops` at `batch` samples."""
     return (f"unsure beyond this batch: the step ran {_named(ops)}, whose memory depends on the "
-            f"batch's values; other batch sizes are measured on these {batch} samples cut or "
-            f"repeated, which hold no new values (predictions and fits above {batch} may "
-            f"fall short of your data's)")
+            f"values it runs on (the batch's, or the weights'); other batch sizes are measured "
+            f"on these {batch} samples cut or repeated, which hold no new values (predictions "
+            f"and fits above {batch} may fall short of your data's)")
 
 
 def settle_fit(fit, ops, example: int) -> None:
@@ -42,12 +42,14 @@ def settle_fit(fit, ops, example: int) -> None:
         return
     if fit.max_batch > example:
         fit.verified = False
-        line = (f"unverified: the step ran {_named(ops)}, whose memory depends on the batch's "
-                f"values, and batch {fit.max_batch} was measured on your {example} samples "
-                f"repeated (no new values): real batches that large may need more memory; pass "
-                f"an example of at least {fit.max_batch} real samples to verify it")
+        line = (f"unverified: the step ran {_named(ops)}, whose memory depends on the values "
+                f"it runs on (the batch's, or the weights'), and batch {fit.max_batch} was "
+                f"measured on your {example} samples repeated (no new values): real batches "
+                f"that large may need more memory; pass an example of at least "
+                f"{fit.max_batch} real samples to verify it")
     else:
-        line = (f"the step ran {_named(ops)}, whose memory depends on the batch's values: "
-                f"batch {fit.max_batch} was verified on the first {fit.max_batch} of your "
-                f"samples; batches whose values differ may need more memory")
+        line = (f"the step ran {_named(ops)}, whose memory depends on the values it runs on "
+                f"(the batch's, or the weights'): batch {fit.max_batch} was verified on the "
+                f"first {fit.max_batch} of your samples; batches whose values differ may need "
+                f"more memory")
     fit.notes = list(fit.notes) + [line]

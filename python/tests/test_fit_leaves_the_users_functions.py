@@ -110,3 +110,28 @@ def test_the_users_functions_keep_what_they_kept_and_the_answer_runs():
         b = fit.max_batch
         _train(model, opt, sched, step, (torch.randn(b, 32), torch.randint(0, 10, (b,))))
     assert plain_steps_run(BUDGET, made, steps)  # it adds what is alive beside
+
+
+@pytest.mark.parametrize("mode", ["cpu", "meta"])
+def test_the_hooks_on_the_model_keep_what_they_kept(mode):
+    model = _model()
+    calls = collections.Counter()
+    means = []
+
+    def logged(module, inputs, output):
+        calls["forward"] += 1
+        means.append(output.detach().mean())
+    model[0].register_forward_hook(logged)
+    model[2].register_forward_pre_hook(lambda *_: calls.update(["pre"]))
+    model[2].register_full_backward_hook(lambda *_: calls.update(["backward"]))
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda *_: calls.update(["global"]))
+    x, y = torch.randn(8, 32), torch.randint(0, 10, (8,))
+    try:
+        memfit.find_batch_size(model, x, y, optimizer=torch.optim.Adam(model.parameters()),
+                               budget=BUDGET, mode=mode)
+    finally:
+        handle.remove()
+    assert not calls and not means
+    F.cross_entropy(model(x), y).backward()  # the hooks still run in the user's step
+    assert dict(calls) == {"forward": 1, "pre": 1, "backward": 1} and len(means) == 1

@@ -10,6 +10,7 @@ import dis
 import functools
 
 import torch
+import torch.nn.modules.module as torch_module  # its global hooks
 import torch.optim.optimizer as torch_optimizer  # its global hooks
 
 from .user_step import UserStep
@@ -20,23 +21,25 @@ __all__: list = []
 # A rehearsal runs the user's code a dozen times in one find_batch_size (18
 # in a search from an example of 8): the step function (step=) or loss_fn,
 # a wrapper the user set on the optimizer's step (opt.step =
-# counted(opt.step), as a counter or a logger), and the optimizer's step
-# pre-hooks (which run: they shape the gradients the step updates from).
-# What these keep outside the model and optimizer moved each time: a
-# nonlocal step count ended at 18, a list of logged losses held 18 entries
-# (the rehearsals' tensors, meta ones on meta), a `global n` counted 18,
-# a pre-hook's counter 18. So the state these functions reach is saved
-# before the rehearsal and put back after it: each closure cell's object
-# (a nonlocal rebound), the globals the code assigns (`global n`), the
-# function's own attributes (wrapper.calls += 1), the items of the lists,
-# dicts, sets and deques among those and among the globals it reads, and, for a bound method
-# or a callable object of the user's, its public attributes as for a
-# forward's counters (Note [A forward's counters], user_state.py). The
-# functions they call are followed a few levels (a wrapper's wrapped step, a
-# helper the step calls). Not torch's or memfit's own functions: torch's
-# are no user state, memfit's keep what must outlive a rehearsal. What such
-# code writes elsewhere (a file, a logger's handlers, a tensor it updates
-# in place outside the step's) is not put back.
+# counted(opt.step), as a counter or a logger), the optimizer's step
+# pre-hooks (which run: they shape the gradients the step updates from) and
+# the hooks on the model's modules. What these keep outside the model and
+# optimizer moved each time: a nonlocal step count ended at 18, a `global
+# n` at 18, a list of logged losses held 18 entries, a forward hook's list
+# of each output's mean 18 of the rehearsals' tensors (meta ones on meta).
+# So the state these functions reach is saved before the rehearsal and put
+# back after it: each closure cell's object (a nonlocal rebound), the
+# globals the code assigns (`global n`), the function's own attributes
+# (wrapper.calls += 1), the items of the lists, dicts, sets and deques
+# among those and among the globals it reads, and for a bound method or a
+# callable object of the user's, its public attributes, as for a forward's
+# counters (Note [A forward's counters], user_state.py). The functions they
+# call are followed a few levels (a wrapper's wrapped step, a helper the
+# step calls). Not torch's, memfit's or a training library's own functions
+# (_LIBRARIES): torch's keep no user state, memfit's keep what must outlive
+# a rehearsal, a library's its own bookkeeping. What such code writes
+# elsewhere (a file, a logger's handlers, a tensor it updates in place
+# outside the step's) is not put back.
 _CONTAINERS = (list, dict, set, collections.deque)
 _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple)
 _DEPTH = 3
@@ -45,9 +48,16 @@ _MISSING = object()
 _STORES = frozenset({"STORE_GLOBAL", "DELETE_GLOBAL"})
 
 
+# Libraries whose functions keep their own state (a DeepSpeed hook's
+# gathering, a Lightning loop's), which they manage themselves.
+_LIBRARIES = frozenset({"torch", "memfit", "functools", "builtins", "deepspeed", "accelerate",
+                        "lightning", "pytorch_lightning", "lightning_fabric", "transformers",
+                        "peft", "torchao", "bitsandbytes", "timm"})
+
+
 def _users(obj) -> bool:
     module = getattr(obj, "__module__", None) or ""
-    return not module.split(".")[0] in ("torch", "memfit", "functools", "builtins")
+    return module.split(".")[0] not in _LIBRARIES
 
 
 def _contents(value, depth=2):
@@ -199,14 +209,22 @@ class CallableState:
             _put_contents_back(v, c)
 
 
-def users_step_functions(how, optimizers):
+_MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",
+                 "_backward_pre_hooks")
+
+
+def users_step_functions(how, optimizers, modules=()):
     """The functions of the user's a rehearsal runs: the step function and
     loss function of `how` (a UserStep), a wrapper set on each of
-    `optimizers`' step (an instance attribute), and the step pre-hooks of
-    the user's, on them and global."""
+    `optimizers`' step (an instance attribute), the step pre-hooks of the
+    user's, on them and global, and the hooks on `modules` (the model's)
+    and the global module hooks."""
     out = ([how.step, how.loss_fn] if isinstance(how, UserStep) else [how])
     for o in optimizers:
         out.append(vars(o).get("step"))
         out += list(getattr(o, "_optimizer_step_pre_hooks", {}).values())
     out += list(getattr(torch_optimizer, "_global_optimizer_pre_hooks", {}).values())
+    tables = [getattr(m, name, None) for m in modules for name in _MODULE_HOOKS]
+    tables += [getattr(torch_module, "_global" + name, None) for name in _MODULE_HOOKS]
+    out += [h for t in tables if isinstance(t, dict) for h in t.values()]
     return [f for f in out if f is not None]

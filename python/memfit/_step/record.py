@@ -22,8 +22,8 @@ from .step_flops import open_count
 from .tracking import Tracking
 from .training_step import OPTIMIZERS, check_loss_trains, step_without_closure
 from .user_step import as_user_step
-from .user_state import (ModelTensors, OptimizerState, optimizer_states, optimizer_tree,
-                         private_copy, with_loss_module)
+from .user_state import (ModelTensors, OptimizerState, model_modules, optimizer_states,
+                         optimizer_tree, private_copy, with_loss_module)
 
 __all__: list = []
 
@@ -90,7 +90,8 @@ def rehearse(model, inputs, target, loss_fn, optimizer, iterations, device, loop
     saved = ModelTensors(held, optimizer, held=True)
     opt_state = OptimizerState(optimizer) if isinstance(optimizer, torch.optim.Optimizer) else None
     # See Note [What the user's functions keep] (callable_state.py).
-    functions = CallableState(users_step_functions(loss_fn, optimizer_tree(optimizer)))
+    functions = CallableState(users_step_functions(loss_fn, optimizer_tree(optimizer),
+                                                   model_modules(held)))
     autocast = _autocast_on()
     if autocast:  # See Note [A rehearsal inside the user's autocast].
         torch.clear_autocast_cache()

@@ -114,15 +114,26 @@ def token_accumulation(tokens_per_step: int, fit: LengthFit) -> tuple[int, int]:
 def _main_part(obj):
     """What a sample's (or a batch's) length is read from: its input_ids (a
     dict or another mapping, such as the BatchEncoding a tokenizer returns),
-    a tuple's first item (and that item's input_ids), else itself."""
+    else its entry of the most dimensions (the first of them: not a class
+    label before the tokens, {"label": 1, "tokens": [...]}, which the scan
+    of the samples took for a sample it cannot read, silently), a tuple's
+    first item (and that item's), else itself."""
     if isinstance(obj, (tuple, list)) and obj and not isinstance(obj[0], (int, float)):
         obj = obj[0]
     if hasattr(obj, "keys") and hasattr(obj, "__getitem__"):
         keys = list(obj.keys())
         if not keys:
             return None
-        obj = obj["input_ids"] if "input_ids" in keys else obj[keys[0]]
+        obj = obj["input_ids"] if "input_ids" in keys else max(
+            (obj[k] for k in keys), key=_dimensions)
     return obj
+
+
+def _dimensions(value) -> int:
+    """A tensor's dimensions; 1 for a list or tuple (of ids); else 0."""
+    if isinstance(value, torch.Tensor):
+        return value.dim()
+    return 1 if isinstance(value, (list, tuple)) else 0
 
 
 def _length_of(sample, seq_dim, what, batch_dim=0, batch_dims=None):

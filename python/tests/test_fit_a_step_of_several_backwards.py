@@ -5,6 +5,7 @@ answered above what that loop runs. A step may return the losses as a
 tuple: their backwards run in turn, as the loop runs them. See Note [A step
 of several backwards] (user_step.py). The truth: plain steps of that loop."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -63,3 +64,14 @@ def test_the_trainer_takes_the_sum_of_a_steps_losses():
     twin_opt.step()
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(model.parameters(),
                                                                 twin.parameters()))
+
+
+def test_a_loss_beside_a_metric_is_refused_in_one_line():
+    model, opt = _build()
+
+    def step(model, batch):
+        x, y = batch
+        out = model(x)
+        return F.cross_entropy(out, y), (out.argmax(1) == y).float().mean()
+    with pytest.raises(ValueError, match=r"^\[find_batch_size\] the step returned tuple"):
+        memfit.find_batch_size(model, _data(8), optimizer=opt, budget=BUDGET, step=step)

@@ -160,8 +160,10 @@ class UserStep:
         """The losses a step returned as a list or tuple of scalar tensors,
         each backward in turn (See Note [A step of several backwards]); else
         None."""
+        # Each with a gradient: (loss, accuracy) is not two losses.
         if (self.step is None or not isinstance(output, (list, tuple)) or not output
-                or not all(isinstance(t, torch.Tensor) and t.dim() == 0 for t in output)):
+                or not all(isinstance(t, torch.Tensor) and t.dim() == 0 and t.requires_grad
+                           for t in output)):
             return None
         return list(output)
 

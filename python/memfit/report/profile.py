@@ -328,9 +328,9 @@ class Report:
             self._probed = Probing(self.measure_step, _probe_batches(self.batch),
                                    _memfit.probe_memory_limit(self.mode))
         probed = (self._probed.grown_toward if grown else self._probed.toward)(batch)
-        said = self._native.notes
-        if not probed.affine and any(n not in said for n in probed.notes):
-            self._native.notes = said + [n for n in probed.notes if n not in said]
+        said, new = self._native.notes, self._probed.notes(probed)
+        if any(n not in said for n in new):
+            self._native.notes = said + [n for n in new if n not in said]
         return probed
 
     def predict_peak_bytes(self, batch: int, length: int | None = None) -> int:
@@ -457,7 +457,9 @@ def profile(model: torch.nn.Module, inputs: Batch, target: Batch = None,
     - step: the user's own step instead of loss_fn and target,
       step(model, batch) -> loss, given `inputs` (or the part of it a probe
       uses, cut along batch_dim) as `batch`; memfit runs backward and the
-      optimizer. See Note [The step function's contract] (user_step.py). A
+      optimizer. A loop of several backwards (retain_graph=True) returns
+      its losses as a tuple, each backward in turn. See Note [The step
+      function's contract] (user_step.py). A
       Hugging Face model given labels in a dict batch needs neither: its
       output's loss is the loss.
     - seq_dim: the length dimension of the inputs (an int, or per input

@@ -10,7 +10,8 @@ from ..._step.batching import batch_size
 from ..._step.compiled import is_compiled
 from ...report.profile import Report
 from ..._step.user_step import as_user_step
-from ..._step.user_state import ModelTensors, private_copy
+from ..._step.callable_state import CallableState, users_step_functions
+from ..._step.user_state import ModelTensors, model_modules, private_copy
 from ..._step.tracking import Tracking
 
 __all__: list = []
@@ -43,6 +44,17 @@ def profile_eval(model, inputs, target=None, loss_fn=None, step="no_grad", batch
     model in eval mode. The model is left as it was."""
     if step not in GUARDS:
         raise ValueError(f"[profile_eval] step must be one of {sorted(GUARDS)}, got {step!r}")
+    how = as_user_step(loss_fn, what="profile_eval")
+    # See Note [What the user's functions keep] (callable_state.py).
+    functions = CallableState(users_step_functions(how, (), model_modules(model)))
+    try:
+        return _recorded_eval(model, inputs, target, loss_fn, step, batch_dim)
+    finally:
+        functions.restore()
+
+
+def _recorded_eval(model, inputs, target, loss_fn, step, batch_dim):
+    """profile_eval's recording, the user's functions' state aside."""
     how = as_user_step(loss_fn, what="profile_eval")
     if is_compiled(model):  # compiled before the recording: See Note [Recording a compiled step]
         with eval_mode(model):

@@ -76,19 +76,32 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         super().__init__(groups, optimizer.defaults)
         self.inner_class = type(optimizer)
         self._device = [p for g in self.param_groups for p in g["params"]]
+        self._host = []
         with host_memory(), torch.no_grad():
-            self._host = [p.detach().to(_host_device(p), copy=True).requires_grad_(p.requires_grad)
-                          for p in self._device]
-            it = iter(self._host)
-            host_groups = []
-            for g in self.param_groups:
-                hg = _host_hyperparameters(g)
-                hg["params"] = [next(it) for _ in g["params"]]
-                host_groups.append(hg)
+            host_groups = [self._host_group(g) for g in self.param_groups]
             self.inner = construct(self.inner_class, host_groups, optimizer.defaults)
             if optimizer.state:
                 # State already gathered moves to the host copies.
                 self.inner.load_state_dict(optimizer.state_dict())
+
+    def _host_group(self, group):
+        """`group` over host copies of its parameters, appended to _host."""
+        hg = _host_hyperparameters(group)
+        hg["params"] = [p.detach().to(_host_device(p), copy=True).requires_grad_(p.requires_grad)
+                        for p in group["params"]]
+        self._host.extend(hg["params"])
+        return hg
+
+    def add_param_group(self, param_group: dict) -> None:
+        # A group added after construction (a layer unfrozen mid-training)
+        # is stepped on the host too: without this it was never updated.
+        super().add_param_group(param_group)
+        if not hasattr(self, "inner"):
+            return  # Optimizer.__init__ adding the first groups
+        group = self.param_groups[-1]
+        with host_memory(), torch.no_grad():
+            self.inner.add_param_group(self._host_group(group))
+        self._device.extend(group["params"])
 
     def fresh(self) -> OffloadedOptimizer:
         """The same optimizer, offloaded, with no state: over the same device

@@ -1,4 +1,4 @@
-"""advise runs the user's loss function and the model's hooks in its
+"""advise (and estimate_costs) runs the user's loss function and the model's hooks in its
 recordings, its eval rows and its timed steps: what they keep (a counter,
 a list of logged values) is put back after, as a rehearsal puts it back
 (Note [What the user's functions keep]); the eval rows and the timed
@@ -35,3 +35,17 @@ def test_advise_leaves_the_users_counters_and_logs_as_they_were():
                            budget=plain * 9 // 10, repeats=1)
     assert advice.plan.found and advice.plan.time_measured, advice.table()
     assert calls == {"loss": 0, "hook": 0} and logged == []
+
+
+def test_estimate_costs_leaves_the_users_counter_as_it_was():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
+    calls = []
+
+    def loss_fn(out, y):
+        calls.append(1)
+        return nn.functional.cross_entropy(out, y)
+
+    rows = memfit.estimate_costs(model, torch.randn(16, 32), torch.randint(0, 10, (16,)),
+                                 loss_fn=loss_fn)
+    assert rows and calls == []

@@ -27,7 +27,8 @@ from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
 from .._step.hints import Batch, LossFn
 from .._step.meta_reads import MetaReads
-from .._step.user_state import ModelTensors, kept_rng, private_copy
+from .._step.callable_state import CallableState, users_step_functions
+from .._step.user_state import ModelTensors, kept_rng, model_modules, private_copy
 from .strategies.checkpoint import find_chain
 
 __all__ = ["CostRow", "estimate_costs"]
@@ -142,6 +143,8 @@ def _count_on_meta(model, inputs, target, loss_fn, fwd, bwd):
     from .._step.user_step import as_user_step  # the step as profile() runs it
 
     saved = ModelTensors(model)
+    # See Note [What the user's functions keep] (callable_state.py).
+    functions = CallableState(users_step_functions(loss_fn, (), model_modules(model)))
     try:
         with kept_rng(), MetaReads().answering():
             saved.swap_in_copies(torch.device("meta"))
@@ -153,6 +156,7 @@ def _count_on_meta(model, inputs, target, loss_fn, fwd, bwd):
                 loss.backward()
     finally:
         saved.restore()
+        functions.restore()
 
 
 def count_step_flops(model, inputs, target=None, loss_fn=None):

@@ -1,0 +1,63 @@
+"""memfit.auto_batch_size calls the user's function again after an OOM: the
+retry must start where the first call did, so that its training equals
+plain training at the retried micro-batch from the same start."""
+
+import copy
+import gc
+
+import pytest
+import torch
+
+import memfit
+from memfit._native import tracked_live_bytes
+
+pytestmark = pytest.mark.torch_api  # see python/tests/conftest.py
+
+BUDGET = 8 << 20
+WHOLE = 64
+
+
+def _data():
+    g = torch.Generator().manual_seed(1)
+    return torch.randn(WHOLE, 64, generator=g), torch.randint(0, 10, (WHOLE,), generator=g)
+
+
+def _one_step(model, opt, x, y, micro, steps):
+    for i in range(steps):
+        part = slice(i * micro, (i + 1) * micro)
+        (torch.nn.functional.cross_entropy(model(x[part]), y[part]) / steps).backward()
+    opt.step()
+    opt.zero_grad(set_to_none=False)  # the gradients stay allocated, as many loops keep them
+
+
+def test_a_retry_after_an_oom_trains_from_where_the_first_call_began():
+    torch.manual_seed(0)
+    gc.collect()
+    left = tracked_live_bytes("cpu")
+    x, y = _data()
+    calls = []
+    with memfit.simulated_device(BUDGET + left):
+        model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
+                                    torch.nn.Linear(256, 10))
+        plain = copy.deepcopy(model)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+
+        @memfit.auto_batch_size(WHOLE, model=model, inputs=x[:4], target=y[:4], optimizer=opt)
+        def train(micro, steps):
+            calls.append((micro, tracked_live_bytes("cpu") - left, len(opt.state)))
+            _one_step(model, opt, x, y, micro, steps)
+            if len(calls) == 1:  # the user's own extra, after a step: an OOM
+                torch.empty(BUDGET, dtype=torch.uint8)
+            _one_step(model, opt, x, y, micro, steps)
+            return micro
+
+        micro = train()
+    (first, alive, state), (retried, alive_again, state_again) = calls
+    assert (first, retried) == (WHOLE, micro) and micro < WHOLE
+    assert (alive_again, state_again) == (alive, state) == (alive, 0)
+    # The truth: two plain steps at the retried micro-batch from the same start.
+    plain_opt = torch.optim.Adam(plain.parameters(), lr=1e-2)
+    for _ in range(2):
+        _one_step(plain, plain_opt, x, y, micro, WHOLE // micro)
+    for p, q in zip(model.parameters(), plain.parameters()):
+        assert torch.equal(p, q)

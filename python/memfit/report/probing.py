@@ -88,8 +88,8 @@ class Probing:
         if probed is self.grown and self._missed is not None:
             odd, miss = self._missed
             said.append(f"the line of the probes at {list(probed.model.probe_batches)} "
-                        f"missed batch {odd}'s step by {100 * miss:.2f}%: predictions past "
-                        f"them may be off as far")
+                        f"missed batch {odd}'s step by {100 * miss:.2f}%, their held-out "
+                        f"check aside: predictions from them may be off by that or more")
         return said
 
     def toward(self, batch: int):

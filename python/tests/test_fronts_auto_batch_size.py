@@ -61,3 +61,36 @@ def test_a_retry_after_an_oom_trains_from_where_the_first_call_began():
         _one_step(plain, plain_opt, x, y, micro, WHOLE // micro)
     for p, q in zip(model.parameters(), plain.parameters()):
         assert torch.equal(p, q)
+
+
+CUDNN = ("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in "
+         "a non-contiguous input.")
+
+
+@pytest.mark.parametrize("error, retried", [
+    (RuntimeError(CUDNN), True),
+    (RuntimeError("CUDA error: out of memory. CUDA kernel errors might be asynchronously "
+                  "reported"), True),
+    (RuntimeError("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)"), False),
+])
+def test_what_is_retried_at_a_smaller_batch_is_what_accelerate_retries(error, retried):
+    accelerate_memory = pytest.importorskip("accelerate.utils.memory")
+    assert accelerate_memory.should_reduce_batch_size(error) == retried  # the truth
+    x, y = _data()
+    model = torch.nn.Linear(64, 10)
+    calls = []
+
+    @memfit.auto_batch_size(8, model=model, inputs=x[:4], target=y[:4], optimizer="sgd",
+                            budget="64MiB")
+    def train(micro):
+        calls.append(micro)
+        if len(calls) == 1:
+            raise error
+        return micro
+
+    if retried:
+        assert train() == 4 and calls == [8, 4]
+    else:
+        with pytest.raises(RuntimeError) as e:
+            train()
+        assert e.value is error and calls == [8]

@@ -480,6 +480,25 @@ def _below_what_ran(report, room):
     return measure
 
 
+# What accelerate's find_executable_batch_size retries at a smaller batch
+# besides torch.OutOfMemoryError: the RuntimeErrors a full device raises
+# where the allocator's own error is not the one that reaches Python.
+_OOM_MESSAGES = (
+    " out of memory.",  # CUDA, HIP and XPU where raised as a plain RuntimeError
+    "MPS backend out of memory",
+    "cuDNN error: CUDNN_STATUS_NOT_SUPPORTED.",  # cuDNN on a batch too large for its kernels
+    "DefaultCPUAllocator: can't allocate memory",
+    "FATAL ERROR :: MODULE:PT_DEVMEM Allocation failed",  # HPU
+)
+
+
+def _ran_out_of_memory(e: BaseException) -> bool:
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return True
+    return (isinstance(e, RuntimeError) and len(e.args) == 1 and isinstance(e.args[0], str)
+            and any(m in e.args[0] for m in _OOM_MESSAGES))
+
+
 # Note [What a call that ran out of memory leaves]
 # auto_batch_size calls the user's function again after an OOM, on the same
 # model and optimizer. A call that stepped once before its OOM left its
@@ -600,7 +619,9 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
                     if takes_two:
                         return fn(micro, steps, *args, **kwargs)
                     return fn(micro, *args, **kwargs)
-                except torch.cuda.OutOfMemoryError as e:
+                except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one
+                    if not _ran_out_of_memory(e):
+                        raise
                     last = str(e)
                     continue
             raise torch.cuda.OutOfMemoryError(

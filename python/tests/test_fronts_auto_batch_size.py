@@ -94,3 +94,19 @@ def test_what_is_retried_at_a_smaller_batch_is_what_accelerate_retries(error, re
         with pytest.raises(RuntimeError) as e:
             train()
         assert e.value is error and calls == [8]
+
+
+def test_accelerates_own_pattern_gets_the_batch_size_and_its_arguments():
+    model = torch.nn.Linear(64, 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def train(batch_size, model, optimizer):
+        return batch_size, model, optimizer
+
+    x, y = _data()
+    ours = memfit.auto_batch_size(8, model=model, inputs=x[:4], target=y[:4], optimizer=opt,
+                                  budget="64MiB")(train)
+    assert ours(model, opt) == (8, model, opt)
+    accelerate_memory = pytest.importorskip("accelerate.utils.memory")
+    theirs = accelerate_memory.find_executable_batch_size(train, starting_batch_size=8)
+    assert theirs(model, opt) == (8, model, opt)  # the truth

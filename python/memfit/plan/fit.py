@@ -499,6 +499,17 @@ def _ran_out_of_memory(e: BaseException) -> bool:
             and any(m in e.args[0] for m in _OOM_MESSAGES))
 
 
+def _takes_steps(fn, args, kwargs) -> bool:
+    """Whether fn(batch_size, accumulation_steps, *args, **kwargs) binds.
+    accelerate's own pattern, def train(batch_size, model, optimizer) called
+    as train(model, optimizer), takes the batch size alone."""
+    try:
+        inspect.signature(fn).bind(1, 1, *args, **kwargs)
+    except TypeError:
+        return False
+    return True
+
+
 # Note [What a call that ran out of memory leaves]
 # auto_batch_size calls the user's function again after an OOM, on the same
 # model and optimizer. A call that stepped once before its OOM left its
@@ -565,7 +576,9 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
     The function gets the largest micro-batch that fits (found from probes,
     no crash) that divides `starting_batch_size`, and the accumulation steps
     that keep the effective batch exactly `starting_batch_size`. A function
-    taking one argument gets only the batch size. The micro-batch is fitted
+    with no place for the steps gets only the batch size (accelerate's
+    def train(batch_size, model, optimizer), called as train(model,
+    optimizer)). The micro-batch is fitted
     for the loop that accumulates (the first micro-batch's gradients alive
     through the later ones) when the whole batch does not fit. If a step
     still runs out of memory, the next smaller divisor is tried, from the
@@ -594,10 +607,9 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
         how = dataclasses.replace(how, held_batches=1)
 
     def decorate(fn):
-        takes_two = len(inspect.signature(fn).parameters) >= 2
-
         @functools.wraps(fn)
         def run(*args, **kwargs):
+            takes_two = _takes_steps(fn, args, kwargs)
             fit = find_batch_size(model, inputs, target, loss_fn=how, optimizer=optimizer,
                                   budget=budget, batch_dim=batch_dim)
             if fit.max_batch < starting_batch_size:

@@ -2,6 +2,7 @@
 in float64, over the same batches. On the CPU the host step is the same
 arithmetic on the same values, so the weights must be equal bit for bit."""
 
+import copy
 import gc
 
 import pytest
@@ -63,3 +64,37 @@ def test_a_param_group_added_later_keeps_its_state_off_the_simulated_device():
         opt.step()
         assert tracked_live_bytes("cpu") == before
         assert start < before
+
+
+def _train_resuming_mid_schedule(offloaded, resume_at=3):
+    def build(state=None):
+        model = _net()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        if offloaded:
+            opt = memfit.offload(opt)
+        if state is not None:
+            model.load_state_dict(state[0])
+            opt.load_state_dict(state[1])
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, 4)
+        if state is not None:
+            sched.load_state_dict(state[2])
+        return model, opt, sched
+
+    model, opt, sched = build()
+    for i, (x, y) in enumerate(_batches(6)):
+        if i == resume_at:  # a checkpoint saved after the scheduler's step, loaded afresh
+            saved = copy.deepcopy((model.state_dict(), opt.state_dict(), sched.state_dict()))
+            model, opt, sched = build(saved)
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+        sched.step()
+    return model, saved[1]
+
+
+def test_a_checkpoint_saved_mid_schedule_resumes_as_plain_sgd_resumes():
+    plain, plain_saved = _train_resuming_mid_schedule(False)
+    off, off_saved = _train_resuming_mid_schedule(True)
+    assert off_saved["param_groups"][0]["lr"] == plain_saved["param_groups"][0]["lr"] < 0.1
+    for p, q in zip(off.parameters(), plain.parameters()):
+        assert torch.equal(p, q)

@@ -138,6 +138,9 @@ class OffloadedOptimizer(torch.optim.Optimizer):
         return loss
 
     def state_dict(self) -> dict:
+        # An LR scheduler steps after the optimizer: the host groups learn
+        # its lr only at the next step, and the checkpoint must have it now.
+        self._sync_hyperparameters()
         return self.inner.state_dict()
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -110,3 +110,26 @@ def test_accelerates_own_pattern_gets_the_batch_size_and_its_arguments():
     accelerate_memory = pytest.importorskip("accelerate.utils.memory")
     theirs = accelerate_memory.find_executable_batch_size(train, starting_batch_size=8)
     assert theirs(model, opt) == (8, model, opt)  # the truth
+
+
+def test_when_every_batch_runs_out_the_model_and_optimizer_are_as_before_the_call():
+    torch.manual_seed(0)
+    gc.collect()
+    left = tracked_live_bytes("cpu")
+    x, y = _data()
+    with memfit.simulated_device(BUDGET + left):
+        model = torch.nn.Linear(64, 10)
+        before = copy.deepcopy(model)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        alive = tracked_live_bytes("cpu")
+
+        @memfit.auto_batch_size(4, model=model, inputs=x[:4], target=y[:4], optimizer=opt)
+        def train(micro, steps):
+            _one_step(model, opt, x, y, micro, steps)
+            torch.empty(BUDGET, dtype=torch.uint8)
+
+        with pytest.raises(torch.cuda.OutOfMemoryError, match=r"^\[auto_batch_size\] even a "):
+            train()
+        assert tracked_live_bytes("cpu") == alive and not opt.state
+    for p, q in zip(model.parameters(), before.parameters()):
+        assert p.grad is None and torch.equal(p, q)

@@ -519,6 +519,7 @@ def _takes_steps(fn, args, kwargs) -> bool:
 # under Adam). So the weights, buffers, gradients, the optimizer's state and
 # hyperparameters and the RNG are copied to the host before the first call
 # and put back before each retry: every call starts where the first did.
+# When every batch ran out they are put back too, before the error.
 # The copies cost host memory (outside the simulated device's budget) only.
 def _host_copy(t):
     # A meta tensor has no values to copy (and costs no memory).
@@ -636,6 +637,7 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
                         raise
                     last = str(e)
                     continue
+            start.put_back()  # nothing of the failed calls is left on the device
             raise torch.cuda.OutOfMemoryError(
                 f"[auto_batch_size] even a batch of 1 ran out of memory: {last}"
             )

@@ -562,6 +562,27 @@ class _CallStart:
             torch.cuda.empty_cache()
 
 
+def _call_largest_first(call, divisors, whole, takes_steps, accumulation, start):
+    """call(micro[, steps]) at each divisor in turn until one does not run
+    out of memory; `start` put back before each retry and after the last."""
+    last = None
+    for micro in divisors:
+        steps = whole // micro
+        if accumulation is not None:
+            accumulation(steps)
+        if last is not None:
+            start.put_back()  # See Note [What a call that ran out of memory leaves]
+        try:
+            return call(micro, steps) if takes_steps else call(micro)
+        except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one
+            if not _ran_out_of_memory(e):
+                raise
+            last = str(e)
+    start.put_back()  # nothing of the failed calls is left on the device
+    raise torch.cuda.OutOfMemoryError(f"[auto_batch_size] even a batch of 1 ran out of memory: "
+                                      f"{last}")
+
+
 def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, inputs: Batch,
                     target: Batch = None, loss_fn: LossFn | None = None,
                     optimizer: OptimizerArg = None, budget: Size | None = None,
@@ -610,7 +631,6 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
     def decorate(fn):
         @functools.wraps(fn)
         def run(*args, **kwargs):
-            takes_two = _takes_steps(fn, args, kwargs)
             fit = find_batch_size(model, inputs, target, loss_fn=how, optimizer=optimizer,
                                   budget=budget, batch_dim=batch_dim)
             if fit.max_batch < starting_batch_size:
@@ -620,27 +640,12 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
                                       budget=budget, batch_dim=batch_dim, accumulation_steps=2)
             divisors = [d for d in range(starting_batch_size, 0, -1)
                         if starting_batch_size % d == 0 and d <= max(1, fit.max_batch)]
-            last = None
-            start = _CallStart(model, optimizer)
-            for micro in divisors:
-                steps = starting_batch_size // micro
-                if accumulation is not None:
-                    accumulation(steps)
-                if last is not None:
-                    start.put_back()  # See Note [What a call that ran out of memory leaves]
-                try:
-                    if takes_two:
-                        return fn(micro, steps, *args, **kwargs)
-                    return fn(micro, *args, **kwargs)
-                except RuntimeError as e:  # torch.cuda.OutOfMemoryError is one
-                    if not _ran_out_of_memory(e):
-                        raise
-                    last = str(e)
-                    continue
-            start.put_back()  # nothing of the failed calls is left on the device
-            raise torch.cuda.OutOfMemoryError(
-                f"[auto_batch_size] even a batch of 1 ran out of memory: {last}"
-            )
+            def call(*sizes):  # the batch size (and steps) first, then the caller's
+                return fn(*sizes, *args, **kwargs)
+
+            return _call_largest_first(call, divisors, starting_batch_size,
+                                       _takes_steps(fn, args, kwargs), accumulation,
+                                       _CallStart(model, optimizer))
 
         return run
 

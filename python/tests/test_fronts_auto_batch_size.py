@@ -133,3 +133,35 @@ def test_when_every_batch_runs_out_the_model_and_optimizer_are_as_before_the_cal
         assert tracked_live_bytes("cpu") == alive and not opt.state
     for p, q in zip(model.parameters(), before.parameters()):
         assert p.grad is None and torch.equal(p, q)
+
+
+def test_accelerates_accumulation_after_a_retry_steps_on_the_whole_batch():
+    accelerate = pytest.importorskip("accelerate")
+    acc = accelerate.Accelerator(cpu=True)
+    torch.manual_seed(0)
+    x, y = _data()
+    model = torch.nn.Linear(64, 10)
+    model, opt = acc.prepare(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    calls = []
+
+    @memfit.auto_batch_size(16, model=model, inputs=x[:4], target=y[:4], optimizer=opt,
+                            budget="64MiB", accelerator=acc)
+    def train(micro, steps):
+        calls.append(micro)
+        taken, samples = [], 0
+        for i in range(0, WHOLE, micro):
+            with acc.accumulate(model):
+                acc.backward(torch.nn.functional.cross_entropy(model(x[i:i + micro]),
+                                                               y[i:i + micro]))
+            samples += micro
+            if acc.sync_gradients:  # where accelerate steps the optimizer
+                taken.append(samples)
+                samples = 0
+            if len(calls) == 1:  # the first call's first micro-batch: an OOM
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+        return taken
+
+    try:
+        assert train() == [16] * (WHOLE // 16) and calls == [16, 8]
+    finally:
+        acc.gradient_accumulation_steps = 1  # the accelerator's state is the process's

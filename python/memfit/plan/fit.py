@@ -515,9 +515,10 @@ def _takes_steps(fn, args, kwargs) -> bool:
 # model and optimizer. A call that stepped once before its OOM left its
 # gradients, Adam's state and updated weights behind: the retry's first step
 # added the failed call's gradients to its own and redid samples already
-# trained on, and it began with 0.22 MiB more alive (a 0.2M-parameter MLP
+# trained on, and it began with 0.22 MiB more alive (a 19k-parameter MLP
 # under Adam). So the weights, buffers, gradients, the optimizer's state and
-# hyperparameters and the RNG are copied to the host before the first call
+# hyperparameters, the RNG (and accelerate's step counter, with
+# accelerator=) are copied to the host before the first call
 # and put back before each retry: every call starts where the first did.
 # When every batch ran out they are put back too, before the error.
 # The copies cost host memory (outside the simulated device's budget) only.
@@ -529,8 +530,12 @@ def _host_copy(t):
 class _CallStart:
     """The model's and optimizer's state before the user's function runs."""
 
-    def __init__(self, model, optimizer):
+    def __init__(self, model, optimizer, accelerator=None):
         self.model = model
+        # accelerate's accumulate() syncs where its step counter is a multiple
+        # of the accumulation steps: a failed call's micro-batches moved it.
+        self.accelerator = accelerator
+        self.accelerator_step = getattr(accelerator, "step", None)
         self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
         self.tensors = list(model.parameters()) + list(model.buffers())
         with host_memory():
@@ -554,6 +559,8 @@ class _CallStart:
             with host_memory():
                 state = map_tensors(self.opt, lambda t: t.clone())
             self.optimizer.load_state_dict(state)
+        if isinstance(self.accelerator_step, int):
+            self.accelerator.step = self.accelerator_step
         torch.set_rng_state(self.rng)
         for d, state in self.cards:
             torch.cuda.set_rng_state(state, d)
@@ -645,7 +652,7 @@ def auto_batch_size(starting_batch_size: int = 128, *, model: torch.nn.Module, i
 
             return _call_largest_first(call, divisors, starting_batch_size,
                                        _takes_steps(fn, args, kwargs), accumulation,
-                                       _CallStart(model, optimizer))
+                                       _CallStart(model, optimizer, accelerator))
 
         return run
 

@@ -41,6 +41,10 @@ def track(model: torch.nn.Module | None = None,
     model (torch.compile, model.compile()) is watched from outside its
     compiled code, so nothing recompiles: what runs inside is attributed to
     the compiled module (See Note [Recording a compiled step]).
+
+    peak_bytes counts what the block allocated: memory alive before it and
+    freed inside (a loop's previous pred and loss, replaced in the block) is
+    not taken off, so there it is above the rise of the device's own counter.
     """
     if optimizer is not None and model is None:
         raise ValueError("[track] an optimizer needs its model: memfit.track(model, optimizer)")

@@ -165,3 +165,25 @@ def test_accelerates_accumulation_after_a_retry_steps_on_the_whole_batch():
         assert train() == [16] * (WHOLE // 16) and calls == [16, 8]
     finally:
         acc.gradient_accumulation_steps = 1  # the accelerator's state is the process's
+
+
+def test_without_host_memory_for_the_copies_a_retry_drops_the_gradients_and_warns(
+        monkeypatch):
+    monkeypatch.setattr(memfit.plan.fit, "_host_bytes_free", lambda: 0)
+    x, y = _data()
+    model = torch.nn.Linear(64, 10)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    grads = []
+
+    @memfit.auto_batch_size(8, model=model, inputs=x[:4], target=y[:4], optimizer=opt,
+                            budget="64MiB")
+    def train(micro, steps):
+        grads.append([p.grad is None for p in model.parameters()])
+        _one_step(model, opt, x, y, micro, steps)  # leaves zeroed gradients allocated
+        if len(grads) == 1:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory.")
+        return micro
+
+    with pytest.warns(UserWarning, match=r"^\[auto_batch_size\] the retry goes on from the "):
+        assert train() == 4
+    assert grads == [[True, True], [True, True]]

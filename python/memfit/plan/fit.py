@@ -8,6 +8,7 @@ import functools
 import gc
 import inspect
 import traceback
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -521,7 +522,32 @@ def _takes_steps(fn, args, kwargs) -> bool:
 # accelerator=) are copied to the host before the first call
 # and put back before each retry: every call starts where the first did.
 # When every batch ran out they are put back too, before the error.
-# The copies cost host memory (outside the simulated device's budget) only.
+# The copies cost host memory (outside the simulated device's budget) only;
+# where they would take over half the host memory free (a 7B model's
+# weights and Adam state are 84 GiB) none are made: a retry then only drops
+# the failed call's gradients, and warns that the rest goes on from there.
+def _host_bytes_free() -> int | None:
+    """The host memory available now (Linux's MemAvailable), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def _copy_bytes(tensors, optimizer):
+    """Bytes of the host copies _CallStart keeps: the tensors, their
+    gradients and the optimizer's state tensors (meta ones cost none)."""
+    held = list(tensors) + [t.grad for t in tensors if getattr(t, "grad", None) is not None]
+    if optimizer is not None:
+        held += [v for state in optimizer.state.values() if isinstance(state, dict)
+                 for v in state.values() if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in held if not t.is_meta)
+
+
 def _host_copy(t):
     # A meta tensor has no values to copy (and costs no memory).
     return t.detach() if t.is_meta else t.detach().to("cpu", copy=True)
@@ -538,18 +564,43 @@ class _CallStart:
         self.accelerator_step = getattr(accelerator, "step", None)
         self.optimizer = optimizer if isinstance(optimizer, torch.optim.Optimizer) else None
         self.tensors = list(model.parameters()) + list(model.buffers())
+        self.need = _copy_bytes(self.tensors, self.optimizer)
+        free = _host_bytes_free()
+        self.kept = free is None or self.need <= free // 2
+        with host_memory():
+            self.rng = torch.get_rng_state()
+        self.cards = ([(d, torch.cuda.get_rng_state(d)) for d in range(torch.cuda.device_count())]
+                      if torch.cuda.is_initialized() else [])
+        if not self.kept:
+            return  # See Note [What a call that ran out of memory leaves]
         with host_memory():
             self.values = [_host_copy(t) for t in self.tensors]
             self.grads = [None if p.grad is None else _host_copy(p.grad)
                           for p in model.parameters()]
             self.opt = None if self.optimizer is None else map_tensors(
                 self.optimizer.state_dict(), _host_copy)
-            self.rng = torch.get_rng_state()
-        self.cards = ([(d, torch.cuda.get_rng_state(d)) for d in range(torch.cuda.device_count())]
-                      if torch.cuda.is_initialized() else [])
 
     @torch.no_grad()
     def put_back(self):
+        if not self.kept:
+            for p in self.model.parameters():
+                p.grad = None  # the failed call's gradients would add to the retry's
+            warnings.warn(
+                f"[auto_batch_size] the retry goes on from the weights and optimizer state the "
+                f"call that ran out of memory left: copying them ({_memfit.format_bytes(self.need)}) "
+                f"would take over half the host memory free", stacklevel=4)
+        else:
+            self._put_back_copies()
+        if isinstance(self.accelerator_step, int):
+            self.accelerator.step = self.accelerator_step
+        torch.set_rng_state(self.rng)
+        for d, state in self.cards:
+            torch.cuda.set_rng_state(state, d)
+        gc.collect()
+        if torch.cuda.is_initialized():
+            torch.cuda.empty_cache()
+
+    def _put_back_copies(self):
         for p, g in zip(self.model.parameters(), self.grads):
             p.grad = None if g is None else g.to(p.device, copy=True)
         for t, v in zip(self.tensors, self.values):
@@ -559,14 +610,6 @@ class _CallStart:
             with host_memory():
                 state = map_tensors(self.opt, lambda t: t.clone())
             self.optimizer.load_state_dict(state)
-        if isinstance(self.accelerator_step, int):
-            self.accelerator.step = self.accelerator_step
-        torch.set_rng_state(self.rng)
-        for d, state in self.cards:
-            torch.cuda.set_rng_state(state, d)
-        gc.collect()
-        if torch.cuda.is_initialized():
-            torch.cuda.empty_cache()
 
 
 def _call_largest_first(call, divisors, whole, takes_steps, accumulation, start):

@@ -587,8 +587,9 @@ class _CallStart:
                 p.grad = None  # the failed call's gradients would add to the retry's
             warnings.warn(
                 f"[auto_batch_size] the retry goes on from the weights and optimizer state the "
-                f"call that ran out of memory left: copying them ({_memfit.format_bytes(self.need)}) "
-                f"would take over half the host memory free", stacklevel=4)
+                f"call that ran out of memory left: copying them "
+                f"({_memfit.format_bytes(self.need)}) would take over half the host memory "
+                f"free", stacklevel=4)
         else:
             self._put_back_copies()
         if isinstance(self.accelerator_step, int):

@@ -251,7 +251,9 @@ ProbedModel probe_toward(const MeasureStep& measure,
   }
   if (!refit(pm, plan.limit_bytes)) return pm;
 
-  bool last_check_ok = true;
+  // First probes already off their line (a small batch that runs other
+  // kernels) are grown past, as a probe off the line is.
+  bool last_check_ok = pm.affine;
   for (;;) {
     const int64_t want = target(pm.model);
     const int64_t largest = pm.largest_probe();

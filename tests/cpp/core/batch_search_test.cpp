@@ -382,6 +382,19 @@ TEST(ProbeToward, ABatchSquaredAllocationIsNamedAndPredictedAsACurve) {
   EXPECT_EQ(pm.model.max_batch_under(budget), s.true_max(budget));
 }
 
+TEST(ProbeToward, FirstProbesOffTheirLineAreGrownPast) {
+  // Batch 1 runs other kernels (a CNN with BatchNorm on the CPU): 6 MiB
+  // where the line of the larger batches gives 2 MiB. The first probes
+  // 1, 2, 4 disagree, and stopping there (4 x 8 >= 24) predicted 24 off
+  // that line; probes grown past them give the larger batches' line.
+  Step s{[](int64_t b) { return b == 1 ? int64_t{6} << 20 : (int64_t{2} << 20) * b; }};
+  ProbePlan plan;
+  plan.first = {1, 2, 4};
+  const ProbedModel pm = probe_toward(s.measure(), [](const PeakModel&) { return 24; }, plan);
+  EXPECT_GE(pm.largest_probe(), 8);
+  EXPECT_EQ(certainty_at(pm, 24).predicted_bytes, s.peak(24));
+}
+
 TEST(ProbeToward, LinearAllocationsKeepTheirLines) {
   Step s{[](int64_t b) { return 4096 * b; }};
   const ProbedModel pm = probe_toward(s.measure(), [](const PeakModel&) { return 1024; },

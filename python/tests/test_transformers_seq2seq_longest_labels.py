@@ -25,18 +25,18 @@ pytestmark = pytest.mark.usefixtures("quiet_and_collected")  # see conftest.py
 
 
 class Pairs(torch.utils.data.Dataset):
-    """Sources of SOURCE tokens; targets of TARGET, the last one LONG (or
-    all of `only`)."""
+    """`n` sources of SOURCE tokens; targets of TARGET, the last one LONG
+    (or all of `only`)."""
 
-    def __init__(self, only=None):
-        self.only = only
+    def __init__(self, only=None, n=N):
+        self.only, self.n = only, n
 
     def __len__(self):
-        return N
+        return self.n
 
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
-        target = self.only or (LONG if i == N - 1 else TARGET)
+        target = self.only or (LONG if i == self.n - 1 else TARGET)
         return {"input_ids": torch.randint(2, VOCAB, (SOURCE,), generator=g).tolist(),
                 "labels": torch.randint(2, VOCAB, (target,), generator=g).tolist()}
 
@@ -63,11 +63,11 @@ def t5():
         decoder_start_token_id=0, pad_token_id=0))
 
 
-def arguments(tmp_path, batch, steps):
+def arguments(tmp_path, batch, steps, **more):
     return transformers.TrainingArguments(
         output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
         logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-        per_device_train_batch_size=batch, max_steps=steps)
+        per_device_train_batch_size=batch, max_steps=steps, **more)
 
 
 def test_the_batch_fitted_on_short_targets_runs_the_longest_target(tmp_path):

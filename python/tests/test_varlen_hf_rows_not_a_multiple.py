@@ -6,20 +6,14 @@ fit; the Trainer's own steps at that batch, every text two windows, ran
 out of memory. The truth is the Trainer's own steps on a simulated device
 of the budget."""
 
-import gc
-
 import pytest
 import torch
 
-import memfit
-from memfit._native import tracked_live_bytes
-
 transformers = pytest.importorskip("transformers")
-from memfit.integrations.transformers import FitBatchSize  # noqa: E402
+from test_varlen_window_collator_rows import W, set_then_trained  # noqa: E402
 
 transformers.logging.set_verbosity_error()
-VOCAB, N, W = 128, 256, 32
-BUDGET = 24 << 20
+N = 256
 pytestmark = pytest.mark.usefixtures("quiet_and_collected")  # see conftest.py
 
 
@@ -44,33 +38,7 @@ def windows(texts):
     return {"input_ids": x, "labels": x.clone()}
 
 
-def gpt2():
-    torch.manual_seed(0)
-    return transformers.GPT2LMHeadModel(transformers.GPT2Config(
-        vocab_size=VOCAB, n_positions=W, n_embd=64, n_layer=2, n_head=4))
-
-
-def arguments(tmp_path, batch, steps):
-    return transformers.TrainingArguments(
-        output_dir=str(tmp_path), use_cpu=True, report_to=[], save_strategy="no",
-        logging_strategy="no", disable_tqdm=True, dataloader_num_workers=0,
-        per_device_train_batch_size=batch, max_steps=steps, train_sampling_strategy="sequential")
-
-
 def test_a_first_batch_of_rows_not_a_multiple_of_its_samples_is_rounded_up(tmp_path):
-    gc.collect()
-    with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
-        fit = FitBatchSize()
-        args = arguments(tmp_path, 64, 1)
-        transformers.Trainer(model=gpt2(), args=args, train_dataset=Texts(),
-                             data_collator=windows, callbacks=[fit])
-    batch = args.per_device_train_batch_size
-    assert any("2 rows a sample" in note for note in fit.plan.notes), fit.plan.notes
-    fit = None
-    # The truth: the Trainer's own steps at that batch, every text 2 W.
-    gc.collect()
-    with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
-        trainer = transformers.Trainer(model=gpt2(), args=arguments(tmp_path, batch, 2),
-                                       train_dataset=Texts(only=2 * W), data_collator=windows)
-        trainer.train()  # an out-of-memory error fails the test
-        trainer = None
+    # The truth: every text 2 W.
+    notes = set_then_trained(tmp_path, Texts(), Texts(only=2 * W), windows)
+    assert any("2 rows a sample" in note for note in notes), notes

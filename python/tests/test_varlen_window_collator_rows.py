@@ -64,22 +64,28 @@ def arguments(tmp_path, batch, steps):
         per_device_train_batch_size=batch, max_steps=steps, train_sampling_strategy="sequential")
 
 
-def test_the_batch_counts_the_rows_the_longest_sample_gives(tmp_path):
+def set_then_trained(tmp_path, samples, longest, collator):
+    """The plan's notes of the batch FitBatchSize sets on `samples` (a first
+    batch of 64), after the Trainer's own steps at that batch ran on
+    `longest` (an out-of-memory error fails the test): the truth."""
     gc.collect()
     with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
         fit = FitBatchSize()
         args = arguments(tmp_path, 64, 1)
-        transformers.Trainer(model=gpt2(), args=args, train_dataset=Texts(),
-                             data_collator=windows, callbacks=[fit])
-    batch = args.per_device_train_batch_size
-    assert any(f"{WINDOWS} rows of {W}" in note for note in fit.plan.notes), fit.plan.notes
+        transformers.Trainer(model=gpt2(), args=args, train_dataset=samples,
+                             data_collator=collator, callbacks=[fit])
+    batch, notes = args.per_device_train_batch_size, list(fit.plan.notes)
     fit = None
-    # The truth: the Trainer's own steps at that batch, every sample
-    # WINDOWS rows.
     gc.collect()
     with memfit.simulated_device(BUDGET + tracked_live_bytes("cpu")):
         trainer = transformers.Trainer(model=gpt2(), args=arguments(tmp_path, batch, 2),
-                                       train_dataset=Texts(only=WINDOWS * W),
-                                       data_collator=windows)
-        trainer.train()  # an out-of-memory error fails the test
+                                       train_dataset=longest, data_collator=collator)
+        trainer.train()
         trainer = None
+    return notes
+
+
+def test_the_batch_counts_the_rows_the_longest_sample_gives(tmp_path):
+    # The truth: every sample WINDOWS rows.
+    notes = set_then_trained(tmp_path, Texts(), Texts(only=WINDOWS * W), windows)
+    assert any(f"{WINDOWS} rows of {W}" in note for note in notes), notes

@@ -15,6 +15,8 @@ from memfit._native import tracked_live_bytes
 transformers = pytest.importorskip("transformers")
 from memfit.integrations.transformers import FitBatchSize  # noqa: E402
 
+from test_transformers_length_sampler_epochs import pad  # noqa: E402
+
 transformers.logging.set_verbosity_error()
 VOCAB, LONG, BUDGET = 128, 32, 8 << 20
 LENGTHS = [8 + (i * 7) % 25 for i in range(256)]
@@ -34,13 +36,6 @@ class Causal(torch.utils.data.Dataset):
         n = self.only or LENGTHS[i]
         ids = torch.randint(2, VOCAB, (n,), generator=torch.Generator().manual_seed(i))
         return {"input_ids": ids, "labels": ids}
-
-
-def pad(samples):
-    ids = torch.nn.utils.rnn.pad_sequence([s["input_ids"] for s in samples], batch_first=True)
-    labels = torch.nn.utils.rnn.pad_sequence([s["labels"] for s in samples], batch_first=True,
-                                             padding_value=-100)
-    return {"input_ids": ids, "attention_mask": (labels != -100).long(), "labels": labels}
 
 
 def test_the_evaluation_batch_is_sized_with_lengths(tmp_path):

@@ -11,9 +11,9 @@ import torch
 transformers = pytest.importorskip("transformers")
 from memfit.integrations.transformers import FitBatchSize  # noqa: E402
 
+from test_transformers_length_sampler_epochs import LENGTHS, VOCAB, pad  # noqa: E402
+
 transformers.logging.set_verbosity_error()
-VOCAB = 64
-LENGTHS = [4 + (i * 7) % 28 for i in range(120)]
 pytestmark = pytest.mark.usefixtures("quiet_and_collected")  # see conftest.py
 
 
@@ -27,13 +27,6 @@ class Causal(torch.utils.data.Dataset):
         ids = torch.randint(2, VOCAB, (LENGTHS[i],), generator=torch.Generator().manual_seed(i))
         ids[0] = 200 + i
         return {"input_ids": ids, "labels": ids}
-
-
-def pad(samples):
-    ids = torch.nn.utils.rnn.pad_sequence([s["input_ids"] for s in samples], batch_first=True)
-    labels = torch.nn.utils.rnn.pad_sequence([s["labels"] for s in samples], batch_first=True,
-                                             padding_value=-100)
-    return {"input_ids": ids, "attention_mask": (labels != -100).long(), "labels": labels}
 
 
 def epochs(loader, n=2):

@@ -5,7 +5,6 @@ keep]."""
 
 from __future__ import annotations
 
-import collections
 import dis
 import functools
 
@@ -13,6 +12,7 @@ import torch
 import torch.nn.modules.module as torch_module  # its global hooks
 import torch.optim.optimizer as torch_optimizer  # its global hooks
 
+from .user_state import CONTAINERS, container_contents, put_contents_back
 from .user_step import UserStep
 
 __all__: list = []
@@ -40,7 +40,6 @@ __all__: list = []
 # a rehearsal, a library's its own bookkeeping. What such code writes
 # elsewhere (a file, a logger's handlers, a tensor it updates in place
 # outside the step's) is not put back.
-_CONTAINERS = (list, dict, set, collections.deque)
 _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple)
 _DEPTH = 3
 _CONTAINER_ITEMS = 1 << 16  # a larger one (a dataset's list) is not copied each rehearsal
@@ -58,31 +57,6 @@ _LIBRARIES = frozenset({"torch", "memfit", "functools", "builtins", "deepspeed",
 def _users(obj) -> bool:
     module = getattr(obj, "__module__", None) or ""
     return module.split(".")[0] not in _LIBRARIES
-
-
-def _contents(value, depth=2):
-    """A container's items, and those of the containers among them (to
-    `depth`), to put back in the very containers; None else."""
-    if not isinstance(value, _CONTAINERS):
-        return None
-    items = dict(value) if isinstance(value, dict) else list(value)
-    inner = [(v, _contents(v, depth - 1))
-             for v in (items.values() if isinstance(items, dict) else items)
-             if depth > 1 and isinstance(v, _CONTAINERS)]
-    return items, inner
-
-
-def _put_contents_back(value, contents):
-    if contents is None:
-        return
-    items, inner = contents
-    if isinstance(value, list):
-        value[:] = items
-    else:  # a dict, deque or set
-        value.clear()
-        (value.update if isinstance(value, (dict, set)) else value.extend)(items)
-    for v, c in inner:
-        _put_contents_back(v, c)
 
 
 def _assigned_globals(code):
@@ -106,10 +80,10 @@ class CallableState:
 
     def _value(self, v):
         """A value the functions reach: its items, if a container."""
-        if (isinstance(v, _CONTAINERS) and id(v) not in self._seen
+        if (isinstance(v, CONTAINERS) and id(v) not in self._seen
                 and len(v) <= _CONTAINER_ITEMS):
             self._seen.add(id(v))
-            self.contents.append((v, _contents(v)))
+            self.contents.append((v, container_contents(v)))
 
     def _owner(self, obj):
         """A bound method's object or a callable object of the user's: its
@@ -122,7 +96,7 @@ class CallableState:
         self._seen.add(id(obj))
         d = vars(obj)
         self.owners.append((d, set(d), {k: v for k, v in d.items() if not k.startswith("_")
-                                        and isinstance(v, (*_PLAIN, *_CONTAINERS))}))
+                                        and isinstance(v, (*_PLAIN, *CONTAINERS))}))
         for v in list(d.values()):
             self._value(v)
 
@@ -206,7 +180,7 @@ class CallableState:
                 del d[k]  # made by the rehearsal
             d.update(saved)
         for v, c in self.contents:
-            _put_contents_back(v, c)
+            put_contents_back(v, c)
 
 
 _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",

@@ -16,6 +16,7 @@ lazy's chunks run the step itself, on the user's tensors, exactly once per
 sample, as an eager step would.
 """
 
+import collections
 import contextlib
 import copy
 import dataclasses
@@ -620,21 +621,21 @@ def _put_slots_back(slots):
 def _plain_values(model):
     """(module, name, value, contents) for each public attribute of
     model_modules(model) that is a number or a string (contents None), or a
-    list or dict (its _contents): See Note [A forward's counters]."""
+    list or dict (its container_contents): See Note [A forward's counters]."""
     out = []
     for m in model_modules(model):
         for k, v in vars(m).items():
             if k.startswith("_") or k == "training":
                 continue
             if isinstance(v, (list, dict, int, float, str)):
-                out.append((m, k, v, _contents(v)))
+                out.append((m, k, v, container_contents(v)))
     return out
 
 
 def _put_values_back(values):
     for module, name, value, contents in values:
         vars(module)[name] = value
-        _put_contents_back(value, contents)
+        put_contents_back(value, contents)
 
 
 def step_bytes(model, optimizer=None, counted=None, held=True):
@@ -809,7 +810,7 @@ class OptimizerState:
         # the scheduler's "step() before optimizer.step()" warning).
         self.called = optimizer.__dict__.get("_opt_called", _MISSING)
         # See Note [An optimizer's own attributes].
-        self.attributes = [(o, [(k, v, _contents(v)) for k, v in attributes])
+        self.attributes = [(o, [(k, v, container_contents(v)) for k, v in attributes])
                            for o, attributes in _own_attributes(optimizer)]
 
     def restore(self):
@@ -832,34 +833,40 @@ class OptimizerState:
                 del d[k]  # made by the rehearsal's steps
             for k, v, contents in attributes:
                 d[k] = v
-                _put_contents_back(v, contents)
+                put_contents_back(v, contents)
 
 
 def _own_attributes_of(o):
     return next(iter(_own_attributes(o)), (None, []))[1]
 
 
-def _contents(value, depth=2):
-    """A list's or dict's items, and those of the lists and dicts among
-    them (to `depth`): what _put_contents_back puts back in the very
+# The containers whose items a rehearsal puts back in the very container
+# (a list of logged values, a dict cache, a set, a deque of recent losses).
+CONTAINERS = (list, dict, set, collections.deque)
+
+
+def container_contents(value, depth=2):
+    """A container's items (See CONTAINERS), and those of the containers
+    among them (to `depth`): what put_contents_back puts back in the very
     containers. None for anything else."""
-    if not isinstance(value, (list, dict)):
+    if not isinstance(value, CONTAINERS):
         return None
-    items = list(value) if isinstance(value, list) else dict(value)
-    inner = [(v, _contents(v, depth - 1))
+    items = dict(value) if isinstance(value, dict) else list(value)
+    inner = [(v, container_contents(v, depth - 1))
              for v in (items.values() if isinstance(items, dict) else items)
-             if depth > 1 and isinstance(v, (list, dict))]
+             if depth > 1 and isinstance(v, CONTAINERS)]
     return items, inner
 
 
-def _put_contents_back(value, contents):
+def put_contents_back(value, contents):
+    """Puts container_contents(value) back into `value` itself."""
     if contents is None:
         return
     items, inner = contents
     if isinstance(value, list):
         value[:] = items
-    else:
+    else:  # a dict, deque or set
         value.clear()
-        value.update(items)
+        (value.update if isinstance(value, (dict, set)) else value.extend)(items)
     for v, c in inner:
-        _put_contents_back(v, c)
+        put_contents_back(v, c)

@@ -787,7 +787,7 @@ class FitBatchSize(pl.Callback):
             plan.batch_size = max(1, plan.batch_size // per)
         if self.keep_effective_batch is None:
             _at_most_the_data(plan, _training_samples(loaders))
-        loaders = val_held = None
+        del loaders, val_held  # held through the planning only
         _set_batch(trainer, pl_module, self.batch_arg_name, plan.batch_size, was, what,
                    self.batch_dim)
         if _built_again(trainer):
@@ -950,7 +950,7 @@ class FitBatchSize(pl.Callback):
             said = len(plans[-1].notes)
             check_averaging(trainer.callbacks, pl_module, plans[-1],
                             per_token * fit.max_tokens, what)
-        loaders = val_held = None
+        del loaders, val_held  # held through the planning only
         if later:
             log.info("memfit: %s (%s) is kept free beside the step", reserved_for,
                      _memfit.format_bytes(later))

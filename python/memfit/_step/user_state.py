@@ -38,6 +38,35 @@ __all__ = ["kept_rng"]
 _MISSING = object()
 
 
+class RngState:
+    """The CPU's generator, each initialized CUDA device's, the
+    torch.Generator objects `holders` own (See kept_rng) and Python's and
+    numpy's global generators, as they are now: restore() puts them back."""
+
+    def __init__(self, *holders):
+        devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+        # memfit's copies, not the step's: a CPU generator's state is a 5 KiB
+        # tensor, which the simulated device counted beside every rehearsal
+        # (a verified answer that ran out by it on the device the step runs on).
+        with host_memory():
+            self.cpu = torch.get_rng_state()
+            self.cards = [(d, torch.cuda.get_rng_state(d)) for d in devices]
+            self.states = [(g, g.get_state()) for g in _generators_of(holders)]
+        self.numpy = sys.modules.get("numpy")  # a step that draws from it imported it
+        self.python = random.getstate()
+        self.np_state = self.numpy.random.get_state() if self.numpy else None
+
+    def restore(self):
+        random.setstate(self.python)
+        if self.np_state is not None:
+            self.numpy.random.set_state(self.np_state)
+        torch.set_rng_state(self.cpu)
+        for d, state in self.cards:
+            torch.cuda.set_rng_state(state, d)
+        for g, state in self.states:
+            g.set_state(state)
+
+
 @contextlib.contextmanager
 def kept_rng(*holders):
     """A block after which the CPU's generator and each initialized CUDA
@@ -49,27 +78,11 @@ def kept_rng(*holders):
     with generator=self.g drew another order after a callback's peek).
     Python's and numpy's global generators too: a step that augments with
     random.random() or np.random drew from them in every rehearsal."""
-    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
-    # memfit's copies, not the step's: a CPU generator's state is a 5 KiB
-    # tensor, which the simulated device counted beside every rehearsal
-    # (a verified answer that ran out by it on the device the step runs on).
-    with host_memory():
-        cpu = torch.get_rng_state()
-        cards = [(d, torch.cuda.get_rng_state(d)) for d in devices]
-        states = [(g, g.get_state()) for g in _generators_of(holders)]
-    numpy = sys.modules.get("numpy")  # a step that draws from it imported it
-    python, np_state = random.getstate(), numpy.random.get_state() if numpy else None
+    state = RngState(*holders)
     try:
         yield
     finally:
-        random.setstate(python)
-        if np_state is not None:
-            numpy.random.set_state(np_state)
-        torch.set_rng_state(cpu)
-        for d, state in cards:
-            torch.cuda.set_rng_state(state, d)
-        for g, state in states:
-            g.set_state(state)
+        state.restore()
 
 
 # Note [A rehearsal runs no step post-hooks of the user's]

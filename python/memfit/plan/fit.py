@@ -24,7 +24,8 @@ from .._step.hints import Batch, LossFn, OptimizerArg, ProgressArg, Size, StepFn
 from .._step.progress import as_progress
 from .._step.training_step import builtin_name, check_optimizer
 from .._step.user_step import as_user_step
-from .._step.user_state import step_bytes, with_loss_module
+from .._step.optimizer_chain import state_values
+from .._step.user_state import RngState, step_bytes, with_loss_module
 from ..report.compiled import search_notes
 from ..report.value_sized import settle_fit
 from ..report.data_parallel import trainable_sizes
@@ -518,7 +519,7 @@ def _takes_steps(fn, args, kwargs) -> bool:
 # added the failed call's gradients to its own and redid samples already
 # trained on, and it began with 0.22 MiB more alive (a 19k-parameter MLP
 # under Adam). So the weights, buffers, gradients, the optimizer's state and
-# hyperparameters, the RNG (and accelerate's step counter, with
+# hyperparameters, the RNG (torch's, Python's and numpy's; and accelerate's step counter, with
 # accelerator=) are copied to the host before the first call
 # and put back before each retry: every call starts where the first did.
 # When every batch ran out they are put back too, before the error.
@@ -543,8 +544,8 @@ def _copy_bytes(tensors, optimizer):
     gradients and the optimizer's state tensors (meta ones cost none)."""
     held = list(tensors) + [t.grad for t in tensors if getattr(t, "grad", None) is not None]
     if optimizer is not None:
-        held += [v for state in optimizer.state.values() if isinstance(state, dict)
-                 for v in state.values() if isinstance(v, torch.Tensor)]
+        held += [v for state in optimizer.state.values() for v in state_values(state)
+                 if isinstance(v, torch.Tensor)]
     return sum(t.numel() * t.element_size() for t in held if not t.is_meta)
 
 
@@ -567,10 +568,7 @@ class _CallStart:
         self.need = _copy_bytes(self.tensors, self.optimizer)
         free = _host_bytes_free()
         self.kept = free is None or self.need <= free // 2
-        with host_memory():
-            self.rng = torch.get_rng_state()
-        self.cards = ([(d, torch.cuda.get_rng_state(d)) for d in range(torch.cuda.device_count())]
-                      if torch.cuda.is_initialized() else [])
+        self.rng = RngState()
         if not self.kept:
             return  # See Note [What a call that ran out of memory leaves]
         with host_memory():
@@ -594,9 +592,7 @@ class _CallStart:
             self._put_back_copies()
         if isinstance(self.accelerator_step, int):
             self.accelerator.step = self.accelerator_step
-        torch.set_rng_state(self.rng)
-        for d, state in self.cards:
-            torch.cuda.set_rng_state(state, d)
+        self.rng.restore()
         gc.collect()
         if torch.cuda.is_initialized():
             torch.cuda.empty_cache()

@@ -14,9 +14,10 @@ TOLERANCE = 0.005  # the core's ProbePlan.tolerance: a miss still called affine
 
 # Note [Probes past a step's odd small batches]
 # The core's probes (Note [Probing toward the answer], batch_search.h) grow
-# only while the last probe missed its line: when the first probes already
-# disagree, they stop at 8x, and the model, fitted across the odd batch,
-# predicted under every batch. A CNN with BatchNorm profiled at batch 4: its
+# while the last probe missed its line; they stopped at 8x where the first
+# probes already disagreed (since grown past them), and the model, fitted
+# across the odd batch, predicted under every batch; and the core calls a
+# step not affine for good once any check missed. A CNN with BatchNorm profiled at batch 4: its
 # step at batch 1 runs other CPU kernels (319 KiB, 26% above the line of
 # batches 2 to 64, exact from there), and probes 1, 2, 4 predicted 11% under
 # plain steps at 16 and 17, and 7.5% under batch 1's own measured step; a

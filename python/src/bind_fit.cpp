@@ -112,6 +112,8 @@ void init_fit(py::module_& m) {
       .def_readonly("predicted_reserved_bytes", &PredictionCertainty::predicted_reserved_bytes,
                     "for a card: reserved bytes replayed on the step sized from the two "
                     "largest probes; -1 when not estimated")
+      .def_readonly("notes", &PredictionCertainty::notes,
+                    "what else may put the prediction off, one line each (text() says them)")
       .def("text", &PredictionCertainty::text)
       .def("__repr__", [](const PredictionCertainty& c) { return "<" + c.text() + ">"; });
   py::class_<ProbedModel>(m, "ProbedModel")
@@ -125,7 +127,16 @@ void init_fit(py::module_& m) {
       .def_readonly("notes", &ProbedModel::notes,
                     "what the probing found (a step not affine in the batch), one line each")
       .def("largest_probe", &ProbedModel::largest_probe)
-      .def("certainty_at", &certainty_at, py::arg("batch"));
+      .def(
+          "certainty_at",
+          [](const ProbedModel& probed, int64_t batch, std::vector<std::string> notes) {
+            PredictionCertainty c = certainty_at(probed, batch);
+            c.notes = std::move(notes);
+            return c;
+          },
+          py::arg("batch"), py::arg("notes") = std::vector<std::string>{},
+          "How sure a prediction at `batch` is; `notes`: what else may put it off, one line "
+          "each, said by text()");
 
   m.def("probe_memory_limit", &probe_memory_limit, py::arg("mode"),
         "Bytes one measured step in `mode` may take: unbounded on meta, else an "

@@ -80,3 +80,20 @@ def test_a_line_of_powers_of_two_is_checked_at_an_odd_batch():
     sure = report.prediction(13)
     assert runs_lstm(int(sure.predicted_bytes * 1.001), 13), sure.text()
     assert not runs_lstm(int(sure.predicted_bytes * 0.98), 13), sure.text()
+
+
+def test_a_line_that_still_misses_its_odd_batch_says_so_in_the_prediction():
+    # Under 3 MiB the probes cannot grow past 8: the line of 2, 4, 8 misses
+    # batch 7 by about 1%, which its held-out check cannot see; a prediction
+    # from it says so in its own text(), not only in the report's notes.
+    torch.manual_seed(0)
+    model = Recurrent()
+    with memfit.simulated_device("3MiB"):
+        report = memfit.profile(model, *sequences(4),
+                                optimizer=torch.optim.Adam(model.parameters()))
+        sure = report.prediction(64)
+    assert list(sure.probes) == [2, 4, 8], sure.text()
+    assert len(sure.notes) == 1 and "missed batch 7's step" in sure.notes[0], sure.notes
+    assert sure.notes[0] in sure.text() and sure.notes[0] in report.notes
+    # A line that holds has nothing to add.
+    assert not memfit.profile(model, *sequences(4)).prediction(16).notes

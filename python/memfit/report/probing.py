@@ -86,12 +86,18 @@ class Probing:
     def notes(self, probed) -> list:
         """What the report says of `probed` where its line may not hold."""
         said = list(probed.notes) if not probed.affine else []
-        if probed is self.grown and self._missed is not None:
-            odd, miss = self._missed
-            said.append(f"the line of the probes at {list(probed.model.probe_batches)} "
-                        f"missed batch {odd}'s step by {100 * miss:.2f}%, their held-out "
-                        f"check aside: predictions from them may be off by that or more")
-        return said
+        return said + self.missed_notes(probed)
+
+    def missed_notes(self, probed) -> list:
+        """The line of `probed` missing a batch between its probes, in a
+        line, or none: what its held-out check cannot say, so a prediction
+        from it says it too (PredictionCertainty.notes)."""
+        if probed is not self.grown or self._missed is None:
+            return []
+        odd, miss = self._missed
+        return [f"the line of the probes at {list(probed.model.probe_batches)} missed batch "
+                f"{odd}'s step by {100 * miss:.2f}%, their held-out check aside: predictions "
+                f"from them may be off by that or more"]
 
     def toward(self, batch: int):
         """The ProbedModel to predict `batch` from: See Note [Probes past a

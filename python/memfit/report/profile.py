@@ -273,7 +273,8 @@ class Report:
         small batches toward `batch` (see Note [Probing toward the answer]),
         each checked against the ones before it. Returns a
         PredictionCertainty: predicted_bytes, probes, held_out_error (worst
-        relative miss), affine, beyond_probes; text() says it in a line.
+        relative miss), affine, beyond_probes, notes (a miss the held-out
+        check cannot see); text() says it in a line.
 
         length=L (a report of profile(..., seq_dim=)): at `batch` samples L
         long, from the surface over batch and length (length_surface()),
@@ -282,7 +283,8 @@ class Report:
         batch = count(batch, "prediction", "batch")
         if length is not None:
             return self._length_prediction(batch, length, "prediction")
-        return self._probe_toward(batch).certainty_at(batch)
+        probed = self._probe_toward(batch)
+        return probed.certainty_at(batch, self._probed.missed_notes(probed))
 
     def length_surface(self, lengths: Any = None, batches: Any = None,
                        held_out: Any = None) -> LengthSurface:

@@ -318,8 +318,9 @@ PredictionCertainty certainty_at(const ProbedModel& probed, int64_t batch) {
 }
 
 std::string PredictionCertainty::text() const {
-  std::string probes_text;
+  std::string probes_text, notes_text;
   for (int64_t b : probes) probes_text += (probes_text.empty() ? "" : ", ") + std::to_string(b);
+  for (const std::string& n : notes) notes_text += "; " + n;
   return "predicted " + format_bytes(predicted_bytes) + " at batch " + std::to_string(batch) +
          " from probes at " + probes_text + "; worst held-out miss " + format_percent(held_out_error) +
          (affine ? "" : ", not affine") +
@@ -329,7 +330,8 @@ std::string PredictionCertainty::text() const {
               ? "; a card would reserve " + format_bytes(predicted_reserved_bytes) +
                     " (the caching allocator replayed on the step sized from the two largest "
                     "probes)"
-              : std::string());
+              : std::string()) +
+         notes_text;
 }
 
 namespace {

@@ -362,6 +362,16 @@ TEST(ProbeToward, PredictionSaysWhenItExtrapolates) {
   EXPECT_NE(c.text().find("extrapolated beyond the largest probe"), std::string::npos);
 }
 
+TEST(ProbeToward, PredictionSaysTheNotesOfTheReportThatAsked) {
+  Step s{[](int64_t b) { return 4096 * b; }};
+  const ProbedModel pm = probe_toward(s.measure(), [](const PeakModel&) { return 64; }, {});
+  PredictionCertainty c = certainty_at(pm, 64);
+  EXPECT_TRUE(c.notes.empty());
+  const std::string plain = c.text();
+  c.notes = {"the line missed batch 7", "a workspace left out"};
+  EXPECT_EQ(c.text(), plain + "; the line missed batch 7; a workspace left out");
+}
+
 TEST(ProbeToward, ABatchSquaredAllocationIsNamedAndPredictedAsACurve) {
   // See Note [An allocation that grows faster than the batch]: 4 b^2 bytes
   // are 4 KiB at batch 32, nothing beside 1 MiB of weights, and lines

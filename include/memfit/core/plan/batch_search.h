@@ -94,6 +94,10 @@ struct PredictionCertainty {
   // probes (Note [A card's reserve between two steps]); -1 when the probes
   // have no estimate or made different allocations.
   int64_t predicted_reserved_bytes = -1;
+  // What else may put the prediction off, one line each, from the report
+  // that asked (a line that missed a batch between its probes, a workspace
+  // its mode leaves out); text() says them too.
+  std::vector<std::string> notes;
   std::string text() const;     // one line
 };
 PredictionCertainty certainty_at(const ProbedModel& probed, int64_t batch);

@@ -1,6 +1,7 @@
 """What memfit reads of the training frameworks' wrappers, without importing
-the frameworks: the torch optimizer inside accelerate's or Lightning's, and
-accelerate's gradient accumulation steps."""
+the frameworks: the torch optimizer inside accelerate's or Lightning's,
+accelerate's gradient accumulation steps, and a backward that must go
+through Lightning Fabric."""
 
 from __future__ import annotations
 
@@ -47,3 +48,24 @@ def accumulation_setter(accelerator: Any, optimizer: Any) -> Callable[[int], Non
         # GradientState is one state shared by every instance (accelerate 1.x).
         return lambda steps: state.plugin_kwargs.update({"num_steps": steps})
     return None
+
+
+# Note [A backward that must go through Fabric]
+# Lightning Fabric's module (fabric.setup(model)) under a precision or a
+# strategy with a backward of its own (bf16-mixed, 16-mixed, DeepSpeed) hooks
+# its outputs to raise unless the loss's backward is fabric.backward(loss).
+# memfit runs the step's backward itself and holds no Fabric to run it
+# through, so find_batch_size raised Fabric's "requires you to call
+# fabric.backward(loss)" from inside memfit's rehearsal. The same step runs
+# on the module Fabric wraps under Fabric's autocast, which is all such a
+# precision adds to the step on one device: an MLP under bf16-mixed, 1936
+# found there against 1952 for Fabric's own loop as plain steps.
+def fabric_backward_refusal(error: BaseException, what: str) -> str | None:
+    """One line for `error` where it is Fabric refusing a backward memfit
+    ran (See Note [A backward that must go through Fabric]); else None."""
+    if not isinstance(error, RuntimeError) or "fabric.backward(loss)" not in str(error):
+        return None
+    return (f"[{what}] the model was set up by Lightning Fabric, whose precision or strategy "
+            f"needs fabric.backward(loss), and memfit runs the step's backward itself: give "
+            f"memfit the module Fabric wraps (model.module) and call memfit under `with "
+            f"fabric.autocast():`")

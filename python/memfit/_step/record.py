@@ -13,6 +13,7 @@ from .._native import native as _memfit
 from .callable_state import CallableState, users_step_functions
 from .compiled import (CompileCost, compiler_unavailable, eager_stance, inductor_error,
                        is_compiled, record_warm)
+from .frameworks import fabric_backward_refusal
 from .meta_reads import run_foreach
 from .loop import Loop, train_mode
 from .offload import OffloadedOptimizer
@@ -21,7 +22,7 @@ from .progress import as_progress
 from .step_flops import open_count
 from .tracking import Tracking
 from .training_step import OPTIMIZERS, check_loss_trains, step_without_closure
-from .user_step import as_user_step
+from .user_step import StepError, as_user_step
 from .user_state import (ModelTensors, OptimizerState, model_modules, optimizer_states,
                          optimizer_tree, private_copy, with_loss_module)
 
@@ -282,10 +283,16 @@ def record_step(model, saved, inputs, target, loss_fn, optimizer, iterations, de
         if flops is not None:
             flops.backward_begins()
         t0 = time.perf_counter()
-        # See Note [A step of several backwards] (user_step.py).
-        for part in (step.losses or [])[:-1]:
-            part.backward(retain_graph=True)
-        (step.losses[-1] if step.losses else step.loss).backward()
+        try:
+            # See Note [A step of several backwards] (user_step.py).
+            for part in (step.losses or [])[:-1]:
+                part.backward(retain_graph=True)
+            (step.losses[-1] if step.losses else step.loss).backward()
+        except RuntimeError as e:
+            refusal = fabric_backward_refusal(e, how.what)
+            if refusal is None:
+                raise
+            raise StepError(refusal) from None
         timed[1] += time.perf_counter() - t0
         if flops is not None:
             flops.step_begins()

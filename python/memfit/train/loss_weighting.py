@@ -117,7 +117,11 @@ __all__: list = []
 # the samples share (a seq-first loss's per-position means), or the check
 # did not run, it weighs by samples. A count the samples do not own (a
 # constant) is refused. A chunk that counts nothing (every token masked)
-# adds 0, not 0/0.
+# adds 0, not 0/0. The count may be cast (.float(), .to()), the sum be over
+# every dimension named (a vector's sum(0)) or a sum of full sums (two
+# heads' reduction="sum" losses): seen only as a full .sum() over a bare
+# count, the rest were weighed by samples, 0.14-0.50 relative off the whole
+# batch's where the first samples held as many tokens each.
 
 # Note [A reduction over the batch's dimension]
 # The mode sees full reductions only: l.mean(0).sum() (a per-output mean
@@ -153,11 +157,36 @@ __all__: list = []
 # whole batch's, and dividing by the unit (and multiplying it back in
 # grad_scale()) is exact, so the gradients are the same bits as without it.
 
+# Note [A term that counts the batch otherwise]
+# The probe by values (and a .mean() of terms, a sum weighed as a mean by
+# Note [A reduction over the batch's dimension]) weighs a chunk by its
+# samples, n/B: exact only where every term the loss adds averages over
+# something each sample holds as much of. A term that averages over counted
+# targets (cross_entropy with ignore_index or class weights) or tokens (a
+# sum over mask.sum(), a masked .mean()) is not, and the values of the first
+# 8 samples cannot tell where those hold as many each: two cross_entropy
+# heads with padding only in later samples trained on gradients 0.50
+# relative off the whole batch's, cross_entropy + an L2 of the weights
+# 0.14 off, class-weighted heads of sorted data 0.21 off, silently. So where
+# a chunk is weighed by its samples, each counted reduction the mode saw
+# that feeds the loss must count the chunk as the step's first chunk (or,
+# for a cross_entropy of the step's own target, the whole batch) does per
+# sample, or count the same whatever the chunk (a .mean() of the weights);
+# else the step is refused, naming the term (not where reduction= is
+# declared with coupled="allow": the user's word, as Note [A declared
+# reduction is checked] has it). The counts compare to 1e-5
+# relative: class weights are summed in their dtype (float32 rounds at
+# 6e-8 per add, pairwise), and a share off by less moves the gradients by
+# less than that.
+
 _REDUCTIONS = {torch.mean: "mean", torch.Tensor.mean: "mean", torch.sum: "sum",
                torch.Tensor.sum: "sum", torch.nansum: "sum", torch.Tensor.nansum: "sum"}
 _DIVISIONS = {torch.div, torch.true_divide, torch.Tensor.div, torch.Tensor.true_divide,
               torch.Tensor.__truediv__}
-_CLAMPS = {torch.clamp, torch.clamp_min, torch.Tensor.clamp, torch.Tensor.clamp_min}
+# What a count stays a count through: a clamp, a cast (See Note [A sum over a count]).
+_CLAMPS = {torch.clamp, torch.clamp_min, torch.Tensor.clamp, torch.Tensor.clamp_min,
+           torch.Tensor.float, torch.Tensor.double, torch.Tensor.to, torch.Tensor.type_as}
+_ADDITIONS = {torch.add, torch.Tensor.add, torch.Tensor.__add__, torch.Tensor.__radd__}
 
 
 def declared_reduction(loss_fn, reduction, who="Trainer"):
@@ -196,6 +225,7 @@ class _Reductions(TorchFunctionMode):
         # id -> (a full sum without grad or a clamp of one, that sum): the
         # counts a loss may divide its sum by (Note [A sum over a count]).
         self._counts = {}
+        self._sums = {}  # id -> a sum of full sums (a numerator, not a rule)
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -208,10 +238,15 @@ class _Reductions(TorchFunctionMode):
             if count is not None:
                 self._counts[id(out)] = (out, count)
             return out
+        if func in _ADDITIONS and len(args) == 2 and not kwargs:
+            out = func(*args)
+            if all(self._is_sum(a) for a in args):  # one, to divide by a count
+                self._sums[id(out)] = out
+            return out
         if func in _DIVISIONS and len(args) == 2 and not kwargs:
             total, by = args
             count = self._count_of(by)
-            if count is None or not any(o is total and r.kind == "sum" for o, r, _ in self.calls):
+            if count is None or not self._is_sum(total):
                 return func(*args)
             # A chunk with nothing to count (every token masked out) counts 0
             # in the batch's: its sum over 1, not 0/0.
@@ -253,6 +288,9 @@ class _Reductions(TorchFunctionMode):
             out = torch.sum(*args, **kwargs)
         else:
             out = func(*args, **kwargs)
+        # Over every dimension named one by one (a vector's sum(0)): full too.
+        full = full or (isinstance(out, torch.Tensor) and out.dim() == 0
+                        and isinstance(args[0], torch.Tensor) and args[0].dim() > 0)
         if not full:
             return out
         count = float(args[0].numel()) if kind == "mean" else None
@@ -260,6 +298,11 @@ class _Reductions(TorchFunctionMode):
         if kind == "sum" and isinstance(out, torch.Tensor) and not out.requires_grad:
             self._counts[id(out)] = (out, out)
         return out
+
+    def _is_sum(self, t):
+        """Whether `t` is a full sum, or a sum of them, the mode saw."""
+        return self._sums.get(id(t)) is t or any(
+            o is t and r.kind == "sum" for o, r, _ in self.calls)
 
     def _count_of(self, t):
         entry = self._counts.get(id(t))
@@ -370,6 +413,8 @@ class LossWeighting:
         # Whether the loss was checked to count its samples apart (or
         # coupled="allow" says not to); see Note [Probing how the loss reduces].
         self._separable = coupled_allowed
+        # A reduction= declared with coupled="allow": the user's word, unchecked.
+        self._as_declared = coupled_allowed and self._declared is not None
         # Whether a .mean()'s chunks weigh by their elements, not their
         # samples; None until checked (Note [A sum over a count]).
         self._by_count = None
@@ -382,6 +427,7 @@ class LossWeighting:
         self._unit = None
         self._full_target = None
         self._denominators = {}
+        self._shares = {}
 
     def begin_step(self, full_target=None):
         """Before a step on the batch whose target is `full_target`."""
@@ -390,6 +436,9 @@ class LossWeighting:
         self._unit = None  # See Note [The scale of a chunk's sum]
         self._full_target = full_target
         self._denominators = {}  # (ignore_index, id(weight)) -> the batch's count
+        # (call index, kind, name) -> (samples, count) it is compared with:
+        # See Note [A term that counts the batch otherwise].
+        self._shares = {}
 
     def _batch_count(self, rule):
         """The batch's counted targets for `rule`, from the step's target."""
@@ -418,6 +467,8 @@ class LossWeighting:
         found = next(((rule, count) for out, rule, count in mode.calls if out is loss), None)
         if found is None:
             kind = self._probe(output, target, target_dim, rerun)
+            if kind == "mean":
+                self._check_shares(mode.calls, loss, start, n, batch, target)
             return loss * (n / batch) if kind == "mean" else loss
         rule, count = found
         if not self._separable:
@@ -443,6 +494,7 @@ class LossWeighting:
         if rule.kind == "sum":
             return loss
         if rule.kind == "mean" and (not self._by_count or self._kind is not None):
+            self._check_shares(mode.calls, loss, start, n, batch, target)
             return loss * (n / batch)
         if rule.kind == "classes" and rule.target is target and \
                 isinstance(self._full_target, torch.Tensor):
@@ -457,6 +509,35 @@ class LossWeighting:
             # See Note [The scale of a chunk's sum].
             self._unit = 2.0 ** round(math.log2(float(count) * batch / n))
         return loss * (count / (self._unit or 1.0))
+
+    def _check_shares(self, calls, loss, start, n, batch, target):
+        """Raises ValueError where the loss, its chunk weighed by samples,
+        adds a counted reduction that holds another share of the batch: See
+        Note [A term that counts the batch otherwise]."""
+        if self._as_declared:
+            return
+        for i, (out, rule, count) in enumerate(calls):
+            if out is loss or count is None or not getattr(out, "requires_grad", False):
+                continue
+            c = float(count)
+            key = (i, rule.kind, rule.name)
+            if key not in self._shares:
+                own = rule.kind == "classes" and rule.target is target and \
+                    isinstance(self._full_target, torch.Tensor)
+                self._shares[key] = (batch, self._batch_count(rule)) if own else (n, c)
+            n0, c0 = self._shares[key]
+            if _close(c * n0, c0 * n) or (n0 != batch and _close(c, c0)):
+                continue
+            if not _feeds(loss, out):
+                continue
+            what = "the whole batch" if n0 == batch else "the step's first micro-batch"
+            raise ValueError(
+                f"[Trainer.step] the loss adds a term that averages over what its samples "
+                f"hold in different numbers ({rule.name}: {c:g} counted in samples "
+                f"{start}..{start + n - 1}, {c0 / n0:.6g} per sample in {what}), but the loss "
+                f"is weighed by samples: split, the gradients would not be the whole batch's. "
+                f"Return that term alone, divide every term by the same count (a sum over "
+                f"mask.sum()), or run the batch whole (a larger budget)")
 
     def finish_step(self):
         """After the step: grad_scale(), and the step's target and counts
@@ -672,6 +753,27 @@ class LossWeighting:
         # Rounding of the loss's dtype, summed over k values.
         return _Probe(value, k, 64 * k * torch.finfo(o.dtype if o.is_floating_point()
                                                      else torch.float32).eps)
+
+
+def _close(a, b):
+    """Counts equal to 1e-5 relative: See Note [A term that counts the batch
+    otherwise]."""
+    return abs(a - b) <= 1e-5 * max(abs(a), abs(b), 1e-30)
+
+
+def _feeds(loss, out):
+    """Whether `out` is in the autograd graph `loss` was made by."""
+    node, seen = out.grad_fn, set()
+    todo = [loss.grad_fn]
+    while todo:
+        f = todo.pop()
+        if f is None or f in seen:
+            continue
+        if f is node:
+            return True
+        seen.add(f)
+        todo.extend(g for g, _ in f.next_functions)
+    return False
 
 
 def _partition_total(counts):

@@ -97,3 +97,18 @@ def test_the_best_weights_kept_on_the_device_claim_what_the_host_saves():
     # Plain steps on the device need within 10% of the claim more than on the host.
     claim = f.estimated_saving
     assert runs(on_host + int(1.1 * claim), False) and not runs(on_host + int(0.9 * claim), False)
+
+
+def test_a_model_saved_inside_the_doctor_names_nothing_of_memfit():
+    # torch.save(model) inside the block: the file loads where memfit is not
+    # installed, and the copy's hooks do nothing (its forward is the model's).
+    model = mlp()
+    x = batches(1)[0][0]
+    saved = io.BytesIO()
+    with memfit.doctor(model, torch.optim.SGD(model.parameters(), lr=0.1)):
+        model(x)
+        torch.save(model, saved)
+    assert b"memfit" not in saved.getvalue()
+    saved.seek(0)
+    loaded = torch.load(saved, weights_only=False)
+    assert torch.equal(loaded(x), model(x))

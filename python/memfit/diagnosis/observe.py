@@ -151,7 +151,11 @@ class _ModuleHook:
     the block (copy.deepcopy for an EMA or the best weights so far,
     torch.save of the whole model) gets a hook that does nothing: the copy
     is not the model watched, and the observer behind the hook holds the
-    timeline, which cannot be copied (the copy raised)."""
+    timeline, which cannot be copied (the copy raised). That hook is `"".
+    __init__`, pickled as builtins' getattr("", "__init__"): it takes any
+    arguments and returns None (str keeps object's __init__, which lets
+    them pass), so a model saved inside the block loads where memfit is not
+    installed (a class of memfit's own there did not)."""
 
     def __init__(self, fn):
         self.fn = fn
@@ -160,14 +164,7 @@ class _ModuleHook:
         return self.fn(*args, **kwargs)
 
     def __reduce__(self):
-        return (_NoHook, ())
-
-
-class _NoHook:
-    """What a copy of the model gets for the doctor's hook (_ModuleHook)."""
-
-    def __call__(self, *args, **kwargs):
-        return None
+        return (getattr, ("", "__init__"))
 
 
 def _hook_site(fn):
@@ -176,7 +173,7 @@ def _hook_site(fn):
     log of `.mean().item()`) and for a library's or the doctor's."""
     while isinstance(fn, functools.partial):
         fn = fn.func
-    if isinstance(fn, (_ModuleHook, _NoHook)):
+    if isinstance(fn, _ModuleHook):
         return None
     fn = getattr(fn, "__func__", fn)
     code = getattr(fn, "__code__", None)

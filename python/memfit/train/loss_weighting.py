@@ -15,6 +15,7 @@ from torch.overrides import TorchFunctionMode
 
 from .._step.loss_rule import LossRule, bind_arguments, counted_targets, loss_rule
 from .._step.user_state import kept_rng
+from .step_notes import random_modules
 
 __all__: list = []
 
@@ -77,6 +78,23 @@ __all__: list = []
 # on gradients 90% off the whole batch's, and a contrastive loss_fn in
 # micro-batches of 1 on gradients 1.27 off (each sample's loss alone is 0),
 # and nothing said so.
+#
+# Note [A forward that mixes the samples only in training mode]
+# The step run again in eval mode misses a layer that mixes the samples in
+# training mode only: a custom batch norm (F.batch_norm(training=
+# self.training)), a centring over the batch's dimension where
+# self.training. Its split step trained on gradients 0.08-0.11 relative
+# off the whole batch's, and nothing said so (the rows passed, and the
+# rerun in eval mode did not mix them). So the checks that run the step
+# again (StepRerun) run it first with the modules in their own modes,
+# dropout's in eval mode (its masks would differ per batch), each run on
+# fresh copies of the buffers, swapped in (a write reaches neither the next
+# run nor the tensors the step's own forward saved for its backward). Where
+# those runs drew random numbers (F.dropout in a forward, noise) their
+# values tell nothing, and where they wrote a buffer the step's notes name
+# it (Note [What else a split step does per micro-batch], step_notes.py,
+# as for a batch norm of its own): both are checked in eval mode as
+# before.
 #
 # Note [How close a step run again agrees]
 # The model runs at other batch sizes there, and its kernels round
@@ -391,6 +409,49 @@ def _rerun_quietly(rerun, seen=None):
                 seen["stateful"] = written or not _same_states(rng, _rng_now())
 
 
+def _values_as_trained(value, k, rerun):
+    """value() of samples [0, k) together and of each alone, the step run
+    again with its modules in their own modes (dropout's in eval mode), on
+    copies of the buffers made afresh for each run; None where there is no
+    StepRerun, nothing in training mode, or the runs drew random numbers or
+    wrote a buffer: See Note [A forward that mixes the samples only in
+    training mode]."""
+    module = None if rerun is None else rerun.module
+    if module is None or not any(m.training for m in module.modules()):
+        return None
+    buffers = [(m, name, b) for m in module.modules()
+               for name, b in m.named_buffers(recurse=False) if b is not None]
+    modes = [(m, m.training) for m in module.modules()]
+    versions = [b._version for _, _, b in buffers]
+    with torch.no_grad(), kept_rng(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        rng = _rng_now()
+        for m in random_modules(module):
+            m.training = False
+
+        wrote = []
+
+        def fresh(a, b):
+            copies = [buffer.clone() for _, _, buffer in buffers]
+            for (m, name, _), c in zip(buffers, copies):
+                setattr(m, name, c)
+            got = value(a, b)
+            wrote.append(any(c._version != 0 or getattr(m, name, None) is not c
+                             for (m, name, _), c in zip(buffers, copies)))
+            return got
+
+        try:
+            found = fresh(0, k), [fresh(i, i + 1) for i in range(k)]
+        finally:
+            for m, training in modes:
+                m.training = training
+            for m, name, buffer in buffers:
+                setattr(m, name, buffer)
+        drew = not _same_states(rng, _rng_now())
+    written = any(wrote) or any(b._version != v for (_, _, b), v in zip(buffers, versions))
+    return None if drew or written else found
+
+
 def _rng_now():
     """The CPU generator's state and each initialized CUDA device's."""
     cards = range(torch.cuda.device_count()) if torch.cuda.is_initialized() else ()
@@ -587,9 +648,11 @@ class LossWeighting:
         value, k, tol, again = probe.value, probe.k, probe.tolerance, probe.rerun
         seen = {}
         try:
-            with _rerun_quietly(again, seen):
-                together, in_all = value(0, k)
-                alone = [value(i, i + 1) for i in range(k)]
+            found = _values_as_trained(value, k, again)
+            if found is None:
+                with _rerun_quietly(again, seen):
+                    found = value(0, k), [value(i, i + 1) for i in range(k)]
+            (together, in_all), alone = found
         except torch.cuda.OutOfMemoryError:
             if again is None:
                 raise  # the step's to recover from, as any of its allocations

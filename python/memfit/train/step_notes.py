@@ -55,22 +55,32 @@ def _shown(names):
     return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
+def _dropout_p(m):
+    """The dropout probability of a dropout layer or MultiheadAttention, else
+    None."""
+    if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+        return m.p
+    if isinstance(m, torch.nn.MultiheadAttention):
+        return m.dropout
+    return None
+
+
+def random_modules(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """The layers of `model` that draw random masks now: in training mode,
+    dropout with p > 0 (MultiheadAttention's too)."""
+    return [m for _, m in _random_named(model)]
+
+
+def _random_named(model):
+    return [(path, m) for path, m in model.named_modules()
+            if m.training and (_dropout_p(m) or 0) > 0]
+
+
 def random_layers(model: torch.nn.Module) -> list[str]:
     """Paths of the layers that draw random masks in training mode (dropout
     with p > 0, MultiheadAttention's dropout)."""
-    out = []
-    for path, m in model.named_modules():
-        if not m.training:
-            continue
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-            p = m.p
-        elif isinstance(m, torch.nn.MultiheadAttention):
-            p = m.dropout
-        else:
-            continue
-        if p > 0:
-            out.append(f"{path or type(m).__name__} ({type(m).__name__}, p={p:g})")
-    return out
+    return [f"{path or type(m).__name__} ({type(m).__name__}, p={_dropout_p(m):g})"
+            for path, m in _random_named(model)]
 
 
 def split_notes(model: torch.nn.Module, micro_batches: int, drew_random: bool = False,

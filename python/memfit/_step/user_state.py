@@ -33,7 +33,7 @@ from .device import host_memory
 from .offload import OffloadedOptimizer
 from .optimizer_chain import OptimizerChain
 
-__all__ = ["kept_rng"]
+__all__ = ["AutocastState", "kept_rng"]
 
 _MISSING = object()
 
@@ -65,6 +65,28 @@ class RngState:
             torch.cuda.set_rng_state(state, d)
         for g, state in self.states:
             g.set_state(state)
+
+
+class AutocastState:
+    """torch.autocast's state on the CPU and, where there is one, CUDA, as it
+    is now: entered() runs a block under it again. A report's later probes
+    run under the autocast of the profile() that made it, not of whoever
+    asks: profiled under bf16 autocast and asked outside it, an MLP's
+    predicted peak at 512 came out 2.7% under the step the user runs."""
+
+    def __init__(self):
+        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+        self.states = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                       for d in devices]
+        self.cache = torch.is_autocast_cache_enabled()
+
+    @contextlib.contextmanager
+    def entered(self):
+        with contextlib.ExitStack() as stack:
+            for device, enabled, dtype in self.states:
+                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled,
+                                                   cache_enabled=self.cache))
+            yield
 
 
 @contextlib.contextmanager

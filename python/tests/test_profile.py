@@ -432,6 +432,34 @@ def test_a_reports_probes_run_under_the_autocast_it_was_profiled_in():
         assert plain.predict_peak_bytes(512) == want_plain
 
 
+class CausalAttention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.out = torch.nn.Linear(32, 96), torch.nn.Linear(32, 10)
+
+    def forward(self, x):
+        n, length = x.shape[:2]
+        q, k, v = self.qkv(x).view(n, length, 3, 2, 16).permute(2, 0, 3, 1, 4)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.out(a.transpose(1, 2).reshape(n, length, 32).mean(1))
+
+
+def test_a_reports_probes_run_under_the_attention_backends_it_was_profiled_in():
+    # Profiled under sdpa_kernel(MATH) (the whole score matrix) and asked
+    # outside it, the probes ran the CPU's flash kernel: 5.6x under.
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    torch.manual_seed(0)
+    model = CausalAttention()
+    x, y = torch.randn(2, 128, 32), torch.randint(0, 10, (2,))
+    with sdpa_kernel(SDPBackend.MATH):
+        math = memfit.profile(model, x, y, optimizer="sgd")
+        want = memfit.profile(model, x, y, optimizer="sgd").predict_peak_bytes(16)
+    flash = memfit.profile(model, x, y, optimizer="sgd").predict_peak_bytes(16)
+    assert want > 2 * flash  # the test sees the backends at all
+    assert math.predict_peak_bytes(16) == want
+
+
 def test_a_profile_that_runs_out_of_memory_puts_everything_back():
     # See Note [A rehearsal that runs out of memory puts everything back].
     with memfit.simulated_device("16MiB"):

@@ -33,7 +33,7 @@ from .device import host_memory
 from .offload import OffloadedOptimizer
 from .optimizer_chain import OptimizerChain
 
-__all__ = ["AutocastState", "kept_rng"]
+__all__ = ["KernelSwitches", "kept_rng"]
 
 _MISSING = object()
 
@@ -67,26 +67,52 @@ class RngState:
             g.set_state(state)
 
 
-class AutocastState:
-    """torch.autocast's state on the CPU and, where there is one, CUDA, as it
-    is now: entered() runs a block under it again. A report's later probes
-    run under the autocast of the profile() that made it, not of whoever
-    asks: profiled under bf16 autocast and asked outside it, an MLP's
-    predicted peak at 512 came out 2.7% under the step the user runs."""
+# The enabled-flag getter of each scaled_dot_product_attention backend
+# (torch.backends.cuda's, which the CPU's dispatch reads too).
+_SDPA_BACKENDS = (("MATH", "math_sdp_enabled"), ("FLASH_ATTENTION", "flash_sdp_enabled"),
+                  ("EFFICIENT_ATTENTION", "mem_efficient_sdp_enabled"),
+                  ("CUDNN_ATTENTION", "cudnn_sdp_enabled"))
+
+
+class KernelSwitches:
+    """The switches that choose a step's kernels, as they are now: torch.
+    autocast's state on the CPU (and CUDA where there is one) and the
+    backends scaled_dot_product_attention may use (sdpa_kernel's); entered()
+    runs a block under them again. A report's later probes run under those
+    of the profile() that made it, not of whoever asks: profiled under bf16
+    autocast and asked outside it, an MLP's peak at 512 came out 2.7% under
+    the step the user runs; profiled under sdpa_kernel(MATH), an attention
+    layer's 5.6x under."""
 
     def __init__(self):
         devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        self.states = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                       for d in devices]
+        self.autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
+                         for d in devices]
         self.cache = torch.is_autocast_cache_enabled()
+        self.sdpa = _sdpa_backends()
 
     @contextlib.contextmanager
     def entered(self):
         with contextlib.ExitStack() as stack:
-            for device, enabled, dtype in self.states:
+            for device, enabled, dtype in self.autocast:
                 stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled,
                                                    cache_enabled=self.cache))
+            if self.sdpa is not None and self.sdpa != _sdpa_backends():
+                stack.enter_context(torch.nn.attention.sdpa_kernel(self.sdpa))
             yield
+
+
+def _sdpa_backends():
+    """The SDPA backends enabled now, or None on a torch without sdpa_kernel."""
+    try:
+        from torch.nn import attention
+    except ImportError:
+        return None
+    if not hasattr(attention, "sdpa_kernel"):
+        return None
+    flags = torch.backends.cuda
+    return [getattr(attention.SDPBackend, name) for name, enabled in _SDPA_BACKENDS
+            if hasattr(flags, enabled) and getattr(flags, enabled)()]
 
 
 @contextlib.contextmanager

@@ -28,7 +28,7 @@ from .._step.progress import as_progress
 from .._step.record import rehearse
 from .._step.training_step import check_optimizer, optimizer_name
 from .._step.user_step import as_user_step
-from .._step.user_state import AutocastState, kept_rng, no_user_post_hooks, step_tensors
+from .._step.user_state import KernelSwitches, kept_rng, no_user_post_hooks, step_tensors
 from . import data_parallel as _dp
 from . import page as report_page
 from .places import place_of
@@ -590,13 +590,13 @@ class _StepRecorder:
         # mode cannot size in an RNN], meta_rnn.py).
         self.meta_on_cpu = None
         self.cpu_peaks = {}
-        self.autocast = AutocastState()  # profile()'s: each later probe runs under it
+        self.switches = KernelSwitches()  # profile()'s: each later probe runs under them
 
     def run(self, inputs, target, eager=False):
         """(C++ report, timeline) of the step on `inputs`."""
         notes = []
         reads = MetaReads()  # See Note [Data-dependent reads on the meta device].
-        with self.autocast.entered(), kept_rng(), no_user_post_hooks(self.optimizer):
+        with self.switches.entered(), kept_rng(), no_user_post_hooks(self.optimizer):
             rec, mode = self._rehearse(inputs, target, eager, reads, notes)
         return self._report(rec, mode, inputs, eager, reads, notes)
 

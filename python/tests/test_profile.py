@@ -413,25 +413,6 @@ def test_a_profile_inside_autocast_measures_its_own_weight_casts_and_leaves_none
     assert torch.equal(got, want)
 
 
-@pytest.mark.numerics
-def test_a_reports_probes_run_under_the_autocast_it_was_profiled_in():
-    # Asked inside or outside autocast, a report predicts the step it
-    # profiled: profiled under bf16 autocast and asked outside, the MLP's
-    # peak at 512 came out 2.7% under that step's, which is the one a bf16
-    # loop runs. Each side against a report made and asked in one context.
-    model = mlp()
-    x, y = batch(8)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        bf16 = memfit.profile(model, x, y, optimizer="adam")
-        want_bf16 = memfit.profile(model, x, y, optimizer="adam").predict_peak_bytes(512)
-    plain = memfit.profile(model, x, y, optimizer="adam")
-    want_plain = memfit.profile(model, x, y, optimizer="adam").predict_peak_bytes(512)
-    assert want_bf16 != want_plain  # the test sees the autocast at all
-    assert bf16.predict_peak_bytes(512) == want_bf16
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert plain.predict_peak_bytes(512) == want_plain
-
-
 class CausalAttention(torch.nn.Module):
     def __init__(self):
         super().__init__()
@@ -444,20 +425,37 @@ class CausalAttention(torch.nn.Module):
         return self.out(a.transpose(1, 2).reshape(n, length, 32).mean(1))
 
 
-def test_a_reports_probes_run_under_the_attention_backends_it_was_profiled_in():
-    # Profiled under sdpa_kernel(MATH) (the whole score matrix) and asked
-    # outside it, the probes ran the CPU's flash kernel: 5.6x under.
+def _math_attention():
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    torch.manual_seed(0)
-    model = CausalAttention()
-    x, y = torch.randn(2, 128, 32), torch.randint(0, 10, (2,))
-    with sdpa_kernel(SDPBackend.MATH):
-        math = memfit.profile(model, x, y, optimizer="sgd")
-        want = memfit.profile(model, x, y, optimizer="sgd").predict_peak_bytes(16)
-    flash = memfit.profile(model, x, y, optimizer="sgd").predict_peak_bytes(16)
-    assert want > 2 * flash  # the test sees the backends at all
-    assert math.predict_peak_bytes(16) == want
+    return sdpa_kernel(SDPBackend.MATH)
+
+
+@pytest.mark.numerics
+@pytest.mark.parametrize("switch", ["bf16 autocast", "math attention"])
+def test_a_reports_probes_run_under_the_switches_it_was_profiled_in(switch):
+    # Profiled under bf16 autocast and asked outside it, the MLP's peak at
+    # 512 came out 2.7% under its bf16 step (the one a bf16 loop runs);
+    # profiled under sdpa_kernel(MATH) (the whole score matrix), attention's
+    # at 16 5.6x under: the probes ran the caller's kernels. Each against a
+    # report made and asked under the switch, and asked inside by one made
+    # outside.
+    if switch == "bf16 autocast":
+        model, (x, y), at = mlp(), batch(8), 512
+        entered = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
+    else:
+        torch.manual_seed(0)
+        model, x, y, at = CausalAttention(), torch.randn(2, 128, 32), torch.randint(0, 10, (2,)), 16
+        entered = _math_attention
+    with entered():
+        inside = memfit.profile(model, x, y, optimizer="adam")
+        want_inside = memfit.profile(model, x, y, optimizer="adam").predict_peak_bytes(at)
+    outside = memfit.profile(model, x, y, optimizer="adam")
+    want_outside = memfit.profile(model, x, y, optimizer="adam").predict_peak_bytes(at)
+    assert want_inside != want_outside  # the test sees the switch at all
+    assert inside.predict_peak_bytes(at) == want_inside
+    with entered():
+        assert outside.predict_peak_bytes(at) == want_outside
 
 
 def test_a_profile_that_runs_out_of_memory_puts_everything_back():

@@ -326,7 +326,10 @@ void Planner::checkpoint_rows() {
                 (same ? " (the same as every block)" : ""),
             StrategyKind::kCheckpointing, best, std::move(cheapest->recording));
   } else {
-    a_.notes.push_back("no checkpointing choice fits " + format_bytes(limit_) +
+    // The plan below may still checkpoint, beside other strategies: say
+    // this is checkpointing alone at the whole batch.
+    a_.notes.push_back("no checkpointing choice alone fits " + format_bytes(limit_) +
+                       " at batch " + std::to_string(s_.batch) +
                        ": every block checkpointed peaks at " + format_bytes(every_peak));
   }
 }

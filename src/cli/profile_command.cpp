@@ -89,8 +89,8 @@ std::string prediction_text(const PeakModel& pm, int64_t batch,
   }
   out << "\n  that phase: " << format_bytes(static_cast<int64_t>(at.fit.m0))
       << " fixed + " << format_bytes(static_cast<int64_t>(at.fit.per_sample))
-      << " per sample; largest fit residual "
-      << pm.max_rel_residual() * 100.0 << "%\n";
+      << " per sample; largest fit residual " << format_percent(pm.max_rel_residual())
+      << "\n";
   if (sure) out << "  " << sure->text() << "\n";
   for (const auto& n : pm.notes) out << "note: " << n << "\n";
   return out.str();

@@ -33,7 +33,7 @@ from .device import host_memory
 from .offload import OffloadedOptimizer
 from .optimizer_chain import OptimizerChain
 
-__all__ = ["KernelSwitches", "kept_rng"]
+__all__ = ["kept_rng"]
 
 _MISSING = object()
 
@@ -85,21 +85,32 @@ class KernelSwitches:
     layer's 5.6x under."""
 
     def __init__(self):
-        devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
-        self.autocast = [(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d))
-                         for d in devices]
-        self.cache = torch.is_autocast_cache_enabled()
+        self.autocast = _autocast_now()
         self.sdpa = _sdpa_backends()
 
     @contextlib.contextmanager
     def entered(self):
+        """The block under these switches. Only a switch that differs now is
+        entered: an autocast region around a step that enters its own keeps
+        that one's casts of the weights alive until ours exits (See Note [A
+        rehearsal inside the user's autocast], record.py)."""
         with contextlib.ExitStack() as stack:
-            for device, enabled, dtype in self.autocast:
-                stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled,
-                                                   cache_enabled=self.cache))
+            if self.autocast != _autocast_now():
+                states, cache = self.autocast
+                for device, enabled, dtype in states:
+                    stack.enter_context(torch.autocast(device, dtype=dtype, enabled=enabled,
+                                                       cache_enabled=cache))
             if self.sdpa is not None and self.sdpa != _sdpa_backends():
                 stack.enter_context(torch.nn.attention.sdpa_kernel(self.sdpa))
             yield
+
+
+def _autocast_now():
+    """torch.autocast's state: (device, enabled, dtype) on the CPU and, where
+    there is one, CUDA; and whether it caches casts."""
+    devices = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+    return ([(d, torch.is_autocast_enabled(d), torch.get_autocast_dtype(d)) for d in devices],
+            torch.is_autocast_cache_enabled())
 
 
 def _sdpa_backends():

@@ -4,6 +4,7 @@ built-in optimizers by name, and the checks made before anything runs."""
 
 import inspect
 import itertools
+import sys
 from collections.abc import Mapping
 
 import torch
@@ -172,6 +173,7 @@ def check_model(model, what):
                 f"[{what}] the model's {lazy} is not initialized yet (a lazy module, as "
                 f"LazyLinear, gets its size at its first forward): run model(example) once "
                 f"first, then make the optimizer over model.parameters()")
+        _check_not_sharded(model, what)
         return
     orig = getattr(model, "_torchdynamo_orig_callable", None)
     if orig is not None:
@@ -186,6 +188,45 @@ def check_model(model, what):
             f"pass the module (compiled or not) as model, and a function that runs the step "
             f"as step=")
     raise ValueError(f"[{what}] model must be a torch.nn.Module, got {type(model).__name__}")
+
+
+# Note [Sharded models are refused]
+# A model sharded by fully_shard (FSDP2) or tensor parallelism holds
+# DTensor parameters, and its forward and backward gather and scatter them
+# across the ranks: a collective in every step. memfit's probes and
+# verifying steps run as many steps as each rank's search takes, so the
+# ranks' collectives would not pair up (a hang until the process group's
+# timeout), and the rehearsal's copies of the weights are not DTensors
+# (before: an AttributeError from deep inside, "'DeviceMesh' object has no
+# attribute 'device'"). torch's FullyShardedDataParallel (FSDP1) wraps the
+# same way. So each is refused in one line before anything runs; one
+# rank's memory under FSDP2 is planned from the model before sharding
+# (memfit.profile(...).data_parallel(world_size, sharding="fsdp2")).
+
+
+def _check_not_sharded(model, what):
+    """Raises ValueError for a model memfit cannot run a step of on one rank
+    alone: See Note [Sharded models are refused]."""
+    fsdp = sys.modules.get("torch.distributed.fsdp")
+    wrapper = getattr(fsdp, "FullyShardedDataParallel", None)
+    if wrapper is not None and any(isinstance(m, wrapper) for m in model.modules()):
+        raise ValueError(
+            f"[{what}] the model is wrapped in FullyShardedDataParallel, whose steps gather "
+            f"and scatter the weights across ranks, which memfit's probes cannot run on one rank "
+            f"alone: pass the model before wrapping, and see one rank's share with "
+            f"memfit.profile(...).data_parallel(world_size, sharding='zero3')")
+    dtensor = [getattr(sys.modules.get(name), "DTensor", None)
+               for name in ("torch.distributed.tensor", "torch.distributed._tensor")]
+    dtensor = tuple(t for t in dtensor if isinstance(t, type))
+    name = next((n for n, p in model.named_parameters() if isinstance(p, dtensor)),
+                None) if dtensor else None
+    if name is not None:
+        raise ValueError(
+            f"[{what}] the model's parameter {name} is a DTensor (fully_shard, FSDP2, or tensor "
+            f"parallelism): its steps gather and scatter weights across ranks, which memfit's "
+            f"probes cannot run on one rank alone; pass the model before sharding, and see one "
+            f"rank's share with memfit.profile(...).data_parallel(world_size, sharding='fsdp2', "
+            f"model=model)")
 
 
 def check_optimizer(model, optimizer, what, instance_only=False):

@@ -12,6 +12,7 @@ import torch
 from .._native import native as _memfit
 from .._step.device import to_bytes
 from .._step.user_state import step_bytes
+from .ranks import sharded_optimizer
 
 __all__: list = []
 
@@ -88,6 +89,8 @@ def _outside_the_optimizer(model, optimizer) -> list:
     optimizer given steps]."""
     if not isinstance(optimizer, torch.optim.Optimizer):
         return []
+    # Other ranks' shards: See Note [ZeroRedundancyOptimizer measured on this rank's shard].
+    optimizer = sharded_optimizer(optimizer) or optimizer
     held = {id(p) for g in optimizer.param_groups for p in g["params"]}
     out = [p for p in model.parameters() if p.requires_grad and id(p) not in held]
     if not out:

@@ -34,7 +34,7 @@ from ..report.step_growth import growth_note
 from ..report.profile import profile
 from .budget import resolve_budget
 from .lengths import LengthFit, fit_lengths, padded_example
-from .ranks import LocalAnswer, agreed_across_ranks
+from .ranks import LocalAnswer, agreed_across_ranks, rank_local_optimizer
 
 __all__ = ["DoesNotFit", "find_batch_size", "auto_batch_size"]
 
@@ -229,6 +229,7 @@ class _LoopAt:
 def _loop_at(model, loss_fn, step, optimizer, batch_dim, mode, target_device, loop_args,
              progress=None) -> _LoopAt:
     optimizer = unwrapped_optimizer(optimizer)  # accelerate's or Lightning's wrapper
+    optimizer = rank_local_optimizer(optimizer)  # ZeroRedundancyOptimizer's, no collective
     check_optimizer(model, optimizer, "find_batch_size")
     how = as_user_step(loss_fn, step, "find_batch_size", model)
     target_device = budget_target(model, target_device, "find_batch_size")

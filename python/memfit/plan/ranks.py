@@ -10,6 +10,8 @@ import dataclasses
 import functools
 import inspect
 import socket
+import sys
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -49,6 +51,52 @@ __all__: list = []
 # never arrives (killed, hung). Under NCCL, all_gather_object sends through
 # torch.cuda.current_device(): each rank must have set its own card
 # (torch.cuda.set_device), as torch requires for any object collective.
+
+
+# Note [ZeroRedundancyOptimizer measured on this rank's shard]
+# torch's ZeroRedundancyOptimizer.step() steps its local optimizer (`.optim`,
+# over the parameters this rank owns) and then broadcasts every rank's shard
+# to the others (_sync_params): a collective in every optimizer step.
+# find_batch_size runs as many steps as each rank's search takes, and those
+# differ between ranks (another budget, another verifying step): one rank's
+# broadcasts met another's agreement collective, and both ranks hung until
+# the process group's timeout (whose "pair closure" was then read as an
+# optimizer that needs a closure). A rank's memory is its local optimizer's:
+# the state and temporaries of its shard; the broadcasts write parameters in
+# place. So what memfit measures steps `.optim`, no collective in it, and
+# the rehearsal puts that optimizer's state back as any other's. With
+# overlap_with_ddp=True, `.optim` is made inside DDP's communication hook,
+# in the first steps of training: refused until then. The parameters other
+# ranks own are in no optimizer of this rank, rightly: their .grad are here,
+# their state is not, and no note says to give them an optimizer.
+
+_ZERO_OF: Any = weakref.WeakKeyDictionary()  # local optimizer -> its ZeroRedundancyOptimizer
+
+
+def rank_local_optimizer(optimizer: Any, what: str = "find_batch_size") -> Any:
+    """The optimizer memfit measures for `optimizer`: a
+    ZeroRedundancyOptimizer's local one (See Note [ZeroRedundancyOptimizer
+    measured on this rank's shard]); anything else as it is."""
+    zero = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    if zero is None or not isinstance(optimizer, zero.ZeroRedundancyOptimizer):
+        return optimizer
+    local = getattr(optimizer, "optim", None)
+    if not isinstance(local, torch.optim.Optimizer):
+        raise ValueError(
+            f"[{what}] this ZeroRedundancyOptimizer (overlap_with_ddp=True) has no local "
+            f"optimizer until DDP's communication hook has run a few steps: call {what} after "
+            f"them, or size the batch with the optimizer class it wraps")
+    _ZERO_OF[local] = optimizer
+    return local
+
+
+def sharded_optimizer(optimizer: Any) -> Any:
+    """The ZeroRedundancyOptimizer whose local optimizer `optimizer` is
+    (rank_local_optimizer gave it), or None."""
+    try:
+        return _ZERO_OF.get(optimizer)
+    except TypeError:  # not weakly referable: no optimizer
+        return None
 
 
 class RankFailed(RuntimeError):

@@ -22,7 +22,7 @@ from .._step.user_state import step_parameters, with_loss_module
 from ..plan import fit as fitting
 from ..plan.budget import DeviceFull, resolve_budget
 from ..report.profile import profile
-from ..plan.ranks import LocalAnswer, agree
+from ..plan.ranks import LocalAnswer, agree, rank_local_optimizer
 from .distributed import DistributedStep, RankPlan, batch_signature, is_distributed
 from .length_sampler import LengthBatchSampler
 from .loss_weighting import LossWeighting, StepRerun
@@ -581,8 +581,13 @@ class Trainer:
         # The rehearsal counts its own copy of every weight, .grad and state
         # tensor: See Note [The budget is the whole device] (plan/budget.py).
         return resolve_budget(self._native.budget, with_loss_module(self._module, self._how),
-                              self.optimizer,
+                              self._measured_optimizer(),
                               "Trainer.step", device.type, simulates=device.type == "cpu")
+
+    def _measured_optimizer(self):
+        # The plan's steps take no collective: See Note [ZeroRedundancyOptimizer
+        # measured on this rank's shard] (plan/ranks.py).
+        return rank_local_optimizer(self.optimizer, "Trainer.step")
 
     def _plan_micro_batch(self, native, inputs, target, n):
         """Sets the micro-batch the step starts from, measured: see Note [The
@@ -618,7 +623,7 @@ class Trainer:
         def fit(set_to_none, max_batch):
             def record():
                 return profile(self._module, example, example_target, loss_fn=self._how,
-                               optimizer=self.optimizer, batch_dim=self.batch_dim,
+                               optimizer=self._measured_optimizer(), batch_dim=self.batch_dim,
                                set_to_none=set_to_none, target_device=card,
                                train_mode=False,  # the Trainer runs the model's modes as they are
                                keep_output=False,  # its micro-batch drops it: _chunk_loss

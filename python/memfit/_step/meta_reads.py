@@ -54,6 +54,7 @@ import torch
 import torch.nn.functional as F
 
 from .._native import native as _memfit
+from .host_reads import caller_site
 
 __all__: list = []
 
@@ -61,9 +62,7 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 
 
 def _frames():
-    """(file name, line) of the frames calling this, innermost first.
-    Not traceback.extract_stack: it reads each file's source lines, which
-    cost 0.3 ms a read of a meta tensor, thousands in an LLM's advise."""
+    """(file name, line) of the frames calling this, innermost first."""
     f = sys._getframe(1)
     while f is not None:
         yield f.f_code.co_filename, f.f_lineno
@@ -71,11 +70,9 @@ def _frames():
 
 
 def _caller():
-    """'file:line' of the innermost frame outside torch, or '?'."""
-    for filename, line in _frames():
-        if not filename.startswith(_TORCH_DIR) and filename != __file__:
-            return f"{os.path.basename(filename)}:{line}"
-    return "?"
+    """'file:line' of the innermost frame outside torch and memfit's
+    watchers of reads, or '?'."""
+    return caller_site(skip=(__file__,))
 
 
 def _cpu_sdp_choice(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

@@ -8,6 +8,7 @@ import torch
 
 from .._native import native as _memfit
 from .compiled import module_calls, watch_call
+from .host_reads import HostReads
 from .optimizer_chain import state_values
 
 __all__: list = []
@@ -21,6 +22,7 @@ class Tracking:
         self._hooks = []
         self._finish = []  # run at stop(), before the recorder stops
         self._open_modules = 0  # submodule scopes open now (watch_modules)
+        self._reads = HostReads()  # See Note [A step that reads its batch's values].
 
     @property
     def live_bytes(self) -> int:
@@ -41,16 +43,24 @@ class Tracking:
     def value_sized_ops(self) -> list:
         """The ops that ran inside the block and size their output by the
         values (torch.unique, nonzero, sparse gradients), each once: See
-        Note [Memory that depends on the batch's values], op_frames.h."""
-        return list(self._recorder.value_sized_ops)
+        Note [Memory that depends on the batch's values], op_frames.h; then
+        each line of the forward, loss or backward phases that read a
+        tensor's value into Python, "value read at file:line": See Note [A
+        step that reads its batch's values] (host_reads.py)."""
+        return list(self._recorder.value_sized_ops) + self._reads.named()
 
     def phase(self, name: str, iteration: int = 0) -> None:
         """Start the named phase ("forward", "backward", ...)."""
         self._recorder.begin_phase(name, iteration)
+        if name in ("forward", "loss", "backward"):
+            self._reads.start()
+        else:
+            self._reads.stop()
 
     def end_phase(self) -> None:
         """End the current phase: what follows belongs to no phase until the
         next phase() (a step's iteration is over)."""
+        self._reads.stop()
         self._recorder.end_phase()
 
     def only_device(self, device: str) -> None:
@@ -185,6 +195,7 @@ class Tracking:
         self._finish.append(finish)
 
     def stop(self) -> None:
+        self._reads.stop()
         for h in self._hooks:
             h.remove()
         self._hooks = []

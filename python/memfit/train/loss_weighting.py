@@ -96,6 +96,17 @@ __all__: list = []
 # as for a batch norm of its own): both are checked in eval mode as
 # before.
 #
+# Note [A check with no room]
+# The checks that run the step again (StepRerun) take up to 8 samples
+# together beside the micro-batch whose forward is alive: under the budget
+# that split the batch they may not fit (a language model's logits of 8
+# samples, where the micro-batch is 2), and the check was skipped, the
+# split step trained as if the samples stood apart, and nothing said so. So
+# the check runs again on half as many samples, down to 2 (two samples
+# together against each alone show a mixing as well, less surely); where
+# even 2 do not fit, each split step's notes say the check did not run and
+# what to do (unchecked_note()).
+#
 # Note [How close a step run again agrees]
 # The model runs at other batch sizes there, and its kernels round
 # otherwise: the agreement asked follows the precision it computes in, 1% of
@@ -409,6 +420,25 @@ def _rerun_quietly(rerun, seen=None):
                 seen["stateful"] = written or not _same_states(rng, _rng_now())
 
 
+def _values_in_room(value, k, rerun, seen):
+    """(k, (value(0, k), [value(i, i + 1) for i < k])) run again as
+    _check_values does, with k halved down to 2 where the device has no room
+    for them: See Note [A check with no room]. Raises the out-of-memory
+    error where even 2 samples do not fit, or where there is no StepRerun."""
+    while True:
+        try:
+            found = _values_as_trained(value, k, rerun)
+            if found is None:
+                seen.clear()
+                with _rerun_quietly(rerun, seen):
+                    found = value(0, k), [value(i, i + 1) for i in range(k)]
+            return k, found
+        except torch.cuda.OutOfMemoryError:
+            if rerun is None or k <= 2:
+                raise
+        k //= 2
+
+
 def _values_as_trained(value, k, rerun):
     """value() of samples [0, k) together and of each alone, the step run
     again with its modules in their own modes (dropout's in eval mode), on
@@ -483,6 +513,9 @@ class LossWeighting:
         # the mode saw (See Note [A reduction over the batch's dimension]).
         self._kind = None
         self._checked = False  # whether the first split step's check ran
+        # What a check could not run on for lack of room ("the loss", "the
+        # model's forward"), or "": See Note [A check with no room].
+        self.unchecked = ""
         self._counts = {}  # start -> counted targets of this step's chunk there
         self._sum_chunks = False
         self._unit = None
@@ -600,6 +633,17 @@ class LossWeighting:
                 f"Return that term alone, divide every term by the same count (a sum over "
                 f"mask.sum()), or run the batch whole (a larger budget)")
 
+    def unchecked_note(self):
+        """The line a split step's notes carry while a check did not run for
+        lack of room (See Note [A check with no room]), else ""."""
+        if not self.unchecked:
+            return ""
+        return (f"whether {self.unchecked} mixes the batch's samples was not checked: the "
+                f"device had no room for 2 samples run again beside the micro-batch; split, "
+                f"the gradients are the whole batch's only where it does not (an in-batch "
+                f"contrastive loss, a mean over the batch's dimension). A Trainer with a larger "
+                f"budget checks it on its first split step; coupled='allow' says it does not")
+
     def finish_step(self):
         """After the step: grad_scale(), and the step's target and counts
         let go (the object lives as long as the Trainer)."""
@@ -645,18 +689,16 @@ class LossWeighting:
         if probe is None:
             self._separable = True
             return False
-        value, k, tol, again = probe.value, probe.k, probe.tolerance, probe.rerun
+        value, tol, again = probe.value, probe.tolerance, probe.rerun
         seen = {}
         try:
-            found = _values_as_trained(value, k, again)
-            if found is None:
-                with _rerun_quietly(again, seen):
-                    found = value(0, k), [value(i, i + 1) for i in range(k)]
-            (together, in_all), alone = found
+            k, ((together, in_all), alone) = _values_in_room(value, probe.k, again, seen)
         except torch.cuda.OutOfMemoryError:
             if again is None:
                 raise  # the step's to recover from, as any of its allocations
-            self._separable = True  # no room for the check's own samples: not checked
+            # See Note [A check with no room].
+            self._separable = True
+            self.unchecked = where if refuse else ""  # coupled="allow": not asked
             return False
         except Exception:  # noqa: BLE001 - a loss that cannot run so is not checked
             self._separable = True
@@ -673,7 +715,7 @@ class LossWeighting:
             self._separable = True
             return False
         scale = max(max(abs(v) for v, _ in alone), abs(together), 1e-30)
-        allowed = max(tol, probe.agreement()) * scale
+        allowed = max(tol, dataclasses.replace(probe, k=k).agreement()) * scale
         if abs(together - combined) <= allowed:
             self._separable = True
             return True

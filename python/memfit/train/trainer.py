@@ -341,7 +341,9 @@ class Trainer:
       once on the first split micro-batch, Note [Probing how the loss
       reduces]), or a forward that mixes them (a mean or attention over the
       batch's dimension, checked then with the step run again on a few
-      samples, Note [A forward that mixes the samples]); "allow" splits
+      samples in the modules' own modes, Note [A forward that mixes the
+      samples]; where no 2 samples fit, the step's notes say it was not
+      checked, Note [A check with no room]); "allow" splits
       anyway (each micro-batch uses its own statistics, its loss its own
       samples).
     - reduction: None (default) or "mean"/"sum". Each micro-batch's loss is
@@ -354,7 +356,11 @@ class Trainer:
       over a count]); a loss made otherwise is probed by its values once,
       and refused when it is neither a mean nor a sum. reduction= says it
       for such losses, checked by the same values where they can run; one
-      contradicting the loss's own, or its values, is refused.
+      contradicting the loss's own, or its values, is refused. A loss
+      weighed by samples that adds a term counted otherwise (two heads'
+      cross_entropy with ignored targets, cross_entropy + an L2 of the
+      weights) is refused where a micro-batch's counts show it (Note [A
+      term that counts the batch otherwise]).
     - Dropout draws its masks per micro-batch: a split step of a model with
       dropout in training mode is a valid step but not the eager step on the
       whole batch, and its report's notes say so (Note [Dropout in a split
@@ -899,4 +905,7 @@ class Trainer:
             self._module, report.micro_batches, drew_random=split and guard.drew_random(),
             written=guard.written_buffers(skip=[m for _, m in batchnorms(self._module)])
             if split else ())
+        unchecked = self._weighting.unchecked_note() if split else ""
+        if unchecked:
+            report.notes = list(report.notes) + [unchecked]
         return report

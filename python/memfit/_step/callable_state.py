@@ -5,6 +5,7 @@ keep]."""
 
 from __future__ import annotations
 
+import copy
 import dis
 import functools
 
@@ -39,7 +40,10 @@ __all__: list = []
 # (_LIBRARIES): torch's keep no user state, memfit's keep what must outlive
 # a rehearsal, a library's its own bookkeeping. What such code writes
 # elsewhere (a file, a logger's handlers, a tensor it updates in place
-# outside the step's) is not put back.
+# outside the step's) is not put back. An LR scheduler such a function
+# reaches (a wrapper that clips and then calls sched.step()) is put back
+# through its state_dict: torch's object, not the user's, but the user's
+# state all the same (find_batch_size from 8 left a OneCycleLR 18 steps on).
 _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple)
 _DEPTH = 3
 _CONTAINER_ITEMS = 1 << 16  # a larger one (a dataset's list) is not copied each rehearsal
@@ -56,6 +60,9 @@ _LIBRARIES = frozenset({"torch", "memfit", "functools", "builtins", "deepspeed",
 
 def _users(obj) -> bool:
     module = getattr(obj, "__module__", None) or ""
+    # A function's own module, not the __module__ functools.wraps copied
+    # onto the user's wrapper from torch's step it wraps.
+    module = getattr(obj, "__globals__", {}).get("__name__", module) or ""
     return module.split(".")[0] not in _LIBRARIES
 
 
@@ -73,13 +80,17 @@ class CallableState:
 
     def __init__(self, functions):
         self.cells, self.attrs, self.globals, self.contents = [], [], [], []
-        self.owners = []
+        self.owners, self.schedulers = [], []
         self._seen = set()
         for f in functions:
             self._take(f, _DEPTH)
 
     def _value(self, v):
-        """A value the functions reach: its items, if a container."""
+        """A value the functions reach: its items, if a container; its
+        state_dict, if an LR scheduler."""
+        if isinstance(v, torch.optim.lr_scheduler.LRScheduler) and id(v) not in self._seen:
+            self._seen.add(id(v))
+            self.schedulers.append((v, copy.deepcopy(v.state_dict())))
         if (isinstance(v, CONTAINERS) and id(v) not in self._seen
                 and len(v) <= _CONTAINER_ITEMS):
             self._seen.add(id(v))
@@ -181,6 +192,8 @@ class CallableState:
             d.update(saved)
         for v, c in self.contents:
             put_contents_back(v, c)
+        for s, saved in self.schedulers:
+            s.load_state_dict(copy.deepcopy(saved))
 
 
 _MODULE_HOOKS = ("_forward_hooks", "_forward_pre_hooks", "_backward_hooks",

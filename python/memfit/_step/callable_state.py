@@ -43,7 +43,7 @@ __all__: list = []
 # outside the step's) is not put back. An LR scheduler such a function
 # reaches (a wrapper that clips and then calls sched.step()) is put back
 # through its state_dict: torch's object, not the user's, but the user's
-# state all the same (find_batch_size from 8 left a OneCycleLR 18 steps on).
+# state all the same (find_batch_size from 8 left a OneCycleLR 22 steps on).
 _PLAIN = (int, float, complex, str, bytes, bool, type(None), tuple)
 _DEPTH = 3
 _CONTAINER_ITEMS = 1 << 16  # a larger one (a dataset's list) is not copied each rehearsal
